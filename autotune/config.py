@@ -1,0 +1,191 @@
+"""`TrainConfig`: every training knob autotune can turn, one name each, used everywhere.
+
+The same names appear on the CLI (`--set knob=value`), as Optuna parameters, and in the
+exported files, so a configuration moves between them without translation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+CHECKPOINTING = ("none", "selective", "full")
+OPTIMIZER_IMPLS = ("for_loop", "foreach", "fused")
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "precision": PRECISIONS,
+    "activation_checkpointing": CHECKPOINTING,
+    "optimizer_impl": OPTIMIZER_IMPLS,
+    "compile_mode": COMPILE_MODES,
+}
+
+
+class ConfigError(ValueError):
+    """A configuration that is malformed or contradicts itself: bad input, not a failed trial."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training configuration. Defaults are what PyTorch does when nothing is said."""
+
+    micro_batch_size: int = 1
+    grad_accum_steps: int = 1
+    precision: str = "fp32"
+    activation_checkpointing: str = "none"
+    optimizer_impl: str = "for_loop"
+    num_workers: int = 0
+    prefetch_factor: int | None = None
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    compile_mode: str = "none"
+
+    def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise ConfigError("invalid configuration: " + "; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Every reason this configuration is invalid on any device (empty when valid)."""
+        out = []
+        for name in ("micro_batch_size", "grad_accum_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                out.append(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int):
+            out.append(f"num_workers must be an integer, got {self.num_workers!r}")
+        elif self.num_workers < 0:
+            out.append(f"num_workers must be >= 0, got {self.num_workers}")
+        for name, choices in CHOICES.items():
+            value = getattr(self, name)
+            if value not in choices:
+                out.append(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+        for name in ("pin_memory", "persistent_workers"):
+            if not isinstance(getattr(self, name), bool):
+                out.append(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.prefetch_factor is not None:
+            if isinstance(self.prefetch_factor, bool) or not isinstance(self.prefetch_factor, int):
+                out.append(f"prefetch_factor must be an integer, got {self.prefetch_factor!r}")
+            elif self.prefetch_factor < 1:
+                out.append(f"prefetch_factor must be >= 1, got {self.prefetch_factor}")
+            elif self.num_workers == 0:
+                out.append("prefetch_factor needs num_workers > 0 (the main process does not "
+                           "prefetch)")
+        if self.persistent_workers is True and self.num_workers == 0:
+            out.append("persistent_workers needs num_workers > 0")
+        return out
+
+    @property
+    def effective_batch_size(self) -> int:
+        """Samples per optimizer step: what the model's training dynamics depend on."""
+        return self.micro_batch_size * self.grad_accum_steps
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        unknown = set(changes) - set(knob_names())
+        if unknown:
+            raise ConfigError(_unknown_message(unknown))
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], base: TrainConfig | None = None) -> TrainConfig:
+        """Build from a mapping of knob values; knobs it leaves out come from `base`."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"a configuration must be a mapping of knob: value, got {data!r}")
+        unknown = set(data) - set(knob_names())
+        if unknown:
+            raise ConfigError(_unknown_message(unknown))
+        values = (base or cls()).to_dict()
+        values.update(data)
+        return cls(**values)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def save(self, path: str | Path) -> Path:
+        """Write as YAML or JSON, chosen by the file's suffix."""
+        path = Path(path)
+        text = self.to_json() if path.suffix == ".json" else self.to_yaml()
+        path.write_text(text)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, base: TrainConfig | None = None) -> TrainConfig:
+        """Read a YAML or JSON file (JSON is YAML, so one parser serves both)."""
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path} is not valid YAML/JSON: {exc}") from None
+        return cls.from_dict(data or {}, base)
+
+
+def knob_names() -> list[str]:
+    return [f.name for f in fields(TrainConfig)]
+
+
+def _unknown_message(unknown: Iterable[Any]) -> str:
+    # str(): a YAML file can have non-string keys (`8: ...`), which must not crash the message
+    return (f"unknown knob(s) {', '.join(sorted(map(str, unknown)))}; the knobs are: "
+            f"{', '.join(knob_names())}")
+
+
+def default_optimizer_impl(device_type: str) -> str:
+    """What `torch.optim.AdamW()` picks when not told: foreach on CUDA, a for-loop elsewhere."""
+    return "foreach" if device_type == "cuda" else "for_loop"
+
+
+def from_baseline(baseline: Mapping[str, Any] | None, device_type: str) -> TrainConfig:
+    """The user's own settings (`BASELINE`), with PyTorch's defaults for what it leaves out."""
+    base = TrainConfig(optimizer_impl=default_optimizer_impl(device_type))
+    return TrainConfig.from_dict(baseline or {}, base)
+
+
+def parse_value(knob: str, text: str) -> Any:
+    """Turn the text of `--set knob=value` into the knob's type, with a clear error."""
+    if knob not in knob_names():
+        raise ConfigError(_unknown_message([knob]))
+    field_type = {f.name: f.type for f in fields(TrainConfig)}[knob]
+    if "bool" in field_type:
+        lowered = text.strip().lower()
+        if lowered in ("true", "1", "yes", "on"):
+            return True
+        if lowered in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"{knob} must be true or false, got {text!r}")
+    if "int" in field_type:
+        if "None" in field_type and text.strip().lower() in ("none", "null", ""):
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"{knob} must be an integer, got {text!r}") from None
+    return text.strip()
+
+
+def parse_assignments(items: Iterable[str]) -> dict[str, Any]:
+    """Parse `knob=value` strings (from `--set`) into typed knob values."""
+    out: dict[str, Any] = {}
+    for item in items:
+        knob, sep, text = item.partition("=")
+        if not sep or not knob.strip():
+            raise ConfigError(f"expected knob=value, got {item!r}")
+        out[knob.strip()] = parse_value(knob.strip(), text)
+    return out

@@ -1,0 +1,274 @@
+"""The measurement protocol: one training configuration, timed the way a systems engineer would.
+
+1. Time to first step: the first optimizer step alone, compile and loader start-up included.
+2. Warm-up until steady: step times (synchronised) until the last few agree within a tolerance,
+   bounded in steps and seconds.
+3. Timed window: at least N optimizer steps and at least T seconds, the device synchronised only
+   at its two edges; samples/sec = samples the loader delivered / window wall time, so data
+   loading is in the figure. Per-step times come from CUDA events (no host sync) or the host
+   clock on CPU.
+4. A short profiler window after (never inside) the timed one: syncs, device idle, top ops.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from autotune.config import TrainConfig
+from autotune.hardware import DeviceInfo, describe, nvml_memory_used, peak_flops
+from autotune.profiling import profile_steps
+from autotune.training import TrainingSetup, move_to_device, setup_from_workload
+from autotune.workload import Workload
+
+
+@dataclass
+class MeasureSettings:
+    """How long to warm up and time. The defaults favour a trustworthy figure over speed."""
+
+    window_steps: int = 10
+    window_seconds: float = 3.0
+    warmup_max_steps: int = 50
+    warmup_max_seconds: float = 60.0
+    steady_steps: int = 3
+    steady_tolerance: float = 0.10
+    profile_steps: int = 3
+
+
+@dataclass
+class Measurement:
+    """Every figure of one measured configuration; None where it cannot be measured here."""
+
+    samples_per_sec: float
+    window_s: float
+    window_steps: int
+    window_samples: int
+    step_time_median_s: float
+    step_time_p90_s: float
+    step_time_cv: float
+    time_to_first_step_s: float
+    setup_s: float
+    warmup_steps: int
+    steady: bool
+    peak_memory_bytes: int | None
+    data_wait_fraction: float
+    host_syncs_per_step: float | None = None
+    host_sync_s_per_step: float | None = None
+    device_idle_fraction: float | None = None
+    flops_per_sample: float | None = None
+    mfu: float | None = None
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    device_memory_used_bytes: int | None = None
+    final_loss: float | None = None
+    top_operators: list[dict[str, Any]] = field(default_factory=list)
+    trace_path: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+Progress = Callable[[str], None]
+
+
+def measure_config(workload: Workload, config: TrainConfig, device: torch.device,
+                   settings: MeasureSettings | None = None, trace_path: str | Path | None = None,
+                   progress: Progress | None = None) -> Measurement:
+    """Build the workload with `config` applied on `device` and measure it end to end."""
+    settings = settings or MeasureSettings()
+    report = progress or (lambda phase: None)
+    info = describe(device)
+    start = time.perf_counter()
+    report("building the model")
+    model = workload.build_model()
+    flops = workload.flops_per_sample()
+    if device.type == "cuda":
+        model = model.to(device)
+        if flops is None:
+            report("counting FLOPs")
+            flops = count_flops_per_sample(model, workload, config, device)
+        torch.cuda.reset_peak_memory_stats(device)
+    setup = setup_from_workload(workload, config, device, model=model)
+    setup_s = time.perf_counter() - start
+    return measure_setup(setup, settings, info, flops, setup_s, trace_path, report)
+
+
+def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceInfo,
+                  flops_per_sample: float | None = None, setup_s: float = 0.0,
+                  trace_path: str | Path | None = None,
+                  progress: Progress | None = None) -> Measurement:
+    """Run the protocol on an already applied set-up."""
+    report = progress or (lambda phase: None)
+    device = setup.device
+    batches = setup.batches()
+
+    report("first step (compile and loader start-up included)")
+    start = time.perf_counter()
+    setup.step(batches)
+    _sync(device)
+    time_to_first = time.perf_counter() - start
+
+    report("warming up")
+    warmup_steps, steady = _warm_up(setup, batches, settings)
+
+    report("timing")
+    window = _timed_window(setup, batches, settings)
+
+    profile = None
+    if settings.profile_steps > 0:
+        report("profiling")
+        profile = profile_steps(lambda: setup.step(batches), settings.profile_steps, device,
+                                trace_path=trace_path)
+
+    times = window.step_times
+    median = statistics.median(times)
+    mean = statistics.fmean(times)
+    samples_per_sec = window.samples / window.seconds
+    mfu = None
+    peak = peak_flops(info, setup.config.precision)
+    if flops_per_sample and peak:
+        mfu = flops_per_sample * samples_per_sec / peak
+    memory = _peak_memory(device)
+    return Measurement(
+        samples_per_sec=samples_per_sec,
+        window_s=window.seconds,
+        window_steps=len(times),
+        window_samples=window.samples,
+        step_time_median_s=median,
+        step_time_p90_s=_percentile(times, 0.9),
+        step_time_cv=statistics.pstdev(times) / mean if mean > 0 else 0.0,
+        time_to_first_step_s=time_to_first,
+        setup_s=setup_s,
+        warmup_steps=warmup_steps,
+        steady=steady,
+        data_wait_fraction=min(1.0, window.data_wait_s / window.seconds),
+        host_syncs_per_step=profile.host_syncs_per_step if profile else None,
+        host_sync_s_per_step=profile.host_sync_s_per_step if profile else None,
+        device_idle_fraction=profile.device_idle_fraction if profile else None,
+        flops_per_sample=flops_per_sample,
+        mfu=mfu,
+        final_loss=window.final_loss,
+        top_operators=[asdict(op) for op in profile.top_operators] if profile else [],
+        trace_path=profile.trace_path if profile else None,
+        **memory,
+    )
+
+
+@dataclass
+class _Window:
+    seconds: float
+    samples: int
+    data_wait_s: float
+    step_times: list[float]
+    final_loss: float
+
+
+def _warm_up(setup: TrainingSetup, batches: Iterator[Any],
+             settings: MeasureSettings) -> tuple[int, bool]:
+    """Step until the last `steady_steps` step times agree within the tolerance, or give up."""
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < settings.warmup_max_steps and \
+            time.perf_counter() - start < settings.warmup_max_seconds:
+        step_start = time.perf_counter()
+        setup.step(batches)
+        _sync(setup.device)
+        times.append(time.perf_counter() - step_start)
+        recent = times[-settings.steady_steps:]
+        if len(recent) == settings.steady_steps and \
+                max(recent) <= min(recent) * (1 + settings.steady_tolerance):
+            return len(times), True
+    return len(times), False
+
+
+def _timed_window(setup: TrainingSetup, batches: Iterator[Any],
+                  settings: MeasureSettings) -> _Window:
+    """At least N steps and T seconds, synchronised only at the edges."""
+    device = setup.device
+    events: list[torch.cuda.Event] = []
+    host_marks: list[float] = []
+    samples = 0
+    data_wait = 0.0
+    _sync(device)
+    start = time.perf_counter()
+    mark = _event(device)
+    if mark is not None:
+        events.append(mark)
+    host_marks.append(start)
+    result = None
+    while len(host_marks) - 1 < settings.window_steps or \
+            time.perf_counter() - start < settings.window_seconds:
+        result = setup.step(batches)
+        samples += result.samples
+        data_wait += result.data_wait_s
+        mark = _event(device)
+        if mark is not None:
+            events.append(mark)
+        host_marks.append(time.perf_counter())
+    _sync(device)
+    seconds = time.perf_counter() - start
+    if events:
+        step_times = [a.elapsed_time(b) / 1000 for a, b in zip(events, events[1:])]
+    else:
+        step_times = [b - a for a, b in zip(host_marks, host_marks[1:])]
+    assert result is not None
+    return _Window(seconds, samples, data_wait, step_times, float(result.loss))
+
+
+def count_flops_per_sample(model: nn.Module, workload: Workload, config: TrainConfig,
+                           device: torch.device) -> float | None:
+    """FLOPs of one forward and backward per sample, counted by `torch.utils.flop_counter`.
+
+    Counted on the plain model (no checkpointing recompute, no compile): model FLOPs, as MFU
+    defines them.
+    """
+    dataset = workload.build_dataset()
+    collate = workload.hook("collate_fn") or torch.utils.data.default_collate
+    samples = [dataset[i] for i in range(min(config.micro_batch_size, len(dataset)))]
+    batch = move_to_device(collate(samples), device)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        workload.loss_fn()(model, batch).backward()
+    model.zero_grad(set_to_none=True)
+    total = counter.get_total_flops()
+    return total / len(samples) if total else None
+
+
+def _event(device: torch.device) -> torch.cuda.Event | None:
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def _peak_memory(device: torch.device) -> dict[str, int | None]:
+    """CUDA: allocator peaks and NVML's device figure; CPU: the process's peak RSS."""
+    if device.type == "cuda":
+        reserved = torch.cuda.max_memory_reserved(device)
+        return {"peak_memory_bytes": reserved,
+                "peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
+                "peak_reserved_bytes": reserved,
+                "device_memory_used_bytes": nvml_memory_used(device.index or 0)}
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"peak_memory_bytes": rss_kib * 1024}

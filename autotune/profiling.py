@@ -1,0 +1,346 @@
+"""Short torch.profiler windows over a few training steps, summarised for the tuner.
+
+The profiler distorts timings, so it runs *after* the timed measurement window, never
+inside it. It answers what the timing alone cannot: how often the host waits on the
+device, how much of the window the device sits idle, and which operators cost the most.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile, record_function
+
+STEP_MARKER = "autotune_step"
+
+# Calls after which the host thread waits for the device (or, on CPU, reads a scalar
+# back, which would be such a wait on an accelerator).
+HOST_SYNC_NAMES: tuple[str, ...] = (
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+    "aten::item",
+    "aten::_local_scalar_dense",
+)
+_SCALAR_READS = frozenset({"aten::item", "aten::_local_scalar_dense"})
+_CUDA_WAITS = frozenset(HOST_SYNC_NAMES) - _SCALAR_READS
+# Ranges whose scalar reads belong to the loader or the optimizer, not to the model's code.
+_OUTSIDE_MODEL_CODE = ("enumerate(DataLoader)", "Optimizer.step#", "Optimizer.zero_grad#")
+
+# Kineto activity types that occupy the device; user annotations and sync markers only
+# span work (or waits) and would hide idle gaps.
+_DEVICE_BUSY_ACTIVITIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+
+_US = 1e-6
+
+
+@dataclass
+class OperatorStat:
+    name: str
+    calls: int
+    self_time_s: float
+    total_time_s: float
+    share: float
+
+
+@dataclass
+class ProfileSummary:
+    steps: int
+    window_s: float
+    host_syncs_per_step: float
+    host_sync_s_per_step: float
+    device_idle_fraction: float | None
+    self_cpu_total_s: float
+    self_device_total_s: float | None
+    top_operators: list[OperatorStat]
+    trace_path: str | None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _synchronize(device: torch.device | None) -> None:
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextmanager
+def marked(name: str) -> Iterator[None]:
+    """Name a region in profiler traces and, on CUDA, in Nsight Systems too."""
+    nvtx = (
+        torch.cuda.nvtx.range(name)
+        if torch.cuda.is_available() and torch.cuda.is_initialized()
+        else nullcontext()
+    )
+    with record_function(name), nvtx:
+        yield
+
+
+class ThroughputMeter:
+    """Counts samples between synchronised time points; samples/sec of the span.
+
+    Synchronising at both ends makes the span cover the device work it launched,
+    not just the (asynchronous) launches.
+    """
+
+    def __init__(self, device: torch.device | str | None = None):
+        self.device = torch.device(device) if device is not None else None
+        self.samples = 0
+        self.elapsed_s = 0.0
+        self._t0: float | None = None
+
+    def start(self) -> None:
+        _synchronize(self.device)
+        self.samples = 0
+        self.elapsed_s = 0.0
+        self._t0 = time.perf_counter()
+
+    def add(self, samples: int) -> None:
+        self.samples += samples
+
+    def stop(self) -> float:
+        if self._t0 is None:
+            raise RuntimeError("ThroughputMeter.stop() called before start()")
+        _synchronize(self.device)
+        self.elapsed_s = time.perf_counter() - self._t0
+        self._t0 = None
+        return self.samples_per_sec
+
+    @property
+    def samples_per_sec(self) -> float:
+        return self.samples / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+def _self_device_us(avg: Any) -> float:
+    # torch renamed the *_cuda_* totals to *_device_* (2.4); fall back to the old names.
+    value = getattr(avg, "self_device_time_total", None)
+    return float(avg.self_cuda_time_total if value is None else value)
+
+
+def _device_us(avg: Any) -> float:
+    value = getattr(avg, "device_time_total", None)
+    return float(avg.cuda_time_total if value is None else value)
+
+
+def _is_device_busy(evt: Any) -> bool:
+    if evt.device_type != DeviceType.CUDA:
+        return False
+    activity = getattr(evt, "activity_type", None)
+    if activity is None:  # torch builds whose events do not carry the kineto activity type
+        return not evt.is_user_annotation
+    return activity in _DEVICE_BUSY_ACTIVITIES
+
+
+def _busy_intervals(events: Iterable[Any]) -> list[tuple[float, float]]:
+    """Device work of this process; CUPTI records only the process's own contexts."""
+    return [(evt.time_range.start, evt.time_range.end) for evt in events if _is_device_busy(evt)]
+
+
+def _union_within(intervals: Sequence[tuple[float, float]], lo: float, hi: float) -> float:
+    """Length of the union of intervals clipped to [lo, hi]; overlaps (streams) count once."""
+    covered = 0.0
+    cursor = lo
+    for start, end in sorted(intervals):
+        start, end = max(start, cursor), min(end, hi)
+        if end > start:
+            covered += end - start
+            cursor = end
+    return covered
+
+
+def _has_descendant(evt: Any, names: frozenset[str]) -> bool:
+    return any(c.name in names or _has_descendant(c, names) for c in evt.cpu_children)
+
+
+def _host_syncs(
+    events: Iterable[Any], steps: Sequence[tuple[float, float]], on_cuda: bool
+) -> tuple[int, float]:
+    """Count and CPU time (us) of host syncs that start inside a step.
+
+    Scalar reads made by the DataLoader's sampler or inside `optimizer.step()` are not the
+    model's syncs and are left out. Only the outermost of nested sync events counts
+    (aten::item wraps
+    aten::_local_scalar_dense, which on CUDA wraps cudaStreamSynchronize). On CUDA a
+    scalar read counts only if it really waited on the device: optimizers read CPU step
+    counters with .item() on every step, which costs the device nothing.
+    """
+    count, time_us = 0, 0.0
+    for evt in events:
+        if evt.name not in HOST_SYNC_NAMES or evt.device_type != DeviceType.CPU:
+            continue
+        start = evt.time_range.start
+        if not any(lo <= start < hi for lo, hi in steps):
+            continue
+        parent = evt.cpu_parent
+        while parent is not None and parent.name not in HOST_SYNC_NAMES and \
+                not parent.name.startswith(_OUTSIDE_MODEL_CODE):
+            parent = parent.cpu_parent
+        if parent is not None:
+            continue
+        if on_cuda and evt.name in _SCALAR_READS and not _has_descendant(evt, _CUDA_WAITS):
+            continue
+        count += 1
+        time_us += evt.time_range.elapsed_us()
+    return count, time_us
+
+
+def _operator_stats(
+    averages: Iterable[Any], by_device: bool, total_us: float, top: int
+) -> list[OperatorStat]:
+    """Top CPU-side operators by self time; on CUDA, device time is credited to the op
+    that launched it, so kernels appear under readable aten names."""
+    rows = []
+    for avg in averages:
+        name = avg.key
+        if avg.device_type != DeviceType.CPU or name == STEP_MARKER:
+            continue
+        if name.startswith("ProfilerStep"):
+            continue
+        if avg.input_shapes:
+            name = f"{name} {avg.input_shapes}"
+        self_us = _self_device_us(avg) if by_device else float(avg.self_cpu_time_total)
+        if self_us <= 0:
+            continue
+        total = _device_us(avg) if by_device else float(avg.cpu_time_total)
+        rows.append(
+            OperatorStat(
+                name=name,
+                calls=int(avg.count),
+                self_time_s=self_us * _US,
+                total_time_s=total * _US,
+                share=self_us / total_us if total_us > 0 else 0.0,
+            )
+        )
+    rows.sort(key=lambda r: r.self_time_s, reverse=True)
+    return rows[:top]
+
+
+def profile_steps(
+    run_step: Callable[[], object],
+    steps: int,
+    device: torch.device,
+    trace_path: str | os.PathLike | None = None,
+    top: int = 10,
+    with_stack: bool = False,
+) -> ProfileSummary:
+    """Run `run_step` `steps` times under torch.profiler and summarise it.
+
+    The window runs from the first step's start to whichever ends last: the last step on
+    the host or the device work it queued (the device is synchronised before and after).
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    device = torch.device(device)
+    on_cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU]
+    if on_cuda:
+        activities.append(ProfilerActivity.CUDA)
+
+    _synchronize(device)
+    with profile(activities=activities, record_shapes=True, with_stack=with_stack) as prof:
+        for _ in range(steps):
+            with marked(STEP_MARKER):
+                run_step()
+        _synchronize(device)
+
+    if trace_path is not None:
+        path = Path(trace_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(path))
+
+    events = prof.events()
+    step_ranges = sorted(
+        (evt.time_range.start, evt.time_range.end)
+        for evt in events
+        if evt.name == STEP_MARKER and evt.device_type == DeviceType.CPU
+    )
+    lo, hi = step_ranges[0][0], step_ranges[-1][1]
+
+    idle = None
+    device_total_us = None
+    if on_cuda:
+        busy = _busy_intervals(events)
+        hi = max([hi, *(end for _, end in busy)])
+        span = hi - lo
+        idle = min(1.0, max(0.0, 1.0 - _union_within(busy, lo, hi) / span)) if span > 0 else 0.0
+        device_total_us = sum(end - start for start, end in busy)
+
+    sync_count, sync_us = _host_syncs(events, step_ranges, on_cuda)
+    averages = prof.key_averages()
+    cpu_total_us = float(sum(avg.self_cpu_time_total for avg in averages))
+    top_ops = _operator_stats(averages, on_cuda, device_total_us if on_cuda else cpu_total_us, top)
+    return ProfileSummary(
+        steps=steps,
+        window_s=(hi - lo) * _US,
+        host_syncs_per_step=sync_count / steps,
+        host_sync_s_per_step=sync_us * _US / steps,
+        device_idle_fraction=idle,
+        self_cpu_total_s=cpu_total_us * _US,
+        self_device_total_s=None if device_total_us is None else device_total_us * _US,
+        top_operators=top_ops,
+        trace_path=None if trace_path is None else str(trace_path),
+    )
+
+
+def _stats_table(stats: Sequence[OperatorStat], title: str) -> Table:
+    table = Table(title=title)
+    table.add_column("Operator", overflow="fold")
+    table.add_column("Calls", justify="right")
+    table.add_column("Self (ms)", justify="right")
+    table.add_column("Total (ms)", justify="right")
+    table.add_column("Share (%)", justify="right")
+    for stat in stats:
+        table.add_row(
+            stat.name,
+            str(stat.calls),
+            f"{stat.self_time_s * 1e3:.3f}",
+            f"{stat.total_time_s * 1e3:.3f}",
+            f"{stat.share * 100:.1f}",
+        )
+    return table
+
+
+def top_table(summary: ProfileSummary, title: str | None = None) -> Table:
+    """The summary's top operators as a rich table."""
+    kind = "CPU" if summary.self_device_total_s is None else "device"
+    return _stats_table(summary.top_operators, title or f"Top operators by self {kind} time")
+
+
+def print_top_tables(
+    prof_or_summary: ProfileSummary | profile, console: Console | None = None, top: int = 10
+) -> None:
+    """Print the top-operator tables: accepts a ProfileSummary, or a raw
+    torch.profiler.profile, for which it prints tables by self device time (CUDA only),
+    by self CPU time, and grouped by input shape."""
+    console = console or Console()
+    if isinstance(prof_or_summary, ProfileSummary):
+        console.print(top_table(prof_or_summary))
+        return
+
+    prof = prof_or_summary
+    averages = prof.key_averages()
+    cpu_total = float(sum(avg.self_cpu_time_total for avg in averages))
+    by_device = ProfilerActivity.CUDA in prof.activities
+    total = cpu_total
+    if by_device:
+        total = sum(end - start for start, end in _busy_intervals(prof.events()))
+        stats = _operator_stats(averages, True, total, top)
+        console.print(_stats_table(stats, "Top operators by self device time"))
+    stats = _operator_stats(averages, False, cpu_total, top)
+    console.print(_stats_table(stats, "Top operators by self CPU time"))
+    by_shape = prof.key_averages(group_by_input_shape=True)
+    stats = _operator_stats(by_shape, by_device, total, top)
+    kind = "device" if by_device else "CPU"
+    console.print(_stats_table(stats, f"Top operators by input shape (self {kind} time)"))

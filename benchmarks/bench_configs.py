@@ -1,0 +1,73 @@
+"""Median samples/sec of a few configurations of one model, each measured in its own process.
+
+Prints a markdown table; ratios are against the first configuration (BASELINE) of the same
+run, interleaved round by round so drift on the machine hits every configuration alike.
+
+    python benchmarks/bench_configs.py --model models/mlp.py --device cpu --repeats 3 \
+        --model-arg num_samples=50000 --config "" --config "num_workers=2,prefetch_factor=4"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from autotune.config import from_baseline, parse_assignments
+from autotune.hardware import parse_device
+from autotune.isolation import TrialRequest, run_isolated
+from autotune.workload import load_workload, parse_model_args
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--device")
+    parser.add_argument("--model-arg", action="append", default=[])
+    parser.add_argument("--config", action="append", default=[],
+                        help="comma-separated knob=value changes to BASELINE ('' = BASELINE)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--window-seconds", type=float, default=3.0)
+    parser.add_argument("--json-out", help="also write the raw results here")
+    args = parser.parse_args()
+
+    device = parse_device(args.device)
+    workload = load_workload(args.model, parse_model_args(args.model_arg))
+    baseline = from_baseline(workload.baseline, device.type)
+    configs = [baseline.replace(**parse_assignments(filter(None, spec.split(","))))
+               for spec in (args.config or [""])]
+    runs: list[list[dict]] = [[] for _ in configs]
+    for _ in range(args.repeats):
+        for config, results in zip(configs, runs):
+            request = TrialRequest(model_path=str(workload.path), config=config.to_dict(),
+                                   device=str(device), model_args=workload.model_args,
+                                   settings={"window_seconds": args.window_seconds})
+            results.append(run_isolated(request, 900).to_dict())
+
+    reference = None
+    print(f"model {workload.name}, device {device}, {args.repeats} runs each, "
+          f"args {workload.model_args}\n")
+    print("| configuration | status | samples/sec (median) | min..max | vs BASELINE | "
+          "data wait | peak memory MiB |")
+    print("|---|---|---|---|---|---|---|")
+    for spec, results in zip(args.config or [""], runs):
+        ok = [r["metrics"] for r in results if r["status"] == "ok"]
+        if not ok:
+            print(f"| {spec or 'BASELINE'} | {results[0]['status']} | | | | | |")
+            continue
+        rates = [m["samples_per_sec"] for m in ok]
+        median = statistics.median(rates)
+        reference = reference or median
+        wait = statistics.median(m["data_wait_fraction"] for m in ok)
+        memory = max(m["peak_memory_bytes"] for m in ok) / 2**20
+        print(f"| {spec or 'BASELINE'} | ok x{len(ok)} | {median:.1f} | {min(rates):.1f}.."
+              f"{max(rates):.1f} | {median / reference:.2f}x | {wait:.0%} | {memory:.0f} |")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(
+            {"model": workload.name, "device": str(device), "model_args": workload.model_args,
+             "configs": [c.to_dict() for c in configs], "runs": runs}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""`autotune bench` as a user runs it: real subprocesses, real trials, tiny models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autotune.cli import main, parse_bytes
+
+from .conftest import FAST, ROOT, TEST_MODELS, run_cli
+
+BENCH_KEYS = {"status", "message", "device", "config", "samples_per_sec", "step_time_median_s",
+              "step_time_p90_s", "step_time_cv", "time_to_first_step_s", "peak_memory_bytes",
+              "data_wait_fraction", "host_syncs_per_step", "device_idle_fraction", "mfu"}
+TINY_RGAT = ["--model-arg", "hidden=32", "--model-arg", "heads=2", "--model-arg", "text_layers=1",
+             "--model-arg", "graph_layers=2", "--model-arg", "vocab_size=64",
+             "--model-arg", "max_nodes=8", "--model-arg", "max_text_len=4",
+             "--model-arg", "num_samples=512"]
+
+
+def test_bench_json_has_every_figure_and_knob(tmp_path) -> None:
+    done = run_cli("bench", "--model", str(TEST_MODELS / "tiny_dict.py"), "--device", "cpu",
+                   "--json", "--set", "precision=bf16", "--set", "micro_batch_size=4",
+                   "--trace", str(tmp_path), *FAST)
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    assert set(record) >= BENCH_KEYS
+    assert record["status"] == "ok" and record["device"] == "cpu"
+    assert record["config"]["precision"] == "bf16"
+    assert record["config"]["micro_batch_size"] == 4
+    assert record["config"]["grad_accum_steps"] == 2, "the rest comes from BASELINE"
+    assert record["samples_per_sec"] > 0 and record["mfu"] is None
+    trace = json.loads((tmp_path / "tiny_dict-trace.json").read_text())
+    assert any(e.get("name") == "autotune_step" for e in trace["traceEvents"])
+
+
+def test_bench_rgat_prints_the_full_table() -> None:
+    done = run_cli("bench", "--model", "models/rgat.py", "--device", "cpu", *TINY_RGAT, *FAST)
+    assert done.returncode == 0, done.stderr
+    for row in ("samples/sec", "step time p90", "time to first step", "peak memory",
+                "data wait", "host syncs/step", "top operators", "micro_batch_size"):
+        assert row in done.stdout
+
+
+def test_config_file_then_set_override(tmp_path) -> None:
+    config = tmp_path / "cfg.yaml"
+    config.write_text("micro_batch_size: 32\nnum_workers: 1\nprefetch_factor: 2\n")
+    done = run_cli("bench", "--model", str(TEST_MODELS / "tiny_tuple.py"), "--device", "cpu",
+                   "--config", str(config), "--set", "micro_batch_size=64", "--json", *FAST)
+    assert done.returncode == 0, done.stderr
+    knobs = json.loads(done.stdout)["config"]
+    assert (knobs["micro_batch_size"], knobs["num_workers"], knobs["prefetch_factor"]) == \
+        (64, 1, 2)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--set", "micro_batch=3"], "unknown knob(s) micro_batch"),
+    (["--set", "precision=fp8"], "precision must be one of fp32, tf32, bf16, fp16"),
+    (["--set", "precision=fp16"], "fp16 needs a GradScaler path"),
+    (["--set", "prefetch_factor=2"], "prefetch_factor needs num_workers > 0"),
+    (["--memory-limit", "lots"], "cannot read 'lots' as a memory size"),
+    (["--device", "tpu"], "unknown device 'tpu'"),
+    (["--config", "missing.yaml"], "config file not found: missing.yaml"),
+])
+def test_bad_input_is_one_message_and_exit_2(args, message, capsys) -> None:
+    code = main(["bench", "--model", str(TEST_MODELS / "tiny_tuple.py"), "--device", "cpu",
+                 *args] if "--device" not in args else
+                ["bench", "--model", str(TEST_MODELS / "tiny_tuple.py"), *args])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in " ".join(err.split())
+    assert "Traceback" not in err
+
+
+def test_parse_bytes() -> None:
+    assert parse_bytes("8GiB") == 8 * 2**30
+    assert parse_bytes("512MiB") == 512 * 2**20
+    assert parse_bytes("8GB") == 8 * 10**9
+    assert parse_bytes("1.5G") == int(1.5 * 2**30)
+
+
+def test_help_explains_and_module_entry_point_works() -> None:
+    done = run_cli("bench", "--help")
+    assert done.returncode == 0
+    for option in ("--model-arg", "--memory-limit", "--set", "--json", "BASELINE"):
+        assert option in done.stdout
+    assert (ROOT / "pyproject.toml").read_text().count('autotune = "autotune.cli:main"') == 1
+
+
+@pytest.mark.slow
+def test_torch_compile_end_to_end() -> None:
+    """The one test that pays for inductor (about 30 s cold; the cache makes reruns cheap)."""
+    done = run_cli("bench", "--model", str(TEST_MODELS / "tiny_tuple.py"), "--device", "cpu",
+                   "--set", "compile_mode=default", "--json", *FAST)
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    assert record["status"] == "ok"
+    assert record["config"]["compile_mode"] == "default"
+    assert record["time_to_first_step_s"] > 5 * record["step_time_median_s"]
+    names = {op["name"] for op in record["top_operators"]}
+    assert "CompiledFunction" in names, "the profiled steps ran the compiled graph"

@@ -1,0 +1,108 @@
+"""Each way a model file breaks the contract gets its own clear message and exit 2."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from autotune.cli import main
+from autotune.workload import ContractError, load_workload, parse_model_args
+
+from .conftest import FAST, TEST_MODELS, TINY_SOURCE, run_cli
+
+
+def test_model_args_are_typed_and_reach_both_builders(write_model) -> None:
+    assert parse_model_args(["a=3", "b=0.5", "c=true", "d=False", "e=gpt2", "f=1e-3"]) == \
+        {"a": 3, "b": 0.5, "c": True, "d": False, "e": "gpt2", "f": 0.001}
+    path = write_model(TINY_SOURCE)
+    workload = load_workload(path, {"dim": 5, "size": 10})
+    assert workload.build_model().blocks[0].in_features == 5
+    assert len(workload.build_dataset()) == 10
+
+
+@pytest.mark.parametrize("bad", ["novalue", "=3", "1x=2"])
+def test_malformed_model_arg(bad: str) -> None:
+    with pytest.raises(ContractError, match="key=value"):
+        parse_model_args([bad])
+
+
+LOAD_TIME = {
+    "syntax": ("import torch\n\ndef build_model(:\n    pass\n", r"model\.py:3: syntax error"),
+    "no_build_model": ("def build_dataset():\n    return [1]\n", r"must define build_model"),
+    "no_build_dataset": ("def build_model():\n    return None\n", r"must define build_dataset"),
+    "import_raises": ("x = 1\nraise RuntimeError('no GPU driver here')\n",
+                      r"model\.py:2: importing the model file raised RuntimeError: no GPU"),
+    "bad_baseline": (TINY_SOURCE.replace('"micro_batch_size": 8', '"micro_batch_sise": 8'),
+                     r"BASELINE: .*unknown knob\(s\) micro_batch_sise"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LOAD_TIME))
+def test_load_time_violations_exit_2_without_traceback(case: str, write_model, capsys) -> None:
+    source, pattern = LOAD_TIME[case]
+    path = write_model(source)
+    assert main(["bench", "--model", str(path), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert re.search(pattern, " ".join(err.split())), err
+
+
+def test_missing_file_and_unknown_model_arg(write_model, capsys) -> None:
+    assert main(["bench", "--model", "nowhere/model.py", "--device", "cpu"]) == 2
+    assert "model file not found: nowhere/model.py" in capsys.readouterr().err
+    path = write_model(TINY_SOURCE)
+    assert main(["bench", "--model", str(path), "--device", "cpu", "--model-arg",
+                 "dimm=3"]) == 2
+    assert "--model-arg dimm: neither build_model nor build_dataset" in capsys.readouterr().err
+
+
+def test_debug_shows_the_traceback(write_model) -> None:
+    path = write_model("def build_dataset():\n    return [1]\n")
+    with pytest.raises(ContractError):
+        main(["bench", "--model", str(path), "--device", "cpu", "--debug"])
+
+
+# Violations only a built model and a real batch reveal: found in the trial process.
+TRIAL_TIME = {
+    "model_not_module": (TINY_SOURCE.replace("return Net(dim)", "return [Net(dim)]"),
+                         "build_model() must return a torch.nn.Module, got list"),
+    "dataset_not_map_style": (
+        TINY_SOURCE.replace("def build_dataset(dim=8, size=256):",
+                            "def build_dataset(dim=8, size=256):\n    return 42\n"
+                            "\ndef unused(dim=8, size=256):"),
+        "build_dataset() must return a map-style Dataset"),
+    "empty_dataset": (TINY_SOURCE.replace("size=256", "size=0"), "returned an empty dataset"),
+    "batch_not_movable": (
+        TINY_SOURCE + "\n\ndef collate_fn(samples):\n    return {'x': object()}\n",
+        "batch['x'] is a object, which cannot be moved to cpu"),
+    "loss_not_scalar": (
+        TINY_SOURCE + "\n\ndef loss_fn(model, batch):\n"
+                      "    return model.blocks[0](batch[0])\n",
+        "the loss must be a scalar, got a tensor of shape (8, 8)"),
+    "loss_without_grad": (
+        TINY_SOURCE + "\n\ndef loss_fn(model, batch):\n    return model(*batch).detach()\n",
+        "the loss does not require grad"),
+    "output_without_loss": (
+        TINY_SOURCE.replace("return nn.functional.mse_loss(x.sum(dim=1), y)", "return x"),
+        "the model's output (a tensor of shape (8, 8)) has no loss. Define "
+        "`def loss_fn(model, batch): ...`"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TRIAL_TIME))
+def test_trial_time_violations_exit_2_with_their_message(case: str, write_model) -> None:
+    source, message = TRIAL_TIME[case]
+    path = write_model(source)
+    done = run_cli("bench", "--model", str(path), "--device", "cpu", *FAST)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in " ".join(done.stderr.split()), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("model", ["tiny_dict.py", "tiny_tuple.py"])
+def test_users_own_files_run_unchanged(model: str) -> None:
+    """Dict batches with an output `.loss`, and tuple batches with a `loss_fn`."""
+    done = run_cli("bench", "--model", str(TEST_MODELS / model), "--device", "cpu", *FAST)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "samples/sec" in done.stdout

@@ -1,0 +1,75 @@
+"""The measurement protocol: the figures mean what the table says they mean."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from autotune.config import TrainConfig
+from autotune.hardware import describe
+from autotune.measure import MeasureSettings, measure_setup
+from autotune.training import setup_training
+
+SETTINGS = MeasureSettings(window_steps=5, window_seconds=0.5, warmup_max_seconds=5,
+                           profile_steps=2)
+
+
+class SlowDataset(torch.utils.data.Dataset):
+    """Each sample costs `delay` seconds of loader time, like decoding or augmentation."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return 1024
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.delay:
+            time.sleep(self.delay)
+        return torch.full((16,), float(i % 7)), torch.tensor(float(i % 3))
+
+
+def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    x, y = batch
+    return nn.functional.mse_loss(model(x).squeeze(1), y)
+
+
+def measure(delay: float, config: TrainConfig) -> dict:
+    setup = setup_training(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)),
+                           SlowDataset(delay), config, "cpu", loss_fn=loss_fn)
+    return measure_setup(setup, SETTINGS, describe(torch.device("cpu"))).to_dict()
+
+
+def test_samples_per_sec_is_samples_over_window_time() -> None:
+    m = measure(0.0, TrainConfig(micro_batch_size=8, grad_accum_steps=2))
+    assert m["window_steps"] >= SETTINGS.window_steps
+    assert m["window_s"] >= SETTINGS.window_seconds
+    assert m["window_samples"] == m["window_steps"] * 16
+    assert m["samples_per_sec"] == m["window_samples"] / m["window_s"]
+    steps_time = m["step_time_median_s"] * m["window_steps"]
+    assert 0.5 * m["window_s"] < steps_time < 2 * m["window_s"]
+    assert m["step_time_median_s"] <= m["step_time_p90_s"]
+    assert m["time_to_first_step_s"] > 0 and m["peak_memory_bytes"] > 0
+    assert m["mfu"] is None and m["device_idle_fraction"] is None
+    assert m["host_syncs_per_step"] == 0
+    assert m["top_operators"] and m["final_loss"] is not None
+
+
+def test_data_loading_is_in_the_figure() -> None:
+    """A loader that needs 2 ms per sample caps throughput near 500 samples/sec."""
+    fast = measure(0.0, TrainConfig(micro_batch_size=8))
+    slow = measure(0.002, TrainConfig(micro_batch_size=8))
+    assert slow["samples_per_sec"] < 500
+    loader_s = slow["window_steps"] * 8 * 0.002
+    assert slow["data_wait_fraction"] * slow["window_s"] >= 0.9 * loader_s
+    assert fast["data_wait_fraction"] < slow["data_wait_fraction"]
+
+
+def test_workers_hide_a_slow_loader() -> None:
+    inline = measure(0.002, TrainConfig(micro_batch_size=8))
+    workers = measure(0.002, TrainConfig(micro_batch_size=8, num_workers=2, prefetch_factor=4,
+                                         persistent_workers=True))
+    assert workers["data_wait_fraction"] < inline["data_wait_fraction"]
+    assert workers["samples_per_sec"] > 1.3 * inline["samples_per_sec"]
