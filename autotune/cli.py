@@ -10,16 +10,35 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
+from rich.table import Table
 from rich.text import Text
 
-from autotune.config import ConfigError, TrainConfig, from_baseline, knob_names, parse_assignments
+from autotune.config import (
+    EXPORT_FORMATS,
+    ConfigError,
+    TrainConfig,
+    export_config,
+    from_baseline,
+    knob_names,
+    parse_assignments,
+)
 from autotune.hardware import describe, parse_device, unsupported_reason
 from autotune.isolation import TrialRequest, run_isolated
 from autotune.measure import MeasureSettings
-from autotune.report import bench_record, print_bench
+from autotune.report import LiveView, PlainView, bench_record, print_bench, summary_tables
+from autotune.space import DEFAULT_MAX_GRAD_ACCUM, parse_batch_range
+from autotune.tuner import (
+    DEFAULT_TRIALS,
+    Interrupted,
+    TuneOptions,
+    Tuner,
+    list_studies,
+    load_study,
+    study_summary,
+)
 from autotune.workload import ContractError, load_workload, parse_model_args
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6,
           "mib": 2**20, "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12,
           "tib": 2**40}
@@ -54,35 +73,148 @@ def build_parser() -> argparse.ArgumentParser:
                     "measured, 1 when the trial failed (oom, crash, timeout, error), 2 for bad "
                     "input or a configuration this device or model cannot run.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    bench.add_argument("--model", required=True, metavar="FILE",
-                       help="model file defining build_model and build_dataset")
-    bench.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
-                       help="keyword argument for build_model/build_dataset (repeatable)")
+    _add_workload_args(bench)
     bench.add_argument("--config", metavar="FILE",
                        help="YAML/JSON configuration; knobs it leaves out come from BASELINE")
     bench.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
                        help=f"set one knob (repeatable); knobs: {', '.join(knob_names())}")
-    bench.add_argument("--device", metavar="DEVICE",
-                       help="cpu, cuda or cuda:N (default: cuda when present, else cpu)")
-    bench.add_argument("--memory-limit", metavar="SIZE",
-                       help="measure as if the device had only this much memory (e.g. 8GiB)")
     bench.add_argument("--trace", metavar="DIR", help="write the profiler's Chrome trace here")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--log", metavar="FILE", help="trial log file (default: a temp file)")
     bench.add_argument("--time-limit", type=float, default=900.0, metavar="SECONDS",
                        help="kill the trial after this long")
-    defaults = MeasureSettings()
-    bench.add_argument("--window-steps", type=int, default=defaults.window_steps,
-                       help="minimum optimizer steps in the timed window")
-    bench.add_argument("--window-seconds", type=float, default=defaults.window_seconds,
-                       help="minimum seconds in the timed window")
-    bench.add_argument("--warmup-max-seconds", type=float,
-                       default=defaults.warmup_max_seconds,
-                       help="give up waiting for steady step times after this long")
-    bench.add_argument("--profile-steps", type=int, default=defaults.profile_steps,
-                       help="optimizer steps under the profiler after the window (0: none)")
-    bench.add_argument("--debug", action="store_true", help="show tracebacks")
+    _add_measure_args(bench)
+
+    run = commands.add_parser(
+        "run", help="search for the fastest configuration with an Optuna study",
+        description="Run (or continue) an Optuna study over the training knobs. The baseline "
+                    "(the file's BASELINE) is always the first trial; every trial is measured in "
+                    "its own process; out-of-memory configurations are infeasible results the "
+                    "sampler learns from. When the budget ends, the top configurations and the "
+                    "baseline are re-measured in fresh processes and the winner is chosen on the "
+                    "median. Kill it at any moment and run the same command again: it continues. "
+                    "Objective: samples/sec x (1 - stall-penalty x stall fraction), the stall "
+                    "fraction being device idle time on CUDA and host syncs plus loader waits on "
+                    "CPU.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _add_workload_args(run)
+    _add_study_args(run)
+    run.add_argument("--trials", type=int, metavar="N",
+                     help=f"measured trials the study should have in all (default "
+                          f"{DEFAULT_TRIALS} when --timeout is not given either)")
+    run.add_argument("--timeout", metavar="DURATION",
+                     help="stop starting trials after this long, e.g. 30m, 1h, 90s")
+    batch = run.add_mutually_exclusive_group()
+    batch.add_argument("--global-batch-size", type=int, metavar="G",
+                       help="keep micro_batch_size x grad_accum_steps = G (default: the "
+                            "baseline's effective batch)")
+    batch.add_argument("--free-batch-size", metavar="MIN:MAX",
+                       help="let the effective batch vary in [MIN, MAX] (the learning rate may "
+                            "then need rescaling)")
+    run.add_argument("--fix", action="append", default=[], metavar="KNOB=VALUE",
+                     help="hold one knob at a value (repeatable)")
+    run.add_argument("--space", metavar="FILE",
+                     help="YAML mapping knob -> list of values to try, narrowing the space")
+    run.add_argument("--max-grad-accum", type=int, default=DEFAULT_MAX_GRAD_ACCUM, metavar="N",
+                     help="search accumulation only up to N micro-batches per step (the "
+                          "baseline's own is always tried)")
+    run.add_argument("--stall-penalty", type=float, default=0.1,
+                     help="weight of the stall fraction in the objective (0 disables)")
+    run.add_argument("--memory-headroom", type=float, default=0.1,
+                     help="share of device memory (or --memory-limit) kept free: a trial whose "
+                          "peak is above the rest is infeasible")
+    run.add_argument("--confirm-top", type=int, default=3, metavar="K",
+                     help="configurations re-measured at the end")
+    run.add_argument("--confirm-repeats", type=int, default=2, metavar="R",
+                     help="fresh runs per confirmed configuration (0 skips confirmation)")
+    run.add_argument("--trial-time-limit", type=float, default=900.0, metavar="SECONDS",
+                     help="kill a trial after this long (a timeout)")
+    run.add_argument("--seed", type=int, help="sampler seed, for a reproducible search")
+    _add_measure_args(run)
+
+    studies = commands.add_parser("studies", help="list the studies in the storage")
+    _add_storage_args(studies)
+    studies.add_argument("--debug", action="store_true", help="show tracebacks")
+
+    show = commands.add_parser("show", help="print a study's summary from its storage")
+    show.add_argument("study", metavar="STUDY")
+    _add_storage_args(show)
+    show.add_argument("--json", action="store_true", help="print one JSON object")
+    show.add_argument("--debug", action="store_true", help="show tracebacks")
+
+    export = commands.add_parser(
+        "export", help="write a study's recommended configuration for your trainer",
+        description="Formats: yaml/json (TrainConfig, loadable with --config and "
+                    "TrainConfig.load), hf (transformers.TrainingArguments keyword arguments), "
+                    "lightning (Trainer arguments plus the code for what Trainer has no "
+                    "argument for), torch (a runnable script using autotune.training).")
+    export.add_argument("study", metavar="STUDY")
+    export.add_argument("--format", choices=EXPORT_FORMATS, default="yaml")
+    export.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    _add_storage_args(export)
+    export.add_argument("--debug", action="store_true", help="show tracebacks")
     return parser
+
+
+def _add_workload_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, metavar="FILE",
+                        help="model file defining build_model and build_dataset")
+    parser.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="keyword argument for build_model/build_dataset (repeatable)")
+    parser.add_argument("--device", metavar="DEVICE",
+                        help="cpu, cuda or cuda:N (default: cuda when present, else cpu)")
+    parser.add_argument("--memory-limit", metavar="SIZE",
+                        help="measure as if the device had only this much memory (e.g. 8GiB)")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def _add_measure_args(parser: argparse.ArgumentParser) -> None:
+    defaults = MeasureSettings()
+    parser.add_argument("--window-steps", type=int, default=defaults.window_steps,
+                        help="minimum optimizer steps in the timed window")
+    parser.add_argument("--window-seconds", type=float, default=defaults.window_seconds,
+                        help="minimum seconds in the timed window")
+    parser.add_argument("--warmup-max-seconds", type=float,
+                        default=defaults.warmup_max_seconds,
+                        help="give up waiting for steady step times after this long")
+    parser.add_argument("--profile-steps", type=int, default=defaults.profile_steps,
+                        help="optimizer steps under the profiler after the window (0: none)")
+
+
+def _add_storage_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--studies-dir", default="studies", metavar="DIR",
+                        help="where embedded studies live: DIR/<study>/journal.log")
+    parser.add_argument("--storage", metavar="URL",
+                        help="an Optuna storage URL (e.g. sqlite:///x.db, postgresql://...) "
+                             "instead of the embedded journal file")
+
+
+def _add_study_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--study", metavar="NAME",
+                        help="study name (default: the model file's stem)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the final summary as one JSON object")
+    _add_storage_args(parser)
+
+
+def parse_duration(text: str) -> float:
+    """`90`, `90s`, `30m`, `1h`, `1h30m` to seconds."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([hms]?)", text.strip().lower())
+    if not parts or "".join(n + u for n, u in parts) != re.sub(r"\s+", "", text.lower()):
+        raise UsageError(f"cannot read {text!r} as a duration; use e.g. 90s, 30m, 1h30m")
+    seconds = sum(float(n) * {"h": 3600, "m": 60, "s": 1, "": 1}[u] for n, u in parts)
+    if seconds <= 0:
+        raise UsageError(f"duration must be positive, got {text!r}")
+    return seconds
+
+
+def _settings(args: argparse.Namespace) -> MeasureSettings:
+    if args.window_steps < 1 or args.profile_steps < 0 or args.window_seconds < 0:
+        raise UsageError("--window-steps must be >= 1, --profile-steps and --window-seconds "
+                         ">= 0")
+    return MeasureSettings(window_steps=args.window_steps, window_seconds=args.window_seconds,
+                           warmup_max_seconds=args.warmup_max_seconds,
+                           profile_steps=args.profile_steps)
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
@@ -102,13 +234,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     reason = unsupported_reason(config, info)
     if reason:
         raise ConfigError(f"this configuration cannot run on {info}: {reason}")
-    for name in ("window_steps", "profile_steps"):
-        if getattr(args, name) < (1 if name == "window_steps" else 0):
-            raise UsageError(f"--{name.replace('_', '-')} is out of range")
-    settings = MeasureSettings(window_steps=args.window_steps,
-                               window_seconds=args.window_seconds,
-                               warmup_max_seconds=args.warmup_max_seconds,
-                               profile_steps=args.profile_steps)
+    settings = _settings(args)
     trace = str(Path(args.trace) / f"{workload.name}-trace.json") if args.trace else None
     request = TrialRequest(
         model_path=str(workload.path), config=config.to_dict(), device=str(device),
@@ -133,7 +259,91 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     return EXIT_FAILED
 
 
-COMMANDS = {"bench": cmd_bench}
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    if args.trials is not None and args.trials < 1:
+        raise UsageError("--trials must be >= 1")
+    for name in ("stall_penalty", "memory_headroom"):
+        if not 0 <= getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be in [0, 1)")
+    options = TuneOptions(
+        model_path=args.model, model_args=parse_model_args(args.model_arg), device=args.device,
+        study=args.study, studies_dir=args.studies_dir, storage=args.storage,
+        trials=args.trials, timeout_s=parse_duration(args.timeout) if args.timeout else None,
+        stall_penalty=args.stall_penalty, memory_headroom=args.memory_headroom,
+        memory_limit_bytes=parse_bytes(args.memory_limit) if args.memory_limit else None,
+        confirm_top=args.confirm_top, confirm_repeats=args.confirm_repeats,
+        trial_time_limit_s=args.trial_time_limit, settings=_settings(args), seed=args.seed,
+        global_batch=args.global_batch_size,
+        free_batch=parse_batch_range(args.free_batch_size) if args.free_batch_size else None,
+        fixes=parse_assignments(args.fix), space_file=args.space,
+        max_grad_accum=args.max_grad_accum)
+    view_console = Console(stderr=True) if args.json else console
+    plain = PlainView(view_console)
+    tuner = Tuner(options, plain)
+    view = (LiveView(view_console, tuner.study, options.trials, options.timeout_s,
+                     tuner.measured_trials) if view_console.is_terminal else plain)
+    tuner.view = view
+    try:
+        with view:
+            summary = tuner.run()
+    except Interrupted:
+        summary = study_summary(tuner.study)
+        view_console.print("interrupted: the running trial was stopped and re-queued; run the "
+                           "same command to continue. Best so far (not confirmed):")
+        view_console.print(summary_tables(summary))
+        return EXIT_INTERRUPTED
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return EXIT_OK
+    console.print(summary_tables(summary))
+    for name, path in summary["files"].items():
+        console.print(Text(f"{name}: {path}", style="dim"))
+    return EXIT_OK
+
+
+def cmd_studies(args: argparse.Namespace, console: Console) -> int:
+    rows = list_studies(args.studies_dir, args.storage)
+    if not rows:
+        console.print(f"no studies in {args.storage and 'that storage' or args.studies_dir}")
+        return EXIT_OK
+    table = Table(title="studies", title_justify="left")
+    for name in ("study", "trials", "created", "confirmed", "model"):
+        table.add_column(name)
+    for row in rows:
+        table.add_row(*(str(row[k]) for k in ("study", "trials", "created", "confirmed",
+                                               "model")))
+    console.print(table)
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace, console: Console) -> int:
+    summary = study_summary(load_study(args.study, args.studies_dir, args.storage))
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        console.print(summary_tables(summary))
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace, console: Console) -> int:
+    summary = study_summary(load_study(args.study, args.studies_dir, args.storage))
+    if not summary["best_config"]:
+        raise ConfigError(f"study {args.study!r} has no feasible trial to export yet")
+    device = "cuda" if summary.get("device") and "cpu" not in str(summary["device"]).lower() \
+        else "cpu"
+    text = export_config(TrainConfig.from_dict(summary["best_config"]), args.format,
+                         model_path=summary.get("model"), model_args=summary.get("model_args"),
+                         device=device)
+    if args.output:
+        Path(args.output).write_text(text)
+        Console(stderr=True).print(f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
+COMMANDS = {"bench": cmd_bench, "run": cmd_run, "studies": cmd_studies, "show": cmd_show,
+            "export": cmd_export}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -148,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         Console(stderr=True).print("interrupted")
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

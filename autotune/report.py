@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -115,3 +126,202 @@ def print_bench(record: Mapping[str, Any], console: Console, title: str) -> None
 
 def _fmt(value: float | None, pattern: str) -> str:
     return "n/a" if value is None else pattern.format(value)
+
+
+# -- studies -------------------------------------------------------------------------------
+
+def short_config(config: Mapping[str, Any]) -> str:
+    """The knobs that differ from PyTorch's defaults, compactly."""
+    parts = [f"mb={config['micro_batch_size']}x{config['grad_accum_steps']}", config["precision"]]
+    if config["activation_checkpointing"] != "none":
+        parts.append(f"ckpt={config['activation_checkpointing']}")
+    parts.append(config["optimizer_impl"])
+    if config["num_workers"]:
+        parts.append(f"workers={config['num_workers']}/pf={config['prefetch_factor']}"
+                     + ("/persist" if config["persistent_workers"] else ""))
+    if config["pin_memory"]:
+        parts.append("pin")
+    if config["compile_mode"] != "none":
+        parts.append(f"compile={config['compile_mode']}")
+    return " ".join(str(p) for p in parts)
+
+
+def trial_row(trial: Any) -> tuple[str, ...]:
+    attrs = trial.user_attrs
+    sps = attrs.get("samples_per_sec")
+    status = attrs.get("status", trial.state.name.lower())
+    ok = status == "ok"
+    message = "" if ok else attrs.get("message", "")
+    if "duplicate_of" in attrs:
+        status = f"repeat of #{attrs['duplicate_of']}"
+    return (str(trial.number), short_config(attrs["config"]) if attrs.get("config") else "",
+            f"{sps:.1f}" if sps and ok else "",
+            format_bytes(attrs.get("peak_memory_bytes")) if attrs.get("peak_memory_bytes")
+            else "", status, message.splitlines()[0][:60] if message else "")
+
+
+class PlainView:
+    """One line per event: for logs, CI and anything that is not a terminal."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def trial_started(self, number: int, config: Any, role: str) -> None:
+        self.console.print(f"trial {number} ({role}): {short_config(config.to_dict())}",
+                           markup=False, highlight=False)
+
+    def phase(self, text: str) -> None:
+        """Phases are only worth a line on a live display."""
+
+    def trial_finished(self, trial: Any) -> None:
+        number, config, sps, memory, status, reason = trial_row(trial)
+        figures = f"{sps} samples/s, peak {memory}" if sps else reason
+        self.console.print(f"trial {number}: {status}  {figures}", markup=False,
+                           highlight=False)
+
+    def note(self, text: str) -> None:
+        self.console.print(text, markup=False, highlight=False)
+
+    def __enter__(self) -> PlainView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class LiveView(PlainView):
+    """A live panel: progress with ETA, the last trials, the best so far."""
+
+    def __init__(self, console: Console, study: Any, budget: int | None,
+                 timeout_s: float | None, measured: Callable[[], int]) -> None:
+        super().__init__(console)
+        self.study, self.measured = study, measured
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                 MofNCompleteColumn() if budget else TextColumn(""),
+                                 TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                                 console=console)
+        self.by_time = budget is None and timeout_s is not None
+        total = timeout_s if self.by_time else budget
+        self.task = self.progress.add_task("tuning", total=total,
+                                           completed=0 if self.by_time else measured())
+        self.started = time.monotonic()
+        self.current = ""
+        self.live = Live(self._render(), console=console, refresh_per_second=4,
+                         transient=False)
+
+    def _render(self) -> Group:
+        if self.by_time:
+            self.progress.update(self.task, completed=time.monotonic() - self.started)
+        else:
+            self.progress.update(self.task, completed=self.measured())
+        table = Table(title="recent trials", title_justify="left", expand=True)
+        for name, justify in (("#", "right"), ("configuration", "left"),
+                              ("samples/s", "right"), ("peak mem", "right"),
+                              ("status", "left"), ("reason", "left")):
+            table.add_column(name, justify=justify, overflow="fold")
+        finished = [t for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()]
+        for trial in finished[-8:]:
+            table.add_row(*trial_row(trial))
+        feasible = [t for t in finished if t.user_attrs.get("constraint") == 0.0
+                    and t.value is not None]
+        best = max(feasible, key=lambda t: t.value, default=None)
+        best_line = (Text(f"best so far: trial {best.number}, "
+                          f"{best.user_attrs['samples_per_sec']:.1f} samples/s, "
+                          f"{short_config(best.user_attrs['config'])}")
+                     if best else Text("best so far: none yet"))
+        return Group(self.progress, table, best_line, Text(self.current, style="dim"))
+
+    def trial_started(self, number: int, config: Any, role: str) -> None:
+        self.current = f"trial {number} ({role}): {short_config(config.to_dict())}"
+        self.live.update(self._render())
+
+    def phase(self, text: str) -> None:
+        self.live.update(self._render())
+        self.progress.update(self.task, description=f"tuning: {text}")
+
+    def trial_finished(self, trial: Any) -> None:
+        self.current = ""
+        self.live.update(self._render())
+
+    def note(self, text: str) -> None:
+        self.current = text
+        self.live.update(self._render())
+
+    def __enter__(self) -> LiveView:
+        self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.live.update(self._render())
+        self.live.stop()
+
+
+def _rate(value: float | None, spread: float | None = None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.1f} ± {spread:.1f}" if spread is not None else f"{value:.1f}"
+
+
+def summary_tables(summary: Mapping[str, Any]) -> Group:
+    """Best beside baseline knob by knob, then the figures and the trial counts."""
+    confirmed = summary["confirmed"]
+    title = (f"study {summary['study']}: {summary.get('model')} on {summary.get('device')}")
+    knobs = Table(title=title, title_justify="left")
+    knobs.add_column("knob", style="bold")
+    knobs.add_column("baseline")
+    knobs.add_column("best")
+    best, base = summary.get("best_config") or {}, summary.get("baseline_config") or {}
+    for knob in base or best:
+        a, b = base.get(knob), best.get(knob)
+        knobs.add_row(knob, str(a), Text(str(b), style="bold green" if a != b else ""))
+    how = (f"median of {summary.get('confirmation_repeats')} fresh runs, ± half the range"
+           if confirmed else "single trial, not confirmed")
+    figures = Table(show_header=False, title="result", title_justify="left")
+    figures.add_column("figure", style="bold")
+    figures.add_column("value", justify="right")
+    figures.add_column("how", style="dim")
+    speedup = summary.get("speedup")
+    rows = [
+        ("best samples/sec", _rate(summary.get("best_samples_per_sec"),
+                                   summary.get("best_spread")), how),
+        ("baseline samples/sec", _rate(summary.get("baseline_samples_per_sec"),
+                                       summary.get("baseline_spread")), how),
+        ("speedup", f"{speedup:.2f}x" if speedup else "n/a", "best / baseline"),
+        ("peak memory (best)", format_bytes(summary.get("best_peak_memory_bytes")), ""),
+        ("MFU (best)", _percent(summary.get("best_mfu")), "CUDA only"),
+        ("tuning wall time", format_seconds(summary.get("tuning_wall_s")), "trials only"),
+        ("trials", ", ".join(f"{k.lower()} {v}" for k, v in sorted(summary["trials"].items())),
+         "by Optuna state"),
+        ("outcomes", ", ".join(f"{k} {v}" for k, v in sorted(summary["statuses"].items())),
+         "oom and over_memory count as infeasible"),
+    ]
+    for row in rows:
+        figures.add_row(*row)
+    parts: list[Any] = [knobs, figures]
+    for warning in summary.get("warnings", []):
+        parts.append(Text(f"warning: {warning}", style="bold yellow"))
+    return Group(*parts)
+
+
+def summary_markdown(summary: Mapping[str, Any]) -> str:
+    """The same summary as a markdown file for the study folder."""
+    best, base = summary.get("best_config") or {}, summary.get("baseline_config") or {}
+    speedup = summary.get("speedup")
+    lines = [f"# autotune study `{summary['study']}`", "",
+             f"- model: `{summary.get('model')}` {summary.get('model_args') or ''}",
+             f"- device: {summary.get('device')}",
+             f"- best samples/sec: {_rate(summary.get('best_samples_per_sec'), summary.get('best_spread'))}"  # noqa: E501
+             + (" (confirmed: median of fresh runs ± half range)" if summary["confirmed"]
+                else " (not confirmed)"),
+             f"- baseline samples/sec: {_rate(summary.get('baseline_samples_per_sec'), summary.get('baseline_spread'))}",  # noqa: E501
+             f"- speedup: {f'{speedup:.2f}x' if speedup else 'n/a'}",
+             f"- peak memory of the best: {format_bytes(summary.get('best_peak_memory_bytes'))}",
+             f"- MFU of the best: {_percent(summary.get('best_mfu'))}",
+             f"- tuning wall time: {format_seconds(summary.get('tuning_wall_s'))}",
+             f"- trials by state: {summary['trials']}; outcomes: {summary['statuses']}", ""]
+    lines += [f"> warning: {w}" for w in summary.get("warnings", [])]
+    lines += ["", "| knob | baseline | best |", "|---|---|---|"]
+    for knob in base or best:
+        a, b = base.get(knob), best.get(knob)
+        lines.append(f"| {knob} | {a} | {'**' + str(b) + '**' if a != b else b} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,587 @@
+"""The Optuna study: storage, sampler, baseline first, objective, constraints, confirmation, resume.
+
+Every trial is one configuration measured in its own process (`isolation`). What a trial learns
+goes into the study storage before the next one starts, so a tuner killed at any moment loses
+nothing but the trial it was running, which the next run re-queues.
+
+Objective: score = samples/sec x (1 - stall_penalty x stall fraction). Out-of-memory (or peak
+memory above the capacity less the headroom) and configurations the model or device cannot
+run are COMPLETE trials with score 0 and a violated constraint, so TPE learns where the wall
+is; a trial that crashed, raised or timed out is FAIL, and one that raised is not tried again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import statistics
+import time
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import optuna
+from optuna.storages import BaseStorage, JournalStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import FrozenTrial, Trial, TrialState
+
+from autotune.config import ConfigError, TrainConfig, from_baseline
+from autotune.hardware import describe, parse_device
+from autotune.isolation import TrialRequest, TrialResult, run_isolated
+from autotune.measure import MeasureSettings
+from autotune.space import DEFAULT_MAX_GRAD_ACCUM, build_space
+from autotune.workload import ContractError, load_workload
+
+JOURNAL_FILE = "journal.log"
+# Failures that would happen again with the same configuration: not retried.
+DETERMINISTIC = ("error", "crash")
+DEFAULT_TRIALS = 20
+# Optuna's constraint (> 0 = violated): fits in memory and runs on this model and device.
+MEMORY_CONSTRAINT = "fits"
+# Trials a tuner proposes that are not measured (repeats, known failures) before it concludes
+# the space is exhausted.
+MAX_UNMEASURED_IN_A_ROW = 50
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+@dataclass
+class TuneOptions:
+    """Everything `autotune run` was asked to do."""
+
+    model_path: str
+    model_args: dict[str, Any] = field(default_factory=dict)
+    device: str | None = None
+    study: str | None = None
+    studies_dir: str = "studies"
+    storage: str | None = None
+    trials: int | None = None
+    timeout_s: float | None = None
+    stall_penalty: float = 0.1
+    memory_headroom: float = 0.1
+    memory_limit_bytes: int | None = None
+    confirm_top: int = 3
+    confirm_repeats: int = 2
+    trial_time_limit_s: float = 900.0
+    settings: MeasureSettings = field(default_factory=MeasureSettings)
+    seed: int | None = None
+    global_batch: int | None = None
+    free_batch: tuple[int, int] | None = None
+    fixes: dict[str, Any] = field(default_factory=dict)
+    space_file: str | None = None
+    max_grad_accum: int = DEFAULT_MAX_GRAD_ACCUM
+
+
+class StudyView(Protocol):
+    """What the tuner tells the person watching (see `report.LiveView`)."""
+
+    def trial_started(self, number: int, config: TrainConfig, role: str) -> None: ...
+    def phase(self, text: str) -> None: ...
+    def trial_finished(self, trial: FrozenTrial) -> None: ...
+    def note(self, text: str) -> None: ...
+
+
+class Interrupted(Exception):
+    """Ctrl-C: the running trial was killed and recorded; the study is intact."""
+
+
+def validate_study_name(name: str) -> str:
+    if not _NAME.fullmatch(name) or ".." in name:
+        raise ConfigError(f"study name {name!r} must be letters, digits, '.', '_' or '-' (no "
+                          "path separators, no '..')")
+    return name
+
+
+def study_dir(studies_dir: str | Path, name: str) -> Path:
+    return Path(studies_dir) / validate_study_name(name)
+
+
+def open_storage(url: str | None, directory: Path, create: bool = True) -> BaseStorage:
+    """The embedded journal file under the study's folder, or any Optuna storage URL."""
+    if url:
+        try:
+            return optuna.storages.get_storage(url)
+        except Exception as exc:
+            raise ConfigError(f"cannot open storage: {_redact(str(exc), url)}") from None
+    journal = directory / JOURNAL_FILE
+    if not create and not journal.exists():
+        raise ConfigError(f"no study at {directory} (no {JOURNAL_FILE}); run `autotune run` "
+                          "first or pass --storage")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(str(journal)))
+    except OSError as exc:
+        raise ConfigError(f"cannot write the study folder {directory}: {exc.strerror}") from None
+
+
+def load_study(name: str, studies_dir: str | Path = "studies",
+               storage: str | None = None) -> optuna.Study:
+    """An existing study, for `show` and `export`: read from the storage alone."""
+    backend = open_storage(storage, study_dir(studies_dir, name), create=False)
+    try:
+        return optuna.load_study(study_name=name, storage=backend)
+    except KeyError:
+        raise ConfigError(f"no study named {name!r} in this storage") from None
+
+
+def config_key(config: TrainConfig | dict[str, Any]) -> str:
+    data = config.to_dict() if isinstance(config, TrainConfig) else config
+    return json.dumps(data, sort_keys=True)
+
+
+def trial_config(trial: FrozenTrial) -> TrainConfig | None:
+    data = trial.user_attrs.get("config")
+    return TrainConfig.from_dict(data) if data else None
+
+
+class Tuner:
+    """One `autotune run`: prepares the study, runs trials within the budget, confirms."""
+
+    def __init__(self, options: TuneOptions, view: StudyView) -> None:
+        self.options, self.view = options, view
+        opts = self.options
+        workload = load_workload(opts.model_path, opts.model_args)
+        try:
+            self.device = parse_device(opts.device)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        info = describe(self.device)
+        try:
+            self.baseline = from_baseline(workload.baseline, self.device.type)
+        except ConfigError as exc:
+            raise ContractError(f"{workload.path}: BASELINE: {exc}") from None
+        self.workload = workload
+        self.space = build_space(self.baseline, info, len(workload.build_dataset()),
+                                 global_batch=opts.global_batch, free_batch=opts.free_batch,
+                                 fixes=opts.fixes, space_file=opts.space_file,
+                                 max_grad_accum=opts.max_grad_accum)
+        self.capacity_bytes = opts.memory_limit_bytes or info.total_memory_bytes
+        name = validate_study_name(opts.study or workload.name)
+        self.directory = study_dir(opts.studies_dir, name)
+        storage = open_storage(opts.storage, self.directory)
+        sampler = optuna.samplers.TPESampler(
+            seed=opts.seed, multivariate=True, group=True,
+            n_startup_trials=min(10, max(3, (opts.trials or DEFAULT_TRIALS) // 3)))
+        self.study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+                                         direction="maximize", load_if_exists=True)
+        self._check_same_workload(info)
+        self._recover_orphans()
+
+    # -- preparation -----------------------------------------------------------------------
+
+    def _check_same_workload(self, info: Any) -> None:
+        """A study belongs to one model file, its arguments and one device kind."""
+        identity = {"model_path": str(Path(self.options.model_path).resolve()),
+                    "model_args": self.options.model_args, "device_type": self.device.type}
+        existing = self.study.user_attrs.get("identity")
+        if existing is None:
+            self.study.set_user_attr("identity", identity)
+            self.study.set_user_attr("device_name", info.name)
+            self.study.set_user_attr("baseline_config", self.baseline.to_dict())
+            self.study.set_user_attr("created_at", time.time())
+        elif existing != identity:
+            raise ConfigError(
+                f"study {self.study.study_name!r} was made for {existing['model_path']} "
+                f"{existing['model_args']} on {existing['device_type']}; use --study NAME to "
+                "start another study")
+        space = self.space.describe()
+        previous = self.study.user_attrs.get("space")
+        if previous and previous["domains"] != space["domains"]:
+            raise ConfigError(
+                f"study {self.study.study_name!r} searched another space ({previous['domains']})"
+                "; Optuna cannot change a study's choices: run with the same --fix/--space "
+                "options, or use --study NAME to start another study")
+        self.study.set_user_attr("space", space)
+        self.study.set_user_attr("free_batch", self.space.free_batch)
+
+    def _recover_orphans(self) -> None:
+        """Trials left RUNNING by a dead tuner on this host: fail them and queue them again."""
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            owner = trial.user_attrs.get("owner", "")
+            host, _, pid = owner.rpartition(":")
+            if host != socket.gethostname() or not pid.isdigit() or _alive(int(pid)):
+                continue
+            storage = self.study._storage
+            storage.set_trial_user_attr(trial._trial_id, "status", "orphaned")
+            storage.set_trial_user_attr(trial._trial_id, "message",
+                                        "the tuner running this trial died; re-queued")
+            storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            self._requeue(trial)
+            self.view.note(f"trial {trial.number} was left running by a dead tuner: re-queued")
+
+    def _requeue(self, trial: FrozenTrial) -> None:
+        attrs = {"requeued_from": trial.number}
+        if trial.user_attrs.get("role"):
+            attrs["role"] = trial.user_attrs["role"]
+        self.study.enqueue_trial(dict(trial.params), user_attrs=attrs)
+
+    # -- the search ------------------------------------------------------------------------
+
+    def measured_trials(self) -> int:
+        return sum(1 for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                   if "duplicate_of" not in t.user_attrs)
+
+    def run(self) -> dict[str, Any]:
+        """Trials until the budget is spent, then confirmation; returns the summary."""
+        opts = self.options
+        budget = opts.trials if opts.trials or opts.timeout_s else DEFAULT_TRIALS
+        deadline = time.monotonic() + opts.timeout_s if opts.timeout_s else math.inf
+        started = time.monotonic()
+        if not any(t.user_attrs.get("role") == "baseline" for t in self.study.get_trials(
+                deepcopy=False, states=(TrialState.COMPLETE, TrialState.WAITING))):
+            self.study.enqueue_trial(self.space.params_for(self.baseline) or {},
+                                     user_attrs={"role": "baseline"})
+        unmeasured = 0
+        while (budget is None or self.measured_trials() < budget) and \
+                time.monotonic() < deadline:
+            measured = self._next_trial(deadline)
+            unmeasured = 0 if measured else unmeasured + 1
+            if unmeasured >= MAX_UNMEASURED_IN_A_ROW:
+                self.view.note("every configuration the sampler proposes was already measured "
+                               "or failed before: the space is exhausted")
+                break
+        self._add_wall_time(time.monotonic() - started)
+        self.confirm()
+        return self.write_outputs()
+
+    def _next_trial(self, deadline: float) -> bool:
+        """Ask, measure (unless known), tell. True when a process was run."""
+        trial = self.study.ask()
+        role = trial.user_attrs.get("role", "search")
+        if role == "baseline" and not self.space.contains(self.baseline):
+            config = self.baseline
+        else:
+            config = self.space.suggest(trial)
+        key = config_key(config)
+        previous = self._previous(key)
+        trial.set_user_attr("config", config.to_dict())
+        if previous is not None and previous.state == TrialState.FAIL:
+            trial.set_user_attr("status", "skipped")
+            trial.set_user_attr("message", f"failed before as trial {previous.number}: "
+                                           f"{previous.user_attrs.get('message', '')}")
+            self.study.tell(trial, state=TrialState.FAIL)
+            return False
+        if previous is not None:
+            for name, value in previous.user_attrs.items():
+                if name not in ("config", "role", "owner"):
+                    trial.set_user_attr(name, value)
+            trial.set_user_attr("duplicate_of", previous.number)
+            trial.set_constraint(MEMORY_CONSTRAINT, previous.user_attrs["constraint"])
+            self.study.tell(trial, previous.value)
+            self.view.trial_finished(self.study.trials[trial.number])
+            return False
+        wall = self._memory_wall(config)
+        if wall is not None and role != "baseline":
+            trial.set_user_attr("status", "oom_predicted")
+            trial.set_user_attr("message", f"not run: micro-batch {wall.user_attrs['config']['micro_batch_size']} "  # noqa: E501
+                                           f"with the same other knobs did not fit (trial "
+                                           f"{wall.number})")
+            trial.set_user_attr("constraint", 1.0)
+            trial.set_user_attr("score", 0.0)
+            trial.set_constraint(MEMORY_CONSTRAINT, 1.0)
+            self.study.tell(trial, 0.0)
+            self.view.trial_finished(self.study.trials[trial.number])
+            return False
+        trial.set_user_attr("owner", f"{socket.gethostname()}:{os.getpid()}")
+        self.view.trial_started(trial.number, config, role)
+        remaining = max(1.0, deadline - time.monotonic()) if math.isfinite(deadline) else None
+        limit = min(self.options.trial_time_limit_s, remaining or math.inf)
+        try:
+            result = self._measure(config, f"trial-{trial.number}", limit)
+        except KeyboardInterrupt:
+            trial.set_user_attr("status", "interrupted")
+            trial.set_user_attr("message", "interrupted by the user; re-queued")
+            self.study.tell(trial, state=TrialState.FAIL)
+            self._requeue(self.study.trials[trial.number])
+            raise Interrupted from None
+        self._tell(trial, result)
+        self.view.trial_finished(self.study.trials[trial.number])
+        return True
+
+    def _previous(self, key: str) -> FrozenTrial | None:
+        """A finished trial of the same configuration whose outcome will not change."""
+        for t in self.study.get_trials(deepcopy=False,
+                                       states=(TrialState.COMPLETE, TrialState.FAIL)):
+            if config_key(t.user_attrs.get("config", {})) != key:
+                continue
+            if t.state == TrialState.COMPLETE or t.user_attrs.get("status") in DETERMINISTIC:
+                return t
+        return None
+
+    def _memory_wall(self, config: TrainConfig) -> FrozenTrial | None:
+        """A measured trial of the same memory family (precision, checkpointing, compile) that
+        ran out of memory at a micro-batch no larger: activations only grow with the
+        micro-batch, so this configuration would not fit either."""
+        family = memory_family(config.to_dict())
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            other = t.user_attrs.get("config")
+            if t.user_attrs.get("status") in ("oom", "over_memory") and other and \
+                    other["micro_batch_size"] <= config.micro_batch_size and \
+                    memory_family(other) == family:
+                return t
+        return None
+
+    def _measure(self, config: TrainConfig, name: str, limit: float,
+                 trace: Path | None = None) -> TrialResult:
+        opts = self.options
+        request = TrialRequest(
+            model_path=str(self.workload.path), config=config.to_dict(), device=str(self.device),
+            model_args=self.workload.model_args, settings=vars(opts.settings),
+            memory_limit_bytes=opts.memory_limit_bytes,
+            trace_path=str(trace) if trace else None)
+        return run_isolated(request, limit, self.directory / "logs" / f"{name}.log",
+                            on_phase=self.view.phase)
+
+    def _tell(self, trial: Trial, result: TrialResult) -> None:
+        """Record every figure as user attributes, then the state, score and constraint."""
+        metrics = dict(result.metrics)
+        for name, value in metrics.items():
+            trial.set_user_attr(name, value)
+        trial.set_user_attr("log_path", result.log_path)
+        trial.set_user_attr("wall_s", result.wall_s)
+        status, message = self._outcome(result)
+        trial.set_user_attr("status", status)
+        trial.set_user_attr("message", message)
+        if status in ("oom", "over_memory", "unsupported"):
+            trial.set_user_attr("constraint", 1.0)
+            trial.set_user_attr("score", 0.0)
+            trial.set_constraint(MEMORY_CONSTRAINT, 1.0)
+            self.study.tell(trial, 0.0)
+        elif status == "ok":
+            stall = stall_fraction(metrics, self.device.type)
+            score = metrics["samples_per_sec"] * (1 - self.options.stall_penalty * stall)
+            trial.set_user_attr("stall_fraction", stall)
+            trial.set_user_attr("constraint", 0.0)
+            trial.set_user_attr("score", score)
+            trial.set_constraint(MEMORY_CONSTRAINT, 0.0)
+            self.study.tell(trial, score)
+        else:
+            self.study.tell(trial, state=TrialState.FAIL)
+            if result.bad_input:
+                raise ContractError(result.message)
+
+    def _outcome(self, result: TrialResult) -> tuple[str, str]:
+        """The trial's status, with a measured peak above the allowed memory as `over_memory`."""
+        limit = self.memory_limit()
+        peak = result.metrics.get("peak_memory_bytes")
+        if result.status == "ok" and limit and peak and peak > limit:
+            return "over_memory", (f"peak memory {peak / 2**30:.2f} GiB is above the "
+                                   f"{limit / 2**30:.2f} GiB allowed (capacity less "
+                                   f"{self.options.memory_headroom:.0%} headroom)")
+        return result.status, result.message
+
+    def memory_limit(self) -> int | None:
+        if not self.capacity_bytes:
+            return None
+        return int(self.capacity_bytes * (1 - self.options.memory_headroom))
+
+    def _add_wall_time(self, seconds: float) -> None:
+        total = self.study.user_attrs.get("tuning_wall_s", 0.0) + seconds
+        self.study.set_user_attr("tuning_wall_s", total)
+
+    # -- confirmation ----------------------------------------------------------------------
+
+    def confirm(self) -> None:
+        """Re-measure the top k configurations and the baseline r times each, interleaved."""
+        opts = self.options
+        if opts.confirm_repeats < 1:
+            return
+        candidates: dict[str, dict[str, Any]] = {}
+        feasible = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                    if t.user_attrs.get("constraint") == 0.0]
+        for t in sorted(feasible, key=lambda t: t.value, reverse=True):
+            key = config_key(t.user_attrs["config"])
+            if len(candidates) < opts.confirm_top and key not in candidates:
+                candidates[key] = {"config": t.user_attrs["config"], "trial": t.number,
+                                   "feasible": True, "runs": []}
+        baseline_key = config_key(self.baseline)
+        if baseline_key not in candidates:
+            # The reference for the speedup; the winner only if it also fitted in the search.
+            baseline_trial = next((t for t in self.study.get_trials(deepcopy=False)
+                                   if t.user_attrs.get("role") == "baseline"
+                                   and t.state == TrialState.COMPLETE), None)
+            candidates[baseline_key] = {
+                "config": self.baseline.to_dict(),
+                "trial": baseline_trial.number if baseline_trial else None,
+                "feasible": bool(baseline_trial and
+                                 baseline_trial.user_attrs.get("constraint") == 0.0),
+                "runs": []}
+        traces = self.directory / "traces"
+        start = time.monotonic()
+        for repeat in range(opts.confirm_repeats):
+            for index, entry in enumerate(candidates.values()):
+                self.view.note(f"confirming {index + 1}/{len(candidates)}, run {repeat + 1}/"
+                               f"{opts.confirm_repeats}")
+                trace = traces / f"candidate-{index}.json" if repeat == 0 else None
+                result = self._measure(TrainConfig.from_dict(entry["config"]),
+                                       f"confirm-{index}-{repeat}", opts.trial_time_limit_s,
+                                       trace)
+                entry["runs"].append({"status": self._outcome(result)[0], **{
+                    k: result.metrics.get(k) for k in ("samples_per_sec", "peak_memory_bytes",
+                                                       "mfu", "step_time_median_s")}})
+                if repeat == 0:
+                    entry["trace"] = result.metrics.get("trace_path")
+        for entry in candidates.values():
+            rates = [r["samples_per_sec"] for r in entry["runs"] if r["status"] == "ok"]
+            entry["ok"] = len(rates) == len(entry["runs"])
+            entry["median"] = statistics.median(rates) if rates else None
+            entry["spread"] = (max(rates) - min(rates)) / 2 if rates else None
+        ranked = sorted((e for e in candidates.values() if e["ok"] and e["feasible"]),
+                        key=lambda e: e["median"], reverse=True)
+        baseline = candidates[baseline_key]
+        winner = ranked[0] if ranked else None
+        confirmation = {"candidates": list(candidates.values()), "repeats": opts.confirm_repeats,
+                        "winner": winner, "baseline": baseline,
+                        "speedup": (winner["median"] / baseline["median"]
+                                    if winner and baseline["median"] else None),
+                        "wall_s": time.monotonic() - start, "at": time.time()}
+        self.study.set_user_attr("confirmation", confirmation)
+        if winner and winner.get("trace"):
+            shutil.copyfile(winner["trace"], self.directory / "best-trace.json")
+
+    # -- outputs ---------------------------------------------------------------------------
+
+    def write_outputs(self) -> dict[str, Any]:
+        """best.yaml, best.json, summary.md under the study folder; returns the summary."""
+        summary = study_summary(self.study)
+        if summary["best_config"]:
+            best = TrainConfig.from_dict(summary["best_config"])
+            best.save(self.directory / "best.yaml")
+            best.save(self.directory / "best.json")
+        from autotune.report import summary_markdown
+
+        (self.directory / "summary.md").write_text(summary_markdown(summary))
+        summary["files"] = {name: str(self.directory / name) for name in
+                            ("best.yaml", "best.json", "summary.md", "best-trace.json")
+                            if (self.directory / name).exists()}
+        return summary
+
+
+def memory_family(config: dict[str, Any]) -> tuple[str, str, str]:
+    """The knobs that change how memory grows with the micro-batch."""
+    return config["precision"], config["activation_checkpointing"], config["compile_mode"]
+
+
+def stall_fraction(metrics: dict[str, Any], device_type: str) -> float:
+    """Device idle on CUDA; host syncs plus loader waits (per step time) on CPU."""
+    if device_type == "cuda" and metrics.get("device_idle_fraction") is not None:
+        return float(metrics["device_idle_fraction"])
+    step = metrics.get("step_time_median_s") or 0.0
+    sync = metrics.get("host_sync_s_per_step") or 0.0
+    fraction = (sync / step if step else 0.0) + (metrics.get("data_wait_fraction") or 0.0)
+    return min(1.0, fraction)
+
+
+def study_summary(study: optuna.Study) -> dict[str, Any]:
+    """Everything `show` prints, from the storage alone."""
+    trials = study.get_trials(deepcopy=False)
+    states = Counter(t.state.name for t in trials)
+    statuses = Counter(t.user_attrs.get("status", t.state.name.lower()) for t in trials)
+    attrs = study.user_attrs
+    confirmation = attrs.get("confirmation")
+    baseline_config = attrs.get("baseline_config")
+    best_trial = _best_feasible(trials)
+    summary: dict[str, Any] = {
+        "study": study.study_name,
+        "model": attrs.get("identity", {}).get("model_path"),
+        "model_args": attrs.get("identity", {}).get("model_args"),
+        "device": attrs.get("device_name"),
+        "confirmed": bool(confirmation and confirmation.get("winner")),
+        "best_config": None, "best_samples_per_sec": None, "best_spread": None,
+        "best_trial": None, "best_peak_memory_bytes": None, "best_mfu": None,
+        "baseline_config": baseline_config, "baseline_samples_per_sec": None,
+        "speedup": None,
+        "trials": dict(states), "statuses": dict(statuses),
+        "oom_trials": statuses.get("oom", 0) + statuses.get("over_memory", 0),
+        "tuning_wall_s": attrs.get("tuning_wall_s"),
+        "free_batch": attrs.get("free_batch", False),
+    }
+    if summary["confirmed"]:
+        winner, baseline = confirmation["winner"], confirmation["baseline"]
+        ok_runs = [r for r in winner["runs"] if r["status"] == "ok"]
+        summary.update(
+            best_config=winner["config"], best_samples_per_sec=winner["median"],
+            best_spread=winner["spread"], best_trial=winner["trial"],
+            best_runs=[r["samples_per_sec"] for r in ok_runs],
+            best_peak_memory_bytes=max((r["peak_memory_bytes"] or 0) for r in ok_runs) or None,
+            best_mfu=_median_or_none([r["mfu"] for r in ok_runs]),
+            baseline_samples_per_sec=baseline["median"], baseline_spread=baseline["spread"],
+            speedup=confirmation["speedup"], confirmation_repeats=confirmation["repeats"])
+    elif best_trial is not None:
+        baseline = next((t for t in trials if t.user_attrs.get("role") == "baseline"
+                         and t.user_attrs.get("status") == "ok"), None)
+        best_sps = best_trial.user_attrs.get("samples_per_sec")
+        base_sps = baseline.user_attrs.get("samples_per_sec") if baseline else None
+        summary.update(
+            best_config=best_trial.user_attrs["config"], best_samples_per_sec=best_sps,
+            best_trial=best_trial.number,
+            best_peak_memory_bytes=best_trial.user_attrs.get("peak_memory_bytes"),
+            best_mfu=best_trial.user_attrs.get("mfu"), baseline_samples_per_sec=base_sps,
+            speedup=best_sps / base_sps if best_sps and base_sps else None)
+    if summary["free_batch"] and summary["best_config"] and baseline_config:
+        best_eb = summary["best_config"]["micro_batch_size"] * \
+            summary["best_config"]["grad_accum_steps"]
+        base_eb = baseline_config["micro_batch_size"] * baseline_config["grad_accum_steps"]
+        if best_eb != base_eb:
+            summary["warnings"] = [f"the effective batch changed from {base_eb} to {best_eb}: "
+                                   "the learning rate may need rescaling"]
+    return summary
+
+
+def list_studies(studies_dir: str | Path = "studies",
+                 storage: str | None = None) -> list[dict[str, Any]]:
+    """The studies in a storage URL, or in every study folder of the embedded storage."""
+    if storage:
+        backends = [open_storage(storage, Path(studies_dir))]
+    else:
+        folders = sorted(Path(studies_dir).glob(f"*/{JOURNAL_FILE}"))
+        backends = [open_storage(None, f.parent, create=False) for f in folders]
+    rows = []
+    for backend in backends:
+        for s in optuna.get_all_study_summaries(backend, include_best_trial=False):
+            rows.append({"study": s.study_name, "trials": s.n_trials,
+                         "created": s.datetime_start.isoformat(timespec="seconds")
+                         if s.datetime_start else None,
+                         "model": s.user_attrs.get("identity", {}).get("model_path"),
+                         "confirmed": bool((s.user_attrs.get("confirmation") or {})
+                                           .get("winner"))})
+    return rows
+
+
+def _best_feasible(trials: list[FrozenTrial]) -> FrozenTrial | None:
+    feasible = [t for t in trials if t.state == TrialState.COMPLETE
+                and t.user_attrs.get("constraint") == 0.0]
+    return max(feasible, key=lambda t: t.value, default=None)
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return True
+
+
+def _redact(text: str, url: str) -> str:
+    """Never echo a storage password."""
+    match = re.match(r"[^:/]+://[^:/@]+:([^@]+)@", url)
+    return text.replace(match.group(1), "***") if match else text
+
