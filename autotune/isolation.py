@@ -137,7 +137,12 @@ def child_main() -> None:
     _watch_parent(raw.pop("parent_pid"))
     phase_file = Path(raw.pop("phase_file"))
     request = TrialRequest(**raw)
-    result = _measure_classified(request, lambda phase: _note_phase(phase_file, phase))
+    try:
+        result = _measure_classified(request, lambda phase: _note_phase(phase_file, phase))
+    except MemoryError:
+        _lift_memory_limit()
+        result = TrialResult("oom", "MemoryError (the process ran out of memory while "
+                                    "reporting a failure)")
     tmp = result_file.with_suffix(".tmp")
     tmp.write_text(json.dumps(result.to_dict()))
     tmp.replace(result_file)
@@ -170,6 +175,7 @@ def _measure_classified(request: TrialRequest, on_phase: Callable[[str], None]) 
     except Unsupported as exc:
         return _failed("unsupported", exc)
     except BaseException as exc:
+        _lift_memory_limit()
         if is_oom(exc):
             return _failed("oom", exc)
         return _failed("error", exc)
@@ -201,7 +207,14 @@ def limit_memory(device: Any, limit_bytes: int) -> None:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, limit_bytes / total), device)
     else:
-        resource.setrlimit(resource.RLIMIT_DATA, (limit_bytes, limit_bytes))
+        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        resource.setrlimit(resource.RLIMIT_DATA, (limit_bytes, hard))
+
+
+def _lift_memory_limit() -> None:
+    """Room to report an out-of-memory failure: only the soft limit was lowered."""
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
 
 
 def _failed(status: str, exc: BaseException, bad_input: bool = False) -> TrialResult:

@@ -54,6 +54,8 @@ class SpaceError(ConfigError):
 
 
 DEFAULT_MAX_GRAD_ACCUM = 16
+# Knobs whose order matters to memory and speed: suggested as log-scale integers.
+ORDINAL = ("micro_batch_size",)
 
 
 class _Outside(Exception):
@@ -86,10 +88,19 @@ class SearchSpace:
         return math.ceil(low / micro), min(high // micro, self.max_grad_accum or high)
 
     def suggest(self, trial: optuna.trial.BaseTrial) -> TrainConfig:
-        """The configuration of one trial, asked of Optuna knob by knob (define-by-run)."""
-        return self._assemble(
-            lambda knob, choices: trial.suggest_categorical(knob, list(choices)),
-            lambda knob, low, high: trial.suggest_int(knob, low, high))
+        """The configuration of one trial, asked of Optuna knob by knob (define-by-run).
+
+        The micro-batch is an integer on a log scale, snapped to the nearest allowed size, not a
+        category: TPE then learns that memory grows with it and stops proposing sizes beyond
+        the out-of-memory wall, which it cannot infer for unordered categories.
+        """
+        def choose(knob: str, choices: Sequence[Any]) -> Any:
+            if knob in ORDINAL:
+                raw = trial.suggest_int(knob, min(choices), max(choices), log=True)
+                return min(choices, key=lambda c: (abs(math.log(c / raw)), c))
+            return trial.suggest_categorical(knob, list(choices))
+
+        return self._assemble(choose, lambda knob, low, high: trial.suggest_int(knob, low, high))
 
     def params_for(self, config: TrainConfig) -> dict[str, Any] | None:
         """The Optuna parameters `suggest` turns into `config` (to enqueue it), else None."""
