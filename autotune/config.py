@@ -127,16 +127,20 @@ class TrainConfig:
     @classmethod
     def load(cls, path: str | Path, base: TrainConfig | None = None) -> TrainConfig:
         """Read a YAML or JSON file (JSON is YAML, so one parser serves both)."""
-        path = Path(path)
-        try:
-            data = yaml.safe_load(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path} is not valid YAML/JSON: {exc}") from None
-        return cls.from_dict(data or {}, base)
+        return cls.from_dict(read_yaml(path, "config") or {}, base)
+
+
+def read_yaml(path: str | Path, kind: str, error: type[ConfigError] = ConfigError) -> Any:
+    """Parse a YAML (or JSON) file the user named, every failure one `error` message."""
+    path = Path(path)
+    try:
+        return yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise error(f"{kind} file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"cannot read {kind} file {path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise error(f"{kind} file {path} is not valid YAML/JSON: {exc}") from None
 
 
 def knob_names() -> list[str]:

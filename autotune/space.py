@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import yaml
 
 from autotune.config import (
     CHECKPOINTING,
@@ -35,6 +34,7 @@ from autotune.config import (
     TrainConfig,
     knob_names,
     parse_value,
+    read_yaml,
 )
 from autotune.hardware import DeviceInfo, unsupported_reason
 
@@ -286,15 +286,7 @@ def load_space_file(path: str | Path) -> dict[str, list[Any]]:
     Values come back typed and valid for the knob; whether this device runs them is
     `build_space`'s question.
     """
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise SpaceError(f"space file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpaceError(f"cannot read space file {path}: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise SpaceError(f"space file {path} is not valid YAML: {exc}") from None
+    data = read_yaml(path, "space", SpaceError)
     if not isinstance(data, dict) or not data:
         raise SpaceError(f"space file {path} must be a mapping of knob: [values, ...], "
                          f"got {data!r}")
