@@ -284,10 +284,7 @@ class Tuner:
             trial.set_user_attr("message", f"not run: micro-batch {wall.user_attrs['config']['micro_batch_size']} "  # noqa: E501
                                            f"with the same other knobs did not fit (trial "
                                            f"{wall.number})")
-            trial.set_user_attr("constraint", 1.0)
-            trial.set_user_attr("score", 0.0)
-            trial.set_constraint(MEMORY_CONSTRAINT, 1.0)
-            self.study.tell(trial, 0.0)
+            self._tell_complete(trial, 0.0, feasible=False)
             self.view.trial_finished(self.study.trials[trial.number])
             return False
         trial.set_user_attr("owner", f"{socket.gethostname()}:{os.getpid()}")
@@ -351,22 +348,24 @@ class Tuner:
         trial.set_user_attr("status", status)
         trial.set_user_attr("message", message)
         if status in ("oom", "over_memory", "unsupported"):
-            trial.set_user_attr("constraint", 1.0)
-            trial.set_user_attr("score", 0.0)
-            trial.set_constraint(MEMORY_CONSTRAINT, 1.0)
-            self.study.tell(trial, 0.0)
+            self._tell_complete(trial, 0.0, feasible=False)
         elif status == "ok":
             stall = stall_fraction(metrics, self.device.type)
             score = metrics["samples_per_sec"] * (1 - self.options.stall_penalty * stall)
             trial.set_user_attr("stall_fraction", stall)
-            trial.set_user_attr("constraint", 0.0)
-            trial.set_user_attr("score", score)
-            trial.set_constraint(MEMORY_CONSTRAINT, 0.0)
-            self.study.tell(trial, score)
+            self._tell_complete(trial, score, feasible=True)
         else:
             self.study.tell(trial, state=TrialState.FAIL)
             if result.bad_input:
                 raise ContractError(result.message)
+
+    def _tell_complete(self, trial: Trial, score: float, feasible: bool) -> None:
+        """A COMPLETE trial: its score, and the constraint TPE learns the memory wall from."""
+        constraint = 0.0 if feasible else 1.0
+        trial.set_user_attr("constraint", constraint)
+        trial.set_user_attr("score", score)
+        trial.set_constraint(MEMORY_CONSTRAINT, constraint)
+        self.study.tell(trial, score)
 
     def _outcome(self, result: TrialResult) -> tuple[str, str]:
         """The trial's status, with a measured peak above the allowed memory as `over_memory`."""
