@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import re
 import sys
@@ -22,10 +23,18 @@ from autotune.config import (
     knob_names,
     parse_assignments,
 )
-from autotune.hardware import describe, parse_device, unsupported_reason
-from autotune.isolation import TrialRequest, run_isolated
-from autotune.measure import MeasureSettings
-from autotune.report import LiveView, PlainView, bench_record, print_bench, summary_tables
+from autotune.hardware import DeviceInfo, describe, parse_device, unsupported_reason
+from autotune.isolation import TrialRequest, is_oom, limit_memory, run_isolated
+from autotune.measure import MeasureSettings, profile_config
+from autotune.report import (
+    LiveView,
+    PlainView,
+    bench_record,
+    print_bench,
+    print_profile,
+    short_config,
+    summary_tables,
+)
 from autotune.space import DEFAULT_MAX_GRAD_ACCUM, parse_batch_range
 from autotune.tuner import (
     DEFAULT_TRIALS,
@@ -34,9 +43,10 @@ from autotune.tuner import (
     Tuner,
     list_studies,
     load_study,
+    study_dir,
     study_summary,
 )
-from autotune.workload import ContractError, load_workload, parse_model_args
+from autotune.workload import ContractError, Workload, load_workload, parse_model_args
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6,
@@ -74,10 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "input or a configuration this device or model cannot run.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _add_workload_args(bench)
-    bench.add_argument("--config", metavar="FILE",
-                       help="YAML/JSON configuration; knobs it leaves out come from BASELINE")
-    bench.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
-                       help=f"set one knob (repeatable); knobs: {', '.join(knob_names())}")
+    _add_config_args(bench)
     bench.add_argument("--trace", metavar="DIR", help="write the profiler's Chrome trace here")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--log", metavar="FILE", help="trial log file (default: a temp file)")
@@ -132,6 +139,40 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, help="sampler seed, for a reproducible search")
     _add_measure_args(run)
 
+    profile = commands.add_parser(
+        "profile", help="profile one configuration and say in words what to fix first",
+        description="Run one configuration (default: the file's BASELINE) in this process: "
+                    "warm-up, then a profiler window with Python stacks and memory. Prints "
+                    "throughput during the window, self CPU/device totals, the top operators by "
+                    "device time, CPU time and input shape, and findings naming the lines of "
+                    "your code they come from. Writes the trace (open it in ui.perfetto.dev, or "
+                    "`tensorboard --logdir OUT` with torch-tb-profiler), a memory timeline "
+                    "image, profile.json and profile.txt to OUT.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _add_workload_args(profile)
+    _add_config_args(profile)
+    profile.add_argument("--steps", type=int, default=5,
+                         help="optimizer steps under the profiler")
+    profile.add_argument("--top", type=int, default=15, help="rows per operator table")
+    profile.add_argument("--out", metavar="DIR",
+                         help="output folder (default: studies/<model>/profile)")
+    profile.add_argument("--warmup-max-seconds", type=float,
+                         default=MeasureSettings().warmup_max_seconds,
+                         help="give up waiting for steady step times after this long")
+
+    report = commands.add_parser(
+        "report", help="write a study's HTML report with plots",
+        description="Write studies/<study>/report.html: samples/sec and peak memory vs "
+                    "micro-batch size (OOMs marked), best so far, parameter importance, best vs "
+                    "baseline, the best configuration's top operators and findings, and what "
+                    "compiling costs and gains. One self-contained file: images inline, no "
+                    "network needed to view it.")
+    report.add_argument("study", metavar="STUDY")
+    report.add_argument("-o", "--output", metavar="FILE",
+                        help="write here (default: the study folder's report.html)")
+    _add_storage_args(report)
+    report.add_argument("--debug", action="store_true", help="show tracebacks")
+
     studies = commands.add_parser("studies", help="list the studies in the storage")
     _add_storage_args(studies)
     studies.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -166,6 +207,13 @@ def _add_workload_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-limit", metavar="SIZE",
                         help="measure as if the device had only this much memory (e.g. 8GiB)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def _add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE",
+                        help="YAML/JSON configuration; knobs it leaves out come from BASELINE")
+    parser.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
+                        help=f"set one knob (repeatable); knobs: {', '.join(knob_names())}")
 
 
 def _add_measure_args(parser: argparse.ArgumentParser) -> None:
@@ -217,7 +265,8 @@ def _settings(args: argparse.Namespace) -> MeasureSettings:
                            profile_steps=args.profile_steps)
 
 
-def cmd_bench(args: argparse.Namespace, console: Console) -> int:
+def _configured(args: argparse.Namespace) -> tuple[Workload, TrainConfig, DeviceInfo]:
+    """The model file, BASELINE with --config and --set on top, checked against the device."""
     try:
         device = parse_device(args.device)
     except ValueError as exc:
@@ -234,6 +283,12 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     reason = unsupported_reason(config, info)
     if reason:
         raise ConfigError(f"this configuration cannot run on {info}: {reason}")
+    return workload, config, info
+
+
+def cmd_bench(args: argparse.Namespace, console: Console) -> int:
+    workload, config, info = _configured(args)
+    device = info.torch_device
     settings = _settings(args)
     trace = str(Path(args.trace) / f"{workload.name}-trace.json") if args.trace else None
     request = TrialRequest(
@@ -301,6 +356,66 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
+def cmd_profile(args: argparse.Namespace, console: Console) -> int:
+    if args.steps < 1 or args.top < 1:
+        raise UsageError("--steps and --top must be >= 1")
+    workload, config, info = _configured(args)
+    out = Path(args.out or Path("studies") / workload.name / "profile")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot write to {out}: {exc.strerror}") from None
+    device = info.torch_device
+    if args.memory_limit:
+        limit_memory(device, parse_bytes(args.memory_limit))
+    settings = MeasureSettings(warmup_max_seconds=args.warmup_max_seconds)
+    status = Console(stderr=True)
+    try:
+        with status.status(f"profiling {workload.name} on {device}") as spinner:
+            result = profile_config(workload, config, device, out, steps=args.steps,
+                                    settings=settings, top=args.top, progress=lambda phase:
+                                    spinner.update(f"profiling {workload.name}: {phase}"))
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        status.print(f"out of memory: {short_config(config.to_dict())} does not fit on "
+                     f"{info}; try a smaller micro_batch_size or activation_checkpointing")
+        return EXIT_FAILED
+    from autotune import plots  # matplotlib: only the commands that draw pay its import
+
+    image = out / "memory.png"
+    image.write_bytes(plots.memory_timeline(*result.memory_timeline,
+                                            title=f"Memory timeline: {workload.name}"))
+    result.files["memory_image"] = str(image)
+    result.files["json"] = str(out / "profile.json")
+    result.files["text"] = str(out / "profile.txt")
+    Path(result.files["json"]).write_text(json.dumps(result.to_dict(), indent=2))
+    recorder = Console(record=True, width=max(console.width, 120), file=io.StringIO())
+    print_profile(result, recorder, f"{workload.name} on {info}")
+    Path(result.files["text"]).write_text(recorder.export_text())
+    print_profile(result, console, f"{workload.name} on {info}")
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace, console: Console) -> int:
+    study = load_study(args.study, args.studies_dir, args.storage)
+    if not study.trials:
+        raise ConfigError(f"study {args.study!r} has no trials yet")
+    path = Path(args.output) if args.output else \
+        study_dir(args.studies_dir, study.study_name) / "report.html"
+    with Console(stderr=True).status(f"writing the report of {study.study_name}"):
+        from autotune.report_page import build_report  # matplotlib and scikit-learn (fANOVA): ~2 s
+
+        page = build_report(study)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(page)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+    console.print(str(path))
+    return EXIT_OK
+
+
 def cmd_studies(args: argparse.Namespace, console: Console) -> int:
     rows = list_studies(args.studies_dir, args.storage)
     if not rows:
@@ -342,8 +457,8 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"bench": cmd_bench, "run": cmd_run, "studies": cmd_studies, "show": cmd_show,
-            "export": cmd_export}
+COMMANDS = {"bench": cmd_bench, "run": cmd_run, "profile": cmd_profile, "report": cmd_report,
+            "studies": cmd_studies, "show": cmd_show, "export": cmd_export}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,12 +7,19 @@
    at its two edges; samples/sec = samples the loader delivered / window wall time, so data
    loading is in the figure. Per-step times come from CUDA events (no host sync) or the host
    clock on CPU.
-4. A short profiler window after (never inside) the timed one: syncs, device idle, top ops.
+4. A short profiler window after (never inside) the timed one: syncs, device idle, top ops,
+   and findings in words (`diagnosis`).
+
+`profile_config` is the deeper look of `autotune profile`: the same set-up and warm-up, then a
+profiler window with Python stacks and memory, the trace, the top tables and a memory timeline.
 """
 
 from __future__ import annotations
 
+import os
+import pickle
 import resource
+import socket
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -25,8 +32,16 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from autotune.config import TrainConfig
+from autotune.diagnosis import Finding, SyncSite, diagnose, trace_host_syncs
 from autotune.hardware import DeviceInfo, describe, nvml_memory_used, peak_flops
-from autotune.profiling import profile_steps
+from autotune.profiling import (
+    OperatorStat,
+    ProfileSummary,
+    allocator_timeline,
+    memory_categories,
+    operator_tables,
+    profile_steps,
+)
 from autotune.training import TrainingSetup, move_to_device, setup_from_workload
 from autotune.workload import Workload
 
@@ -71,6 +86,7 @@ class Measurement:
     device_memory_used_bytes: int | None = None
     final_loss: float | None = None
     top_operators: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[dict[str, Any]] = field(default_factory=list)
     trace_path: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -86,7 +102,12 @@ def measure_config(workload: Workload, config: TrainConfig, device: torch.device
     """Build the workload with `config` applied on `device` and measure it end to end."""
     settings = settings or MeasureSettings()
     report = progress or (lambda phase: None)
-    info = describe(device)
+    setup, flops, setup_s = _build(workload, config, device, report)
+    return measure_setup(setup, settings, describe(device), flops, setup_s, trace_path, report)
+
+
+def _build(workload: Workload, config: TrainConfig, device: torch.device,
+           report: Progress) -> tuple[TrainingSetup, float | None, float]:
     start = time.perf_counter()
     report("building the model")
     model = workload.build_model()
@@ -98,8 +119,7 @@ def measure_config(workload: Workload, config: TrainConfig, device: torch.device
             flops = count_flops_per_sample(model, workload, config, device)
         torch.cuda.reset_peak_memory_stats(device)
     setup = setup_from_workload(workload, config, device, model=model)
-    setup_s = time.perf_counter() - start
-    return measure_setup(setup, settings, info, flops, setup_s, trace_path, report)
+    return setup, flops, time.perf_counter() - start
 
 
 def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceInfo,
@@ -123,14 +143,18 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
     report("timing")
     window = _timed_window(setup, batches, settings)
 
-    profile = None
-    if settings.profile_steps > 0:
-        report("profiling")
-        profile = profile_steps(lambda: setup.step(batches), settings.profile_steps, device,
-                                trace_path=trace_path)
-
     times = window.step_times
     median = statistics.median(times)
+    profile, findings = None, []
+    if settings.profile_steps > 0:
+        sites = _sync_sites(setup, batches, report)
+        report("profiling")
+        captured: list[Any] = []
+        profile = profile_steps(lambda: setup.step(batches), settings.profile_steps, device,
+                                trace_path=trace_path, with_stack=_python_stacks(setup),
+                                on_profile=captured.append)
+        findings = _findings(captured[0], setup, profile, median,
+                             window.data_wait_s / window.seconds, sites)
     mean = statistics.fmean(times)
     samples_per_sec = window.samples / window.seconds
     mfu = None
@@ -158,9 +182,121 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
         mfu=mfu,
         final_loss=window.final_loss,
         top_operators=[asdict(op) for op in profile.top_operators] if profile else [],
+        findings=[f.to_dict() for f in findings],
         trace_path=profile.trace_path if profile else None,
         **memory,
     )
+
+
+def _python_stacks(setup: TrainingSetup) -> bool:
+    """Python frames name the user's functions, but in a compiled model they would hide the
+    generated kernels' time inside Python events, so compiled models are profiled without."""
+    return setup.config.compile_mode == "none"
+
+
+def _sync_sites(setup: TrainingSetup, batches: Iterator[Any], report: Progress) -> list[SyncSite]:
+    """One traced step for the lines that read tensors back; compiled models are left alone."""
+    if setup.config.compile_mode != "none":
+        return []
+    report("tracing host syncs")
+    return trace_host_syncs(lambda: setup.step(batches))
+
+
+def _findings(prof: Any, setup: TrainingSetup, summary: ProfileSummary, step_s: float,
+              data_wait_fraction: float, sites: list[SyncSite]) -> list[Finding]:
+    return diagnose(prof, config=setup.config, steps=summary.steps, step_s=step_s,
+                    data_wait_fraction=data_wait_fraction,
+                    syncs_per_step=summary.host_syncs_per_step,
+                    sync_s_per_step=summary.host_sync_s_per_step,
+                    idle_fraction=summary.device_idle_fraction, sync_sites=sites)
+
+
+@dataclass
+class ProfileReport:
+    """What `autotune profile` found for one configuration."""
+
+    config: dict[str, Any]
+    device: str
+    steps: int
+    samples_per_sec: float
+    window_s: float
+    self_cpu_total_s: float
+    self_device_total_s: float | None
+    host_syncs_per_step: float
+    device_idle_fraction: float | None
+    data_wait_fraction: float
+    tables: dict[str, list[OperatorStat]]
+    findings: list[Finding]
+    memory_timeline: tuple[list[float], dict[str, list[int]]]
+    files: dict[str, str]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        del data["memory_timeline"]
+        return data
+
+
+def profile_config(workload: Workload, config: TrainConfig, device: torch.device, out_dir: Path,
+                   steps: int = 5, settings: MeasureSettings | None = None, top: int = 15,
+                   progress: Progress | None = None) -> ProfileReport:
+    """Set up, warm up, then profile `steps` optimizer steps with Python stacks and memory.
+
+    Writes the trace (Perfetto and TensorBoard's profiler plugin read it) and, on CUDA, the
+    allocator's memory-history snapshot (pytorch.org/memory_viz reads it) under `out_dir`.
+    """
+    settings = settings or MeasureSettings()
+    report = progress or (lambda phase: None)
+    setup, _, _ = _build(workload, config, device, report)
+    batches = setup.batches()
+    report("first step (compile and loader start-up included)")
+    setup.step(batches)
+    report("warming up")
+    _warm_up(setup, batches, settings)
+    sites = _sync_sites(setup, batches, report)
+
+    samples, data_wait = 0, 0.0
+
+    def run_step() -> None:
+        nonlocal samples, data_wait
+        result = setup.step(batches)
+        samples += result.samples
+        data_wait += result.data_wait_s
+
+    on_cuda = device.type == "cuda"
+    trace = out_dir / "trace" / f"{socket.gethostname()}_{os.getpid()}.pt.trace.json"
+    files = {"trace": str(trace)}
+    start_bytes = 0
+    if on_cuda:
+        _sync(device)
+        start_bytes = torch.cuda.memory_allocated(device)
+        torch.cuda.memory._record_memory_history(max_entries=200_000)
+    report(f"profiling {steps} steps")
+    captured: list[Any] = []
+    summary = profile_steps(run_step, steps, device, trace_path=trace, top=top,
+                            with_stack=_python_stacks(setup), profile_memory=True,
+                            on_profile=captured.append)
+    prof = captured[0]
+    if on_cuda:
+        snapshot = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        files["memory_snapshot"] = str(out_dir / "memory_snapshot.pickle")
+        Path(files["memory_snapshot"]).write_bytes(pickle.dumps(snapshot))
+        timeline = allocator_timeline(snapshot, device.index or 0, start_bytes)
+    else:
+        report("building the memory timeline")
+        timeline = memory_categories(prof, device)
+    median = summary.window_s / steps
+    findings = _findings(prof, setup, summary, median, data_wait / summary.window_s, sites)
+    return ProfileReport(
+        config=setup.config.to_dict(), device=str(device), steps=steps,
+        samples_per_sec=samples / summary.window_s, window_s=summary.window_s,
+        self_cpu_total_s=summary.self_cpu_total_s,
+        self_device_total_s=summary.self_device_total_s,
+        host_syncs_per_step=summary.host_syncs_per_step,
+        device_idle_fraction=summary.device_idle_fraction,
+        data_wait_fraction=min(1.0, data_wait / summary.window_s),
+        tables=operator_tables(prof, top), findings=findings, memory_timeline=timeline,
+        files=files)
 
 
 @dataclass

@@ -8,8 +8,12 @@ device, how much of the window the device sits idle, and which operators cost th
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import re
+import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -22,7 +26,10 @@ from rich.table import Table
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
-STEP_MARKER = "autotune_step"
+# Each profiled step is a range named as torch.profiler's own schedule names them, so
+# TensorBoard's profiler plugin splits its overview by step.
+STEP_MARKER = "ProfilerStep#"
+_STEP_EVENT = "ProfilerStep"  # the events list shows them all as `ProfilerStep*`
 
 # Calls after which the host thread waits for the device (or, on CPU, reads a scalar
 # back, which would be such a wait on an accelerator).
@@ -44,6 +51,14 @@ _OUTSIDE_MODEL_CODE = ("enumerate(DataLoader)", "Optimizer.step#", "Optimizer.ze
 _DEVICE_BUSY_ACTIVITIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 
 _US = 1e-6
+
+# Python stack events (with_stack=True) are named `file(first line): function`.
+PYTHON_FUNCTION = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<func>.+)$")
+_NOT_OPERATORS = (_STEP_EVENT, "<built-in", "nn.Module:")
+
+# The columns of torch.profiler's memory timeline, in its order (torch.profiler._memory_profiler).
+MEMORY_CATEGORIES = ("parameter", "optimizer_state", "input", "temporary", "activation",
+                     "gradient", "autograd_detail", "unknown")
 
 
 @dataclass
@@ -196,6 +211,19 @@ def _host_syncs(
     return count, time_us
 
 
+def is_operator(evt: Any) -> bool:
+    """A host-side range with its own time: aten ops, autograd nodes and named regions
+    (a compiled graph's `CompiledFunction` holds its kernels' time); not a Python frame of
+    with_stack, not our step marker."""
+    name = evt.key if hasattr(evt, "key") else evt.name
+    return evt.device_type == DeviceType.CPU and not name.startswith(_NOT_OPERATORS) and \
+        not PYTHON_FUNCTION.match(name)
+
+
+def _cpu_total_us(averages: Iterable[Any]) -> float:
+    return float(sum(avg.self_cpu_time_total for avg in averages if is_operator(avg)))
+
+
 def _operator_stats(
     averages: Iterable[Any], by_device: bool, total_us: float, top: int
 ) -> list[OperatorStat]:
@@ -204,9 +232,7 @@ def _operator_stats(
     rows = []
     for avg in averages:
         name = avg.key
-        if avg.device_type != DeviceType.CPU or name == STEP_MARKER:
-            continue
-        if name.startswith("ProfilerStep"):
+        if not is_operator(avg):
             continue
         if avg.input_shapes:
             name = f"{name} {avg.input_shapes}"
@@ -234,11 +260,14 @@ def profile_steps(
     trace_path: str | os.PathLike | None = None,
     top: int = 10,
     with_stack: bool = False,
+    profile_memory: bool = False,
+    on_profile: Callable[[profile], None] | None = None,
 ) -> ProfileSummary:
     """Run `run_step` `steps` times under torch.profiler and summarise it.
 
     The window runs from the first step's start to whichever ends last: the last step on
     the host or the device work it queued (the device is synchronised before and after).
+    `on_profile` sees the raw profile, for analyses that need its events.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
@@ -249,9 +278,10 @@ def profile_steps(
         activities.append(ProfilerActivity.CUDA)
 
     _synchronize(device)
-    with profile(activities=activities, record_shapes=True, with_stack=with_stack) as prof:
-        for _ in range(steps):
-            with marked(STEP_MARKER):
+    with profile(activities=activities, record_shapes=True, with_stack=with_stack,
+                 profile_memory=profile_memory) as prof:
+        for step in range(steps):
+            with marked(f"{STEP_MARKER}{step}"):
                 run_step()
         _synchronize(device)
 
@@ -264,7 +294,7 @@ def profile_steps(
     step_ranges = sorted(
         (evt.time_range.start, evt.time_range.end)
         for evt in events
-        if evt.name == STEP_MARKER and evt.device_type == DeviceType.CPU
+        if evt.name.startswith(_STEP_EVENT) and evt.device_type == DeviceType.CPU
     )
     lo, hi = step_ranges[0][0], step_ranges[-1][1]
 
@@ -277,9 +307,11 @@ def profile_steps(
         idle = min(1.0, max(0.0, 1.0 - _union_within(busy, lo, hi) / span)) if span > 0 else 0.0
         device_total_us = sum(end - start for start, end in busy)
 
+    if on_profile is not None:
+        on_profile(prof)
     sync_count, sync_us = _host_syncs(events, step_ranges, on_cuda)
     averages = prof.key_averages()
-    cpu_total_us = float(sum(avg.self_cpu_time_total for avg in averages))
+    cpu_total_us = _cpu_total_us(averages)
     top_ops = _operator_stats(averages, on_cuda, device_total_us if on_cuda else cpu_total_us, top)
     return ProfileSummary(
         steps=steps,
@@ -294,7 +326,8 @@ def profile_steps(
     )
 
 
-def _stats_table(stats: Sequence[OperatorStat], title: str) -> Table:
+def stats_table(stats: Sequence[OperatorStat], title: str) -> Table:
+    """Operator statistics as a rich table."""
     table = Table(title=title)
     table.add_column("Operator", overflow="fold")
     table.add_column("Calls", justify="right")
@@ -315,32 +348,78 @@ def _stats_table(stats: Sequence[OperatorStat], title: str) -> Table:
 def top_table(summary: ProfileSummary, title: str | None = None) -> Table:
     """The summary's top operators as a rich table."""
     kind = "CPU" if summary.self_device_total_s is None else "device"
-    return _stats_table(summary.top_operators, title or f"Top operators by self {kind} time")
+    return stats_table(summary.top_operators, title or f"Top operators by self {kind} time")
+
+
+def operator_tables(prof: profile, top: int = 10) -> dict[str, list[OperatorStat]]:
+    """Top operators of a raw profile: by self device time (CUDA only), by self CPU time, and
+    by (operator, input shape), the last ranked by device time where there is one."""
+    averages = prof.key_averages()
+    cpu_total = _cpu_total_us(averages)
+    by_device = ProfilerActivity.CUDA in prof.activities
+    total = cpu_total
+    tables = {}
+    if by_device:
+        total = sum(end - start for start, end in _busy_intervals(prof.events()))
+        tables["device"] = _operator_stats(averages, True, total, top)
+    tables["cpu"] = _operator_stats(averages, False, cpu_total, top)
+    by_shape = prof.key_averages(group_by_input_shape=True)
+    tables["input shape"] = _operator_stats(by_shape, by_device, total, top)
+    return tables
+
+
+TABLE_TITLES = {"device": "Top operators by self device time",
+                "cpu": "Top operators by self CPU time",
+                "input shape": "Top operators by input shape"}
 
 
 def print_top_tables(
     prof_or_summary: ProfileSummary | profile, console: Console | None = None, top: int = 10
 ) -> None:
-    """Print the top-operator tables: accepts a ProfileSummary, or a raw
-    torch.profiler.profile, for which it prints tables by self device time (CUDA only),
-    by self CPU time, and grouped by input shape."""
+    """Print the top-operator tables of a ProfileSummary, or of a raw torch.profiler.profile
+    (by self device time on CUDA, by self CPU time, and grouped by input shape)."""
     console = console or Console()
     if isinstance(prof_or_summary, ProfileSummary):
         console.print(top_table(prof_or_summary))
         return
+    for kind, stats in operator_tables(prof_or_summary, top).items():
+        console.print(stats_table(stats, TABLE_TITLES[kind]))
 
-    prof = prof_or_summary
-    averages = prof.key_averages()
-    cpu_total = float(sum(avg.self_cpu_time_total for avg in averages))
-    by_device = ProfilerActivity.CUDA in prof.activities
-    total = cpu_total
-    if by_device:
-        total = sum(end - start for start, end in _busy_intervals(prof.events()))
-        stats = _operator_stats(averages, True, total, top)
-        console.print(_stats_table(stats, "Top operators by self device time"))
-    stats = _operator_stats(averages, False, cpu_total, top)
-    console.print(_stats_table(stats, "Top operators by self CPU time"))
-    by_shape = prof.key_averages(group_by_input_shape=True)
-    stats = _operator_stats(by_shape, by_device, total, top)
-    kind = "device" if by_device else "CPU"
-    console.print(_stats_table(stats, f"Top operators by input shape (self {kind} time)"))
+
+def memory_categories(prof: profile,
+                      device: torch.device) -> tuple[list[float], dict[str, list[int]]]:
+    """Memory in use over the window by what it holds (parameters, optimizer state, activations,
+    gradients, ...), from the profiler's memory events (needs profile_memory, record_shapes and
+    with_stack). Times in seconds from the window's start."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "memory.json"
+        with warnings.catch_warnings():  # deprecated for CUDA, where we use the allocator
+            warnings.simplefilter("ignore", FutureWarning)
+            prof.export_memory_timeline(str(path), device=str(device))
+        times_us, sizes = json.loads(path.read_text())
+    if not times_us:
+        return [], {}
+    start = min(times_us)
+    columns = list(zip(*sizes, strict=True))[1:]  # column 0 is unused by torch
+    return ([(t - start) * _US for t in times_us],
+            {name: list(values) for name, values in zip(MEMORY_CATEGORIES, columns, strict=False)})
+
+
+def allocator_timeline(snapshot: dict[str, Any], device_index: int,
+                       start_bytes: int = 0) -> tuple[list[float], dict[str, list[int]]]:
+    """Bytes allocated over time from a CUDA caching-allocator memory-history snapshot."""
+    times, values = [], []
+    allocated = start_bytes
+    traces = snapshot.get("device_traces") or []
+    for entry in traces[device_index] if device_index < len(traces) else []:
+        if entry["action"] == "alloc":
+            allocated += entry["size"]
+        elif entry["action"] == "free_completed":
+            allocated -= entry["size"]
+        else:
+            continue
+        times.append(entry["time_us"])
+        values.append(allocated)
+    if not times:
+        return [], {}
+    return [(t - times[0]) * _US for t in times], {"allocated": values}

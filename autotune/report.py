@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console, Group
@@ -19,6 +19,9 @@ from rich.progress import (
 )
 from rich.table import Table
 from rich.text import Text
+
+from autotune.measure import ProfileReport
+from autotune.profiling import TABLE_TITLES, stats_table
 
 # The keys `autotune bench --json` always carries (None where not measurable).
 BENCH_KEYS = ("samples_per_sec", "step_time_median_s", "step_time_p90_s", "step_time_cv",
@@ -101,7 +104,50 @@ def bench_tables(record: Mapping[str, Any], title: str) -> Group:
             ops.add_row(op["name"], str(op["calls"]), format_seconds(op["self_time_s"]),
                         format_seconds(op["total_time_s"]), _percent(op["share"]))
         parts.append(ops)
+    findings = record.get("findings") or []
+    if findings:
+        parts.append(findings_text(findings))
     return Group(*parts)
+
+
+def findings_text(findings: Sequence[Mapping[str, Any]]) -> Text:
+    """Numbered findings, the costliest first: what, what to do, and where in the code."""
+    text = Text("findings (what to fix first)\n", style="bold")
+    for i, finding in enumerate(findings, 1):
+        text.append(f"{i}. {finding['title']}", style="bold yellow")
+        text.append(f"  ({finding['share']:.0%} of the window)\n", style="dim")
+        text.append(f"   {finding['advice']}\n")
+        for line in finding["where"]:
+            text.append(f"   {line}\n", style="cyan")
+    return text
+
+
+def print_profile(result: ProfileReport, console: Console, title: str) -> None:
+    """Everything `autotune profile` found, in the order a performance engineer reads it."""
+    console.print(config_table(result.config))
+    figures = Table(title=title, show_header=False, title_justify="left")
+    figures.add_column("figure", style="bold")
+    figures.add_column("value", justify="right")
+    figures.add_column("how it was measured", style="dim")
+    window = f"{result.steps} steps, {result.window_s:.3f} s under the profiler"
+    for row in (
+        ("samples/sec", f"{result.samples_per_sec:.1f}", f"{window} (its overhead included)"),
+        ("self CPU total", format_seconds(result.self_cpu_total_s), "all operators"),
+        ("self device total", format_seconds(result.self_device_total_s), "CUDA kernels"),
+        ("host syncs/step", f"{result.host_syncs_per_step:.1f}", "outside loader/optimizer"),
+        ("device idle", _percent(result.device_idle_fraction), "CUDA only"),
+        ("data wait", _percent(result.data_wait_fraction), "of the window"),
+    ):
+        figures.add_row(*row)
+    console.print(figures)
+    for kind, stats in result.tables.items():
+        console.print(stats_table(stats, TABLE_TITLES[kind]))
+    if result.findings:
+        console.print(findings_text([f.to_dict() for f in result.findings]))
+    else:
+        console.print("no finding: nothing above its threshold")
+    for name, path in result.files.items():
+        console.print(Text(f"{name}: {path}", style="dim"))
 
 
 def config_table(config: Mapping[str, Any]) -> Table:

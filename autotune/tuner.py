@@ -201,6 +201,9 @@ class Tuner:
                 "options, or use --study NAME to start another study")
         self.study.set_user_attr("space", space)
         self.study.set_user_attr("free_batch", self.space.free_batch)
+        self.study.set_user_attr("memory", {"capacity_bytes": self.capacity_bytes,
+                                            "limit_bytes": self.memory_limit(),
+                                            "headroom": self.options.memory_headroom})
 
     def _recover_orphans(self) -> None:
         """Trials left RUNNING by a dead tuner on this host: fail them and queue them again."""
@@ -226,8 +229,10 @@ class Tuner:
     # -- the search ------------------------------------------------------------------------
 
     def measured_trials(self) -> int:
+        """Trials that ran a process: the budget; repeats and predicted OOMs are free."""
         return sum(1 for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                   if "duplicate_of" not in t.user_attrs)
+                   if "duplicate_of" not in t.user_attrs
+                   and t.user_attrs.get("status") != "oom_predicted")
 
     def run(self) -> dict[str, Any]:
         """Trials until the budget is spent, then confirmation; returns the summary."""

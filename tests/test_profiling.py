@@ -51,7 +51,7 @@ def test_profile_summary_and_trace(tmp_path):
     assert summary.self_cpu_total_s > 0
     ops = summary.top_operators
     assert 0 < len(ops) <= 5
-    assert all(op.name != "autotune_step" for op in ops)
+    assert all(not op.name.startswith("ProfilerStep") for op in ops)
     assert [op.self_time_s for op in ops] == sorted((op.self_time_s for op in ops), reverse=True)
     assert all(op.total_time_s >= op.self_time_s > 0 for op in ops)
     assert 0 < sum(op.share for op in ops) <= 1 + 1e-9
@@ -60,7 +60,9 @@ def test_profile_summary_and_trace(tmp_path):
     assert summary.trace_path == str(trace)
     events = json.loads(trace.read_text())["traceEvents"]
     assert events
-    assert sum(ev.get("name") == "autotune_step" for ev in events) == 3
+    # named as torch.profiler's schedule names steps, which TensorBoard's plugin splits on
+    steps = sorted(ev["name"] for ev in events if ev.get("name", "").startswith("ProfilerStep#"))
+    assert steps == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
 
 
 @pytest.mark.parametrize("items", [0, 2])
