@@ -7,6 +7,7 @@ import io
 import json
 import re
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,7 +24,13 @@ from autotune.config import (
     knob_names,
     parse_assignments,
 )
-from autotune.hardware import DeviceInfo, describe, parse_device, unsupported_reason
+from autotune.hardware import (
+    DeviceInfo,
+    describe,
+    parse_device,
+    unsupported_reason,
+    usable_cpus,
+)
 from autotune.isolation import TrialRequest, is_oom, limit_memory, run_isolated
 from autotune.measure import MeasureSettings, profile_config
 from autotune.report import (
@@ -36,7 +43,9 @@ from autotune.report import (
     summary_tables,
 )
 from autotune.space import DEFAULT_MAX_GRAD_ACCUM, parse_batch_range
+from autotune.storage import DEFAULT_RETRY_S, StorageUnavailable, redact
 from autotune.tuner import (
+    DEFAULT_HEARTBEAT_S,
     DEFAULT_TRIALS,
     Interrupted,
     TuneOptions,
@@ -137,6 +146,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--trial-time-limit", type=float, default=900.0, metavar="SECONDS",
                      help="kill a trial after this long (a timeout)")
     run.add_argument("--seed", type=int, help="sampler seed, for a reproducible search")
+    parallel = run.add_mutually_exclusive_group()
+    parallel.add_argument("--workers", type=int, default=1, metavar="N",
+                          help="trials at once on --device (for CPU: parallel trials share the "
+                               "cores and disturb each other's timings)")
+    parallel.add_argument("--devices", metavar="LIST",
+                          help="one worker per device, e.g. cuda:0,cuda:1,cuda:2,cuda:3")
+    run.add_argument("--storage-retry-seconds", type=float, default=DEFAULT_RETRY_S,
+                     metavar="SECONDS",
+                     help="keep retrying (with back-off) this long while the storage is "
+                          "unreachable, then stop with an error; finished trials stay safe")
+    run.add_argument("--heartbeat-interval", type=float, default=DEFAULT_HEARTBEAT_S,
+                     metavar="SECONDS",
+                     help="how often running trials are marked alive; a trial silent for 3 "
+                          "intervals lost its tuner and is re-run (once) by another")
     _add_measure_args(run)
 
     profile = commands.add_parser(
@@ -317,6 +340,12 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if args.trials is not None and args.trials < 1:
         raise UsageError("--trials must be >= 1")
+    if args.workers < 1 or args.heartbeat_interval <= 0 or args.storage_retry_seconds < 0:
+        raise UsageError("--workers must be >= 1, --heartbeat-interval > 0 and "
+                         "--storage-retry-seconds >= 0")
+    devices = tuple(d.strip() for d in args.devices.split(",")) if args.devices else ()
+    if devices and args.device:
+        raise UsageError("give either --device or --devices")
     for name in ("stall_penalty", "memory_headroom"):
         if not 0 <= getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be in [0, 1)")
@@ -331,16 +360,24 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         global_batch=args.global_batch_size,
         free_batch=parse_batch_range(args.free_batch_size) if args.free_batch_size else None,
         fixes=parse_assignments(args.fix), space_file=args.space,
-        max_grad_accum=args.max_grad_accum)
+        max_grad_accum=args.max_grad_accum, workers=args.workers, devices=devices,
+        heartbeat_s=args.heartbeat_interval, storage_retry_s=args.storage_retry_seconds)
     view_console = Console(stderr=True) if args.json else console
     plain = PlainView(view_console)
     tuner = Tuner(options, plain)
+    if len(tuner.devices) > 1 and tuner.device.type == "cpu":
+        plain.note(f"warning: {len(tuner.devices)} CPU trials at once share {usable_cpus()} "
+                   f"cores ({tuner.trial_threads} threads each) and disturb each other's "
+                   "timings; the confirmation runs alone")
     view = (LiveView(view_console, tuner.study, options.trials, options.timeout_s,
                      tuner.measured_trials) if view_console.is_terminal else plain)
     tuner.view = view
     try:
         with view:
             summary = tuner.run()
+    except ContractError:
+        tuner.discard_if_new()
+        raise
     except Interrupted:
         summary = study_summary(tuner.study)
         view_console.print("interrupted: the running trial was stopped and re-queued; run the "
@@ -471,9 +508,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         Console(stderr=True).print(Text.assemble(("autotune: error: ", "bold red"), str(exc)))
         return EXIT_BAD_INPUT
+    except StorageUnavailable as exc:
+        Console(stderr=True).print(Text.assemble(("autotune: error: ", "bold red"), str(exc)))
+        return EXIT_FAILED
     except KeyboardInterrupt:
         Console(stderr=True).print("interrupted")
         return EXIT_INTERRUPTED
+    except Exception:
+        if args.debug:
+            raise
+        # An unexpected failure still prints its traceback, but never a storage password.
+        sys.stderr.write(redact(traceback.format_exc(), getattr(args, "storage", None)))
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ class TrialRequest:
     settings: dict[str, Any] = field(default_factory=dict)
     memory_limit_bytes: int | None = None
     trace_path: str | None = None
+    threads: int | None = None
 
 
 @dataclass
@@ -63,8 +64,13 @@ class TrialResult:
 
 def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
                  log_path: str | Path | None = None,
-                 on_phase: Callable[[str], None] | None = None) -> TrialResult:
-    """Measure `request` in a fresh process; never raises for anything the child does."""
+                 on_phase: Callable[[str], None] | None = None,
+                 stop: threading.Event | None = None) -> TrialResult:
+    """Measure `request` in a fresh process; never raises for anything the child does.
+
+    Setting `stop` (from another thread) kills the child and raises KeyboardInterrupt here,
+    as Ctrl-C does in the main thread.
+    """
     workdir = Path(tempfile.mkdtemp(prefix="autotune-trial-"))
     log = Path(log_path) if log_path else workdir / "trial.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -80,7 +86,7 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
         child = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True, env=env)
         try:
-            timed_out = _wait(child, start + time_limit_s, phase_file, on_phase)
+            timed_out = _wait(child, start + time_limit_s, phase_file, on_phase, stop)
         except BaseException:
             _kill_group(child)
             raise
@@ -106,10 +112,12 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
 
 
 def _wait(child: subprocess.Popen, deadline: float, phase_file: Path,
-          on_phase: Callable[[str], None] | None) -> bool:
+          on_phase: Callable[[str], None] | None, stop: threading.Event | None) -> bool:
     """Poll the child until it exits or the deadline passes; report phase changes."""
     phase = ""
     while child.poll() is None:
+        if stop is not None and stop.is_set():
+            raise KeyboardInterrupt
         if time.monotonic() > deadline:
             _kill_group(child)
             return True
@@ -161,6 +169,8 @@ def _measure_classified(request: TrialRequest, on_phase: Callable[[str], None]) 
 
     try:
         device = torch.device(request.device)
+        if request.threads:
+            torch.set_num_threads(request.threads)
         if request.memory_limit_bytes:
             limit_memory(device, request.memory_limit_bytes)
         workload = load_workload(request.model_path, request.model_args)

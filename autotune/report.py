@@ -212,11 +212,12 @@ class PlainView:
     def __init__(self, console: Console) -> None:
         self.console = console
 
-    def trial_started(self, number: int, config: Any, role: str) -> None:
-        self.console.print(f"trial {number} ({role}): {short_config(config.to_dict())}",
+    def trial_started(self, number: int, config: Any, role: str, device: str = "") -> None:
+        where = f" on {device}" if device else ""
+        self.console.print(f"trial {number} ({role}){where}: {short_config(config.to_dict())}",
                            markup=False, highlight=False)
 
-    def phase(self, text: str) -> None:
+    def phase(self, text: str, number: int | None = None) -> None:
         """Phases are only worth a line on a live display."""
 
     def trial_finished(self, trial: Any) -> None:
@@ -252,6 +253,7 @@ class LiveView(PlainView):
                                            completed=0 if self.by_time else measured())
         self.started = time.monotonic()
         self.current = ""
+        self.running: dict[int, str] = {}
         self.live = Live(self._render(), console=console, refresh_per_second=4,
                          transient=False)
 
@@ -275,17 +277,23 @@ class LiveView(PlainView):
                           f"{best.user_attrs['samples_per_sec']:.1f} samples/s, "
                           f"{short_config(best.user_attrs['config'])}")
                      if best else Text("best so far: none yet"))
-        return Group(self.progress, table, best_line, Text(self.current, style="dim"))
+        running = [Text(line, style="dim") for _, line in sorted(self.running.items())]
+        return Group(self.progress, table, best_line, *running, Text(self.current, style="dim"))
 
-    def trial_started(self, number: int, config: Any, role: str) -> None:
-        self.current = f"trial {number} ({role}): {short_config(config.to_dict())}"
+    def trial_started(self, number: int, config: Any, role: str, device: str = "") -> None:
+        where = f" on {device}" if device else ""
+        self.running[number] = f"trial {number} ({role}){where}: {short_config(config.to_dict())}"
         self.live.update(self._render())
 
-    def phase(self, text: str) -> None:
+    def phase(self, text: str, number: int | None = None) -> None:
+        if number in self.running:
+            self.running[number] = f"{self.running[number].split(' — ')[0]} — {text}"
+        else:
+            self.progress.update(self.task, description=f"tuning: {text}")
         self.live.update(self._render())
-        self.progress.update(self.task, description=f"tuning: {text}")
 
     def trial_finished(self, trial: Any) -> None:
+        self.running.pop(trial.number, None)
         self.current = ""
         self.live.update(self._render())
 
@@ -340,6 +348,8 @@ def summary_tables(summary: Mapping[str, Any]) -> Group:
          "by Optuna state"),
         ("outcomes", ", ".join(f"{k} {v}" for k, v in sorted(summary["statuses"].items())),
          "oom and over_memory count as infeasible"),
+        ("retried", str(summary.get("retried_trials", 0)),
+         "trials re-run because their tuner died (orphaned)"),
     ]
     for row in rows:
         figures.add_row(*row)

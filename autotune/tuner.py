@@ -19,6 +19,7 @@ import re
 import shutil
 import socket
 import statistics
+import threading
 import time
 import warnings
 from collections import Counter
@@ -27,18 +28,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import optuna
-from optuna.storages import BaseStorage, JournalStorage
-from optuna.storages.journal import JournalFileBackend
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from autotune.config import ConfigError, TrainConfig, from_baseline
-from autotune.hardware import describe, parse_device
+from autotune.hardware import describe, parse_device, usable_cpus
 from autotune.isolation import TrialRequest, TrialResult, run_isolated
 from autotune.measure import MeasureSettings
 from autotune.space import DEFAULT_MAX_GRAD_ACCUM, build_space
+from autotune.storage import DEFAULT_RETRY_S, JOURNAL_FILE, Heartbeat, open_storage
 from autotune.workload import ContractError, load_workload
 
-JOURNAL_FILE = "journal.log"
 # Failures that would happen again with the same configuration: not retried.
 DETERMINISTIC = ("error", "crash")
 DEFAULT_TRIALS = 20
@@ -47,6 +47,14 @@ MEMORY_CONSTRAINT = "fits"
 # Trials a tuner proposes that are not measured (repeats, known failures) before it concludes
 # the space is exhausted.
 MAX_UNMEASURED_IN_A_ROW = 50
+DEFAULT_HEARTBEAT_S = 10.0
+# A trial whose heartbeat is this many of its intervals old has lost its tuner.
+STALE_HEARTBEATS = 3
+# A trial whose tuner died is run again this many times at most (a configuration that kills
+# its tuner, say by exhausting the node's memory, must not do so forever).
+MAX_RETRIES = 1
+# Tuners ending together each claim the confirmation; the claim standing after this wins.
+CLAIM_SETTLE_S = 1.0
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -78,13 +86,18 @@ class TuneOptions:
     fixes: dict[str, Any] = field(default_factory=dict)
     space_file: str | None = None
     max_grad_accum: int = DEFAULT_MAX_GRAD_ACCUM
+    workers: int = 1
+    devices: tuple[str, ...] = ()
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    storage_retry_s: float = DEFAULT_RETRY_S
 
 
 class StudyView(Protocol):
     """What the tuner tells the person watching (see `report.LiveView`)."""
 
-    def trial_started(self, number: int, config: TrainConfig, role: str) -> None: ...
-    def phase(self, text: str) -> None: ...
+    def trial_started(self, number: int, config: TrainConfig, role: str,
+                      device: str = "") -> None: ...
+    def phase(self, text: str, number: int | None = None) -> None: ...
     def trial_finished(self, trial: FrozenTrial) -> None: ...
     def note(self, text: str) -> None: ...
 
@@ -102,24 +115,6 @@ def validate_study_name(name: str) -> str:
 
 def study_dir(studies_dir: str | Path, name: str) -> Path:
     return Path(studies_dir) / validate_study_name(name)
-
-
-def open_storage(url: str | None, directory: Path, create: bool = True) -> BaseStorage:
-    """The embedded journal file under the study's folder, or any Optuna storage URL."""
-    if url:
-        try:
-            return optuna.storages.get_storage(url)
-        except Exception as exc:
-            raise ConfigError(f"cannot open storage: {_redact(str(exc), url)}") from None
-    journal = directory / JOURNAL_FILE
-    if not create and not journal.exists():
-        raise ConfigError(f"no study at {directory} (no {JOURNAL_FILE}); run `autotune run` "
-                          "first or pass --storage")
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(str(journal)))
-    except OSError as exc:
-        raise ConfigError(f"cannot write the study folder {directory}: {exc.strerror}") from None
 
 
 def load_study(name: str, studies_dir: str | Path = "studies",
@@ -149,11 +144,16 @@ class Tuner:
         self.options, self.view = options, view
         opts = self.options
         workload = load_workload(opts.model_path, opts.model_args)
-        try:
-            self.device = parse_device(opts.device)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        self.devices = _devices(opts)
+        self.device = self.devices[0]
         info = describe(self.device)
+        # Parallel CPU trials share the cores: each gets its share of intra-op threads.
+        self.trial_threads = (max(1, usable_cpus() // len(self.devices))
+                              if self.device.type == "cpu" and len(self.devices) > 1 else None)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.heartbeat: Heartbeat | None = None
         try:
             self.baseline = from_baseline(workload.baseline, self.device.type)
         except ConfigError as exc:
@@ -166,16 +166,42 @@ class Tuner:
         self.capacity_bytes = opts.memory_limit_bytes or info.total_memory_bytes
         name = validate_study_name(opts.study or workload.name)
         self.directory = study_dir(opts.studies_dir, name)
-        storage = open_storage(opts.storage, self.directory)
+        self._check_memory_limit(workload)
+        self._new_folder = opts.storage is None and not (self.directory / JOURNAL_FILE).exists()
+        storage = open_storage(opts.storage, self.directory, retry_s=opts.storage_retry_s)
         sampler = optuna.samplers.TPESampler(
             seed=opts.seed, multivariate=True, group=True,
             n_startup_trials=min(10, max(3, (opts.trials or DEFAULT_TRIALS) // 3)))
         self.study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
                                          direction="maximize", load_if_exists=True)
+        self._new_study = "identity" not in self.study.user_attrs
         self._check_same_workload(info)
         self._recover_orphans()
 
     # -- preparation -----------------------------------------------------------------------
+
+    def _check_memory_limit(self, workload: Any) -> None:
+        """A limit below the model's own training state (fp32 weights, gradients and AdamW's
+        two moments) cannot fit any configuration: say so before making a study."""
+        limit = self.options.memory_limit_bytes
+        if not limit:
+            return
+        model = workload.build_model()
+        state = 4 * sum(p.numel() * p.element_size() for p in model.parameters())
+        if state > limit:
+            raise ConfigError(
+                f"--memory-limit {limit / 2**20:.0f} MiB is below what the model alone needs "
+                f"to train: {state / 2**20:.0f} MiB for its weights, gradients and AdamW's two "
+                "moments")
+
+    def discard_if_new(self) -> None:
+        """Remove a study this run created and that holds only a rejected first trial, so that
+        bad input leaves nothing behind."""
+        if not self._new_study or any(t.state == TrialState.COMPLETE for t in self.study.trials):
+            return
+        optuna.delete_study(study_name=self.study.study_name, storage=self.study._storage)
+        if self._new_folder:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
     def _check_same_workload(self, info: Any) -> None:
         """A study belongs to one model file, its arguments and one device kind."""
@@ -206,22 +232,46 @@ class Tuner:
                                             "headroom": self.options.memory_headroom})
 
     def _recover_orphans(self) -> None:
-        """Trials left RUNNING by a dead tuner on this host: fail them and queue them again."""
+        """RUNNING trials whose tuner is gone (its process on this host exited, or, on any
+        host, its heartbeat stopped): failed, and their configuration queued again once."""
+        now = time.time()
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            owner = trial.user_attrs.get("owner", "")
-            host, _, pid = owner.rpartition(":")
-            if host != socket.gethostname() or not pid.isdigit() or _alive(int(pid)):
+            reason = self._lost(trial, now)
+            if reason is None:
                 continue
+            retry = trial.user_attrs.get("retry", 0)
+            again = retry < MAX_RETRIES
             storage = self.study._storage
-            storage.set_trial_user_attr(trial._trial_id, "status", "orphaned")
-            storage.set_trial_user_attr(trial._trial_id, "message",
-                                        "the tuner running this trial died; re-queued")
-            storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-            self._requeue(trial)
-            self.view.note(f"trial {trial.number} was left running by a dead tuner: re-queued")
+            try:
+                storage.set_trial_user_attr(trial._trial_id, "status", "orphaned")
+                storage.set_trial_user_attr(
+                    trial._trial_id, "message", f"its tuner died ({reason}); " +
+                    ("re-queued" if again else "not re-queued: it was already a retry"))
+                storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            except UpdateFinishedTrialError:
+                continue  # another tuner recovered it first
+            if again:
+                self._requeue(trial, retry + 1)
+            self.view.note(f"trial {trial.number} lost its tuner ({reason})" +
+                           (": re-queued" if again else ""))
 
-    def _requeue(self, trial: FrozenTrial) -> None:
-        attrs = {"requeued_from": trial.number}
+    def _lost(self, trial: FrozenTrial, now: float) -> str | None:
+        """Why a RUNNING trial has no live tuner, or None while it has one."""
+        owner = trial.user_attrs.get("owner", "")
+        if owner == self.owner:
+            return None
+        host, _, pid = owner.rpartition(":")
+        if host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
+            return "its process exited"
+        interval = trial.user_attrs.get("heartbeat_s", DEFAULT_HEARTBEAT_S)
+        start = trial.datetime_start.timestamp() if trial.datetime_start else now
+        silent = now - trial.user_attrs.get("heartbeat", start)
+        if silent > STALE_HEARTBEATS * interval:
+            return f"no heartbeat for {silent:.0f} s"
+        return None
+
+    def _requeue(self, trial: FrozenTrial, retry: int) -> None:
+        attrs = {"requeued_from": trial.number, "retry": retry}
         if trial.user_attrs.get("role"):
             attrs["role"] = trial.user_attrs["role"]
         self.study.enqueue_trial(dict(trial.params), user_attrs=attrs)
@@ -241,25 +291,104 @@ class Tuner:
         deadline = time.monotonic() + opts.timeout_s if opts.timeout_s else math.inf
         started = time.monotonic()
         if not any(t.user_attrs.get("role") == "baseline" for t in self.study.get_trials(
-                deepcopy=False, states=(TrialState.COMPLETE, TrialState.WAITING))):
+                deepcopy=False, states=(TrialState.COMPLETE, TrialState.WAITING,
+                                        TrialState.RUNNING))):
             self.study.enqueue_trial(self.space.params_for(self.baseline) or {},
-                                     user_attrs={"role": "baseline"})
+                                     user_attrs={"role": "baseline"}, skip_if_exists=True)
+        self.heartbeat = Heartbeat(self.study._storage, opts.heartbeat_s)
+        try:
+            self._run_workers(budget, deadline)
+        finally:
+            self.heartbeat.close()
+        self._add_wall_time(time.monotonic() - started)
+        if self._others_running():
+            self.view.note("another tuner is still running trials of this study; the last "
+                           "one to finish confirms the best")
+        elif self._confirmed_since_last_trial():
+            self.view.note("another tuner has confirmed the best since the last trial")
+        elif self._claim_confirmation():
+            self.confirm()
+        return self.write_outputs()
+
+    def _run_workers(self, budget: int | None, deadline: float) -> None:
+        """One worker per device (or --workers on CPU), each running one trial at a time."""
+        if len(self.devices) == 1:
+            self._work(self.device, budget, deadline)
+            return
+        errors: list[BaseException] = []
+
+        def work(device: Any) -> None:
+            try:
+                self._work(device, budget, deadline)
+            except BaseException as exc:
+                errors.append(exc)
+                self._stop.set()
+
+        threads = [threading.Thread(target=work, args=(d,), name=f"autotune-worker-{i}")
+                   for i, d in enumerate(self.devices)]
+        for thread in threads:
+            thread.start()
+        try:
+            while any(t.is_alive() for t in threads):
+                for thread in threads:
+                    thread.join(0.2)
+        except KeyboardInterrupt:
+            self._stop.set()
+            for thread in threads:
+                thread.join()
+            raise Interrupted from None
+        if errors:
+            raise next((e for e in errors if not isinstance(e, Interrupted)), errors[0])
+
+    def _work(self, device: Any, budget: int | None, deadline: float) -> None:
         unmeasured = 0
-        while (budget is None or self.measured_trials() < budget) and \
-                time.monotonic() < deadline:
-            measured = self._next_trial(deadline)
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            self._recover_orphans()
+            with self._lock:
+                if budget is not None and self.measured_trials() >= budget:
+                    return
+                if budget is not None and self.measured_trials() + self._running() >= budget:
+                    trial = None  # the rest of the budget is running: wait for its outcome
+                else:
+                    trial = self.study.ask()
+                    trial.set_user_attr("owner", self.owner)
+                    trial.set_user_attr("heartbeat_s", self.options.heartbeat_s)
+                    self.heartbeat.add(trial._trial_id)
+            if trial is None:
+                time.sleep(1.0)
+                continue
+            try:
+                measured = self._next_trial(trial, device, deadline)
+            finally:
+                self.heartbeat.discard(trial._trial_id)
             unmeasured = 0 if measured else unmeasured + 1
             if unmeasured >= MAX_UNMEASURED_IN_A_ROW:
                 self.view.note("every configuration the sampler proposes was already measured "
                                "or failed before: the space is exhausted")
-                break
-        self._add_wall_time(time.monotonic() - started)
-        self.confirm()
-        return self.write_outputs()
+                return
 
-    def _next_trial(self, deadline: float) -> bool:
-        """Ask, measure (unless known), tell. True when a process was run."""
-        trial = self.study.ask()
+    def _running(self) -> int:
+        return len(self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+
+    def _others_running(self) -> bool:
+        return any(t.user_attrs.get("owner") != self.owner for t in
+                   self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+
+    def _confirmed_since_last_trial(self) -> bool:
+        confirmed = (self.study.user_attrs.get("confirmation") or {}).get("at", 0)
+        last = max((t.datetime_complete.timestamp() for t in self.study.get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE,)) if t.datetime_complete), default=0)
+        return confirmed > last
+
+    def _claim_confirmation(self) -> bool:
+        """Of several tuners ending together, exactly one confirms: each writes its claim, the
+        writes settle, and the claim that stands wins."""
+        self.study.set_user_attr("confirmation_claim", self.owner)
+        time.sleep(CLAIM_SETTLE_S)
+        return self.study.user_attrs.get("confirmation_claim") == self.owner
+
+    def _next_trial(self, trial: Trial, device: Any, deadline: float) -> bool:
+        """Measure (unless known) and tell an asked trial. True when a process was run."""
         role = trial.user_attrs.get("role", "search")
         if role == "baseline" and not self.space.contains(self.baseline):
             config = self.baseline
@@ -292,19 +421,24 @@ class Tuner:
             self._tell_complete(trial, 0.0, feasible=False)
             self.view.trial_finished(self.study.trials[trial.number])
             return False
-        trial.set_user_attr("owner", f"{socket.gethostname()}:{os.getpid()}")
-        self.view.trial_started(trial.number, config, role)
+        self.view.trial_started(trial.number, config, role, str(device))
         remaining = max(1.0, deadline - time.monotonic()) if math.isfinite(deadline) else None
         limit = min(self.options.trial_time_limit_s, remaining or math.inf)
         try:
-            result = self._measure(config, f"trial-{trial.number}", limit)
+            result = self._measure(config, f"trial-{trial.number}", limit, device=device,
+                                   number=trial.number)
         except KeyboardInterrupt:
             trial.set_user_attr("status", "interrupted")
             trial.set_user_attr("message", "interrupted by the user; re-queued")
             self.study.tell(trial, state=TrialState.FAIL)
-            self._requeue(self.study.trials[trial.number])
+            self._requeue(self.study.trials[trial.number], trial.user_attrs.get("retry", 0))
             raise Interrupted from None
-        self._tell(trial, result)
+        try:
+            self._tell(trial, result)
+        except UpdateFinishedTrialError:
+            self.view.note(f"trial {trial.number} was taken over by another tuner (this one "
+                           "missed its heartbeats); its result is dropped")
+            return True
         self.view.trial_finished(self.study.trials[trial.number])
         return True
 
@@ -332,15 +466,17 @@ class Tuner:
         return None
 
     def _measure(self, config: TrainConfig, name: str, limit: float,
-                 trace: Path | None = None) -> TrialResult:
+                 trace: Path | None = None, device: Any = None,
+                 number: int | None = None) -> TrialResult:
         opts = self.options
         request = TrialRequest(
-            model_path=str(self.workload.path), config=config.to_dict(), device=str(self.device),
-            model_args=self.workload.model_args, settings=vars(opts.settings),
-            memory_limit_bytes=opts.memory_limit_bytes,
-            trace_path=str(trace) if trace else None)
+            model_path=str(self.workload.path), config=config.to_dict(),
+            device=str(device or self.device), model_args=self.workload.model_args,
+            settings=vars(opts.settings), memory_limit_bytes=opts.memory_limit_bytes,
+            trace_path=str(trace) if trace else None, threads=self.trial_threads)
         return run_isolated(request, limit, self.directory / "logs" / f"{name}.log",
-                            on_phase=self.view.phase)
+                            on_phase=lambda text: self.view.phase(text, number),
+                            stop=self._stop)
 
     def _tell(self, trial: Trial, result: TrialResult) -> None:
         """Record every figure as user attributes, then the state, score and constraint."""
@@ -469,6 +605,22 @@ class Tuner:
         return summary
 
 
+def _devices(opts: TuneOptions) -> list[Any]:
+    """The devices trials run on, one worker each: --devices, or --workers copies of --device."""
+    if opts.workers < 1:
+        raise ConfigError("--workers must be >= 1")
+    try:
+        if not opts.devices:
+            return [parse_device(opts.device)] * opts.workers
+        devices = [parse_device(name) for name in opts.devices]
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if len({d.type for d in devices}) > 1 or len(set(devices)) < len(devices):
+        raise ConfigError(f"--devices must be distinct devices of one kind, got "
+                          f"{', '.join(opts.devices)}")
+    return devices
+
+
 def memory_family(config: dict[str, Any]) -> tuple[str, str, str]:
     """The knobs that change how memory grows with the micro-batch."""
     return config["precision"], config["activation_checkpointing"], config["compile_mode"]
@@ -505,6 +657,7 @@ def study_summary(study: optuna.Study) -> dict[str, Any]:
         "speedup": None,
         "trials": dict(states), "statuses": dict(statuses),
         "oom_trials": statuses.get("oom", 0) + statuses.get("over_memory", 0),
+        "retried_trials": sum(1 for t in trials if t.user_attrs.get("retry", 0) > 0),
         "tuning_wall_s": attrs.get("tuning_wall_s"),
         "free_batch": attrs.get("free_batch", False),
     }
@@ -582,10 +735,3 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return True
-
-
-def _redact(text: str, url: str) -> str:
-    """Never echo a storage password."""
-    match = re.match(r"[^:/]+://[^:/@]+:([^@]+)@", url)
-    return text.replace(match.group(1), "***") if match else text
-

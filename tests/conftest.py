@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -65,3 +69,64 @@ def build_dataset(dim=8, size=256):
     return torch.utils.data.TensorDataset(torch.randn(size, dim, generator=g),
                                           torch.randn(size, generator=g))
 '''
+
+
+def _postgres_bin(name: str) -> str | None:
+    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}")) or \
+        ([shutil.which(name)] if shutil.which(name) else [])
+    return found[-1] if found else None
+
+
+class PostgresServer:
+    """A private PostgreSQL server on loopback, started and stopped by the tests themselves."""
+
+    user, password = "autotune", "s3cret-pw"
+
+    def __init__(self, root: Path) -> None:
+        initdb, self.pg_ctl = _postgres_bin("initdb"), _postgres_bin("pg_ctl")
+        if not (initdb and self.pg_ctl):
+            message = "PostgreSQL's server binaries are not installed (.ci/run installs them)"
+            if os.environ.get("CI"):
+                pytest.fail(message)
+            pytest.skip(message)
+        self.data = root / "data"
+        self.data.mkdir()
+        pwfile = root / "pw"
+        pwfile.write_text(self.password)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        # initdb refuses to run as root: the server runs as Debian's postgres user then.
+        self.as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        if self.as_user:
+            shutil.chown(root, "postgres")
+            for path in (self.data, pwfile):
+                shutil.chown(path, "postgres")
+        subprocess.run([*self.as_user, initdb, "-D", str(self.data), "-U", self.user,
+                        "--auth=md5", f"--pwfile={pwfile}"], check=True, capture_output=True)
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return (f"postgresql+psycopg2://{self.user}:{self.password}@127.0.0.1:{self.port}/"
+                "postgres")
+
+    def start(self) -> None:
+        subprocess.run([*self.as_user, self.pg_ctl, "-D", str(self.data), "-w", "-l",
+                        str(self.data / "server.log"), "-o",
+                        f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1",
+                        "start"], check=True, capture_output=True)
+
+    def stop(self) -> None:
+        subprocess.run([*self.as_user, self.pg_ctl, "-D", str(self.data), "-w", "-m", "fast",
+                        "stop"], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> PostgresServer:
+    # Not under pytest's tmp root: that is private to root, and the server may run as postgres.
+    root = Path(tempfile.mkdtemp(prefix="autotune-pg-"))
+    server = PostgresServer(root)
+    yield server
+    server.stop()
+    shutil.rmtree(root, ignore_errors=True)

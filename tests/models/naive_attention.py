@@ -36,10 +36,10 @@ def build_model(dim: int = 32, layers: int = 2, **_: object) -> nn.Module:
     return Model(dim, layers)
 
 
-def build_dataset(dim: int = 32, seq: int = 32, num_samples: int = 256,
+def build_dataset(dim: int = 32, seq: int = 96, num_samples: int = 256,
                   **_: object) -> torch.utils.data.Dataset:
     x = torch.randn(num_samples, seq, dim, generator=torch.Generator().manual_seed(0))
     return torch.utils.data.TensorDataset(x, x.mean(-1))
 
 
-BASELINE = {"micro_batch_size": 8}
+BASELINE = {"micro_batch_size": 4}

@@ -1,0 +1,178 @@
+"""Where a study lives, and staying in touch with it: the embedded journal file or an Optuna
+storage URL, retries while the database is briefly unreachable, and heartbeats that let any
+tuner tell a dead tuner's trials from slow ones.
+
+The embedded default is Optuna's journal file storage: append-only (a tuner killed mid-write
+leaves a readable log) and made for several processes at once (writes take a file lock), which
+SQLite is not when trials are enqueued. PostgreSQL (`--storage postgresql://...`) shares a study
+across machines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages import BaseStorage, JournalStorage, RDBStorage
+from optuna.storages.journal import JournalFileBackend
+
+from autotune.config import ConfigError
+
+JOURNAL_FILE = "journal.log"
+# How long to keep retrying while the storage is unreachable, backing off from half a second.
+DEFAULT_RETRY_S = 60.0
+CONNECT_TIMEOUT_S = 10
+
+
+class StorageUnavailable(Exception):
+    """The storage stayed unreachable through every retry."""
+
+
+def redact(text: str, url: str | None) -> str:
+    """Never echo a storage password."""
+    match = re.match(r"[^:/]+://[^:/@]+:([^@]+)@", url or "")
+    return text.replace(match.group(1), "***") if match else text
+
+
+def backoff(total_s: float) -> tuple[float, ...]:
+    """Delays doubling from 0.5 s (at most 30 s each) that add up to about `total_s`."""
+    delays: list[float] = []
+    while sum(delays) < total_s:
+        delays.append(min(30.0, 0.5 * 2 ** len(delays), total_s - sum(delays)))
+    return tuple(delays)
+
+
+def open_storage(url: str | None, directory: Path, create: bool = True,
+                 retry_s: float = DEFAULT_RETRY_S) -> BaseStorage:
+    """The embedded journal file under the study's folder, or any Optuna storage URL, with
+    every call retried while the storage is briefly unreachable."""
+    if url:
+        try:
+            backend = _rdb(url)
+        except Exception as exc:
+            raise ConfigError(f"cannot open storage: {redact(str(exc), url)}") from None
+        return _Retrying(backend, url, backoff(retry_s))
+    journal = directory / JOURNAL_FILE
+    if not create and not journal.exists():
+        raise ConfigError(f"no study at {directory} (no {JOURNAL_FILE}); run `autotune run` "
+                          "first or pass --storage")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        backend = JournalStorage(JournalFileBackend(str(journal)))
+    except OSError as exc:
+        raise ConfigError(f"cannot write the study folder {directory}: "
+                          f"{exc.strerror or exc}") from None
+    return _Retrying(backend, None, backoff(retry_s))
+
+
+def _rdb(url: str) -> BaseStorage:
+    if not re.match(r"^[a-z][a-z0-9+]*://", url):
+        raise ValueError("a storage URL looks like postgresql://user:password@host/db or "
+                         "sqlite:///path.db")
+    kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    if url.startswith("postgresql"):
+        kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
+    return optuna.storages.get_storage(RDBStorage(url, engine_kwargs=kwargs))
+
+
+def is_transient(exc: BaseException | None) -> bool:
+    """A lost connection or an unreachable file, as opposed to a wrong call; Optuna wraps the
+    database's errors, so the causes count too."""
+    while exc is not None:
+        kind = type(exc)
+        if isinstance(exc, OSError) or kind.__module__.startswith("sqlalchemy") and \
+                kind.__name__ in ("OperationalError", "InterfaceError", "DisconnectionError",
+                                  "TimeoutError"):
+            return True
+        exc = exc.__cause__
+    return False
+
+
+class _Retrying:
+    """A storage whose calls are retried with back-off on transient errors.
+
+    Optuna takes any object as a storage that answers its storage calls; a trial's result is
+    only lost if the storage stays away through every retry, and then the error says so.
+    """
+
+    def __init__(self, storage: BaseStorage, url: str | None,
+                 delays_s: tuple[float, ...]) -> None:
+        self._storage, self._url, self._delays_s = storage, url, delays_s
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._storage, name)
+        if not callable(attr) or name.startswith("__"):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self.retry(lambda: attr(*args, **kwargs))
+
+        return call
+
+    def retry(self, fn: Callable[[], Any]) -> Any:
+        for delay in (*self._delays_s, None):
+            try:
+                return fn()
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                if delay is None:
+                    total = sum(self._delays_s)
+                    raise StorageUnavailable(
+                        f"the study storage was unreachable for {total:.0f} s: "
+                        f"{redact(_root_cause(exc), self._url)}. Every finished trial is in "
+                        "the storage; run the same command to continue.") from None
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+
+def _root_cause(exc: BaseException) -> str:
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+class Heartbeat:
+    """Stamps this tuner's running trials with the time every `interval_s`, so that tuners on
+    any host can tell a trial whose tuner died (or whose node was lost) from a slow one."""
+
+    def __init__(self, storage: Any, interval_s: float) -> None:
+        self.storage, self.interval_s = storage, interval_s
+        self._trials: set[int] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="autotune-heartbeat",
+                                        daemon=True)
+        self._thread.start()
+
+    def add(self, trial_id: int) -> None:
+        with self._lock:
+            self._trials.add(trial_id)
+        self._beat(trial_id)
+
+    def discard(self, trial_id: int) -> None:
+        with self._lock:
+            self._trials.discard(trial_id)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _beat(self, trial_id: int) -> None:
+        # A missed beat is retried at the next interval; a finished trial needs none.
+        with contextlib.suppress(Exception):
+            self.storage.set_trial_user_attr(trial_id, "heartbeat", time.time())
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            with self._lock:
+                trials = list(self._trials)
+            for trial_id in trials:
+                self._beat(trial_id)
