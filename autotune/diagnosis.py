@@ -247,6 +247,25 @@ def _by_function(events: Iterable[Any], on_cuda: bool) -> list[tuple[_Function |
     return sorted(times.items(), key=lambda item: item[1], reverse=True)
 
 
+def _time_by(events: Iterable[Any], on_cuda: bool, key: str) -> Counter[str]:
+    """Self time summed by an event attribute (its name, its input shapes)."""
+    times: Counter[str] = Counter()
+    for evt in events:
+        times[str(getattr(evt, key))] += _self_time(evt, on_cuda)
+    return times
+
+
+def _functions_and_copy_lines(events: list[Any], on_cuda: bool) -> list[str]:
+    """The user's functions that cost the most, each with its lines that copy or re-lay out
+    tensors (repeat, permute, contiguous, expand, ...)."""
+    where: list[str] = []
+    for fn, _ in _by_function(events, on_cuda)[:3]:
+        if fn is not None:
+            where.append(fn.label())
+            where.extend(f"  {line}" for line in fn.lines_matching(_COPY_SOURCE))
+    return where
+
+
 def _sync_finding(sites: list[SyncSite], syncs_per_step: float, sync_s_per_step: float,
                   step_s: float, on_cuda: bool, events: list[Any]) -> Finding | None:
     where = [site.describe() for site in sites[:5]]
@@ -275,15 +294,8 @@ def _copy_finding(ops: list[Any], total_s: float, on_cuda: bool) -> Finding | No
     share = copy_s / total_s if total_s else 0.0
     if share < COPY_SHARE:
         return None
-    names = Counter()
-    for evt in copies:
-        names[evt.name] += _self_time(evt, on_cuda)
-    top = ", ".join(f"{name} {t / total_s:.0%}" for name, t in names.most_common(3))
-    where: list[str] = []
-    for fn, _ in _by_function(copies, on_cuda)[:3]:
-        if fn is not None:
-            where.append(fn.label())
-            where.extend(f"  {line}" for line in fn.lines_matching(_COPY_SOURCE))
+    top = ", ".join(f"{name} {t / total_s:.0%}"
+                    for name, t in _time_by(copies, on_cuda, "name").most_common(3))
     clock = "device" if on_cuda else "CPU"
     return Finding(
         kind="copies", share=share,
@@ -292,29 +304,19 @@ def _copy_finding(ops: list[Any], total_s: float, on_cuda: bool) -> Finding | No
                 "Broadcast instead of repeating, keep the layout the next matmul wants instead of "
                 "permuting back and forth, and use fused kernels such as "
                 "torch.nn.functional.scaled_dot_product_attention for attention."),
-        where=where)
+        where=_functions_and_copy_lines(copies, on_cuda))
 
 
 def _hot_operator_finding(ops: list[Any], total_s: float, on_cuda: bool) -> Finding | None:
-    per_op: dict[str, float] = defaultdict(float)
-    for evt in ops:
-        per_op[evt.name] += _self_time(evt, on_cuda)
+    per_op = _time_by(ops, on_cuda, "name")
     if not per_op or not total_s:
         return None
-    name, seconds = max(per_op.items(), key=lambda item: item[1])
+    name, seconds = per_op.most_common(1)[0]
     share = seconds / total_s
     if share < HOT_OPERATOR_SHARE or name in COPY_OPS or name in MATMUL_OPS:
         return None
     events = [e for e in ops if e.name == name]
-    shapes = Counter()
-    for evt in events:
-        shapes[str(evt.input_shapes)] += _self_time(evt, on_cuda)
-    shape = shapes.most_common(1)[0][0] if shapes else "[]"
-    where: list[str] = []
-    for fn, _ in _by_function(events, on_cuda)[:3]:
-        if fn is not None:
-            where.append(fn.label())
-            where.extend(f"  {line}" for line in fn.lines_matching(_COPY_SOURCE))
+    shape = _time_by(events, on_cuda, "input_shapes").most_common(1)[0][0]
     clock = "device" if on_cuda else "CPU"
     return Finding(
         kind="hot_operator", share=share,
@@ -322,7 +324,7 @@ def _hot_operator_finding(ops: list[Any], total_s: float, on_cuda: bool) -> Find
         advice=("One operator dominates the step. Check the shapes it runs on: a tensor blown up "
                 "by repeat/expand or broadcasting before an element-wise op multiplies its cost; "
                 "torch.compile fuses chains of element-wise ops into one kernel."),
-        where=where)
+        where=_functions_and_copy_lines(events, on_cuda))
 
 
 def _matmul_finding(ops: list[Any], total_s: float, on_cuda: bool,

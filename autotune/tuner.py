@@ -7,7 +7,8 @@ nothing but the trial it was running, which the next run re-queues.
 Objective: score = samples/sec x (1 - stall_penalty x stall fraction). Out-of-memory (or peak
 memory above the capacity less the headroom) and configurations the model or device cannot
 run are COMPLETE trials with score 0 and a violated constraint, so TPE learns where the wall
-is; a trial that crashed, raised or timed out is FAIL, and one that raised is not tried again.
+is; a trial that crashed, raised or timed out is FAIL, and its configuration is not tried
+again.
 """
 
 from __future__ import annotations
@@ -40,13 +41,15 @@ from autotune.storage import DEFAULT_RETRY_S, JOURNAL_FILE, Heartbeat, open_stor
 from autotune.workload import ContractError, load_workload
 
 # Failures that would happen again with the same configuration: not retried.
-DETERMINISTIC = ("error", "crash")
+DETERMINISTIC = ("error", "crash", "timeout")
 DEFAULT_TRIALS = 20
 # Optuna's constraint (> 0 = violated): fits in memory and runs on this model and device.
 MEMORY_CONSTRAINT = "fits"
 # Trials a tuner proposes that are not measured (repeats, known failures) before it concludes
 # the space is exhausted.
 MAX_UNMEASURED_IN_A_ROW = 50
+FINISHED = (TrialState.COMPLETE, TrialState.FAIL)
+RAN_A_PROCESS = ("ok", "oom", "over_memory", "unsupported", "error", "crash", "timeout")
 DEFAULT_HEARTBEAT_S = 10.0
 # A trial whose heartbeat is this many of its intervals old has lost its tuner.
 STALE_HEARTBEATS = 3
@@ -279,10 +282,12 @@ class Tuner:
     # -- the search ------------------------------------------------------------------------
 
     def measured_trials(self) -> int:
-        """Trials that ran a process: the budget; repeats and predicted OOMs are free."""
-        return sum(1 for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        """Trials that ran a process to its end, failed ones included: the budget. Repeats,
+        predicted OOMs and known failures are free; interrupted and orphaned trials run
+        again."""
+        return sum(1 for t in self.study.get_trials(deepcopy=False, states=FINISHED)
                    if "duplicate_of" not in t.user_attrs
-                   and t.user_attrs.get("status") != "oom_predicted")
+                   and t.user_attrs.get("status") in RAN_A_PROCESS)
 
     def run(self) -> dict[str, Any]:
         """Trials until the budget is spent, then confirmation; returns the summary."""
