@@ -63,6 +63,7 @@ _LIBRARY_ROOTS = tuple(
 
 
 _AUTOTUNE_ROOT = str(Path(autotune.__file__).parent.resolve()) + os.sep
+_DATA_LOADING = os.path.join("torch", "utils", "data", "")
 
 
 @dataclass
@@ -171,7 +172,7 @@ def _user_function(evt: Any) -> _Function | None:
 
 
 @contextmanager
-def _wrapped_sync_methods(record: Callable[[str, Any], None]) -> Iterator[None]:
+def _wrapped_sync_methods(record: Callable[[str, Any, torch.Tensor], None]) -> Iterator[None]:
     """Wrap the syncing tensor methods; nested calls (print -> item) are recorded once."""
     state = threading.local()
     saved = {name: torch.Tensor.__dict__.get(name) for name in SYNC_METHODS}
@@ -186,7 +187,7 @@ def _wrapped_sync_methods(record: Callable[[str, Any], None]) -> Iterator[None]:
             state.inside = True
             try:
                 if name != "cpu" or self.device.type != "cpu":
-                    record(SYNC_METHODS[name], sys._getframe(1))
+                    record(SYNC_METHODS[name], sys._getframe(1), self)
                 return original(self, *args, **kwargs)
             finally:
                 state.inside = False
@@ -205,16 +206,32 @@ def _wrapped_sync_methods(record: Callable[[str, Any], None]) -> Iterator[None]:
                 setattr(torch.Tensor, name, value)
 
 
-def trace_host_syncs(run_step: Callable[[], object], steps: int = 1) -> list[SyncSite]:
+def _in_data_loading(frame: Any) -> bool:
+    """Called from the DataLoader (a dataset's __getitem__, a collate_fn): CPU tensors that
+    never touch the device, whatever the device."""
+    while frame is not None:
+        if _DATA_LOADING in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def trace_host_syncs(run_step: Callable[[], object], steps: int = 1,
+                     device_type: str = "cpu") -> list[SyncSite]:
     """Run `steps` steps and return the user's lines that read tensors back to the host.
 
-    Not for compiled models: the wrappers would be traced by dynamo and force recompiles.
+    On CUDA only reads of device tensors count. On CPU every read in the model's code counts
+    (there, the tensor would be on the GPU), but not the data loading's. Not for compiled
+    models: the wrappers would be traced by dynamo and force recompiles.
     """
     counts: Counter[tuple[str, str, int, str]] = Counter()
 
-    def record(call: str, frame: Any) -> None:
-        if is_user_file(frame.f_code.co_filename):  # torch's own reads are not the user's
-            counts[(call, frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)] += 1
+    def record(call: str, frame: Any, tensor: torch.Tensor) -> None:
+        if not is_user_file(frame.f_code.co_filename):  # torch's own reads are not the user's
+            return
+        if device_type != "cpu" and tensor.device.type == "cpu" or _in_data_loading(frame):
+            return
+        counts[(call, frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)] += 1
 
     with _wrapped_sync_methods(record):
         for _ in range(steps):

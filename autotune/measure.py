@@ -199,7 +199,7 @@ def _sync_sites(setup: TrainingSetup, batches: Iterator[Any], report: Progress) 
     if setup.config.compile_mode != "none":
         return []
     report("tracing host syncs")
-    return trace_host_syncs(lambda: setup.step(batches))
+    return trace_host_syncs(lambda: setup.step(batches), device_type=setup.device.type)
 
 
 def _findings(prof: Any, setup: TrainingSetup, summary: ProfileSummary, step_s: float,

@@ -52,11 +52,35 @@ def test_sync_tracer_names_the_users_lines_and_restores_torch() -> None:
     assert {name: getattr(torch.Tensor, name) for name in SYNC_METHODS} == originals
 
 
+class _Items(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.tensor(float(torch.tensor(index)))  # a host read while loading data
+
+
+def test_sync_tracer_leaves_data_loading_and_host_tensors_out() -> None:
+    loader = iter(torch.utils.data.DataLoader(_Items(), batch_size=4))
+    sites = trace_host_syncs(lambda: next(loader).sum().item())
+    assert [s.call for s in sites] == [".item()"]  # the read in data loading is not a sync
+    loader = iter(torch.utils.data.DataLoader(_Items(), batch_size=4))
+    # On a GPU run, reading a tensor that lives on the host waits for nothing.
+    assert trace_host_syncs(lambda: next(loader).sum().item(), device_type="cuda") == []
+
+
 def _profile(model: Path, tmp_path: Path, **knobs: object):
     workload = load_workload(model, {})
     config = TrainConfig.from_dict(knobs, base=from_baseline(workload.baseline, "cpu"))
-    return profile_config(workload, config, torch.device("cpu"), tmp_path, steps=2,
-                          settings=MeasureSettings(warmup_max_steps=3))
+    # One intra-op thread: on a busy machine OpenMP's spinning threads would inflate the
+    # matmuls' share and blur what each test looks for.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return profile_config(workload, config, torch.device("cpu"), tmp_path, steps=2,
+                              settings=MeasureSettings(warmup_max_steps=3))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_item_in_a_loop_gets_a_sync_finding_naming_that_line(tmp_path) -> None:
