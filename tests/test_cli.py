@@ -99,4 +99,5 @@ def test_torch_compile_end_to_end() -> None:
     assert record["config"]["compile_mode"] == "default"
     assert record["time_to_first_step_s"] > 5 * record["step_time_median_s"]
     names = {op["name"] for op in record["top_operators"]}
-    assert "CompiledFunction" in names, "the profiled steps ran the compiled graph"
+    # inductor's graph shows as CompiledFunction or as a "## Call CompiledFxGraph ... ##" range
+    assert any("Compiled" in name for name in names), "the profiled steps ran the compiled graph"
