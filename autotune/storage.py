@@ -81,16 +81,21 @@ def _rdb(url: str) -> BaseStorage:
     return optuna.storages.get_storage(RDBStorage(url, engine_kwargs=kwargs))
 
 
+_LOST_CONNECTION = ("OperationalError", "InterfaceError", "DisconnectionError", "TimeoutError",
+                    "PendingRollbackError")
+
+
 def is_transient(exc: BaseException | None) -> bool:
     """A lost connection or an unreachable file, as opposed to a wrong call; Optuna wraps the
-    database's errors, so the causes count too."""
-    while exc is not None:
+    database's errors, so what caused (or was being handled during) one counts too."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
         kind = type(exc)
         if isinstance(exc, OSError) or kind.__module__.startswith("sqlalchemy") and \
-                kind.__name__ in ("OperationalError", "InterfaceError", "DisconnectionError",
-                                  "TimeoutError"):
+                kind.__name__ in _LOST_CONNECTION:
             return True
-        exc = exc.__cause__
+        exc = exc.__cause__ or exc.__context__
     return False
 
 
