@@ -4,13 +4,16 @@ tuner tell a dead tuner's trials from slow ones.
 
 The embedded default is Optuna's journal file storage: append-only (a tuner killed mid-write
 leaves a readable log) and made for several processes at once (writes take a file lock), which
-SQLite is not when trials are enqueued. PostgreSQL (`--storage postgresql://...`) shares a study
+SQLite is not when trials are enqueued. The lock is an flock (`_FileLock`), which the kernel
+drops when its holder dies. PostgreSQL (`--storage postgresql://...`) shares a study
 across machines.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import re
 import threading
 import time
@@ -21,6 +24,7 @@ from typing import Any
 import optuna
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
+from optuna.storages.journal._file import BaseJournalFileLock
 
 from autotune.config import ConfigError
 
@@ -64,11 +68,40 @@ def open_storage(url: str | None, directory: Path, create: bool = True,
                           "first or pass --storage")
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        backend = JournalStorage(JournalFileBackend(str(journal)))
+        backend = JournalStorage(JournalFileBackend(str(journal), _FileLock(f"{journal}.flock")))
     except OSError as exc:
         raise ConfigError(f"cannot write the study folder {directory}: "
                           f"{exc.strerror or exc}") from None
     return _Retrying(backend, None, backoff(retry_s))
+
+
+class _FileLock(BaseJournalFileLock):
+    """The journal's write lock, as an flock on a side file.
+
+    Optuna's default symlink lock outlives a tuner killed while writing: the others wait 30 s,
+    then several may break it at once and, with their release failing, write the same record
+    twice (a lost trial re-queued twice, say). The kernel drops an flock with its holder.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._held = threading.local()
+
+    def acquire(self) -> bool:
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._held.fd = fd
+        return True
+
+    def release(self) -> None:
+        fd = self._held.fd
+        self._held.fd = None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def _rdb(url: str) -> BaseStorage:

@@ -15,6 +15,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotune.storage import open_storage
 from autotune.tuner import load_study
 
 from .conftest import FAST, ROOT, run_cli
@@ -71,6 +72,22 @@ def check_accounted(study: optuna.Study, budget: int, lost: int) -> None:
     assert len(reruns) == 1 and reruns[0].state == TrialState.COMPLETE
     assert reruns[0].params == orphan.params
     assert study.user_attrs["confirmation"]["winner"] is not None
+
+
+def test_a_tuner_killed_while_writing_the_journal_does_not_stall_the_others(tmp_path) -> None:
+    """The journal's lock dies with its holder: no 30 s wait, no lock broken by two tuners."""
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from autotune.storage import open_storage\n"
+        "open_storage(None, Path(sys.argv[1]))._storage._backend._lock.acquire()\n"
+        "print('held', flush=True); time.sleep(120)"), str(tmp_path)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    holder.kill()
+    holder.wait()
+    start = time.monotonic()
+    optuna.create_study(study_name="after", storage=open_storage(None, tmp_path))
+    assert time.monotonic() - start < 5
+    assert optuna.load_study(study_name="after", storage=open_storage(None, tmp_path))
 
 
 @pytest.mark.slow
