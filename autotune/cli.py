@@ -152,6 +152,14 @@ def build_parser() -> argparse.ArgumentParser:
                                "cores and disturb each other's timings)")
     parallel.add_argument("--devices", metavar="LIST",
                           help="one worker per device, e.g. cuda:0,cuda:1,cuda:2,cuda:3")
+    run.add_argument("--train-steps", type=int, metavar="S",
+                     help="optimize the wall time of a run of S optimizer steps, build, "
+                          "compile and warm-up included, instead of steady samples/sec: "
+                          "compile wins only when S steps pay for it (the summary prints the "
+                          "break-even step count)")
+    run.add_argument("--plain-tpe", action="store_true",
+                     help="search every knob with plain TPE: no memory model, no DataLoader "
+                          "plan, no screening (for comparison; slower to the optimum)")
     run.add_argument("--storage-retry-seconds", type=float, default=DEFAULT_RETRY_S,
                      metavar="SECONDS",
                      help="keep retrying (with back-off) this long while the storage is "
@@ -340,6 +348,8 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if args.trials is not None and args.trials < 1:
         raise UsageError("--trials must be >= 1")
+    if args.train_steps is not None and args.train_steps < 1:
+        raise UsageError("--train-steps must be >= 1")
     if args.workers < 1 or args.heartbeat_interval <= 0 or args.storage_retry_seconds < 0:
         raise UsageError("--workers must be >= 1, --heartbeat-interval > 0 and "
                          "--storage-retry-seconds >= 0")
@@ -361,7 +371,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         free_batch=parse_batch_range(args.free_batch_size) if args.free_batch_size else None,
         fixes=parse_assignments(args.fix), space_file=args.space,
         max_grad_accum=args.max_grad_accum, workers=args.workers, devices=devices,
-        heartbeat_s=args.heartbeat_interval, storage_retry_s=args.storage_retry_seconds)
+        heartbeat_s=args.heartbeat_interval, storage_retry_s=args.storage_retry_seconds,
+        train_steps=args.train_steps, plain_tpe=args.plain_tpe)
     view_console = Console(stderr=True) if args.json else console
     plain = PlainView(view_console)
     tuner = Tuner(options, plain)

@@ -44,6 +44,7 @@ class TrialRequest:
     memory_limit_bytes: int | None = None
     trace_path: str | None = None
     threads: int | None = None
+    inductor_cache_dir: str | None = None
 
 
 @dataclass
@@ -145,6 +146,8 @@ def child_main() -> None:
     _watch_parent(raw.pop("parent_pid"))
     phase_file = Path(raw.pop("phase_file"))
     request = TrialRequest(**raw)
+    if request.inductor_cache_dir:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = request.inductor_cache_dir
     try:
         result = _measure_classified(request, lambda phase: _note_phase(phase_file, phase))
     except MemoryError:

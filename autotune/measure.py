@@ -7,6 +7,8 @@
    at its two edges; samples/sec = samples the loader delivered / window wall time, so data
    loading is in the figure. Per-step times come from CUDA events (no host sync) or the host
    clock on CPU.
+   Before it, a short screening window: with `screen_below` set, a configuration slower than
+   that stops there (multi-fidelity: the full window only for promising ones).
 4. A short profiler window after (never inside) the timed one: syncs, device idle, top ops,
    and findings in words (`diagnosis`).
 
@@ -22,8 +24,8 @@ import resource
 import socket
 import statistics
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,10 @@ class MeasureSettings:
     steady_steps: int = 3
     steady_tolerance: float = 0.10
     profile_steps: int = 3
+    # Multi-fidelity: a short window right after warm-up; a configuration whose rate there is
+    # below `screen_below` samples/sec stops (status `screened`) without the full window.
+    screen_steps: int = 3
+    screen_below: float | None = None
 
 
 @dataclass
@@ -88,6 +94,10 @@ class Measurement:
     top_operators: list[dict[str, Any]] = field(default_factory=list)
     findings: list[dict[str, Any]] = field(default_factory=list)
     trace_path: str | None = None
+    warmup_s: float = 0.0
+    screen_samples_per_sec: float | None = None
+    screen_done_s: float | None = None  # from the start of the build to the screen's end
+    screened: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -132,21 +142,33 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
     batches = setup.batches()
 
     report("first step (compile and loader start-up included)")
-    start = time.perf_counter()
+    begun = time.perf_counter()
     setup.step(batches)
     _sync(device)
-    time_to_first = time.perf_counter() - start
+    time_to_first = time.perf_counter() - begun
 
     report("warming up")
+    start = time.perf_counter()
     warmup_steps, steady = _warm_up(setup, batches, settings)
+    warmup_s = time.perf_counter() - start
 
-    report("timing")
-    window = _timed_window(setup, batches, settings)
+    screen_rate = screen_done = None
+    screened = False
+    if settings.screen_steps > 0:
+        report("screening")
+        window = _timed_window(setup, batches, replace(
+            settings, window_steps=settings.screen_steps, window_seconds=0.0))
+        screen_rate = window.samples / window.seconds
+        screen_done = setup_s + time.perf_counter() - begun
+        screened = settings.screen_below is not None and screen_rate < settings.screen_below
+    if not screened:
+        report("timing")
+        window = _timed_window(setup, batches, settings)
 
     times = window.step_times
     median = statistics.median(times)
     profile, findings = None, []
-    if settings.profile_steps > 0:
+    if settings.profile_steps > 0 and not screened:
         sites = _sync_sites(setup, batches, report)
         report("profiling")
         captured: list[Any] = []
@@ -184,8 +206,24 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
         top_operators=[asdict(op) for op in profile.top_operators] if profile else [],
         findings=[f.to_dict() for f in findings],
         trace_path=profile.trace_path if profile else None,
+        warmup_s=warmup_s,
+        screen_samples_per_sec=screen_rate,
+        screen_done_s=screen_done,
+        screened=screened,
         **memory,
     )
+
+
+def time_to_train_s(metrics: Mapping[str, Any], steps: int) -> float:
+    """Wall time of `steps` optimizer steps from a fresh start, as a real run would spend it:
+    the build, the first step (compile included), the warm-up steps as measured, then the
+    rest at the timed window's pace (data loading included)."""
+    start = metrics["setup_s"] + metrics["time_to_first_step_s"]
+    warmup_steps, warmup_s = metrics["warmup_steps"], metrics["warmup_s"]
+    if steps <= 1 + warmup_steps:
+        return start + warmup_s * max(0, steps - 1) / max(1, warmup_steps)
+    steady = metrics["window_s"] / metrics["window_steps"]
+    return start + warmup_s + (steps - 1 - warmup_steps) * steady
 
 
 def _python_stacks(setup: TrainingSetup) -> bool:

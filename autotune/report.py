@@ -350,6 +350,7 @@ def summary_tables(summary: Mapping[str, Any]) -> Group:
          "oom and over_memory count as infeasible"),
         ("retried", str(summary.get("retried_trials", 0)),
          "trials re-run because their tuner died (orphaned)"),
+        *search_rows(summary),
     ]
     for row in rows:
         figures.add_row(*row)
@@ -357,6 +358,35 @@ def summary_tables(summary: Mapping[str, Any]) -> Group:
     for warning in summary.get("warnings", []):
         parts.append(Text(f"warning: {warning}", style="bold yellow"))
     return Group(*parts)
+
+
+def search_rows(summary: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """Time to train, compile payoff, memory-model accuracy and the DataLoader's own rates."""
+    rows = []
+    steps = summary.get("train_steps")
+    if steps and summary.get("best_time_to_train_s"):
+        rows.append((f"time for {steps:,} steps",
+                     f"{format_seconds(summary['best_time_to_train_s'])} vs "
+                     f"{format_seconds(summary.get('baseline_time_to_train_s'))}",
+                     "best vs baseline, build, compile and warm-up included"))
+    payoff = summary.get("compile_payoff")
+    if payoff:
+        even = payoff["break_even_steps"]
+        rows.append(("compile break-even",
+                     f"{even:,.0f} steps" if even is not None else "never",
+                     f"trial {payoff['trial']}: {payoff['compile_s']:.1f} s at start-up for "
+                     f"{payoff['gain']:+.0%} per step vs {payoff['reference']}"))
+    memory = summary.get("memory_predictions")
+    if memory:
+        rows.append(("memory model error", f"{memory['median_abs_error']:.1%}",
+                     f"median |measured - predicted| / measured over {memory['checked']} "
+                     f"trials (max {memory['max_abs_error']:.1%})"))
+    rates = summary.get("loader_rates")
+    if rates:
+        rows.append(("DataLoader alone", ", ".join(
+            f"{r['num_workers']}w {r['samples_per_sec']:,.0f}/s" for r in rates),
+            "samples/sec per workers setting, no model"))
+    return rows
 
 
 def summary_markdown(summary: Mapping[str, Any]) -> str:
@@ -374,7 +404,9 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
              f"- peak memory of the best: {format_bytes(summary.get('best_peak_memory_bytes'))}",
              f"- MFU of the best: {_percent(summary.get('best_mfu'))}",
              f"- tuning wall time: {format_seconds(summary.get('tuning_wall_s'))}",
-             f"- trials by state: {summary['trials']}; outcomes: {summary['statuses']}", ""]
+             f"- trials by state: {summary['trials']}; outcomes: {summary['statuses']}"]
+    lines += [f"- {name}: {value} ({how})" for name, value, how in search_rows(summary)]
+    lines.append("")
     lines += [f"> warning: {w}" for w in summary.get("warnings", [])]
     lines += ["", "| knob | baseline | best |", "|---|---|---|"]
     for knob in base or best:

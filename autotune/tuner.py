@@ -4,11 +4,17 @@ Every trial is one configuration measured in its own process (`isolation`). What
 goes into the study storage before the next one starts, so a tuner killed at any moment loses
 nothing but the trial it was running, which the next run re-queues.
 
-Objective: score = samples/sec x (1 - stall_penalty x stall fraction). Out-of-memory (or peak
-memory above the capacity less the headroom) and configurations the model or device cannot
-run are COMPLETE trials with score 0 and a violated constraint, so TPE learns where the wall
-is; a trial that crashed, raised or timed out is FAIL, and its configuration is not tried
-again.
+Objective: score = samples/sec x (1 - stall_penalty x stall fraction); with `--train-steps S`
+the samples/sec is over a whole run of S steps, build, compile and warm-up included
+(`measure.time_to_train_s`). Out-of-memory (or peak memory above the capacity less the headroom)
+and configurations the model or device cannot run are COMPLETE trials with score 0 and a
+violated constraint, so TPE learns where the wall is; a trial that crashed, raised or timed
+out is FAIL, and its configuration is not tried again.
+
+The search spends few trials (unless `--plain-tpe`): a configuration the memory model says
+cannot fit is not run (`memory_model`); DataLoader settings are decided from the loader's own
+rate, not searched (`loader_plan`); and a trial whose short screening window is well below the
+best so far stops there (`measure`).
 """
 
 from __future__ import annotations
@@ -35,7 +41,17 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from autotune.config import ConfigError, TrainConfig, from_baseline
 from autotune.hardware import describe, parse_device, usable_cpus
 from autotune.isolation import TrialRequest, TrialResult, run_isolated
-from autotune.measure import MeasureSettings
+from autotune.loader_plan import (
+    LoaderRate,
+    apply_loader,
+    choose_loader,
+    consumption_rate,
+    loader_settings,
+    measure_loader_rates,
+)
+from autotune.measure import MeasureSettings, time_to_train_s
+from autotune.memory_model import MemoryModel, prediction_errors
+from autotune.records import compile_rows, trial_records
 from autotune.space import DEFAULT_MAX_GRAD_ACCUM, build_space
 from autotune.storage import DEFAULT_RETRY_S, JOURNAL_FILE, Heartbeat, open_storage
 from autotune.workload import ContractError, load_workload
@@ -49,7 +65,11 @@ MEMORY_CONSTRAINT = "fits"
 # the space is exhausted.
 MAX_UNMEASURED_IN_A_ROW = 50
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL)
-RAN_A_PROCESS = ("ok", "oom", "over_memory", "unsupported", "error", "crash", "timeout")
+RAN_A_PROCESS = ("ok", "screened", "oom", "over_memory", "unsupported", "error", "crash",
+                 "timeout")
+# Multi-fidelity: a trial whose screening rate is below this share of the best full
+# measurement so far stops after its screening window.
+SCREEN_FRACTION = 0.75
 DEFAULT_HEARTBEAT_S = 10.0
 # A trial whose heartbeat is this many of its intervals old has lost its tuner.
 STALE_HEARTBEATS = 3
@@ -93,6 +113,8 @@ class TuneOptions:
     devices: tuple[str, ...] = ()
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
     storage_retry_s: float = DEFAULT_RETRY_S
+    train_steps: int | None = None
+    plain_tpe: bool = False
 
 
 class StudyView(Protocol):
@@ -166,6 +188,9 @@ class Tuner:
                                  global_batch=opts.global_batch, free_batch=opts.free_batch,
                                  fixes=opts.fixes, space_file=opts.space_file,
                                  max_grad_accum=opts.max_grad_accum)
+        self.loader_settings = loader_settings(self.space.domains)
+        self.plans_loader = not opts.plain_tpe and len(self.loader_settings) > 1
+        self.loader_rates: list[LoaderRate] = []
         self.capacity_bytes = opts.memory_limit_bytes or info.total_memory_bytes
         name = validate_study_name(opts.study or workload.name)
         self.directory = study_dir(opts.studies_dir, name)
@@ -300,6 +325,10 @@ class Tuner:
                                         TrialState.RUNNING))):
             self.study.enqueue_trial(self.space.params_for(self.baseline) or {},
                                      user_attrs={"role": "baseline"}, skip_if_exists=True)
+        self.study.set_user_attr("objective", {"train_steps": opts.train_steps,
+                                               "plain_tpe": opts.plain_tpe})
+        if self.plans_loader:
+            self.loader_rates = self._loader_rates()
         self.heartbeat = Heartbeat(self.study._storage, opts.heartbeat_s)
         try:
             self._run_workers(budget, deadline)
@@ -314,6 +343,21 @@ class Tuner:
         elif self._claim_confirmation():
             self.confirm()
         return self.write_outputs()
+
+    def _loader_rates(self) -> list[LoaderRate]:
+        """Every DataLoader setting's own rate, measured once per study (no model)."""
+        stored = self.study.user_attrs.get("loader_rates")
+        if stored:
+            return [LoaderRate(**r) for r in stored]
+        self.view.phase("measuring the DataLoader alone, for each workers/prefetch setting")
+        rates = measure_loader_rates(self.workload, self.baseline.micro_batch_size,
+                                     self.loader_settings)
+        self.study.set_user_attr("loader_rates", [r.to_dict() for r in rates])
+        self.view.note("DataLoader alone: " + ", ".join(
+            f"{r.num_workers} workers" + (f"/prefetch {r.prefetch_factor}"
+                                          if r.prefetch_factor else "")
+            + f" {r.samples_per_sec:,.0f}/s" for r in rates))
+        return rates
 
     def _run_workers(self, budget: int | None, deadline: float) -> None:
         """One worker per device (or --workers on CPU), each running one trial at a time."""
@@ -399,6 +443,8 @@ class Tuner:
             config = self.baseline
         else:
             config = self.space.suggest(trial)
+        if self.plans_loader and role != "baseline":
+            config = self._plan_loader(trial, config)
         key = config_key(config)
         previous = self._previous(key)
         trial.set_user_attr("config", config.to_dict())
@@ -417,21 +463,27 @@ class Tuner:
             self.study.tell(trial, previous.value)
             self.view.trial_finished(self.study.trials[trial.number])
             return False
-        wall = self._memory_wall(config)
-        if wall is not None and role != "baseline":
+        searching = role != "baseline" and not self.options.plain_tpe
+        memory = self._memory_model() if searching else None
+        verdict = memory.verdict(config.to_dict(), self.memory_limit()) if memory else None
+        if verdict is not None:
             trial.set_user_attr("status", "oom_predicted")
-            trial.set_user_attr("message", f"not run: micro-batch {wall.user_attrs['config']['micro_batch_size']} "  # noqa: E501
-                                           f"with the same other knobs did not fit (trial "
-                                           f"{wall.number})")
+            trial.set_user_attr("message", f"not run: {verdict.message}")
+            if verdict.predicted_peak_bytes:
+                trial.set_user_attr("predicted_peak_bytes", verdict.predicted_peak_bytes)
             self._tell_complete(trial, 0.0, feasible=False)
             self.view.trial_finished(self.study.trials[trial.number])
             return False
+        predicted = memory.predict(config.to_dict()) if memory else None
+        if predicted is not None:
+            trial.set_user_attr("predicted_peak_bytes", predicted)
+        screen_below = self._screen_below() if searching else None
         self.view.trial_started(trial.number, config, role, str(device))
         remaining = max(1.0, deadline - time.monotonic()) if math.isfinite(deadline) else None
         limit = min(self.options.trial_time_limit_s, remaining or math.inf)
         try:
             result = self._measure(config, f"trial-{trial.number}", limit, device=device,
-                                   number=trial.number)
+                                   number=trial.number, screen_below=screen_below)
         except KeyboardInterrupt:
             trial.set_user_attr("status", "interrupted")
             trial.set_user_attr("message", "interrupted by the user; re-queued")
@@ -457,28 +509,46 @@ class Tuner:
                 return t
         return None
 
-    def _memory_wall(self, config: TrainConfig) -> FrozenTrial | None:
-        """A measured trial of the same memory family (precision, checkpointing, compile) that
-        ran out of memory at a micro-batch no larger: activations only grow with the
-        micro-batch, so this configuration would not fit either."""
-        family = memory_family(config.to_dict())
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            other = t.user_attrs.get("config")
-            if t.user_attrs.get("status") in ("oom", "over_memory") and other and \
-                    other["micro_batch_size"] <= config.micro_batch_size and \
-                    memory_family(other) == family:
-                return t
-        return None
+    def _measured(self) -> list[dict[str, Any]]:
+        """Finished, non-repeated trials as plain mappings (user attributes and number)."""
+        return [{**t.user_attrs, "number": t.number} for t in self.study.get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE,)) if "duplicate_of" not in t.user_attrs]
+
+    def _memory_model(self) -> MemoryModel:
+        return MemoryModel(self._measured())
+
+    def _plan_loader(self, trial: Trial, config: TrainConfig) -> TrainConfig:
+        """The cheapest DataLoader setting that feeds the fastest model measured so far."""
+        consumption = max((rate for t in self._measured() if t.get("status") == "ok"
+                           and (rate := consumption_rate(t))), default=0.0)
+        chosen = choose_loader(self.loader_rates, consumption,
+                               workers_share_cores=self.device.type == "cpu")
+        if chosen is None:
+            return config  # loader-bound: the proposal is measured as it is
+        trial.set_user_attr("loader_plan", {**chosen.to_dict(),
+                                            "consumption_samples_per_sec": consumption})
+        return apply_loader(config, chosen)
+
+    def _screen_below(self) -> float | None:
+        """The screening threshold: a share of the best-scoring full measurement's rate."""
+        full = [t for t in self._measured() if t.get("status") == "ok" and t.get("score")]
+        if not full:
+            return None
+        return SCREEN_FRACTION * max(full, key=lambda t: t["score"])["samples_per_sec"]
 
     def _measure(self, config: TrainConfig, name: str, limit: float,
                  trace: Path | None = None, device: Any = None,
-                 number: int | None = None) -> TrialResult:
+                 number: int | None = None, screen_below: float | None = None) -> TrialResult:
         opts = self.options
+        # Compiled graphs are cached under the study, so each (mode, shapes) compiles once.
+        cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(self.directory / "inductor")
         request = TrialRequest(
             model_path=str(self.workload.path), config=config.to_dict(),
             device=str(device or self.device), model_args=self.workload.model_args,
-            settings=vars(opts.settings), memory_limit_bytes=opts.memory_limit_bytes,
-            trace_path=str(trace) if trace else None, threads=self.trial_threads)
+            settings={**vars(opts.settings), "screen_below": screen_below},
+            memory_limit_bytes=opts.memory_limit_bytes,
+            trace_path=str(trace) if trace else None, threads=self.trial_threads,
+            inductor_cache_dir=cache)
         return run_isolated(request, limit, self.directory / "logs" / f"{name}.log",
                             on_phase=lambda text: self.view.phase(text, number),
                             stop=self._stop)
@@ -495,9 +565,12 @@ class Tuner:
         trial.set_user_attr("message", message)
         if status in ("oom", "over_memory", "unsupported"):
             self._tell_complete(trial, 0.0, feasible=False)
-        elif status == "ok":
+        elif status in ("ok", "screened"):
             stall = stall_fraction(metrics, self.device.type)
-            score = metrics["samples_per_sec"] * (1 - self.options.stall_penalty * stall)
+            if self.options.train_steps:
+                trial.set_user_attr("time_to_train_s",
+                                    time_to_train_s(metrics, self.options.train_steps))
+            score = self.objective_rate(metrics) * (1 - self.options.stall_penalty * stall)
             trial.set_user_attr("stall_fraction", stall)
             self._tell_complete(trial, score, feasible=True)
         else:
@@ -513,14 +586,27 @@ class Tuner:
         trial.set_constraint(MEMORY_CONSTRAINT, constraint)
         self.study.tell(trial, score)
 
+    def objective_rate(self, metrics: dict[str, Any]) -> float:
+        """Samples/sec in the timed window, or over a whole run of --train-steps steps."""
+        steps = self.options.train_steps
+        if not steps:
+            return float(metrics["samples_per_sec"])
+        per_step = metrics["window_samples"] / metrics["window_steps"]
+        return steps * per_step / time_to_train_s(metrics, steps)
+
     def _outcome(self, result: TrialResult) -> tuple[str, str]:
-        """The trial's status, with a measured peak above the allowed memory as `over_memory`."""
+        """The trial's status: a measured peak above the allowed memory is `over_memory`, a
+        run stopped after its screening window `screened`."""
         limit = self.memory_limit()
         peak = result.metrics.get("peak_memory_bytes")
         if result.status == "ok" and limit and peak and peak > limit:
             return "over_memory", (f"peak memory {peak / 2**30:.2f} GiB is above the "
                                    f"{limit / 2**30:.2f} GiB allowed (capacity less "
                                    f"{self.options.memory_headroom:.0%} headroom)")
+        if result.status == "ok" and result.metrics.get("screened"):
+            return "screened", (f"stopped after screening: "
+                                f"{result.metrics['samples_per_sec']:,.0f} samples/sec is below "
+                                f"{SCREEN_FRACTION:.0%} of the best so far")
         return result.status, result.message
 
     def memory_limit(self) -> int | None:
@@ -569,9 +655,13 @@ class Tuner:
                 result = self._measure(TrainConfig.from_dict(entry["config"]),
                                        f"confirm-{index}-{repeat}", opts.trial_time_limit_s,
                                        trace)
-                entry["runs"].append({"status": self._outcome(result)[0], **{
+                status = self._outcome(result)[0]
+                entry["runs"].append({"status": status, **{
                     k: result.metrics.get(k) for k in ("samples_per_sec", "peak_memory_bytes",
-                                                       "mfu", "step_time_median_s")}})
+                                                       "mfu", "step_time_median_s")},
+                    "objective": self.objective_rate(result.metrics) if status == "ok" else None,
+                    "time_to_train_s": time_to_train_s(result.metrics, opts.train_steps)
+                    if status == "ok" and opts.train_steps else None})
                 if repeat == 0:
                     entry["trace"] = result.metrics.get("trace_path")
         for entry in candidates.values():
@@ -579,8 +669,11 @@ class Tuner:
             entry["ok"] = len(rates) == len(entry["runs"])
             entry["median"] = statistics.median(rates) if rates else None
             entry["spread"] = (max(rates) - min(rates)) / 2 if rates else None
+            entry["objective"] = _median_or_none([r["objective"] for r in entry["runs"]])
+            entry["time_to_train_s"] = _median_or_none([r["time_to_train_s"]
+                                                        for r in entry["runs"]])
         ranked = sorted((e for e in candidates.values() if e["ok"] and e["feasible"]),
-                        key=lambda e: e["median"], reverse=True)
+                        key=lambda e: e["objective"], reverse=True)
         baseline = candidates[baseline_key]
         winner = ranked[0] if ranked else None
         confirmation = {"candidates": list(candidates.values()), "repeats": opts.confirm_repeats,
@@ -626,11 +719,6 @@ def _devices(opts: TuneOptions) -> list[Any]:
     return devices
 
 
-def memory_family(config: dict[str, Any]) -> tuple[str, str, str]:
-    """The knobs that change how memory grows with the micro-batch."""
-    return config["precision"], config["activation_checkpointing"], config["compile_mode"]
-
-
 def stall_fraction(metrics: dict[str, Any], device_type: str) -> float:
     """Device idle on CUDA; host syncs plus loader waits (per step time) on CPU."""
     if device_type == "cuda" and metrics.get("device_idle_fraction") is not None:
@@ -665,6 +753,10 @@ def study_summary(study: optuna.Study) -> dict[str, Any]:
         "retried_trials": sum(1 for t in trials if t.user_attrs.get("retry", 0) > 0),
         "tuning_wall_s": attrs.get("tuning_wall_s"),
         "free_batch": attrs.get("free_batch", False),
+        "train_steps": (attrs.get("objective") or {}).get("train_steps"),
+        "memory_predictions": prediction_errors(
+            t.user_attrs for t in trials if "duplicate_of" not in t.user_attrs),
+        "loader_rates": attrs.get("loader_rates"),
     }
     if summary["confirmed"]:
         winner, baseline = confirmation["winner"], confirmation["baseline"]
@@ -676,7 +768,9 @@ def study_summary(study: optuna.Study) -> dict[str, Any]:
             best_peak_memory_bytes=max((r["peak_memory_bytes"] or 0) for r in ok_runs) or None,
             best_mfu=_median_or_none([r["mfu"] for r in ok_runs]),
             baseline_samples_per_sec=baseline["median"], baseline_spread=baseline["spread"],
-            speedup=confirmation["speedup"], confirmation_repeats=confirmation["repeats"])
+            speedup=confirmation["speedup"], confirmation_repeats=confirmation["repeats"],
+            best_time_to_train_s=winner.get("time_to_train_s"),
+            baseline_time_to_train_s=baseline.get("time_to_train_s"))
     elif best_trial is not None:
         baseline = next((t for t in trials if t.user_attrs.get("role") == "baseline"
                          and t.user_attrs.get("status") == "ok"), None)
@@ -688,6 +782,7 @@ def study_summary(study: optuna.Study) -> dict[str, Any]:
             best_peak_memory_bytes=best_trial.user_attrs.get("peak_memory_bytes"),
             best_mfu=best_trial.user_attrs.get("mfu"), baseline_samples_per_sec=base_sps,
             speedup=best_sps / base_sps if best_sps and base_sps else None)
+    summary["compile_payoff"] = compile_payoff(study, summary["best_trial"])
     if summary["free_batch"] and summary["best_config"] and baseline_config:
         best_eb = summary["best_config"]["micro_batch_size"] * \
             summary["best_config"]["grad_accum_steps"]
@@ -696,6 +791,17 @@ def study_summary(study: optuna.Study) -> dict[str, Any]:
             summary["warnings"] = [f"the effective batch changed from {base_eb} to {best_eb}: "
                                    "the learning rate may need rescaling"]
     return summary
+
+
+def compile_payoff(study: optuna.Study, best_trial: int | None) -> dict[str, Any] | None:
+    """What compiling cost and gained, and after how many steps it pays for itself: for the
+    best configuration when it is compiled, else for the compiled one that gained most."""
+    rows = compile_rows(trial_records(study))
+    row = next((r for r in rows if r["trial"] == best_trial), None) or \
+        max(rows, key=lambda r: r["gain"], default=None)
+    if row is None:
+        return None
+    return {k: row[k] for k in ("trial", "reference", "compile_s", "gain", "break_even_steps")}
 
 
 def list_studies(studies_dir: str | Path = "studies",

@@ -14,7 +14,7 @@ import matplotlib.image
 import pytest
 
 from autotune.config import TrainConfig
-from autotune.report_page import compile_rows
+from autotune.records import compile_rows
 
 from .conftest import FAST, run_cli
 

@@ -120,6 +120,9 @@ def test_out_of_memory_is_infeasible_and_learned(tmp_path) -> None:
     assert sum(landed[half:]) < sum(landed[:half])
     predicted = [t for t in trials if t.user_attrs.get("status") == "oom_predicted"]
     assert all(t.state.name == "COMPLETE" and t.value == 0.0 for t in predicted)
+    # Once two micro-batches of a family ran, later trials carry the memory model's prediction,
+    # checked against the peak they measured.
+    assert summary["memory_predictions"]["checked"] >= 1
     changed = summary["best_config"]["micro_batch_size"] != 1024  # accumulation is fixed at 1
     warned = "the learning rate may need rescaling" in " ".join(summary.get("warnings", []))
     assert warned == changed

@@ -1,0 +1,107 @@
+"""DataLoader settings decided from the loader's own measured rate instead of searched.
+
+How fast a DataLoader delivers batches does not depend on the model, so it is measured once
+per study, for every (num_workers, prefetch_factor) the space offers, with no model at all.
+While some setting outruns the fastest consumption measured so far, every trial gets the
+cheapest such setting, whatever the sampler proposed: worker processes cost cores and memory,
+and past "fast enough" they buy nothing. Proposals that differ only in the DataLoader then
+collapse into one configuration, measured once. When no setting is fast enough the model is
+loader-bound, and the sampler's proposal is measured as it is. On CPU, where workers compete
+with training for the same cores, only in-process loading is ever planned.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from autotune.config import TrainConfig
+from autotune.training import make_loader
+from autotune.workload import Workload
+
+# Worker processes run beside training: their rate must exceed the model's by this factor.
+LOADER_MARGIN = 1.5
+# Loading in the training process adds to every step: it may take at most this share of one.
+IN_PROCESS_SHARE = 0.05
+PROBE_BATCHES = 20
+PROBE_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class LoaderRate:
+    """Samples/sec one DataLoader setting delivers on its own, after its first batch."""
+
+    num_workers: int
+    prefetch_factor: int | None
+    samples_per_sec: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def loader_settings(domains: Mapping[str, Sequence[Any]]) -> list[tuple[int, int | None]]:
+    """Every (num_workers, prefetch_factor) of a space; prefetch means nothing without workers."""
+    return [(w, p) for w in domains["num_workers"]
+            for p in ((None,) if w == 0 else domains["prefetch_factor"])]
+
+
+def measure_loader_rates(workload: Workload, micro_batch_size: int,
+                         settings: Iterable[tuple[int, int | None]]) -> list[LoaderRate]:
+    """Each setting's rate over at least PROBE_BATCHES batches and PROBE_SECONDS seconds."""
+    dataset = workload.build_dataset()
+    collate = workload.hook("collate_fn")
+    rates = []
+    for workers, prefetch in settings:
+        config = TrainConfig(micro_batch_size=micro_batch_size, num_workers=workers,
+                             prefetch_factor=prefetch, persistent_workers=workers > 0)
+        batches = _forever(make_loader(dataset, config, torch.device("cpu"), collate))
+        next(batches)  # worker start-up is paid once per run, not per batch
+        count, start = 0, time.perf_counter()
+        while count < PROBE_BATCHES or time.perf_counter() - start < PROBE_SECONDS:
+            next(batches)
+            count += 1
+        rates.append(LoaderRate(workers, prefetch,
+                                count * micro_batch_size / (time.perf_counter() - start)))
+        batches.close()
+    return rates
+
+
+def _forever(loader: torch.utils.data.DataLoader) -> Any:
+    while True:
+        yield from loader
+
+
+def feeds(rate: LoaderRate, consumption: float) -> bool:
+    """Whether this setting keeps a model consuming `consumption` samples/sec fed."""
+    if rate.num_workers == 0:
+        return consumption / (consumption + rate.samples_per_sec) <= IN_PROCESS_SHARE
+    return rate.samples_per_sec >= LOADER_MARGIN * consumption
+
+
+def choose_loader(rates: Sequence[LoaderRate], consumption: float,
+                  workers_share_cores: bool = False) -> LoaderRate | None:
+    """The fewest workers (then the smallest prefetch) that feed `consumption`; None when no
+    setting does. When workers take the cores training runs on (CPU training), their rate
+    alone does not say they help, so only in-process loading is planned."""
+    enough = [r for r in rates if feeds(r, consumption)
+              and not (workers_share_cores and r.num_workers > 0)]
+    return min(enough, key=lambda r: (r.num_workers, r.prefetch_factor or 0), default=None)
+
+
+def apply_loader(config: TrainConfig, rate: LoaderRate) -> TrainConfig:
+    """`config` with the chosen loader; workers persist across epochs (no respawn per epoch)."""
+    return config.replace(num_workers=rate.num_workers, prefetch_factor=rate.prefetch_factor,
+                          persistent_workers=rate.num_workers > 0)
+
+
+def consumption_rate(metrics: Mapping[str, Any]) -> float | None:
+    """Samples/sec the model alone would take: the measured rate without the data waits."""
+    rate = metrics.get("samples_per_sec")
+    if not rate:
+        return None
+    busy = 1.0 - min(0.95, metrics.get("data_wait_fraction") or 0.0)
+    return rate / busy

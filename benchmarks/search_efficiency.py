@@ -1,0 +1,339 @@
+"""How fast each search strategy gets to the optimum of a CPU-sized space, against the grid.
+
+1. Grid (ground truth): every configuration of the space measured twice, each run in its own
+   process with the trial protocol, plus the DataLoader's own rates. Saved as raw results
+   (`--grid FILE` reuses them instead of measuring again).
+2. Strategies, replayed over the measured grid for each seed: a trial of configuration c
+   returns one of c's two measured runs (which one is drawn per seed) and costs that run's
+   measured wall time; a screened trial costs its wall time up to the end of its screening
+   window. The search code is the product's own (`Tuner`, with only its `_measure` and
+   loader probe answered from the grid):
+   - autotune: memory model, DataLoader plan, screening, budget K trials;
+   - plain TPE: `--plain-tpe`, the same budget over the same space;
+   - largest micro-batch that fits, everything else the user's (Lightning's batch-size finder,
+     Accelerate's find_executable_batch_size): double from the smallest until it does not fit;
+   - micro-batch sweep around a memory estimate, other knobs fixed (DeepSpeed's fast mode):
+     two runs fit peak memory against the micro-batch, then every micro-batch the estimate
+     says fits is measured.
+3. For each: median regret (the grid's optimum over the true rate of the configuration the
+   strategy ends with, both as the mean of the two measured runs), median trials and wall time
+   until the configuration it would pick is within 97% of the optimum, median OOM trials.
+
+The memory limit is applied to the grid's measured peaks (a run above it is `over_memory`, as
+the tuner classifies it) and set so that part of the space does not fit (MEMORY_LIMIT_MIB).
+Prints figures, writes benchmarks/results/<name>.json and .md; asserts nothing.
+
+    python benchmarks/search_efficiency.py --seeds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from autotune.config import TrainConfig  # noqa: E402
+from autotune.isolation import TrialRequest, TrialResult, run_isolated  # noqa: E402
+from autotune.loader_plan import LoaderRate, measure_loader_rates  # noqa: E402
+from autotune.measure import MeasureSettings  # noqa: E402
+from autotune.tuner import RAN_A_PROCESS, TuneOptions, Tuner, config_key  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+MODEL = "models/mlp.py"
+MODEL_ARGS = {"feature_dim": 256, "hidden": 512, "layers": 4, "num_samples": 16384}
+SPACE = {"micro_batch_size": [128, 256, 512, 1024], "precision": ["fp32", "bf16"],
+         "activation_checkpointing": ["none", "full"], "optimizer_impl": ["for_loop", "fused"],
+         "num_workers": [0, 2], "prefetch_factor": [2], "persistent_workers": [True],
+         "pin_memory": [False], "compile_mode": ["none"]}
+SETTINGS = MeasureSettings(window_steps=3, window_seconds=0.5, warmup_max_seconds=4,
+                           profile_steps=1)
+# The process's peak RSS on this grid is about 0.37 GiB with loader workers and 0.74-0.85 GiB
+# with in-process loading, highest at the small micro-batches (more accumulation steps). The
+# limit sits between those plateaus: part of the in-process configurations do not fit.
+MEMORY_LIMIT_MIB = 775
+TARGET = 0.97
+
+
+class QuietView:
+    def trial_started(self, *args: Any) -> None: ...
+    def phase(self, *args: Any) -> None: ...
+    def trial_finished(self, *args: Any) -> None: ...
+    def note(self, *args: Any) -> None: ...
+
+
+def options(studies: str, space_file: str, trials: int, seed: int, limit: int | None,
+            plain: bool = False) -> TuneOptions:
+    return TuneOptions(model_path=str(ROOT / MODEL), model_args=MODEL_ARGS, device="cpu",
+                       studies_dir=studies, trials=trials, seed=seed, settings=SETTINGS,
+                       space_file=space_file, global_batch=1024, memory_limit_bytes=limit,
+                       memory_headroom=0.0, stall_penalty=0.0, confirm_repeats=0,
+                       plain_tpe=plain)
+
+
+# -- the grid ---------------------------------------------------------------------------------
+
+def measure_grid(space_file: str, repeats: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as studies:
+        tuner = Tuner(options(studies, space_file, 1, 0, None), QuietView())
+        configs = tuner.space.grid()
+        loader = measure_loader_rates(tuner.workload, tuner.baseline.micro_batch_size,
+                                      tuner.loader_settings)
+    runs: dict[str, dict[str, Any]] = {config_key(c): {"config": c.to_dict(), "runs": []}
+                                       for c in configs}
+    started = time.monotonic()
+    for repeat in range(repeats):  # passes, so that drift spreads over every configuration
+        for index, config in enumerate(configs):
+            result = run_isolated(TrialRequest(
+                model_path=str(ROOT / MODEL), config=config.to_dict(), device="cpu",
+                model_args=MODEL_ARGS, settings=vars(SETTINGS)), 600)
+            runs[config_key(config)]["runs"].append(
+                {"status": result.status, "wall_s": result.wall_s, "metrics": {
+                    k: v for k, v in result.metrics.items()
+                    if k not in ("top_operators", "findings", "trace_path")}})
+            print(f"grid pass {repeat + 1}/{repeats}, {index + 1}/{len(configs)}: "
+                  f"{result.status} {result.metrics.get('samples_per_sec', 0):,.0f}/s "
+                  f"({time.monotonic() - started:.0f} s)", flush=True)
+    return {"model": MODEL, "model_args": MODEL_ARGS, "space": SPACE,
+            "settings": vars(SETTINGS), "loader_rates": [r.to_dict() for r in loader],
+            "configs": list(runs.values())}
+
+
+def truth(entry: dict[str, Any], limit: int) -> float:
+    """The configuration's rate (mean of its runs); 0 when it does not fit."""
+    runs = entry["runs"]
+    if any(r["status"] != "ok" or r["metrics"]["peak_memory_bytes"] > limit for r in runs):
+        return 0.0
+    return statistics.mean(r["metrics"]["samples_per_sec"] for r in runs)
+
+
+# -- replay -----------------------------------------------------------------------------------
+
+class Replay:
+    """One seed's view of the grid: which measured run each configuration returns."""
+
+    def __init__(self, grid: dict[str, Any], seed: int, limit: int) -> None:
+        self.table = {config_key(c["config"]): c for c in grid["configs"]}
+        self.seed, self.limit = seed, limit
+        self.spent: list[tuple[str, float, str]] = []  # (config key, wall s, status)
+
+    def run(self, config: TrainConfig | dict[str, Any],
+            screen_below: float | None = None) -> TrialResult:
+        key = config_key(config)
+        entry = self.table[key]
+        digest = hashlib.sha256(f"{self.seed}:{key}".encode()).digest()
+        observed = entry["runs"][digest[0] % len(entry["runs"])]
+        metrics, wall = dict(observed["metrics"]), observed["wall_s"]
+        if screen_below is not None and metrics["screen_samples_per_sec"] < screen_below:
+            wall += metrics["screen_done_s"] - metrics["measure_wall_s"]
+            metrics.update(samples_per_sec=metrics["screen_samples_per_sec"], screened=True)
+        status = observed["status"]
+        if status == "ok" and metrics["peak_memory_bytes"] > self.limit:
+            status = "over_memory"
+        self.spent.append((key, wall, "screened" if metrics.get("screened") else status))
+        return TrialResult(observed["status"], "replayed", metrics, wall_s=wall)
+
+    def observed_rate(self, key: str) -> float:
+        result = self.run(self.table[key]["config"])
+        self.spent.pop()
+        return result.metrics["samples_per_sec"]
+
+
+class ReplayTuner(Tuner):
+    """The product's tuner, its trials answered from the grid instead of measured."""
+
+    def __init__(self, opts: TuneOptions, replay: Replay, loader: list[LoaderRate]) -> None:
+        super().__init__(opts, QuietView())
+        self.replay, self.loader = replay, loader
+
+    def _loader_rates(self) -> list[LoaderRate]:
+        return self.loader
+
+    def _measure(self, config: TrainConfig, name: str, limit: float, trace: Any = None,
+                 device: Any = None, number: int | None = None,
+                 screen_below: float | None = None) -> TrialResult:
+        return self.replay.run(config, screen_below)
+
+
+def run_tuner(grid: dict[str, Any], space_file: str, seed: int, budget: int, limit: int,
+              plain: bool) -> list[tuple[str, float, str, str | None]]:
+    """(config key, wall s, status, key the tuner would pick now) per trial it ran."""
+    replay = Replay(grid, seed, limit)
+    loader = [LoaderRate(**r) for r in grid["loader_rates"]]
+    with tempfile.TemporaryDirectory() as studies:
+        tuner = ReplayTuner(options(studies, space_file, budget, seed, limit, plain), replay,
+                            loader)
+        tuner.run()
+        trials = tuner.study.get_trials(deepcopy=False)
+    steps, best, best_score = [], None, -math.inf
+    for t in trials:
+        attrs = t.user_attrs
+        if "duplicate_of" in attrs or attrs.get("status") not in RAN_A_PROCESS:
+            continue
+        if attrs.get("constraint") == 0.0 and t.value is not None and t.value > best_score:
+            best, best_score = config_key(attrs["config"]), t.value
+        steps.append((config_key(attrs["config"]), attrs["wall_s"], attrs["status"], best))
+    return steps
+
+
+def run_largest_fit(grid: dict[str, Any], baseline: dict[str, Any], seed: int,
+                    limit: int) -> list[tuple[str, float, str, str | None]]:
+    replay = Replay(grid, seed, limit)
+    steps, best = [], None
+    for micro in SPACE["micro_batch_size"]:
+        config = {**baseline, "micro_batch_size": micro, "grad_accum_steps": 1024 // micro}
+        replay.run(config)
+        key, wall, status = replay.spent[-1]
+        if status == "ok":
+            best = key
+        steps.append((key, wall, status, best))
+        if status != "ok":
+            break
+    return steps
+
+
+def run_memory_sweep(grid: dict[str, Any], baseline: dict[str, Any], seed: int,
+                     limit: int) -> list[tuple[str, float, str, str | None]]:
+    replay = Replay(grid, seed, limit)
+    micros = SPACE["micro_batch_size"]
+    steps, best, best_rate, peaks = [], None, -math.inf, {}
+
+    def measure(micro: int) -> None:
+        nonlocal best, best_rate
+        config = {**baseline, "micro_batch_size": micro, "grad_accum_steps": 1024 // micro}
+        result = replay.run(config)
+        key, wall, status = replay.spent[-1]
+        peaks[micro] = result.metrics.get("peak_memory_bytes")
+        if status == "ok" and result.metrics["samples_per_sec"] > best_rate:
+            best, best_rate = key, result.metrics["samples_per_sec"]
+        steps.append((key, wall, status, best))
+
+    measure(micros[0])
+    measure(micros[1])
+    slope = (peaks[micros[1]] - peaks[micros[0]]) / (micros[1] - micros[0])
+    fits = [m for m in micros[2:] if peaks[micros[0]] + slope * (m - micros[0]) <= limit]
+    for micro in fits:
+        measure(micro)
+    return steps
+
+
+def summarise(runs: list[list[tuple]], optimum: float, truths: dict[str, float]
+              ) -> dict[str, Any]:
+    regrets, trials_to, wall_to, ooms = [], [], [], []
+    for steps in runs:
+        final = steps[-1][3] if steps else None
+        regrets.append(1 - truths.get(final, 0.0) / optimum)
+        wall, reached = 0.0, None
+        for index, (_, spent, _, pick) in enumerate(steps, start=1):
+            wall += spent
+            if pick and truths[pick] >= TARGET * optimum:
+                reached = (index, wall)
+                break
+        trials_to.append(reached[0] if reached else math.inf)
+        wall_to.append(reached[1] if reached else math.inf)
+        ooms.append(sum(1 for _, _, status, _ in steps if status in ("oom", "over_memory")))
+    return {"regret_median": statistics.median(regrets),
+            "trials_to_97_median": _finite(statistics.median(trials_to)),
+            "wall_s_to_97_median": _finite(statistics.median(wall_to)),
+            "oom_trials_median": statistics.median(ooms),
+            "reached_97": sum(1 for t in trials_to if math.isfinite(t)),
+            "trials_median": statistics.median(len(s) for s in runs),
+            "wall_s_median": statistics.median(sum(w for _, w, _, _ in s) for s in runs)}
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [f"Space: {result['grid_size']} configurations of `{MODEL}` "
+             f"{json.dumps(MODEL_ARGS)} on CPU; memory limit "
+             f"{result['memory_limit_bytes'] / 2**20:,.0f} MiB ({result['fitting']} fit); "
+             f"optimum {result['optimum_samples_per_sec']:,.0f} samples/s; budget "
+             f"{result['budget']} trials; {result['seeds']} seeds; medians over seeds.", "",
+             "| strategy | regret | trials to 97% | wall s to 97% | OOM trials | reached 97% |"
+             " trials run | wall s |", "|---|---|---|---|---|---|---|---|"]
+    for name, row in result["strategies"].items():
+        def show(v: Any, fmt: str) -> str:
+            return "never" if v is None else format(v, fmt)
+        lines.append(f"| {name} | {row['regret_median']:.1%} | "
+                     f"{show(row['trials_to_97_median'], '.1f')} | "
+                     f"{show(row['wall_s_to_97_median'], '.0f')} | "
+                     f"{row['oom_trials_median']:.1f} | {row['reached_97']}/{result['seeds']} | "
+                     f"{row['trials_median']:.1f} | {row['wall_s_median']:.0f} |")
+    lines.append(f"| exhaustive grid | 0.0% | {result['grid_size']} | "
+                 f"{result['grid_wall_s']:.0f} | {result['grid_oom']} | all | "
+                 f"{result['grid_size']} | {result['grid_wall_s']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--budget", type=int, help="trials per search (default: grid / 4)")
+    parser.add_argument("--repeats", type=int, default=2, help="grid runs per configuration")
+    parser.add_argument("--grid", help="reuse a grid file written by an earlier run")
+    parser.add_argument("--memory-limit-mib", type=int, default=MEMORY_LIMIT_MIB)
+    parser.add_argument("--name", default="search_efficiency")
+    args = parser.parse_args()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as handle:
+        yaml.safe_dump(SPACE, handle)
+        space_file = handle.name
+    grid_file = Path(args.grid) if args.grid else RESULTS / f"{args.name}_grid.json"
+    if args.grid:
+        grid = json.loads(grid_file.read_text())
+    else:
+        grid = measure_grid(space_file, args.repeats)
+        grid_file.write_text(json.dumps(grid, indent=1))
+    limit = args.memory_limit_mib * 2**20
+    truths = {config_key(c["config"]): truth(c, limit) for c in grid["configs"]}
+    optimum = max(truths.values())
+    budget = args.budget or len(truths) // 4
+    with tempfile.TemporaryDirectory() as studies:
+        baseline = Tuner(options(studies, space_file, 1, 0, None), QuietView()).baseline
+    baseline = baseline.to_dict()
+    strategies: dict[str, Callable[[int], list]] = {
+        "autotune": lambda s: run_tuner(grid, space_file, s, budget, limit, plain=False),
+        "plain TPE (ablation)": lambda s: run_tuner(grid, space_file, s, budget, limit,
+                                                    plain=True),
+        "largest micro-batch that fits (Lightning, Accelerate)":
+            lambda s: run_largest_fit(grid, baseline, s, limit),
+        "micro-batch sweep around a memory estimate (DeepSpeed fast)":
+            lambda s: run_memory_sweep(grid, baseline, s, limit),
+    }
+    rows = {}
+    for name, strategy in strategies.items():
+        runs = [strategy(seed) for seed in range(args.seeds)]
+        rows[name] = summarise(runs, optimum, truths)
+        print(f"{name}: {rows[name]}", flush=True)
+    grid_runs = [r for c in grid["configs"] for r in c["runs"]]
+    result = {
+        "grid_size": len(truths), "budget": budget, "seeds": args.seeds,
+        "memory_limit_bytes": limit, "fitting": sum(1 for v in truths.values() if v > 0),
+        "optimum_samples_per_sec": optimum,
+        "optimum_config": next(c["config"] for c in grid["configs"]
+                               if truths[config_key(c["config"])] == optimum),
+        "grid_wall_s": sum(r["wall_s"] for r in grid_runs) / len(grid_runs) * len(truths),
+        "grid_oom": sum(1 for v in truths.values() if v == 0),
+        "strategies": rows}
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1))
+    table = markdown(result)
+    (RESULTS / f"{args.name}.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
