@@ -32,6 +32,8 @@ JOURNAL_FILE = "journal.log"
 # How long to keep retrying while the storage is unreachable, backing off from half a second.
 DEFAULT_RETRY_S = 60.0
 CONNECT_TIMEOUT_S = 10
+# How long the journal's lock may be held before a waiting tuner takes a fresh one.
+LOCK_GRACE_S = 30.0
 
 
 class StorageUnavailable(Exception):
@@ -80,7 +82,9 @@ class _FileLock(BaseJournalFileLock):
 
     Optuna's default symlink lock outlives a tuner killed while writing: the others wait 30 s,
     then several may break it at once and, with their release failing, write the same record
-    twice (a lost trial re-queued twice, say). The kernel drops an flock with its holder.
+    twice (a lost trial re-queued twice, say). The kernel drops an flock with its holder. A
+    holder that is alive but frozen (SIGSTOP, a node cut off) keeps it: after LOCK_GRACE_S the
+    waiting tuner unlinks the file and locks a fresh one, whose release is always its own.
     """
 
     def __init__(self, path: str) -> None:
@@ -88,20 +92,40 @@ class _FileLock(BaseJournalFileLock):
         self._held = threading.local()
 
     def acquire(self) -> bool:
-        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._held.fd = fd
-        return True
+        deadline, delay = time.monotonic() + LOCK_GRACE_S, 0.001
+        while True:
+            fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                if time.monotonic() > deadline:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self._path)
+                    deadline = time.monotonic() + LOCK_GRACE_S
+                time.sleep(delay)
+                delay = min(2 * delay, 0.05)
+                continue
+            except BaseException:
+                os.close(fd)
+                raise
+            if _same_file(self._path, fd):
+                self._held.fd = fd
+                return True
+            os.close(fd)  # the file was replaced while this tuner waited: lock the new one
 
     def release(self) -> None:
         fd = self._held.fd
         self._held.fd = None
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def _same_file(path: str, fd: int) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def _rdb(url: str) -> BaseStorage:

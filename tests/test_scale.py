@@ -15,6 +15,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotune import storage as storage_module
 from autotune.storage import open_storage
 from autotune.tuner import load_study
 
@@ -88,6 +89,26 @@ def test_a_tuner_killed_while_writing_the_journal_does_not_stall_the_others(tmp_
     optuna.create_study(study_name="after", storage=open_storage(None, tmp_path))
     assert time.monotonic() - start < 5
     assert optuna.load_study(study_name="after", storage=open_storage(None, tmp_path))
+
+
+def test_a_frozen_lock_holder_is_bypassed_after_the_grace_period(tmp_path, monkeypatch) -> None:
+    """A tuner stopped while holding the journal's lock (SIGSTOP, a lost node) does not stall
+    the others for more than the grace period."""
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from autotune.storage import open_storage\n"
+        "open_storage(None, Path(sys.argv[1]))._storage._backend._lock.acquire()\n"
+        "print('held', flush=True); time.sleep(120)"), str(tmp_path)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setattr(storage_module, "LOCK_GRACE_S", 1.0)
+        start = time.monotonic()
+        optuna.create_study(study_name="after", storage=open_storage(None, tmp_path))
+        assert 1.0 <= time.monotonic() - start < 10
+        assert holder.poll() is None  # its lock was never taken from it, only bypassed
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 @pytest.mark.slow
