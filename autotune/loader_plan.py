@@ -56,8 +56,9 @@ def measure_loader_rates(workload: Workload, micro_batch_size: int,
     collate = workload.hook("collate_fn")
     rates = []
     for workers, prefetch in settings:
+        # Not persistent: the workers must end with the probe, not live on in the tuner.
         config = TrainConfig(micro_batch_size=micro_batch_size, num_workers=workers,
-                             prefetch_factor=prefetch, persistent_workers=workers > 0)
+                             prefetch_factor=prefetch)
         batches = _forever(make_loader(dataset, config, torch.device("cpu"), collate))
         next(batches)  # worker start-up is paid once per run, not per batch
         count, start = 0, time.perf_counter()
