@@ -443,8 +443,10 @@ class Tuner:
             config = self.baseline
         else:
             config = self.space.suggest(trial)
+        # What the shortcuts learn from: the study read once for this trial.
+        measured = self._measured() if role != "baseline" else []
         if self.plans_loader and role != "baseline":
-            config = self._plan_loader(trial, config)
+            config = self._plan_loader(trial, config, measured)
         key = config_key(config)
         previous = self._previous(key)
         trial.set_user_attr("config", config.to_dict())
@@ -464,7 +466,7 @@ class Tuner:
             self.view.trial_finished(self.study.trials[trial.number])
             return False
         searching = role != "baseline" and not self.options.plain_tpe
-        memory = self._memory_model() if searching else None
+        memory = MemoryModel(measured) if searching else None
         verdict = memory.verdict(config.to_dict(), self.memory_limit()) if memory else None
         if verdict is not None:
             trial.set_user_attr("status", "oom_predicted")
@@ -477,7 +479,7 @@ class Tuner:
         predicted = memory.predict(config.to_dict()) if memory else None
         if predicted is not None:
             trial.set_user_attr("predicted_peak_bytes", predicted)
-        screen_below = self._screen_below() if searching else None
+        screen_below = _screen_below(measured) if searching else None
         self.view.trial_started(trial.number, config, role, str(device))
         remaining = max(1.0, deadline - time.monotonic()) if math.isfinite(deadline) else None
         limit = min(self.options.trial_time_limit_s, remaining or math.inf)
@@ -514,12 +516,10 @@ class Tuner:
         return [{**t.user_attrs, "number": t.number} for t in self.study.get_trials(
             deepcopy=False, states=(TrialState.COMPLETE,)) if "duplicate_of" not in t.user_attrs]
 
-    def _memory_model(self) -> MemoryModel:
-        return MemoryModel(self._measured())
-
-    def _plan_loader(self, trial: Trial, config: TrainConfig) -> TrainConfig:
+    def _plan_loader(self, trial: Trial, config: TrainConfig,
+                     measured: list[dict[str, Any]]) -> TrainConfig:
         """The cheapest DataLoader setting that feeds the fastest model measured so far."""
-        consumption = max((rate for t in self._measured() if t.get("status") == "ok"
+        consumption = max((rate for t in measured if t.get("status") == "ok"
                            and (rate := consumption_rate(t))), default=0.0)
         chosen = choose_loader(self.loader_rates, consumption,
                                workers_share_cores=self.device.type == "cpu")
@@ -528,13 +528,6 @@ class Tuner:
         trial.set_user_attr("loader_plan", {**chosen.to_dict(),
                                             "consumption_samples_per_sec": consumption})
         return apply_loader(config, chosen)
-
-    def _screen_below(self) -> float | None:
-        """The screening threshold: a share of the best-scoring full measurement's rate."""
-        full = [t for t in self._measured() if t.get("status") == "ok" and t.get("score")]
-        if not full:
-            return None
-        return SCREEN_FRACTION * max(full, key=lambda t: t["score"])["samples_per_sec"]
 
     def _measure(self, config: TrainConfig, name: str, limit: float,
                  trace: Path | None = None, device: Any = None,
@@ -717,6 +710,14 @@ def _devices(opts: TuneOptions) -> list[Any]:
         raise ConfigError(f"--devices must be distinct devices of one kind, got "
                           f"{', '.join(opts.devices)}")
     return devices
+
+
+def _screen_below(measured: list[dict[str, Any]]) -> float | None:
+    """The screening threshold: a share of the best-scoring full measurement's rate."""
+    full = [t for t in measured if t.get("status") == "ok" and t.get("score")]
+    if not full:
+        return None
+    return SCREEN_FRACTION * max(full, key=lambda t: t["score"])["samples_per_sec"]
 
 
 def stall_fraction(metrics: dict[str, Any], device_type: str) -> float:

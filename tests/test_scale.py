@@ -75,14 +75,20 @@ def check_accounted(study: optuna.Study, budget: int, lost: int) -> None:
     assert study.user_attrs["confirmation"]["winner"] is not None
 
 
-def test_a_tuner_killed_while_writing_the_journal_does_not_stall_the_others(tmp_path) -> None:
-    """The journal's lock dies with its holder: no 30 s wait, no lock broken by two tuners."""
+def hold_journal_lock(studies: Path) -> subprocess.Popen:
+    """Another process holding the study journal's write lock (returns once it does)."""
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sys, time; from pathlib import Path; from autotune.storage import open_storage\n"
         "open_storage(None, Path(sys.argv[1]))._storage._backend._lock.acquire()\n"
-        "print('held', flush=True); time.sleep(120)"), str(tmp_path)],
+        "print('held', flush=True); time.sleep(120)"), str(studies)],
         cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_tuner_killed_while_writing_the_journal_does_not_stall_the_others(tmp_path) -> None:
+    """The journal's lock dies with its holder: no 30 s wait, no lock broken by two tuners."""
+    holder = hold_journal_lock(tmp_path)
     holder.kill()
     holder.wait()
     start = time.monotonic()
@@ -94,13 +100,8 @@ def test_a_tuner_killed_while_writing_the_journal_does_not_stall_the_others(tmp_
 def test_a_frozen_lock_holder_is_bypassed_after_the_grace_period(tmp_path, monkeypatch) -> None:
     """A tuner stopped while holding the journal's lock (SIGSTOP, a lost node) does not stall
     the others for more than the grace period."""
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from autotune.storage import open_storage\n"
-        "open_storage(None, Path(sys.argv[1]))._storage._backend._lock.acquire()\n"
-        "print('held', flush=True); time.sleep(120)"), str(tmp_path)],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    holder = hold_journal_lock(tmp_path)
     try:
-        assert holder.stdout.readline().strip() == "held"
         monkeypatch.setattr(storage_module, "LOCK_GRACE_S", 1.0)
         start = time.monotonic()
         optuna.create_study(study_name="after", storage=open_storage(None, tmp_path))
