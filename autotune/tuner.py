@@ -65,6 +65,10 @@ MEMORY_CONSTRAINT = "fits"
 # the space is exhausted.
 MAX_UNMEASURED_IN_A_ROW = 50
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL)
+# Attributes about a trial rather than its configuration's outcome: a repeat does not copy
+# them (a repeat of a re-run is not itself a re-run).
+TRIAL_BOOKKEEPING = ("config", "role", "owner", "heartbeat", "heartbeat_s", "requeued_from",
+                     "retry", "loader_plan")
 RAN_A_PROCESS = ("ok", "screened", "oom", "over_memory", "unsupported", "error", "crash",
                  "timeout")
 # Multi-fidelity: a trial whose screening rate is below this share of the best full
@@ -458,7 +462,7 @@ class Tuner:
             return False
         if previous is not None:
             for name, value in previous.user_attrs.items():
-                if name not in ("config", "role", "owner"):
+                if name not in TRIAL_BOOKKEEPING:
                     trial.set_user_attr(name, value)
             trial.set_user_attr("duplicate_of", previous.number)
             trial.set_constraint(MEMORY_CONSTRAINT, previous.user_attrs["constraint"])

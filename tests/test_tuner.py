@@ -13,6 +13,7 @@ import optuna
 import pytest
 
 from autotune.config import TrainConfig
+from autotune.storage import open_storage
 from autotune.tuner import load_study, stall_fraction, validate_study_name
 
 from .conftest import FAST, ROOT, run_cli
@@ -198,3 +199,18 @@ def test_stall_fraction() -> None:
     cpu = {"step_time_median_s": 0.1, "host_sync_s_per_step": 0.01, "data_wait_fraction": 0.2}
     assert stall_fraction(cpu, "cpu") == pytest.approx(0.3)
     assert stall_fraction({**cpu, "device_idle_fraction": 0.05}, "cuda") == 0.05
+
+
+def test_a_repeat_of_a_rerun_is_not_itself_a_rerun(tmp_path) -> None:
+    """A repeat copies its configuration's outcome, not the bookkeeping of the trial it
+    repeats: re-run and retry counts stay true."""
+    storage = open_storage(None, tmp_path / "mlp")
+    study = optuna.create_study(study_name="mlp", storage=storage, direction="maximize")
+    study.enqueue_trial({}, user_attrs={"role": "baseline", "requeued_from": 5, "retry": 1})
+    assert run_study(tmp_path, "--trials", "1", "--confirm-repeats", "0").returncode == 0
+    study.enqueue_trial({}, user_attrs={"role": "baseline"})
+    assert run_study(tmp_path, "--trials", "2", "--confirm-repeats", "0").returncode == 0
+    repeat = next(t for t in trials_of(tmp_path) if t.user_attrs.get("duplicate_of") == 0)
+    assert "requeued_from" not in repeat.user_attrs and "retry" not in repeat.user_attrs
+    assert repeat.user_attrs["samples_per_sec"] == trials_of(tmp_path)[0].user_attrs[
+        "samples_per_sec"]
