@@ -26,6 +26,8 @@ from rich.table import Table
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from autotune.training import NEXT_BATCH
+
 # Each profiled step is a range named as torch.profiler's own schedule names them, so
 # TensorBoard's profiler plugin splits its overview by step.
 STEP_MARKER = "ProfilerStep#"
@@ -44,7 +46,8 @@ HOST_SYNC_NAMES: tuple[str, ...] = (
 _SCALAR_READS = frozenset({"aten::item", "aten::_local_scalar_dense"})
 _CUDA_WAITS = frozenset(HOST_SYNC_NAMES) - _SCALAR_READS
 # Ranges whose scalar reads belong to the loader or the optimizer, not to the model's code.
-_OUTSIDE_MODEL_CODE = ("enumerate(DataLoader)", "Optimizer.step#", "Optimizer.zero_grad#")
+_OUTSIDE_MODEL_CODE = ("enumerate(DataLoader)", NEXT_BATCH, "Optimizer.step#",
+                       "Optimizer.zero_grad#")
 
 # Kineto activity types that occupy the device; user annotations and sync markers only
 # span work (or waits) and would hide idle gaps.
@@ -54,7 +57,7 @@ _US = 1e-6
 
 # Python stack events (with_stack=True) are named `file(first line): function`.
 PYTHON_FUNCTION = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<func>.+)$")
-_NOT_OPERATORS = (_STEP_EVENT, "<built-in", "nn.Module:")
+_NOT_OPERATORS = (_STEP_EVENT, "<built-in", "nn.Module:", NEXT_BATCH)
 
 # The columns of torch.profiler's memory timeline, in its order (torch.profiler._memory_profiler).
 MEMORY_CATEGORIES = ("parameter", "optimizer_state", "input", "temporary", "activation",

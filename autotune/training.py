@@ -28,6 +28,10 @@ from autotune.config import ConfigError, TrainConfig
 from autotune.hardware import describe, unsupported_reason
 from autotune.workload import ContractError, Workload, call_model, check_loss, loss_from_output
 
+# The profiler range around fetching a micro-batch: what happens there (a new epoch's sampler
+# seed read with .item(), say) is data loading, not the model's work.
+NEXT_BATCH = "autotune.next_batch"
+
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -81,7 +85,8 @@ class TrainingSetup:
         data_wait = 0.0
         for _ in range(accum):
             start = time.perf_counter()
-            batch = next(batches)
+            with torch.profiler.record_function(NEXT_BATCH):
+                batch = next(batches)
             data_wait += time.perf_counter() - start
             batch = move_to_device(batch, self.device, non_blocking)
             with self.autocast():

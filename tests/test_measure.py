@@ -77,3 +77,10 @@ def test_workers_hide_a_slow_loader() -> None:
 
     assert wait_per_sample(workers) < 0.8 * wait_per_sample(inline)
     assert workers["samples_per_sec"] > 1.3 * inline["samples_per_sec"]
+
+
+def test_a_new_epochs_sampler_seed_is_not_a_host_sync_of_the_model() -> None:
+    """With the whole dataset in one micro-batch every step starts an epoch, whose sampler
+    reads its seed with .item(): data loading, not a sync in the user's step."""
+    m = measure(0.0, TrainConfig(micro_batch_size=1024))
+    assert m["host_syncs_per_step"] == 0
