@@ -158,8 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "compile wins only when S steps pay for it (the summary prints the "
                           "break-even step count)")
     run.add_argument("--plain-tpe", action="store_true",
-                     help="search every knob with plain TPE: no memory model, no DataLoader "
-                          "plan, no screening (for comparison; slower to the optimum)")
+                     help="search every knob with plain TPE: no fast corner first, no "
+                          "memory model, no DataLoader plan, no screening (for comparison; "
+                          "slower to the optimum)")
     run.add_argument("--storage-retry-seconds", type=float, default=DEFAULT_RETRY_S,
                      metavar="SECONDS",
                      help="keep retrying (with back-off) this long while the storage is "

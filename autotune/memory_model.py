@@ -104,6 +104,24 @@ class MemoryModel:
         return None
 
 
+def training_state_bytes(model: Any) -> int:
+    """What training the model costs before any activation: fp32 weights, their gradients and
+    AdamW's two moments."""
+    return 4 * sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def largest_fitting_micro(micros: Iterable[int], peak_bytes: float, micro: int,
+                          state_bytes: int, limit_bytes: int) -> int:
+    """From one measured peak at `micro`: the largest of `micros` predicted to fit, taking all
+    but the training state to grow in proportion to the micro-batch (the smallest when none
+    fits). Pessimistic on purpose, since the runtime's own memory is counted as growing: a first
+    guess should fit."""
+    per_sample = max(peak_bytes - state_bytes, 0.0) / micro
+    sizes = list(micros)
+    return max((m for m in sizes if state_bytes + per_sample * m <= limit_bytes),
+               default=min(sizes))
+
+
 def _fit(by_micro: Mapping[int, list[float]]) -> MemoryFit | None:
     """Least squares over the median peak of each micro-batch."""
     if len(by_micro) < 2:

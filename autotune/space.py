@@ -56,6 +56,11 @@ class SpaceError(ConfigError):
 DEFAULT_MAX_GRAD_ACCUM = 16
 # Knobs whose order matters to memory and speed: suggested as log-scale integers.
 ORDINAL = ("micro_batch_size",)
+# Per knob, its values from usually fastest on, when memory allows: half-precision tensor-core
+# math, no recomputation, one fused optimizer kernel. The expert's first guess (`fast_corner`).
+FAST_FIRST: dict[str, tuple] = {"precision": ("bf16", "fp16", "tf32"),
+                                "activation_checkpointing": ("none", "selective"),
+                                "optimizer_impl": ("fused", "foreach")}
 
 
 class _Outside(Exception):
@@ -127,6 +132,25 @@ class SearchSpace:
         # Replaying the walk also checks what is not a parameter: single-valued knobs, the
         # derived grad_accum_steps, the DataLoader knobs that num_workers == 0 switches off.
         return params if rebuilt == config else None
+
+    def fast_corner(self, micro: int) -> TrainConfig:
+        """The configuration an expert tries first, at micro-batch `micro`: each knob of
+        FAST_FIRST at its first offered value, the others at the baseline's (else their first
+        value); in free-batch mode the accumulation nearest the baseline's effective batch."""
+        base = self.baseline
+
+        def categorical(knob: str, choices: Sequence[Any]) -> Any:
+            if knob == "micro_batch_size":
+                return micro
+            preferred = [v for v in FAST_FIRST.get(knob, ()) if v in choices]
+            own = getattr(base, knob)
+            return preferred[0] if preferred else own if own in choices else choices[0]
+
+        def integer(knob: str, low: int, high: int) -> int:
+            target = round(base.micro_batch_size * base.grad_accum_steps / micro)
+            return min(max(target, low), high)
+
+        return self._assemble(categorical, integer)
 
     def contains(self, config: TrainConfig) -> bool:
         return self.params_for(config) is not None

@@ -11,10 +11,12 @@ and configurations the model or device cannot run are COMPLETE trials with score
 violated constraint, so TPE learns where the wall is; a trial that crashed, raised or timed
 out is FAIL, and its configuration is not tried again.
 
-The search spends few trials (unless `--plain-tpe`): a configuration the memory model says
-cannot fit is not run (`memory_model`); DataLoader settings are decided from the loader's own
-rate, not searched (`loader_plan`); and a trial whose short screening window is well below the
-best so far stops there (`measure`).
+The search spends few trials (unless `--plain-tpe`): right after the baseline it measures the
+fast corner (`SearchSpace.fast_corner`: bf16, no checkpointing, fused AdamW at the largest
+micro-batch, one size smaller after each that does not fit) so that TPE starts from a strong
+configuration; a configuration the memory model says cannot fit is not run (`memory_model`);
+DataLoader settings are decided from the loader's own rate, not searched (`loader_plan`); and a
+trial whose short screening window is well below the best so far stops there (`measure`).
 """
 
 from __future__ import annotations
@@ -50,7 +52,12 @@ from autotune.loader_plan import (
     measure_loader_rates,
 )
 from autotune.measure import MeasureSettings, time_to_train_s
-from autotune.memory_model import MemoryModel, prediction_errors
+from autotune.memory_model import (
+    MemoryModel,
+    largest_fitting_micro,
+    prediction_errors,
+    training_state_bytes,
+)
 from autotune.records import compile_rows, trial_records
 from autotune.space import DEFAULT_MAX_GRAD_ACCUM, build_space
 from autotune.storage import DEFAULT_RETRY_S, JOURNAL_FILE, Heartbeat, open_storage
@@ -71,6 +78,8 @@ TRIAL_BOOKKEEPING = ("config", "role", "owner", "heartbeat", "heartbeat_s", "req
                      "retry", "loader_plan")
 RAN_A_PROCESS = ("ok", "screened", "oom", "over_memory", "unsupported", "error", "crash",
                  "timeout")
+# Outcomes that send the fast corner down to the next smaller micro-batch.
+TOO_BIG = ("oom", "over_memory", "oom_predicted")
 # Multi-fidelity: a trial whose screening rate is below this share of the best full
 # measurement so far stops after its screening window.
 SCREEN_FRACTION = 0.75
@@ -119,6 +128,7 @@ class TuneOptions:
     storage_retry_s: float = DEFAULT_RETRY_S
     train_steps: int | None = None
     plain_tpe: bool = False
+    fast_corner_first: bool = True
 
 
 class StudyView(Protocol):
@@ -198,7 +208,8 @@ class Tuner:
         self.capacity_bytes = opts.memory_limit_bytes or info.total_memory_bytes
         name = validate_study_name(opts.study or workload.name)
         self.directory = study_dir(opts.studies_dir, name)
-        self._check_memory_limit(workload)
+        self.state_bytes = training_state_bytes(workload.build_model())
+        self._check_memory_limit()
         self._new_folder = opts.storage is None and not (self.directory / JOURNAL_FILE).exists()
         storage = open_storage(opts.storage, self.directory, retry_s=opts.storage_retry_s)
         sampler = optuna.samplers.TPESampler(
@@ -212,19 +223,15 @@ class Tuner:
 
     # -- preparation -----------------------------------------------------------------------
 
-    def _check_memory_limit(self, workload: Any) -> None:
+    def _check_memory_limit(self) -> None:
         """A limit below the model's own training state (fp32 weights, gradients and AdamW's
         two moments) cannot fit any configuration: say so before making a study."""
         limit = self.options.memory_limit_bytes
-        if not limit:
-            return
-        model = workload.build_model()
-        state = 4 * sum(p.numel() * p.element_size() for p in model.parameters())
-        if state > limit:
+        if limit and self.state_bytes > limit:
             raise ConfigError(
                 f"--memory-limit {limit / 2**20:.0f} MiB is below what the model alone needs "
-                f"to train: {state / 2**20:.0f} MiB for its weights, gradients and AdamW's two "
-                "moments")
+                f"to train: {self.state_bytes / 2**20:.0f} MiB for its weights, gradients and "
+                "AdamW's two moments")
 
     def discard_if_new(self) -> None:
         """Remove a study this run created and that holds only a rejected first trial, so that
@@ -403,6 +410,9 @@ class Tuner:
                 if budget is not None and self.measured_trials() + self._running() >= budget:
                     trial = None  # the rest of the budget is running: wait for its outcome
                 else:
+                    corner = self._next_corner()
+                    if corner is not None:
+                        self.study.enqueue_trial(corner, user_attrs={"role": "fast-corner"})
                     trial = self.study.ask()
                     trial.set_user_attr("owner", self.owner)
                     trial.set_user_attr("heartbeat_s", self.options.heartbeat_s)
@@ -419,6 +429,37 @@ class Tuner:
                 self.view.note("every configuration the sampler proposes was already measured "
                                "or failed before: the space is exhausted")
                 return
+
+    def _next_corner(self) -> dict[str, Any] | None:
+        """The parameters of the next fast-corner trial, or None: before the baseline has run,
+        once a corner ran within memory (or failed, or is under way), or with no smaller
+        micro-batch left. The first corner takes the largest micro-batch the baseline's peak
+        says fits; each that does not fit sends the next one size down."""
+        if self.options.plain_tpe or not self.options.fast_corner_first:
+            return None
+        micros = self.space.domains["micro_batch_size"]
+        cap, tried = max(micros), []
+        for t in self.study.get_trials(deepcopy=False):
+            role, status = t.user_attrs.get("role"), t.user_attrs.get("status")
+            if role == "baseline":
+                if t.state in (TrialState.WAITING, TrialState.RUNNING):
+                    return None
+                own = t.user_attrs.get("config", {}).get("micro_batch_size", cap)
+                peak, limit = t.user_attrs.get("peak_memory_bytes"), self.memory_limit()
+                if peak and limit and status in ("ok", "screened", "over_memory"):
+                    cap = largest_fitting_micro(micros, peak, own, self.state_bytes, limit)
+                elif status == "oom":
+                    cap = max((m for m in micros if m < own), default=min(micros))
+            if role != "fast-corner":
+                continue
+            if t.state in (TrialState.WAITING, TrialState.RUNNING) or (
+                    status not in TOO_BIG and (status in RAN_A_PROCESS or t.state ==
+                                               TrialState.COMPLETE)):
+                return None
+            if "config" in t.user_attrs:
+                tried.append(t.user_attrs["config"]["micro_batch_size"])
+        smaller = [m for m in micros if m <= cap and m < min(tried, default=math.inf)]
+        return self.space.params_for(self.space.fast_corner(max(smaller))) if smaller else None
 
     def _running(self) -> int:
         return len(self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))

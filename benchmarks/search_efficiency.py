@@ -20,10 +20,11 @@
    until the configuration it would pick is within 97% of the optimum, median OOM trials.
 
 The memory limit is applied to the grid's measured peaks (a run above it is `over_memory`, as
-the tuner classifies it) and set so that part of the space does not fit (MEMORY_LIMIT_MIB).
+the tuner classifies it) and set per bench so that part of the space does not fit.
 Prints figures, writes benchmarks/results/<name>.json and .md; asserts nothing.
 
-    python benchmarks/search_efficiency.py --seeds 5
+    python benchmarks/search_efficiency.py --seeds 10               # mlp
+    python benchmarks/search_efficiency.py --bench rgat --seeds 10  # tiny rgat
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,19 +54,44 @@ from autotune.measure import MeasureSettings  # noqa: E402
 from autotune.tuner import RAN_A_PROCESS, TuneOptions, Tuner, config_key  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-MODEL = "models/mlp.py"
-MODEL_ARGS = {"feature_dim": 256, "hidden": 512, "layers": 4, "num_samples": 16384}
-SPACE = {"micro_batch_size": [128, 256, 512, 1024], "precision": ["fp32", "bf16"],
-         "activation_checkpointing": ["none", "full"], "optimizer_impl": ["for_loop", "fused"],
-         "num_workers": [0, 2], "prefetch_factor": [2], "persistent_workers": [True],
-         "pin_memory": [False], "compile_mode": ["none"]}
 SETTINGS = MeasureSettings(window_steps=3, window_seconds=0.5, warmup_max_seconds=4,
                            profile_steps=1)
-# The process's peak RSS on this grid is about 0.37 GiB with loader workers and 0.74-0.85 GiB
-# with in-process loading, highest at the small micro-batches (more accumulation steps). The
-# limit sits between those plateaus: part of the in-process configurations do not fit.
-MEMORY_LIMIT_MIB = 775
 TARGET = 0.97
+
+
+@dataclass(frozen=True)
+class Bench:
+    """A CPU-sized space on one tiny reference model, and the memory limit applied to it."""
+
+    model: str
+    model_args: dict[str, Any]
+    space: dict[str, list[Any]]
+    global_batch: int
+    memory_limit_mib: int
+
+
+BENCHES = {
+    # The process's peak RSS is about 0.37 GiB with loader workers and 0.74-0.85 GiB with
+    # in-process loading, highest at the small micro-batches (more accumulation steps). The
+    # limit sits between those plateaus: part of the in-process configurations do not fit.
+    "mlp": Bench("models/mlp.py",
+                 {"feature_dim": 256, "hidden": 512, "layers": 4, "num_samples": 16384},
+                 {"micro_batch_size": [128, 256, 512, 1024], "precision": ["fp32", "bf16"],
+                  "activation_checkpointing": ["none", "full"],
+                  "optimizer_impl": ["for_loop", "fused"], "num_workers": [0, 2],
+                  "prefetch_factor": [2], "persistent_workers": [True], "pin_memory": [False],
+                  "compile_mode": ["none"]}, 1024, 775),
+    # The README's tiny rgat: graph batches, where bf16 does not pay. Peaks are 0.36-0.99 GiB,
+    # the highest at micro-batch 4 with checkpointing; 16 of the 64 do not fit 600 MiB.
+    "rgat": Bench("models/rgat.py",
+                  {"hidden": 32, "graph_layers": 2, "max_nodes": 8, "max_text_len": 4,
+                   "vocab_size": 256},
+                  {"micro_batch_size": [4, 8, 16, 32], "precision": ["fp32", "bf16"],
+                   "activation_checkpointing": ["none", "full"],
+                   "optimizer_impl": ["for_loop", "fused"], "num_workers": [0, 1],
+                   "prefetch_factor": [2], "persistent_workers": [True], "pin_memory": [False],
+                   "compile_mode": ["none"]}, 32, 600),
+}
 
 
 class QuietView:
@@ -74,20 +101,21 @@ class QuietView:
     def note(self, *args: Any) -> None: ...
 
 
-def options(studies: str, space_file: str, trials: int, seed: int, limit: int | None,
-            plain: bool = False) -> TuneOptions:
-    return TuneOptions(model_path=str(ROOT / MODEL), model_args=MODEL_ARGS, device="cpu",
-                       studies_dir=studies, trials=trials, seed=seed, settings=SETTINGS,
-                       space_file=space_file, global_batch=1024, memory_limit_bytes=limit,
+def options(bench: Bench, studies: str, space_file: str, trials: int, seed: int,
+            limit: int | None, plain: bool = False, corner: bool = True) -> TuneOptions:
+    return TuneOptions(model_path=str(ROOT / bench.model), model_args=bench.model_args,
+                       device="cpu", studies_dir=studies, trials=trials, seed=seed,
+                       settings=SETTINGS, space_file=space_file,
+                       global_batch=bench.global_batch, memory_limit_bytes=limit,
                        memory_headroom=0.0, stall_penalty=0.0, confirm_repeats=0,
-                       plain_tpe=plain)
+                       plain_tpe=plain, fast_corner_first=corner)
 
 
 # -- the grid ---------------------------------------------------------------------------------
 
-def measure_grid(space_file: str, repeats: int) -> dict[str, Any]:
+def measure_grid(bench: Bench, space_file: str, repeats: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as studies:
-        tuner = Tuner(options(studies, space_file, 1, 0, None), QuietView())
+        tuner = Tuner(options(bench, studies, space_file, 1, 0, None), QuietView())
         configs = tuner.space.grid()
         loader = measure_loader_rates(tuner.workload, tuner.baseline.micro_batch_size,
                                       tuner.loader_settings)
@@ -97,8 +125,8 @@ def measure_grid(space_file: str, repeats: int) -> dict[str, Any]:
     for repeat in range(repeats):  # passes, so that drift spreads over every configuration
         for index, config in enumerate(configs):
             result = run_isolated(TrialRequest(
-                model_path=str(ROOT / MODEL), config=config.to_dict(), device="cpu",
-                model_args=MODEL_ARGS, settings=vars(SETTINGS)), 600)
+                model_path=str(ROOT / bench.model), config=config.to_dict(), device="cpu",
+                model_args=bench.model_args, settings=vars(SETTINGS)), 600)
             runs[config_key(config)]["runs"].append(
                 {"status": result.status, "wall_s": result.wall_s, "metrics": {
                     k: v for k, v in result.metrics.items()
@@ -106,7 +134,7 @@ def measure_grid(space_file: str, repeats: int) -> dict[str, Any]:
             print(f"grid pass {repeat + 1}/{repeats}, {index + 1}/{len(configs)}: "
                   f"{result.status} {result.metrics.get('samples_per_sec', 0):,.0f}/s "
                   f"({time.monotonic() - started:.0f} s)", flush=True)
-    return {"model": MODEL, "model_args": MODEL_ARGS, "space": SPACE,
+    return {"model": bench.model, "model_args": bench.model_args, "space": bench.space,
             "settings": vars(SETTINGS), "loader_rates": [r.to_dict() for r in loader],
             "configs": list(runs.values())}
 
@@ -167,14 +195,15 @@ class ReplayTuner(Tuner):
         return self.replay.run(config, screen_below)
 
 
-def run_tuner(grid: dict[str, Any], space_file: str, seed: int, budget: int, limit: int,
-              plain: bool) -> list[tuple[str, float, str, str | None]]:
+def run_tuner(bench: Bench, grid: dict[str, Any], space_file: str, seed: int, budget: int,
+              limit: int, plain: bool = False, corner: bool = True
+              ) -> list[tuple[str, float, str, str | None]]:
     """(config key, wall s, status, key the tuner would pick now) per trial it ran."""
     replay = Replay(grid, seed, limit)
     loader = [LoaderRate(**r) for r in grid["loader_rates"]]
     with tempfile.TemporaryDirectory() as studies:
-        tuner = ReplayTuner(options(studies, space_file, budget, seed, limit, plain), replay,
-                            loader)
+        tuner = ReplayTuner(options(bench, studies, space_file, budget, seed, limit, plain,
+                                    corner), replay, loader)
         tuner.run()
         trials = tuner.study.get_trials(deepcopy=False)
     steps, best, best_score = [], None, -math.inf
@@ -188,12 +217,13 @@ def run_tuner(grid: dict[str, Any], space_file: str, seed: int, budget: int, lim
     return steps
 
 
-def run_largest_fit(grid: dict[str, Any], baseline: dict[str, Any], seed: int,
+def run_largest_fit(bench: Bench, grid: dict[str, Any], baseline: dict[str, Any], seed: int,
                     limit: int) -> list[tuple[str, float, str, str | None]]:
     replay = Replay(grid, seed, limit)
     steps, best = [], None
-    for micro in SPACE["micro_batch_size"]:
-        config = {**baseline, "micro_batch_size": micro, "grad_accum_steps": 1024 // micro}
+    for micro in bench.space["micro_batch_size"]:
+        config = {**baseline, "micro_batch_size": micro,
+                  "grad_accum_steps": bench.global_batch // micro}
         replay.run(config)
         key, wall, status = replay.spent[-1]
         if status == "ok":
@@ -204,15 +234,16 @@ def run_largest_fit(grid: dict[str, Any], baseline: dict[str, Any], seed: int,
     return steps
 
 
-def run_memory_sweep(grid: dict[str, Any], baseline: dict[str, Any], seed: int,
+def run_memory_sweep(bench: Bench, grid: dict[str, Any], baseline: dict[str, Any], seed: int,
                      limit: int) -> list[tuple[str, float, str, str | None]]:
     replay = Replay(grid, seed, limit)
-    micros = SPACE["micro_batch_size"]
+    micros = bench.space["micro_batch_size"]
     steps, best, best_rate, peaks = [], None, -math.inf, {}
 
     def measure(micro: int) -> None:
         nonlocal best, best_rate
-        config = {**baseline, "micro_batch_size": micro, "grad_accum_steps": 1024 // micro}
+        config = {**baseline, "micro_batch_size": micro,
+                  "grad_accum_steps": bench.global_batch // micro}
         result = replay.run(config)
         key, wall, status = replay.spent[-1]
         peaks[micro] = result.metrics.get("peak_memory_bytes")
@@ -258,8 +289,8 @@ def _finite(value: float) -> float | None:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = [f"Space: {result['grid_size']} configurations of `{MODEL}` "
-             f"{json.dumps(MODEL_ARGS)} on CPU; memory limit "
+    lines = [f"Space: {result['grid_size']} configurations of `{result['model']}` "
+             f"{json.dumps(result['model_args'])} on CPU; memory limit "
              f"{result['memory_limit_bytes'] / 2**20:,.0f} MiB ({result['fitting']} fit); "
              f"optimum {result['optimum_samples_per_sec']:,.0f} samples/s; budget "
              f"{result['budget']} trials; {result['seeds']} seeds; medians over seeds.", "",
@@ -281,47 +312,56 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bench", choices=sorted(BENCHES), default="mlp",
+                        help="which tiny reference model's space")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--budget", type=int, help="trials per search (default: grid / 4)")
     parser.add_argument("--repeats", type=int, default=2, help="grid runs per configuration")
     parser.add_argument("--grid", help="reuse a grid file written by an earlier run")
-    parser.add_argument("--memory-limit-mib", type=int, default=MEMORY_LIMIT_MIB)
-    parser.add_argument("--name", default="search_efficiency")
+    parser.add_argument("--memory-limit-mib", type=int,
+                        help="memory allowed (default: the bench's own limit)")
+    parser.add_argument("--name", help="output name (default: search_efficiency, with _rgat "
+                                       "for the rgat bench)")
     args = parser.parse_args()
+    bench = BENCHES[args.bench]
+    name = args.name or "search_efficiency" + ("" if args.bench == "mlp" else f"_{args.bench}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as handle:
-        yaml.safe_dump(SPACE, handle)
+        yaml.safe_dump(bench.space, handle)
         space_file = handle.name
-    grid_file = Path(args.grid) if args.grid else RESULTS / f"{args.name}_grid.json"
+    grid_file = Path(args.grid) if args.grid else RESULTS / f"{name}_grid.json"
     if args.grid:
         grid = json.loads(grid_file.read_text())
     else:
-        grid = measure_grid(space_file, args.repeats)
+        grid = measure_grid(bench, space_file, args.repeats)
         grid_file.write_text(json.dumps(grid, indent=1))
-    limit = args.memory_limit_mib * 2**20
+    limit = (args.memory_limit_mib or bench.memory_limit_mib) * 2**20
     truths = {config_key(c["config"]): truth(c, limit) for c in grid["configs"]}
     optimum = max(truths.values())
     budget = args.budget or len(truths) // 4
     with tempfile.TemporaryDirectory() as studies:
-        baseline = Tuner(options(studies, space_file, 1, 0, None), QuietView()).baseline
+        baseline = Tuner(options(bench, studies, space_file, 1, 0, None), QuietView()).baseline
     baseline = baseline.to_dict()
     strategies: dict[str, Callable[[int], list]] = {
-        "autotune": lambda s: run_tuner(grid, space_file, s, budget, limit, plain=False),
-        "plain TPE (ablation)": lambda s: run_tuner(grid, space_file, s, budget, limit,
+        "autotune": lambda s: run_tuner(bench, grid, space_file, s, budget, limit),
+        "autotune without the fast corner (ablation)":
+            lambda s: run_tuner(bench, grid, space_file, s, budget, limit, corner=False),
+        "plain TPE (ablation)": lambda s: run_tuner(bench, grid, space_file, s, budget, limit,
                                                     plain=True),
         "largest micro-batch that fits (Lightning, Accelerate)":
-            lambda s: run_largest_fit(grid, baseline, s, limit),
+            lambda s: run_largest_fit(bench, grid, baseline, s, limit),
         "micro-batch sweep around a memory estimate (DeepSpeed fast)":
-            lambda s: run_memory_sweep(grid, baseline, s, limit),
+            lambda s: run_memory_sweep(bench, grid, baseline, s, limit),
     }
     rows = {}
-    for name, strategy in strategies.items():
+    for label, strategy in strategies.items():
         runs = [strategy(seed) for seed in range(args.seeds)]
-        rows[name] = summarise(runs, optimum, truths)
-        print(f"{name}: {rows[name]}", flush=True)
+        rows[label] = summarise(runs, optimum, truths)
+        print(f"{label}: {rows[label]}", flush=True)
     grid_runs = [r for c in grid["configs"] for r in c["runs"]]
     result = {
-        "grid_size": len(truths), "budget": budget, "seeds": args.seeds,
+        "model": bench.model, "model_args": bench.model_args, "grid_size": len(truths),
+        "budget": budget, "seeds": args.seeds,
         "memory_limit_bytes": limit, "fitting": sum(1 for v in truths.values() if v > 0),
         "optimum_samples_per_sec": optimum,
         "optimum_config": next(c["config"] for c in grid["configs"]
@@ -329,9 +369,9 @@ def main() -> None:
         "grid_wall_s": sum(r["wall_s"] for r in grid_runs) / len(grid_runs) * len(truths),
         "grid_oom": sum(1 for v in truths.values() if v == 0),
         "strategies": rows}
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1))
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1))
     table = markdown(result)
-    (RESULTS / f"{args.name}.md").write_text(table)
+    (RESULTS / f"{name}.md").write_text(table)
     print(table)
 
 

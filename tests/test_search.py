@@ -12,7 +12,7 @@ import torch
 from autotune.config import TrainConfig
 from autotune.loader_plan import LoaderRate, choose_loader, feeds, measure_loader_rates
 from autotune.measure import MeasureSettings, measure_config, time_to_train_s
-from autotune.memory_model import MemoryModel, prediction_errors
+from autotune.memory_model import MemoryModel, largest_fitting_micro, prediction_errors
 from autotune.tuner import TuneOptions, Tuner, load_study
 from autotune.workload import load_workload
 
@@ -56,6 +56,14 @@ def test_memory_model_stops_at_an_out_of_memory_wall_once_memory_grows() -> None
     assert alone.verdict(trial(9, 64, "new")["config"], limit_bytes=None) is None
     falling = MemoryModel([trial(0, 8, "oom"), trial(1, 16, "ok", 320), trial(2, 32, "ok", 300)])
     assert falling.verdict(trial(9, 64, "new")["config"], limit_bytes=None) is None
+
+
+def test_one_measured_peak_bounds_the_first_micro_batch_tried() -> None:
+    # 100 MiB of training state; the other 200 MiB at micro-batch 8 grow with it.
+    def fits(limit_mib: int) -> int:
+        return largest_fitting_micro([4, 8, 16, 32, 64], 300 * MIB, 8, 100 * MIB,
+                                     limit_mib * MIB)
+    assert fits(900) == 32 and fits(2000) == 64 and fits(500) == 16 and fits(120) == 4
 
 
 def test_memory_model_reports_its_error() -> None:
@@ -134,6 +142,11 @@ def test_a_study_plans_the_loader_screens_and_optimizes_time_to_train(tmp_path) 
         plan = t.user_attrs.get("loader_plan")
         if plan:
             assert t.user_attrs["config"]["num_workers"] == plan["num_workers"]
+    # Right after the baseline: the fast corner at the largest micro-batch of the space.
+    assert [t.user_attrs.get("role") for t in trials[:2]] == ["baseline", "fast-corner"]
+    corner = trials[1].user_attrs["config"]
+    assert (corner["micro_batch_size"], corner["precision"], corner["activation_checkpointing"],
+            corner["optimizer_impl"]) == (256, "bf16", "none", "fused")
     assert "time for 300 steps" in summary_text(tmp_path)
 
 
@@ -150,7 +163,8 @@ def test_plain_tpe_searches_without_the_shortcuts(tmp_path) -> None:
     assert summary["loader_rates"] is None
     trials = load_study("mlp", tmp_path).get_trials(deepcopy=False)
     assert not any("loader_plan" in t.user_attrs or "predicted_peak_bytes" in t.user_attrs
-                   or t.user_attrs.get("status") == "screened" for t in trials)
+                   or t.user_attrs.get("status") == "screened"
+                   or t.user_attrs.get("role") == "fast-corner" for t in trials)
 
 
 def test_trials_compile_into_a_cache_under_the_study(tmp_path, write_model,
@@ -170,6 +184,39 @@ _record()
     result = tuner._measure(tuner.baseline, "trial-0", 120)
     assert result.status == "ok"
     assert seen.read_text() == str(tuner.directory / "inductor")
+
+
+def tell(tuner: Tuner, status: str, peak_mib: float | None = None) -> dict:
+    """Ask the study for its next trial and record an outcome for it, as a trial would."""
+    asked = tuner.study.ask()
+    config = tuner.space.suggest(asked)
+    asked.set_user_attr("config", config.to_dict())
+    asked.set_user_attr("status", status)
+    if peak_mib:
+        asked.set_user_attr("peak_memory_bytes", peak_mib * MIB)
+    tuner._tell_complete(asked, 100.0 if status == "ok" else 0.0, feasible=status == "ok")
+    return config.to_dict()
+
+
+def test_fast_corner_comes_after_the_baseline_and_steps_down_when_it_does_not_fit(
+        tmp_path) -> None:
+    tuner = Tuner(TuneOptions(
+        model_path=str(ROOT / "models" / "mlp.py"), device="cpu", studies_dir=str(tmp_path),
+        model_args={"feature_dim": 32, "hidden": 64, "layers": 2, "num_samples": 4096},
+        global_batch=1024, fixes={"compile_mode": "none"}, memory_limit_bytes=1000 * MIB,
+        memory_headroom=0.0), _Silent())
+    tuner.study.enqueue_trial(tuner.space.params_for(tuner.baseline),
+                              user_attrs={"role": "baseline"})
+    assert tuner._next_corner() is None  # the baseline's peak decides the first size
+    tell(tuner, "over_memory", peak_mib=1100)  # 1024 samples do not fit: 512 should
+    corners = []
+    for outcome in ("over_memory", "oom", "ok"):
+        tuner.study.enqueue_trial(tuner._next_corner(), user_attrs={"role": "fast-corner"})
+        corners.append(tell(tuner, outcome, peak_mib=1100 if outcome == "over_memory" else None))
+    assert [c["micro_batch_size"] for c in corners] == [512, 256, 128]
+    assert all((c["precision"], c["activation_checkpointing"], c["optimizer_impl"]) ==
+               ("bf16", "none", "fused") for c in corners)
+    assert tuner._next_corner() is None  # one fitted: the search goes on with TPE
 
 
 class _Silent:

@@ -448,3 +448,17 @@ def test_describe_is_json():
     assert summary["grad_accum_steps"]["8"] == [2, 8]
     assert summary["size"] == space.size()
     assert summary["baseline_in_space"] is True
+
+
+def test_fast_corner_takes_each_knobs_usually_fastest_value_the_device_offers():
+    cpu = build_space(BASELINE, CPU6, 1000).fast_corner(16)
+    assert (cpu.micro_batch_size, cpu.grad_accum_steps) == (16, 2)  # effective batch kept
+    assert (cpu.precision, cpu.activation_checkpointing, cpu.optimizer_impl) == \
+        ("bf16", "none", "fused")
+    assert (cpu.num_workers, cpu.compile_mode) == (BASELINE.num_workers, BASELINE.compile_mode)
+    old_gpu = build_space(BASELINE, V100, 1000).fast_corner(8)  # no bf16, no fused AdamW
+    assert (old_gpu.precision, old_gpu.optimizer_impl) == ("fp16", "foreach")
+    fixed = build_space(BASELINE, H100, 1000, fixes={"precision": "fp32"}).fast_corner(32)
+    assert fixed.precision == "fp32" and fixed.grad_accum_steps == 1
+    free = build_space(BASELINE, CPU6, 1000, free_batch=(16, 64)).fast_corner(4)
+    assert free.grad_accum_steps == 8  # the baseline's 32 samples per step, within range
