@@ -33,6 +33,7 @@ import time
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -53,6 +54,8 @@ from autotune.loader_plan import (
 )
 from autotune.measure import MeasureSettings, time_to_train_s
 from autotune.memory_model import (
+    MEASURED_PEAK,
+    RAN_OUT,
     MemoryModel,
     largest_fitting_micro,
     prediction_errors,
@@ -79,7 +82,7 @@ TRIAL_BOOKKEEPING = ("config", "role", "owner", "heartbeat", "heartbeat_s", "req
 RAN_A_PROCESS = ("ok", "screened", "oom", "over_memory", "unsupported", "error", "crash",
                  "timeout")
 # Outcomes that send the fast corner down to the next smaller micro-batch.
-TOO_BIG = ("oom", "over_memory", "oom_predicted")
+TOO_BIG = (*RAN_OUT, "oom_predicted")
 # Multi-fidelity: a trial whose screening rate is below this share of the best full
 # measurement so far stops after its screening window.
 SCREEN_FRACTION = 0.75
@@ -208,7 +211,6 @@ class Tuner:
         self.capacity_bytes = opts.memory_limit_bytes or info.total_memory_bytes
         name = validate_study_name(opts.study or workload.name)
         self.directory = study_dir(opts.studies_dir, name)
-        self.state_bytes = training_state_bytes(workload.build_model())
         self._check_memory_limit()
         self._new_folder = opts.storage is None and not (self.directory / JOURNAL_FILE).exists()
         storage = open_storage(opts.storage, self.directory, retry_s=opts.storage_retry_s)
@@ -222,6 +224,12 @@ class Tuner:
         self._recover_orphans()
 
     # -- preparation -----------------------------------------------------------------------
+
+    @cached_property
+    def state_bytes(self) -> int:
+        """The model's training state (built once, when a memory limit or the fast corner's
+        first micro-batch needs it)."""
+        return training_state_bytes(self.workload.build_model())
 
     def _check_memory_limit(self) -> None:
         """A limit below the model's own training state (fp32 weights, gradients and AdamW's
@@ -446,15 +454,15 @@ class Tuner:
                     return None
                 own = t.user_attrs.get("config", {}).get("micro_batch_size", cap)
                 peak, limit = t.user_attrs.get("peak_memory_bytes"), self.memory_limit()
-                if peak and limit and status in ("ok", "screened", "over_memory"):
+                if peak and limit and status in MEASURED_PEAK:
                     cap = largest_fitting_micro(micros, peak, own, self.state_bytes, limit)
                 elif status == "oom":
                     cap = max((m for m in micros if m < own), default=min(micros))
             if role != "fast-corner":
                 continue
-            if t.state in (TrialState.WAITING, TrialState.RUNNING) or (
-                    status not in TOO_BIG and (status in RAN_A_PROCESS or t.state ==
-                                               TrialState.COMPLETE)):
+            under_way = t.state in (TrialState.WAITING, TrialState.RUNNING)
+            settled = t.state == TrialState.COMPLETE or status in RAN_A_PROCESS
+            if under_way or (settled and status not in TOO_BIG):
                 return None
             if "config" in t.user_attrs:
                 tried.append(t.user_attrs["config"]["micro_batch_size"])
