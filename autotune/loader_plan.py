@@ -99,10 +99,9 @@ def apply_loader(config: TrainConfig, rate: LoaderRate) -> TrainConfig:
                           persistent_workers=rate.num_workers > 0)
 
 
-def consumption_rate(metrics: Mapping[str, Any]) -> float | None:
+def consumption_rate(samples_per_sec: float | None,
+                     data_wait_fraction: float | None) -> float | None:
     """Samples/sec the model alone would take: the measured rate without the data waits."""
-    rate = metrics.get("samples_per_sec")
-    if not rate:
+    if not samples_per_sec:
         return None
-    busy = 1.0 - min(0.95, metrics.get("data_wait_fraction") or 0.0)
-    return rate / busy
+    return samples_per_sec / (1.0 - min(0.95, data_wait_fraction or 0.0))

@@ -11,17 +11,11 @@
    that stops there (multi-fidelity: the full window only for promising ones).
 4. A short profiler window after (never inside) the timed one: syncs, device idle, top ops,
    and findings in words (`diagnosis`).
-
-`profile_config` is the deeper look of `autotune profile`: the same set-up and warm-up, then a
-profiler window with Python stacks and memory, the trace, the top tables and a memory timeline.
 """
 
 from __future__ import annotations
 
-import os
-import pickle
 import resource
-import socket
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -36,14 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from autotune.config import TrainConfig
 from autotune.diagnosis import Finding, SyncSite, diagnose, trace_host_syncs
 from autotune.hardware import DeviceInfo, describe, nvml_memory_used, peak_flops
-from autotune.profiling import (
-    OperatorStat,
-    ProfileSummary,
-    allocator_timeline,
-    memory_categories,
-    operator_tables,
-    profile_steps,
-)
+from autotune.profiling import ProfileSummary, profile_steps
 from autotune.training import TrainingSetup, move_to_device, setup_from_workload
 from autotune.workload import Workload
 
@@ -112,11 +99,11 @@ def measure_config(workload: Workload, config: TrainConfig, device: torch.device
     """Build the workload with `config` applied on `device` and measure it end to end."""
     settings = settings or MeasureSettings()
     report = progress or (lambda phase: None)
-    setup, flops, setup_s = _build(workload, config, device, report)
+    setup, flops, setup_s = build_setup(workload, config, device, report)
     return measure_setup(setup, settings, describe(device), flops, setup_s, trace_path, report)
 
 
-def _build(workload: Workload, config: TrainConfig, device: torch.device,
+def build_setup(workload: Workload, config: TrainConfig, device: torch.device,
            report: Progress) -> tuple[TrainingSetup, float | None, float]:
     start = time.perf_counter()
     report("building the model")
@@ -144,12 +131,12 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
     report("first step (compile and loader start-up included)")
     begun = time.perf_counter()
     setup.step(batches)
-    _sync(device)
+    synchronize(device)
     time_to_first = time.perf_counter() - begun
 
     report("warming up")
     start = time.perf_counter()
-    warmup_steps, steady = _warm_up(setup, batches, settings)
+    warmup_steps, steady = warm_up(setup, batches, settings)
     warmup_s = time.perf_counter() - start
 
     screen_rate = screen_done = None
@@ -169,13 +156,13 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
     median = statistics.median(times)
     profile, findings = None, []
     if settings.profile_steps > 0 and not screened:
-        sites = _sync_sites(setup, batches, report)
+        sites = sync_sites(setup, batches, report)
         report("profiling")
         captured: list[Any] = []
         profile = profile_steps(lambda: setup.step(batches), settings.profile_steps, device,
-                                trace_path=trace_path, with_stack=_python_stacks(setup),
+                                trace_path=trace_path, with_stack=python_stacks(setup),
                                 on_profile=captured.append)
-        findings = _findings(captured[0], setup, profile, median,
+        findings = findings_of(captured[0], setup, profile, median,
                              window.data_wait_s / window.seconds, sites)
     mean = statistics.fmean(times)
     samples_per_sec = window.samples / window.seconds
@@ -226,13 +213,13 @@ def time_to_train_s(metrics: Mapping[str, Any], steps: int) -> float:
     return start + warmup_s + (steps - 1 - warmup_steps) * steady
 
 
-def _python_stacks(setup: TrainingSetup) -> bool:
+def python_stacks(setup: TrainingSetup) -> bool:
     """Python frames name the user's functions, but in a compiled model they would hide the
     generated kernels' time inside Python events, so compiled models are profiled without."""
     return setup.config.compile_mode == "none"
 
 
-def _sync_sites(setup: TrainingSetup, batches: Iterator[Any], report: Progress) -> list[SyncSite]:
+def sync_sites(setup: TrainingSetup, batches: Iterator[Any], report: Progress) -> list[SyncSite]:
     """One traced step for the lines that read tensors back; compiled models are left alone."""
     if setup.config.compile_mode != "none":
         return []
@@ -240,101 +227,13 @@ def _sync_sites(setup: TrainingSetup, batches: Iterator[Any], report: Progress) 
     return trace_host_syncs(lambda: setup.step(batches), device_type=setup.device.type)
 
 
-def _findings(prof: Any, setup: TrainingSetup, summary: ProfileSummary, step_s: float,
+def findings_of(prof: Any, setup: TrainingSetup, summary: ProfileSummary, step_s: float,
               data_wait_fraction: float, sites: list[SyncSite]) -> list[Finding]:
     return diagnose(prof, config=setup.config, steps=summary.steps, step_s=step_s,
                     data_wait_fraction=data_wait_fraction,
                     syncs_per_step=summary.host_syncs_per_step,
                     sync_s_per_step=summary.host_sync_s_per_step,
                     idle_fraction=summary.device_idle_fraction, sync_sites=sites)
-
-
-@dataclass
-class ProfileReport:
-    """What `autotune profile` found for one configuration."""
-
-    config: dict[str, Any]
-    device: str
-    steps: int
-    samples_per_sec: float
-    window_s: float
-    self_cpu_total_s: float
-    self_device_total_s: float | None
-    host_syncs_per_step: float
-    device_idle_fraction: float | None
-    data_wait_fraction: float
-    tables: dict[str, list[OperatorStat]]
-    findings: list[Finding]
-    memory_timeline: tuple[list[float], dict[str, list[int]]]
-    files: dict[str, str]
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        del data["memory_timeline"]
-        return data
-
-
-def profile_config(workload: Workload, config: TrainConfig, device: torch.device, out_dir: Path,
-                   steps: int = 5, settings: MeasureSettings | None = None, top: int = 15,
-                   progress: Progress | None = None) -> ProfileReport:
-    """Set up, warm up, then profile `steps` optimizer steps with Python stacks and memory.
-
-    Writes the trace (Perfetto and TensorBoard's profiler plugin read it) and, on CUDA, the
-    allocator's memory-history snapshot (pytorch.org/memory_viz reads it) under `out_dir`.
-    """
-    settings = settings or MeasureSettings()
-    report = progress or (lambda phase: None)
-    setup, _, _ = _build(workload, config, device, report)
-    batches = setup.batches()
-    report("first step (compile and loader start-up included)")
-    setup.step(batches)
-    report("warming up")
-    _warm_up(setup, batches, settings)
-    sites = _sync_sites(setup, batches, report)
-
-    samples, data_wait = 0, 0.0
-
-    def run_step() -> None:
-        nonlocal samples, data_wait
-        result = setup.step(batches)
-        samples += result.samples
-        data_wait += result.data_wait_s
-
-    on_cuda = device.type == "cuda"
-    trace = out_dir / "trace" / f"{socket.gethostname()}_{os.getpid()}.pt.trace.json"
-    files = {"trace": str(trace)}
-    start_bytes = 0
-    if on_cuda:
-        _sync(device)
-        start_bytes = torch.cuda.memory_allocated(device)
-        torch.cuda.memory._record_memory_history(max_entries=200_000)
-    report(f"profiling {steps} steps")
-    captured: list[Any] = []
-    summary = profile_steps(run_step, steps, device, trace_path=trace, top=top,
-                            with_stack=_python_stacks(setup), profile_memory=True,
-                            on_profile=captured.append)
-    prof = captured[0]
-    if on_cuda:
-        snapshot = torch.cuda.memory._snapshot()
-        torch.cuda.memory._record_memory_history(enabled=None)
-        files["memory_snapshot"] = str(out_dir / "memory_snapshot.pickle")
-        Path(files["memory_snapshot"]).write_bytes(pickle.dumps(snapshot))
-        timeline = allocator_timeline(snapshot, device.index or 0, start_bytes)
-    else:
-        report("building the memory timeline")
-        timeline = memory_categories(prof, device)
-    median = summary.window_s / steps
-    findings = _findings(prof, setup, summary, median, data_wait / summary.window_s, sites)
-    return ProfileReport(
-        config=setup.config.to_dict(), device=str(device), steps=steps,
-        samples_per_sec=samples / summary.window_s, window_s=summary.window_s,
-        self_cpu_total_s=summary.self_cpu_total_s,
-        self_device_total_s=summary.self_device_total_s,
-        host_syncs_per_step=summary.host_syncs_per_step,
-        device_idle_fraction=summary.device_idle_fraction,
-        data_wait_fraction=min(1.0, data_wait / summary.window_s),
-        tables=operator_tables(prof, top), findings=findings, memory_timeline=timeline,
-        files=files)
 
 
 @dataclass
@@ -346,7 +245,7 @@ class _Window:
     final_loss: float
 
 
-def _warm_up(setup: TrainingSetup, batches: Iterator[Any],
+def warm_up(setup: TrainingSetup, batches: Iterator[Any],
              settings: MeasureSettings) -> tuple[int, bool]:
     """Step until the last `steady_steps` step times agree within the tolerance, or give up."""
     times: list[float] = []
@@ -355,7 +254,7 @@ def _warm_up(setup: TrainingSetup, batches: Iterator[Any],
             time.perf_counter() - start < settings.warmup_max_seconds:
         step_start = time.perf_counter()
         setup.step(batches)
-        _sync(setup.device)
+        synchronize(setup.device)
         times.append(time.perf_counter() - step_start)
         recent = times[-settings.steady_steps:]
         if len(recent) == settings.steady_steps and \
@@ -372,7 +271,7 @@ def _timed_window(setup: TrainingSetup, batches: Iterator[Any],
     host_marks: list[float] = []
     samples = 0
     data_wait = 0.0
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     mark = _event(device)
     if mark is not None:
@@ -388,7 +287,7 @@ def _timed_window(setup: TrainingSetup, batches: Iterator[Any],
         if mark is not None:
             events.append(mark)
         host_marks.append(time.perf_counter())
-    _sync(device)
+    synchronize(device)
     seconds = time.perf_counter() - start
     if events:
         step_times = [a.elapsed_time(b) / 1000 for a, b in zip(events, events[1:])]
@@ -425,7 +324,7 @@ def _event(device: torch.device) -> torch.cuda.Event | None:
     return event
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 

@@ -17,12 +17,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.trials import MEASURED_PEAK, RAN_OUT, TrialRecord
+
 # A configuration is skipped only when its predicted peak is this far above the limit: the fit
 # is a line through a few noisy peaks, and a wrongly skipped optimum costs more than a trial.
 MEMORY_MARGIN = 0.05
-# Trial statuses whose peak memory was measured (a run that fitted, or one over the limit).
-MEASURED_PEAK = ("ok", "over_memory", "screened")
-RAN_OUT = ("oom", "over_memory")
 
 
 def memory_family(config: Mapping[str, Any]) -> tuple[str, str, str, bool]:
@@ -54,27 +53,22 @@ class MemoryVerdict:
 
 
 class MemoryModel:
-    """Per-family fits and out-of-memory walls from finished trials.
+    """Per-family fits and out-of-memory walls from finished trials."""
 
-    Each trial is a mapping with `config`, `status`, `number` and, when it ran,
-    `peak_memory_bytes` (the trial's user attributes plus its number).
-    """
-
-    def __init__(self, trials: Iterable[Mapping[str, Any]]) -> None:
+    def __init__(self, trials: Iterable[TrialRecord]) -> None:
         peaks: dict[tuple, dict[int, list[float]]] = {}
         self._walls: dict[tuple, tuple[int, int]] = {}  # family -> (micro, trial number)
         for t in trials:
-            config = t.get("config")
-            if not config:
+            if not t.config:
                 continue
-            family, micro = memory_family(config), config["micro_batch_size"]
-            if t.get("status") in MEASURED_PEAK and t.get("peak_memory_bytes"):
+            family, micro = memory_family(t.config), t.config["micro_batch_size"]
+            if t.status in MEASURED_PEAK and t.peak_memory_bytes:
                 peaks.setdefault(family, {}).setdefault(micro, []).append(
-                    float(t["peak_memory_bytes"]))
-            if t.get("status") in RAN_OUT:
+                    float(t.peak_memory_bytes))
+            if t.status in RAN_OUT:
                 wall = self._walls.get(family)
                 if wall is None or micro < wall[0]:
-                    self._walls[family] = (micro, t["number"])
+                    self._walls[family] = (micro, t.number)
         self.fits = {family: fit for family, by_micro in peaks.items()
                      if (fit := _fit(by_micro)) is not None}
 
@@ -134,11 +128,11 @@ def _fit(by_micro: Mapping[int, list[float]]) -> MemoryFit | None:
     return MemoryFit(mean_y - slope * mean_x, slope, sum(len(v) for v in by_micro.values()))
 
 
-def prediction_errors(trials: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+def prediction_errors(trials: Iterable[TrialRecord]) -> dict[str, Any] | None:
     """How far the predictions made before trials ran were from the peaks they measured."""
-    errors = [(t["peak_memory_bytes"] - t["predicted_peak_bytes"]) / t["peak_memory_bytes"]
-              for t in trials if t.get("predicted_peak_bytes") and t.get("peak_memory_bytes")
-              and t.get("status") in MEASURED_PEAK]
+    errors = [(t.peak_memory_bytes - t.predicted_peak_bytes) / t.peak_memory_bytes
+              for t in trials if t.predicted_peak_bytes and t.peak_memory_bytes
+              and t.status in MEASURED_PEAK]
     if not errors:
         return None
     absolute = [abs(e) for e in errors]

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import tempfile
-import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -21,8 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.console import Console
-from rich.table import Table
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -104,41 +101,6 @@ def marked(name: str) -> Iterator[None]:
     )
     with record_function(name), nvtx:
         yield
-
-
-class ThroughputMeter:
-    """Counts samples between synchronised time points; samples/sec of the span.
-
-    Synchronising at both ends makes the span cover the device work it launched,
-    not just the (asynchronous) launches.
-    """
-
-    def __init__(self, device: torch.device | str | None = None):
-        self.device = torch.device(device) if device is not None else None
-        self.samples = 0
-        self.elapsed_s = 0.0
-        self._t0: float | None = None
-
-    def start(self) -> None:
-        _synchronize(self.device)
-        self.samples = 0
-        self.elapsed_s = 0.0
-        self._t0 = time.perf_counter()
-
-    def add(self, samples: int) -> None:
-        self.samples += samples
-
-    def stop(self) -> float:
-        if self._t0 is None:
-            raise RuntimeError("ThroughputMeter.stop() called before start()")
-        _synchronize(self.device)
-        self.elapsed_s = time.perf_counter() - self._t0
-        self._t0 = None
-        return self.samples_per_sec
-
-    @property
-    def samples_per_sec(self) -> float:
-        return self.samples / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
 
 def _self_device_us(avg: Any) -> float:
@@ -329,31 +291,6 @@ def profile_steps(
     )
 
 
-def stats_table(stats: Sequence[OperatorStat], title: str) -> Table:
-    """Operator statistics as a rich table."""
-    table = Table(title=title)
-    table.add_column("Operator", overflow="fold")
-    table.add_column("Calls", justify="right")
-    table.add_column("Self (ms)", justify="right")
-    table.add_column("Total (ms)", justify="right")
-    table.add_column("Share (%)", justify="right")
-    for stat in stats:
-        table.add_row(
-            stat.name,
-            str(stat.calls),
-            f"{stat.self_time_s * 1e3:.3f}",
-            f"{stat.total_time_s * 1e3:.3f}",
-            f"{stat.share * 100:.1f}",
-        )
-    return table
-
-
-def top_table(summary: ProfileSummary, title: str | None = None) -> Table:
-    """The summary's top operators as a rich table."""
-    kind = "CPU" if summary.self_device_total_s is None else "device"
-    return stats_table(summary.top_operators, title or f"Top operators by self {kind} time")
-
-
 def operator_tables(prof: profile, top: int = 10) -> dict[str, list[OperatorStat]]:
     """Top operators of a raw profile: by self device time (CUDA only), by self CPU time, and
     by (operator, input shape), the last ranked by device time where there is one."""
@@ -369,24 +306,6 @@ def operator_tables(prof: profile, top: int = 10) -> dict[str, list[OperatorStat
     by_shape = prof.key_averages(group_by_input_shape=True)
     tables["input shape"] = _operator_stats(by_shape, by_device, total, top)
     return tables
-
-
-TABLE_TITLES = {"device": "Top operators by self device time",
-                "cpu": "Top operators by self CPU time",
-                "input shape": "Top operators by input shape"}
-
-
-def print_top_tables(
-    prof_or_summary: ProfileSummary | profile, console: Console | None = None, top: int = 10
-) -> None:
-    """Print the top-operator tables of a ProfileSummary, or of a raw torch.profiler.profile
-    (by self device time on CUDA, by self CPU time, and grouped by input shape)."""
-    console = console or Console()
-    if isinstance(prof_or_summary, ProfileSummary):
-        console.print(top_table(prof_or_summary))
-        return
-    for kind, stats in operator_tables(prof_or_summary, top).items():
-        console.print(stats_table(stats, TABLE_TITLES[kind]))
 
 
 def memory_categories(prof: profile,

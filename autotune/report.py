@@ -1,56 +1,32 @@
-"""What people see: rich tables of measured figures, human units, and the phase of long work."""
+"""What people see in the terminal: rich tables of one measurement, a profile, a study's summary
+and its trials, and the same summary as markdown for the study folder."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
-from rich.live import Live
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 from rich.text import Text
 
-from autotune.measure import ProfileReport
-from autotune.profiling import TABLE_TITLES, stats_table
+from autotune.formatting import (
+    format_bytes,
+    format_percent,
+    format_rate,
+    format_seconds,
+    short_config,
+)
+from autotune.profiling import OperatorStat
+from autotune.trials import TrialRecord
+
+if TYPE_CHECKING:
+    from autotune.deep_profile import ProfileReport
 
 # The keys `autotune bench --json` always carries (None where not measurable).
 BENCH_KEYS = ("samples_per_sec", "step_time_median_s", "step_time_p90_s", "step_time_cv",
               "time_to_first_step_s", "peak_memory_bytes", "data_wait_fraction",
               "host_syncs_per_step", "device_idle_fraction", "mfu")
-
-
-def format_bytes(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
-def format_seconds(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    if value < 1:
-        return f"{value * 1000:.2f} ms"
-    if value < 120:
-        return f"{value:.2f} s"
-    return f"{value / 60:.1f} min"
-
-
-def _percent(value: float | None) -> str:
-    return "n/a" if value is None else f"{value * 100:.1f}%"
 
 
 def bench_record(result: Mapping[str, Any], device: str, config: Mapping[str, Any]) -> dict:
@@ -77,7 +53,7 @@ def bench_tables(record: Mapping[str, Any], title: str) -> Group:
          f"window of {record.get('window_steps')} steps, data loading included"),
         ("step time median", format_seconds(record["step_time_median_s"]), "per optimizer step"),
         ("step time p90", format_seconds(record["step_time_p90_s"]), ""),
-        ("step time CV", _percent(record["step_time_cv"]), "spread of step times"),
+        ("step time CV", format_percent(record["step_time_cv"]), "spread of step times"),
         ("time to first step", format_seconds(record["time_to_first_step_s"]),
          "compile and loader start-up included"),
         ("set-up", format_seconds(record.get("setup_s")), "model and loader build"),
@@ -85,11 +61,12 @@ def bench_tables(record: Mapping[str, Any], title: str) -> Group:
         ("peak memory", format_bytes(record["peak_memory_bytes"]),
          "max reserved by the CUDA allocator" if str(record["device"]).startswith("cuda")
          else "peak RSS of the trial process"),
-        ("data wait", _percent(record["data_wait_fraction"]), "of the window blocked on loader"),
+        ("data wait", format_percent(record["data_wait_fraction"]),
+         "of the window blocked on loader"),
         ("host syncs/step", _fmt(record["host_syncs_per_step"], "{:.1f}"),
          "profiler window after the timed one"),
-        ("device idle", _percent(record["device_idle_fraction"]), "CUDA only"),
-        ("MFU", _percent(record["mfu"]), "model FLOPs over the precision's peak (CUDA only)"),
+        ("device idle", format_percent(record["device_idle_fraction"]), "CUDA only"),
+        ("MFU", format_percent(record["mfu"]), "model FLOPs over the precision's peak (CUDA only)"),
     ]
     for row in rows:
         figures.add_row(*row)
@@ -102,7 +79,7 @@ def bench_tables(record: Mapping[str, Any], title: str) -> Group:
             ops.add_column(name, justify=justify)
         for op in operators:
             ops.add_row(op["name"], str(op["calls"]), format_seconds(op["self_time_s"]),
-                        format_seconds(op["total_time_s"]), _percent(op["share"]))
+                        format_seconds(op["total_time_s"]), format_percent(op["share"]))
         parts.append(ops)
     findings = record.get("findings") or []
     if findings:
@@ -135,13 +112,13 @@ def print_profile(result: ProfileReport, console: Console, title: str) -> None:
         ("self CPU total", format_seconds(result.self_cpu_total_s), "all operators"),
         ("self device total", format_seconds(result.self_device_total_s), "CUDA kernels"),
         ("host syncs/step", f"{result.host_syncs_per_step:.1f}", "outside loader/optimizer"),
-        ("device idle", _percent(result.device_idle_fraction), "CUDA only"),
-        ("data wait", _percent(result.data_wait_fraction), "of the window"),
+        ("device idle", format_percent(result.device_idle_fraction), "CUDA only"),
+        ("data wait", format_percent(result.data_wait_fraction), "of the window"),
     ):
         figures.add_row(*row)
     console.print(figures)
     for kind, stats in result.tables.items():
-        console.print(stats_table(stats, TABLE_TITLES[kind]))
+        console.print(stats_table(stats, OPERATOR_TABLE_TITLES[kind]))
     if result.findings:
         console.print(findings_text([f.to_dict() for f in result.findings]))
     else:
@@ -174,146 +151,58 @@ def _fmt(value: float | None, pattern: str) -> str:
     return "n/a" if value is None else pattern.format(value)
 
 
+OPERATOR_TABLE_TITLES = {"device": "Top operators by self device time",
+                         "cpu": "Top operators by self CPU time",
+                         "input shape": "Top operators by input shape"}
+
+
+def stats_table(stats: Sequence[OperatorStat], title: str) -> Table:
+    """Operator statistics as a rich table."""
+    table = Table(title=title)
+    table.add_column("Operator", overflow="fold")
+    table.add_column("Calls", justify="right")
+    table.add_column("Self (ms)", justify="right")
+    table.add_column("Total (ms)", justify="right")
+    table.add_column("Share (%)", justify="right")
+    for stat in stats:
+        table.add_row(stat.name, str(stat.calls), f"{stat.self_time_s * 1e3:.3f}",
+                      f"{stat.total_time_s * 1e3:.3f}", f"{stat.share * 100:.1f}")
+    return table
+
+
 # -- studies -------------------------------------------------------------------------------
 
-def short_config(config: Mapping[str, Any]) -> str:
-    """The knobs that differ from PyTorch's defaults, compactly."""
-    parts = [f"mb={config['micro_batch_size']}x{config['grad_accum_steps']}", config["precision"]]
-    if config["activation_checkpointing"] != "none":
-        parts.append(f"ckpt={config['activation_checkpointing']}")
-    parts.append(config["optimizer_impl"])
-    if config["num_workers"]:
-        parts.append(f"workers={config['num_workers']}/pf={config['prefetch_factor']}"
-                     + ("/persist" if config["persistent_workers"] else ""))
-    if config["pin_memory"]:
-        parts.append("pin")
-    if config["compile_mode"] != "none":
-        parts.append(f"compile={config['compile_mode']}")
-    return " ".join(str(p) for p in parts)
-
-
-def trial_row(trial: Any) -> tuple[str, ...]:
-    attrs = trial.user_attrs
-    sps = attrs.get("samples_per_sec")
-    status = attrs.get("status", trial.state.name.lower())
-    ok = status == "ok"
-    message = "" if ok else attrs.get("message", "")
-    if "duplicate_of" in attrs:
-        status = f"repeat of #{attrs['duplicate_of']}"
-    return (str(trial.number), short_config(attrs["config"]) if attrs.get("config") else "",
+def trial_row(record: TrialRecord) -> tuple[str, ...]:
+    """One trial in a line: number, configuration, samples/sec, peak memory, status, reason."""
+    ok = record.status == "ok"
+    message = "" if ok else record.message
+    status = f"repeat of #{record.duplicate_of}" if record.duplicate else record.status
+    sps = record.samples_per_sec
+    return (str(record.number), short_config(record.config) if record.config else "",
             f"{sps:.1f}" if sps and ok else "",
-            format_bytes(attrs.get("peak_memory_bytes")) if attrs.get("peak_memory_bytes")
-            else "", status, message.splitlines()[0][:60] if message else "")
+            format_bytes(record.peak_memory_bytes) if record.peak_memory_bytes else "",
+            status, message.splitlines()[0][:60] if message else "")
 
 
-class PlainView:
-    """One line per event: for logs, CI and anything that is not a terminal."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-
-    def trial_started(self, number: int, config: Any, role: str, device: str = "") -> None:
-        where = f" on {device}" if device else ""
-        self.console.print(f"trial {number} ({role}){where}: {short_config(config.to_dict())}",
-                           markup=False, highlight=False)
-
-    def phase(self, text: str, number: int | None = None) -> None:
-        """Phases are only worth a line on a live display."""
-
-    def trial_finished(self, trial: Any) -> None:
-        number, config, sps, memory, status, reason = trial_row(trial)
-        figures = f"{sps} samples/s, peak {memory}" if sps else reason
-        self.console.print(f"trial {number}: {status}  {figures}", markup=False,
-                           highlight=False)
-
-    def note(self, text: str) -> None:
-        self.console.print(text, markup=False, highlight=False)
-
-    def __enter__(self) -> PlainView:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
+def trials_table(records: Iterable[TrialRecord], title: str = "recent trials") -> Table:
+    table = Table(title=title, title_justify="left", expand=True)
+    for name, justify in (("#", "right"), ("configuration", "left"), ("samples/s", "right"),
+                          ("peak mem", "right"), ("status", "left"), ("reason", "left")):
+        table.add_column(name, justify=justify, overflow="fold")
+    for record in records:
+        table.add_row(*trial_row(record))
+    return table
 
 
-class LiveView(PlainView):
-    """A live panel: progress with ETA, the last trials, the best so far."""
-
-    def __init__(self, console: Console, study: Any, budget: int | None,
-                 timeout_s: float | None, measured: Callable[[], int]) -> None:
-        super().__init__(console)
-        self.study, self.measured = study, measured
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                 MofNCompleteColumn() if budget else TextColumn(""),
-                                 TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                                 console=console)
-        self.by_time = budget is None and timeout_s is not None
-        total = timeout_s if self.by_time else budget
-        self.task = self.progress.add_task("tuning", total=total,
-                                           completed=0 if self.by_time else measured())
-        self.started = time.monotonic()
-        self.current = ""
-        self.running: dict[int, str] = {}
-        self.live = Live(self._render(), console=console, refresh_per_second=4,
-                         transient=False)
-
-    def _render(self) -> Group:
-        if self.by_time:
-            self.progress.update(self.task, completed=time.monotonic() - self.started)
-        else:
-            self.progress.update(self.task, completed=self.measured())
-        table = Table(title="recent trials", title_justify="left", expand=True)
-        for name, justify in (("#", "right"), ("configuration", "left"),
-                              ("samples/s", "right"), ("peak mem", "right"),
-                              ("status", "left"), ("reason", "left")):
-            table.add_column(name, justify=justify, overflow="fold")
-        finished = [t for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()]
-        for trial in finished[-8:]:
-            table.add_row(*trial_row(trial))
-        feasible = [t for t in finished if t.user_attrs.get("constraint") == 0.0
-                    and t.value is not None]
-        best = max(feasible, key=lambda t: t.value, default=None)
-        best_line = (Text(f"best so far: trial {best.number}, "
-                          f"{best.user_attrs['samples_per_sec']:.1f} samples/s, "
-                          f"{short_config(best.user_attrs['config'])}")
-                     if best else Text("best so far: none yet"))
-        running = [Text(line, style="dim") for _, line in sorted(self.running.items())]
-        return Group(self.progress, table, best_line, *running, Text(self.current, style="dim"))
-
-    def trial_started(self, number: int, config: Any, role: str, device: str = "") -> None:
-        where = f" on {device}" if device else ""
-        self.running[number] = f"trial {number} ({role}){where}: {short_config(config.to_dict())}"
-        self.live.update(self._render())
-
-    def phase(self, text: str, number: int | None = None) -> None:
-        if number in self.running:
-            self.running[number] = f"{self.running[number].split(' — ')[0]} — {text}"
-        else:
-            self.progress.update(self.task, description=f"tuning: {text}")
-        self.live.update(self._render())
-
-    def trial_finished(self, trial: Any) -> None:
-        self.running.pop(trial.number, None)
-        self.current = ""
-        self.live.update(self._render())
-
-    def note(self, text: str) -> None:
-        self.current = text
-        self.live.update(self._render())
-
-    def __enter__(self) -> LiveView:
-        self.live.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.live.update(self._render())
-        self.live.stop()
-
-
-def _rate(value: float | None, spread: float | None = None) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:.1f} ± {spread:.1f}" if spread is not None else f"{value:.1f}"
+def studies_table(rows: Sequence[Mapping[str, Any]]) -> Table:
+    """`autotune studies`: one row per study."""
+    table = Table(title="studies", title_justify="left")
+    columns = ("study", "trials", "created", "confirmed", "model")
+    for name in columns:
+        table.add_column(name)
+    for row in rows:
+        table.add_row(*(str(row[k]) for k in columns))
+    return table
 
 
 def summary_tables(summary: Mapping[str, Any]) -> Group:
@@ -336,13 +225,13 @@ def summary_tables(summary: Mapping[str, Any]) -> Group:
     figures.add_column("how", style="dim")
     speedup = summary.get("speedup")
     rows = [
-        ("best samples/sec", _rate(summary.get("best_samples_per_sec"),
+        ("best samples/sec", format_rate(summary.get("best_samples_per_sec"),
                                    summary.get("best_spread")), how),
-        ("baseline samples/sec", _rate(summary.get("baseline_samples_per_sec"),
+        ("baseline samples/sec", format_rate(summary.get("baseline_samples_per_sec"),
                                        summary.get("baseline_spread")), how),
         ("speedup", f"{speedup:.2f}x" if speedup else "n/a", "best / baseline"),
         ("peak memory (best)", format_bytes(summary.get("best_peak_memory_bytes")), ""),
-        ("MFU (best)", _percent(summary.get("best_mfu")), "CUDA only"),
+        ("MFU (best)", format_percent(summary.get("best_mfu")), "CUDA only"),
         ("tuning wall time", format_seconds(summary.get("tuning_wall_s")), "trials only"),
         ("trials", ", ".join(f"{k.lower()} {v}" for k, v in sorted(summary["trials"].items())),
          "by Optuna state"),
@@ -396,13 +285,13 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
     lines = [f"# autotune study `{summary['study']}`", "",
              f"- model: `{summary.get('model')}` {summary.get('model_args') or ''}",
              f"- device: {summary.get('device')}",
-             f"- best samples/sec: {_rate(summary.get('best_samples_per_sec'), summary.get('best_spread'))}"  # noqa: E501
+             f"- best samples/sec: {format_rate(summary.get('best_samples_per_sec'), summary.get('best_spread'))}"  # noqa: E501
              + (" (confirmed: median of fresh runs ± half range)" if summary["confirmed"]
                 else " (not confirmed)"),
-             f"- baseline samples/sec: {_rate(summary.get('baseline_samples_per_sec'), summary.get('baseline_spread'))}",  # noqa: E501
+             f"- baseline samples/sec: {format_rate(summary.get('baseline_samples_per_sec'), summary.get('baseline_spread'))}",  # noqa: E501
              f"- speedup: {f'{speedup:.2f}x' if speedup else 'n/a'}",
              f"- peak memory of the best: {format_bytes(summary.get('best_peak_memory_bytes'))}",
-             f"- MFU of the best: {_percent(summary.get('best_mfu'))}",
+             f"- MFU of the best: {format_percent(summary.get('best_mfu'))}",
              f"- tuning wall time: {format_seconds(summary.get('tuning_wall_s'))}",
              f"- trials by state: {summary['trials']}; outcomes: {summary['statuses']}"]
     lines += [f"- {name}: {value} ({how})" for name, value, how in search_rows(summary)]

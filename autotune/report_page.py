@@ -15,12 +15,18 @@ from typing import Any
 
 import optuna
 from optuna.importance import FanovaImportanceEvaluator, PedAnovaImportanceEvaluator
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 from autotune import plots
-from autotune.records import compile_rows, trial_records
-from autotune.report import format_bytes, format_seconds, short_config
-from autotune.tuner import study_summary
+from autotune.formatting import (
+    format_bytes,
+    format_percent,
+    format_rate,
+    format_seconds,
+    short_config,
+)
+from autotune.results import compile_rows, study_summary
+from autotune.trials import StudyKey, TrialRecord, trial_records
 
 MIN_TRIALS_FOR_IMPORTANCE = 4
 _EVALUATORS = {"fANOVA": lambda: FanovaImportanceEvaluator(seed=0),
@@ -28,8 +34,8 @@ _EVALUATORS = {"fANOVA": lambda: FanovaImportanceEvaluator(seed=0),
 
 
 def _measured(trial: FrozenTrial) -> bool:
-    return trial.state == TrialState.COMPLETE and trial.user_attrs.get("constraint") == 0.0 \
-        and "duplicate_of" not in trial.user_attrs
+    record = TrialRecord.of(trial)
+    return record.feasible and not record.duplicate
 
 
 def param_importances(study: optuna.Study) -> tuple[dict[str, dict[str, float]], str]:
@@ -92,16 +98,6 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]],
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
-def _rate(value: float | None, spread: float | None = None) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:,.1f} ± {spread:,.1f}" if spread is not None else f"{value:,.1f}"
-
-
-def _percent(value: float | None) -> str:
-    return "n/a" if value is None else f"{value * 100:.1f}%"
-
-
 def _confirmed(entry: Mapping[str, Any] | None, key: str) -> float | None:
     runs = [r[key] for r in (entry or {}).get("runs", []) if r.get(key) is not None
             and r.get("status") == "ok"]
@@ -114,11 +110,12 @@ def _headline(summary: Mapping[str, Any]) -> str:
     speedup = summary.get("speedup")
     how = "confirmed by fresh runs" if summary["confirmed"] else "single trial, not confirmed"
     return (f"Best: <b>{_e(short_config(summary['best_config']))}</b> at "
-            f"<b>{_rate(summary['best_samples_per_sec'])}</b> samples/sec ({how}), "
-            f"<b>{speedup:.2f}x</b> the baseline's {_rate(summary['baseline_samples_per_sec'])}."
+            f"<b>{format_rate(summary['best_samples_per_sec'])}</b> samples/sec ({how}), "
+            f"<b>{speedup:.2f}x</b> the baseline's "
+            f"{format_rate(summary['baseline_samples_per_sec'])}."
             if speedup else
             f"Best: <b>{_e(short_config(summary['best_config']))}</b> at "
-            f"{_rate(summary['best_samples_per_sec'])} samples/sec ({how}).")
+            f"{format_rate(summary['best_samples_per_sec'])} samples/sec ({how}).")
 
 
 def _best_vs_baseline(study: optuna.Study, summary: Mapping[str, Any]) -> str:
@@ -130,19 +127,20 @@ def _best_vs_baseline(study: optuna.Study, summary: Mapping[str, Any]) -> str:
         knob_rows.append(f"<tr{cls}><td>{_e(knob)}</td><td>{_e(a)}</td><td>{_e(b)}</td></tr>")
     knobs = ("<table><tr><th>knob</th><th>baseline</th><th>best</th></tr>"
              f"{''.join(knob_rows)}</table>")
-    confirmation = study.user_attrs.get("confirmation") or {}
+    confirmation = study.user_attrs.get(StudyKey.CONFIRMATION) or {}
     winner, baseline = confirmation.get("winner"), confirmation.get("baseline")
     how = (f"median of {confirmation.get('repeats')} fresh runs ± half their range"
            if summary["confirmed"] else "from the search trials; not confirmed")
     speedup = summary.get("speedup")
     figures = _table(["figure", "baseline", "best"], [
-        ("samples/sec", _rate(summary.get("baseline_samples_per_sec"),
+        ("samples/sec", format_rate(summary.get("baseline_samples_per_sec"),
                               summary.get("baseline_spread")),
-         _rate(summary.get("best_samples_per_sec"), summary.get("best_spread"))),
+         format_rate(summary.get("best_samples_per_sec"), summary.get("best_spread"))),
         ("speedup", "1.00x", f"{speedup:.2f}x" if speedup else "n/a"),
         ("peak memory", format_bytes(_confirmed(baseline, "peak_memory_bytes")),
          format_bytes(summary.get("best_peak_memory_bytes"))),
-        ("MFU", _percent(_confirmed(baseline, "mfu")), _percent(summary.get("best_mfu"))),
+        ("MFU", format_percent(_confirmed(baseline, "mfu")),
+         format_percent(summary.get("best_mfu"))),
         ("step time (median)", format_seconds(_confirmed(baseline, "step_time_median_s")),
          format_seconds(_confirmed(winner, "step_time_median_s"))),
     ], numeric=(1, 2))
@@ -155,11 +153,11 @@ def _operators_and_findings(study: optuna.Study, summary: Mapping[str, Any]) -> 
     number = summary.get("best_trial")
     if number is None:
         return "<p>No best configuration yet.</p>"
-    attrs = study.trials[number].user_attrs
-    ops = attrs.get("top_operators") or []
+    best = TrialRecord.of(study.trials[number])
+    ops = best.get("top_operators") or []
     parts = [f"<p class='muted'>From trial #{number}'s profiler window (after its timed "
              "window, so the profiler did not slow the figure above).</p>"]
-    findings = attrs.get("findings") or []
+    findings = best.get("findings") or []
     if findings:
         for i, f in enumerate(findings, 1):
             where = "\n".join(f["where"])
@@ -172,13 +170,13 @@ def _operators_and_findings(study: optuna.Study, summary: Mapping[str, Any]) -> 
         parts.append("<p>No finding: no copy-, sync-, loader- or launch-bound pattern above its "
                      "threshold in this configuration.</p>")
     if ops:
-        kind = "device" if attrs.get("device_idle_fraction") is not None else "CPU"
+        kind = "device" if best.get("device_idle_fraction") is not None else "CPU"
         parts.append(_table(
             ["operator", "calls", f"self {kind} (ms)", "total (ms)", "share"],
             [(o["name"], o["calls"], f"{o['self_time_s'] * 1e3:.3f}",
               f"{o['total_time_s'] * 1e3:.3f}", f"{o['share']:.1%}") for o in ops],
             numeric=(1, 2, 3, 4)))
-    trace = study.user_attrs.get("confirmation", {}).get("winner", {}) or {}
+    trace = (study.user_attrs.get(StudyKey.CONFIRMATION) or {}).get("winner") or {}
     if trace.get("trace"):
         parts.append("<p class='muted'>Trace: best-trace.json in the study folder (open it "
                      "in ui.perfetto.dev or chrome://tracing).</p>")
@@ -200,35 +198,36 @@ def _compile_section(rows: list[dict[str, Any]]) -> str:
             "than the break-even step count is faster without compile.</p>")
 
 
-def _trials_table(records: Sequence[Mapping[str, Any]]) -> str:
+def _trials_table(records: Sequence[TrialRecord]) -> str:
     return _table(
         ["#", "status", "configuration", "samples/sec", "peak memory"],
-        [(r["number"], r["status"] + (" (repeat)" if r["duplicate"] else ""),
-          short_config(r["config"]), _rate(r["samples_per_sec"]),
-          format_bytes(r["peak_memory_bytes"])) for r in records], numeric=(3, 4))
+        [(r.number, r.status + (" (repeat)" if r.duplicate else ""), short_config(r.config),
+          format_rate(r.samples_per_sec), format_bytes(r.peak_memory_bytes)) for r in records],
+        numeric=(3, 4))
 
 
 def build_report(study: optuna.Study) -> str:
     """The whole page as one HTML string."""
     summary = study_summary(study)
-    records = trial_records(study)
-    memory = study.user_attrs.get("memory") or {}
+    records = [r for r in trial_records(study) if r.config]
+    rows = [r.to_dict() for r in records]
+    memory = study.user_attrs.get(StudyKey.MEMORY) or {}
     importances, importance_note = param_importances(study)
     compile_table = compile_rows(records)
     title = f"autotune study {study.study_name}"
     sections = [
         ("a. Samples/sec vs micro-batch size",
-         _img(plots.throughput_vs_micro_batch(records), "samples/sec vs micro-batch") +
+         _img(plots.throughput_vs_micro_batch(rows), "samples/sec vs micro-batch") +
          "<p class='muted'>Each point is one measured trial; crosses at the bottom ran out of "
          "memory, hollow markers were over the allowed memory or predicted not to fit.</p>"),
         ("b. Peak memory vs micro-batch size",
-         _img(plots.memory_vs_micro_batch(records, memory.get("capacity_bytes"),
+         _img(plots.memory_vs_micro_batch(rows, memory.get("capacity_bytes"),
                                           memory.get("limit_bytes")), "peak memory") +
          f"<p class='muted'>Capacity {format_bytes(memory.get('capacity_bytes'))}; allowed "
          f"{format_bytes(memory.get('limit_bytes'))} (headroom "
-         f"{_percent(memory.get('headroom'))}). On CPU, peak memory is the trial process's peak "
-         "resident set.</p>"),
-        ("c. Best so far", _img(plots.best_so_far(records), "best so far") +
+         f"{format_percent(memory.get('headroom'))}). On CPU, peak memory is the trial "
+         "process's peak resident set.</p>"),
+        ("c. Best so far", _img(plots.best_so_far(rows), "best so far") +
          "<p class='muted'>Objective: samples/sec less the stall penalty.</p>"),
         ("d. Parameter importance",
          (_img(plots.importance_bars(importances), "parameter importance")

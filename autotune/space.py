@@ -26,10 +26,7 @@ from typing import Any
 import optuna
 
 from autotune.config import (
-    CHECKPOINTING,
-    COMPILE_MODES,
-    OPTIMIZER_IMPLS,
-    PRECISIONS,
+    CHOICES,
     ConfigError,
     TrainConfig,
     knob_names,
@@ -329,10 +326,7 @@ def load_space_file(path: str | Path) -> dict[str, list[Any]]:
 def _default_domain(knob: str, baseline: TrainConfig, info: DeviceInfo) -> tuple:
     """Every value the device supports, plus the baseline's (when the device supports it)."""
     candidates: Sequence[Any] = {
-        "precision": PRECISIONS,
-        "activation_checkpointing": CHECKPOINTING,
-        "optimizer_impl": OPTIMIZER_IMPLS,
-        "compile_mode": COMPILE_MODES,
+        **CHOICES,
         "pin_memory": (False, True),
         "persistent_workers": (False, True),
         "num_workers": sorted({0, *_powers_of_two(info.cpu_count), baseline.num_workers}),

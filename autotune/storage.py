@@ -1,6 +1,5 @@
 """Where a study lives, and staying in touch with it: the embedded journal file or an Optuna
-storage URL, retries while the database is briefly unreachable, and heartbeats that let any
-tuner tell a dead tuner's trials from slow ones.
+storage URL, and retries while the database is briefly unreachable.
 
 The embedded default is Optuna's journal file storage: append-only (a tuner killed mid-write
 leaves a readable log) and made for several processes at once (writes take a file lock), which
@@ -29,6 +28,7 @@ from optuna.storages.journal._file import BaseJournalFileLock
 from autotune.config import ConfigError
 
 JOURNAL_FILE = "journal.log"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # How long to keep retrying while the storage is unreachable, backing off from half a second.
 DEFAULT_RETRY_S = 60.0
 CONNECT_TIMEOUT_S = 10
@@ -38,6 +38,24 @@ LOCK_GRACE_S = 30.0
 
 class StorageUnavailable(Exception):
     """The storage stayed unreachable through every retry."""
+
+
+def validate_study_name(name: str) -> str:
+    if not _NAME.fullmatch(name) or ".." in name:
+        raise ConfigError(f"study name {name!r} must be letters, digits, '.', '_' or '-' (no "
+                          "path separators, no '..')")
+    return name
+
+
+def study_dir(studies_dir: str | Path, name: str) -> Path:
+    """The folder of an embedded study: its journal, logs, traces and exported files."""
+    return Path(studies_dir) / validate_study_name(name)
+
+
+def trial_id(storage: BaseStorage, study_name: str, number: int) -> int:
+    """The storage's id of trial `number`, through the storage's public calls."""
+    study_id = storage.get_study_id_from_name(study_name)
+    return storage.get_trial_id_from_study_id_trial_number(study_id, number)
 
 
 def redact(text: str, url: str | None) -> str:
@@ -199,42 +217,3 @@ def _root_cause(exc: BaseException) -> str:
         exc = exc.__cause__
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
-
-
-class Heartbeat:
-    """Stamps this tuner's running trials with the time every `interval_s`, so that tuners on
-    any host can tell a trial whose tuner died (or whose node was lost) from a slow one."""
-
-    def __init__(self, storage: Any, interval_s: float) -> None:
-        self.storage, self.interval_s = storage, interval_s
-        self._trials: set[int] = set()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="autotune-heartbeat",
-                                        daemon=True)
-        self._thread.start()
-
-    def add(self, trial_id: int) -> None:
-        with self._lock:
-            self._trials.add(trial_id)
-        self._beat(trial_id)
-
-    def discard(self, trial_id: int) -> None:
-        with self._lock:
-            self._trials.discard(trial_id)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _beat(self, trial_id: int) -> None:
-        # A missed beat is retried at the next interval; a finished trial needs none.
-        with contextlib.suppress(Exception):
-            self.storage.set_trial_user_attr(trial_id, "heartbeat", time.time())
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            with self._lock:
-                trials = list(self._trials)
-            for trial_id in trials:
-                self._beat(trial_id)

@@ -6,8 +6,8 @@
 2. Strategies, replayed over the measured grid for each seed: a trial of configuration c
    returns one of c's two measured runs (which one is drawn per seed) and costs that run's
    measured wall time; a screened trial costs its wall time up to the end of its screening
-   window. The search code is the product's own (`Tuner`, with only its `_measure` and
-   loader probe answered from the grid):
+   window. The search code is the product's own (`Tuner`, handed a `measure` that answers
+   from the grid, and the grid's loader rates stored in its study as if it had probed them):
    - autotune: memory model, DataLoader plan, screening, budget K trials;
    - plain TPE: `--plain-tpe`, the same budget over the same space;
    - largest micro-batch that fits, everything else the user's (Lightning's batch-size finder,
@@ -49,9 +49,12 @@ sys.path.insert(0, str(ROOT))
 
 from autotune.config import TrainConfig  # noqa: E402
 from autotune.isolation import TrialRequest, TrialResult, run_isolated  # noqa: E402
-from autotune.loader_plan import LoaderRate, measure_loader_rates  # noqa: E402
+from autotune.loader_plan import loader_settings, measure_loader_rates  # noqa: E402
 from autotune.measure import MeasureSettings  # noqa: E402
-from autotune.tuner import RAN_A_PROCESS, TuneOptions, Tuner, config_key  # noqa: E402
+from autotune.options import TuneOptions  # noqa: E402
+from autotune.trials import COUNTS_AGAINST_BUDGET, StudyKey, config_key  # noqa: E402
+from autotune.tuner import Tuner  # noqa: E402
+from autotune.worker import MeasureJob  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SETTINGS = MeasureSettings(window_steps=3, window_seconds=0.5, warmup_max_seconds=4,
@@ -94,13 +97,6 @@ BENCHES = {
 }
 
 
-class QuietView:
-    def trial_started(self, *args: Any) -> None: ...
-    def phase(self, *args: Any) -> None: ...
-    def trial_finished(self, *args: Any) -> None: ...
-    def note(self, *args: Any) -> None: ...
-
-
 def options(bench: Bench, studies: str, space_file: str, trials: int, seed: int,
             limit: int | None, plain: bool = False, corner: bool = True) -> TuneOptions:
     return TuneOptions(model_path=str(ROOT / bench.model), model_args=bench.model_args,
@@ -115,10 +111,10 @@ def options(bench: Bench, studies: str, space_file: str, trials: int, seed: int,
 
 def measure_grid(bench: Bench, space_file: str, repeats: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as studies:
-        tuner = Tuner(options(bench, studies, space_file, 1, 0, None), QuietView())
+        tuner = Tuner(options(bench, studies, space_file, 1, 0, None))
         configs = tuner.space.grid()
         loader = measure_loader_rates(tuner.workload, tuner.baseline.micro_batch_size,
-                                      tuner.loader_settings)
+                                      loader_settings(tuner.space.domains))
     runs: dict[str, dict[str, Any]] = {config_key(c): {"config": c.to_dict(), "runs": []}
                                        for c in configs}
     started = time.monotonic()
@@ -179,37 +175,25 @@ class Replay:
         return result.metrics["samples_per_sec"]
 
 
-class ReplayTuner(Tuner):
-    """The product's tuner, its trials answered from the grid instead of measured."""
-
-    def __init__(self, opts: TuneOptions, replay: Replay, loader: list[LoaderRate]) -> None:
-        super().__init__(opts, QuietView())
-        self.replay, self.loader = replay, loader
-
-    def _loader_rates(self) -> list[LoaderRate]:
-        return self.loader
-
-    def _measure(self, config: TrainConfig, name: str, limit: float, trace: Any = None,
-                 device: Any = None, number: int | None = None,
-                 screen_below: float | None = None) -> TrialResult:
-        return self.replay.run(config, screen_below)
-
-
 def run_tuner(bench: Bench, grid: dict[str, Any], space_file: str, seed: int, budget: int,
               limit: int, plain: bool = False, corner: bool = True
               ) -> list[tuple[str, float, str, str | None]]:
     """(config key, wall s, status, key the tuner would pick now) per trial it ran."""
     replay = Replay(grid, seed, limit)
-    loader = [LoaderRate(**r) for r in grid["loader_rates"]]
+
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        return replay.run(config, job.screen_below)
+
     with tempfile.TemporaryDirectory() as studies:
-        tuner = ReplayTuner(options(bench, studies, space_file, budget, seed, limit, plain,
-                                    corner), replay, loader)
+        tuner = Tuner(options(bench, studies, space_file, budget, seed, limit, plain, corner),
+                      measure=measure)
+        tuner.study.set_user_attr(StudyKey.LOADER_RATES, grid["loader_rates"])
         tuner.run()
         trials = tuner.study.get_trials(deepcopy=False)
     steps, best, best_score = [], None, -math.inf
     for t in trials:
         attrs = t.user_attrs
-        if "duplicate_of" in attrs or attrs.get("status") not in RAN_A_PROCESS:
+        if "duplicate_of" in attrs or attrs.get("status") not in COUNTS_AGAINST_BUDGET:
             continue
         if attrs.get("constraint") == 0.0 and t.value is not None and t.value > best_score:
             best, best_score = config_key(attrs["config"]), t.value
@@ -340,7 +324,7 @@ def main() -> None:
     optimum = max(truths.values())
     budget = args.budget or len(truths) // 4
     with tempfile.TemporaryDirectory() as studies:
-        baseline = Tuner(options(bench, studies, space_file, 1, 0, None), QuietView()).baseline
+        baseline = Tuner(options(bench, studies, space_file, 1, 0, None)).baseline
     baseline = baseline.to_dict()
     strategies: dict[str, Callable[[int], list]] = {
         "autotune": lambda s: run_tuner(bench, grid, space_file, s, budget, limit),

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from autotune.cli import main, parse_bytes
+from autotune.cli import main
 
 from .conftest import FAST, ROOT, TEST_MODELS, run_cli
 
@@ -71,13 +71,6 @@ def test_bad_input_is_one_message_and_exit_2(args, message, capsys) -> None:
     err = capsys.readouterr().err
     assert message in " ".join(err.split())
     assert "Traceback" not in err
-
-
-def test_parse_bytes() -> None:
-    assert parse_bytes("8GiB") == 8 * 2**30
-    assert parse_bytes("512MiB") == 512 * 2**20
-    assert parse_bytes("8GB") == 8 * 10**9
-    assert parse_bytes("1.5G") == int(1.5 * 2**30)
 
 
 def test_help_explains_and_module_entry_point_works() -> None:

@@ -1,23 +1,19 @@
-"""Findings in words: host syncs named by line, copies and hot operators named by function, and
-`autotune profile` writing a trace and a memory timeline."""
+"""Findings in words: host syncs named by line, copies and hot operators named by function."""
 
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
-import matplotlib.image
-import pytest
 import torch
 
 from autotune.config import TrainConfig, from_baseline
+from autotune.deep_profile import profile_config
 from autotune.diagnosis import SYNC_METHODS, trace_host_syncs
-from autotune.measure import MeasureSettings, profile_config
-from autotune.profiling import memory_categories
+from autotune.measure import MeasureSettings
 from autotune.workload import load_workload
 
-from .conftest import TEST_MODELS, run_cli
+from .conftest import TEST_MODELS
 
 SYNC_MODEL = TEST_MODELS / "sync_loss.py"
 ATTENTION_MODEL = TEST_MODELS / "naive_attention.py"
@@ -101,51 +97,3 @@ def test_naive_attention_is_blamed_on_its_forward(tmp_path) -> None:
     assert any(f"naive_attention.py:{forward}" in where for f in blamed for where in f.where)
     assert report.tables["cpu"] and report.tables["input shape"]
     assert all(not op.name.startswith("<") for op in report.tables["cpu"])  # operators only
-
-
-def test_memory_categories_hold_parameters_and_optimizer_state() -> None:
-    model = torch.nn.Linear(64, 64)
-    opt = torch.optim.AdamW(model.parameters())
-    x = torch.randn(8, 64)
-    with torch.profiler.profile(record_shapes=True, profile_memory=True,
-                                with_stack=True) as prof:
-        for _ in range(2):
-            model(x).sum().backward()
-            opt.step()
-            opt.zero_grad()
-    times, series = memory_categories(prof, torch.device("cpu"))
-    assert times[0] == 0 and times == sorted(times)
-    weights = 64 * 64 * 4 + 64 * 4
-    assert series["parameter"][0] == weights  # held from the start
-    assert max(series["optimizer_state"]) >= 2 * weights  # AdamW's two moments
-
-
-@pytest.mark.slow
-def test_profile_command_writes_trace_memory_image_and_findings(tmp_path) -> None:
-    out = tmp_path / "prof"
-    done = run_cli("profile", "--model", str(SYNC_MODEL), "--device", "cpu", "--steps", "2",
-                   "--set", "micro_batch_size=8", "--out", str(out))
-    assert done.returncode == 0, done.stderr
-    line = _line_of(SYNC_MODEL, ".abs().item()")
-    assert f"sync_loss.py:{line}" in done.stdout
-    for title in ("samples/sec", "self CPU total", "Top operators by self CPU time",
-                  "Top operators by input shape", "findings (what to fix first)"):
-        assert title in done.stdout
-    traces = list((out / "trace").glob("*.pt.trace.json"))  # TensorBoard's plugin's naming
-    assert len(traces) == 1
-    events = json.loads(traces[0].read_text())["traceEvents"]
-    assert any(e.get("cat") == "cpu_op" for e in events)
-    image = (out / "memory.png").read_bytes()
-    assert image.startswith(b"\x89PNG\r\n\x1a\n")
-    assert matplotlib.image.imread(io.BytesIO(image), format="png").shape[0] > 100
-    saved = json.loads((out / "profile.json").read_text())
-    assert saved["config"]["micro_batch_size"] == 8
-    assert any(f["kind"] == "host_sync" for f in saved["findings"])
-    assert f"sync_loss.py:{line}" in (out / "profile.txt").read_text()
-
-
-def test_profile_rejects_bad_input_with_exit_2(tmp_path) -> None:
-    done = run_cli("profile", "--model", str(SYNC_MODEL), "--device", "cpu",
-                   "--set", "precision=fp64", "--out", str(tmp_path))
-    assert done.returncode == 2
-    assert "precision" in done.stderr and "Traceback" not in done.stderr

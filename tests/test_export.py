@@ -17,13 +17,8 @@ import torch
 import yaml
 from torch import nn
 
-from autotune.config import (
-    EXPORT_FORMATS,
-    ConfigError,
-    TrainConfig,
-    export_config,
-    hf_training_arguments,
-)
+from autotune.config import ConfigError, TrainConfig
+from autotune.export import EXPORT_FORMATS, export_config, hf_training_arguments
 
 from .conftest import ROOT, TEST_MODELS
 

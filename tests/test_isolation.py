@@ -155,3 +155,22 @@ def _alive(pid: int) -> bool:
         return False
     stat = Path(f"/proc/{pid}/stat")
     return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def test_cpu_thread_share_reaches_the_trial(tmp_path) -> None:
+    """Parallel CPU trials get their share of intra-op threads."""
+    model = tmp_path / "threads.py"
+    model.write_text(
+        "import torch\nfrom torch import nn\n"
+        "def build_model():\n    return nn.Linear(2, 1)\n"
+        "def build_dataset():\n"
+        "    print('threads', torch.get_num_threads(), flush=True)\n"
+        "    return torch.utils.data.TensorDataset(torch.randn(64, 2), torch.randn(64, 1))\n"
+        "def loss_fn(model, batch):\n"
+        "    return nn.functional.mse_loss(model(batch[0]), batch[1])\n")
+    request = TrialRequest(model_path=str(model), config={"micro_batch_size": 8},
+                           device="cpu", settings={"window_steps": 1, "window_seconds": 0,
+                                                   "profile_steps": 0}, threads=1)
+    result = run_isolated(request, 120, tmp_path / "trial.log")
+    assert result.status == "ok", result.message
+    assert "threads 1" in Path(result.log_path).read_text()

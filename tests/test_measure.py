@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 from torch import nn
 
 from autotune.config import TrainConfig
 from autotune.hardware import describe
-from autotune.measure import MeasureSettings, measure_setup
+from autotune.measure import MeasureSettings, measure_config, measure_setup, time_to_train_s
 from autotune.training import setup_training
+from autotune.workload import load_workload
+
+from .conftest import TINY_SOURCE
 
 SETTINGS = MeasureSettings(window_steps=5, window_seconds=0.5, warmup_max_seconds=5,
                            profile_steps=2)
@@ -84,3 +88,31 @@ def test_a_new_epochs_sampler_seed_is_not_a_host_sync_of_the_model() -> None:
     reads its seed with .item(): data loading, not a sync in the user's step."""
     m = measure(0.0, TrainConfig(micro_batch_size=1024))
     assert m["host_syncs_per_step"] == 0
+
+
+def tiny_workload(write_model) -> object:
+    return load_workload(str(write_model(TINY_SOURCE)), {})
+
+
+def test_screening_stops_a_slow_configuration_after_its_short_window(write_model) -> None:
+    workload = tiny_workload(write_model)
+    config = TrainConfig(micro_batch_size=8)
+    settings = MeasureSettings(window_steps=20, window_seconds=0.5, warmup_max_seconds=2,
+                               profile_steps=1, screen_steps=3)
+    full = measure_config(workload, config, torch.device("cpu"), settings)
+    assert not full.screened and full.window_steps >= 20 and full.top_operators
+    screened = measure_config(workload, config, torch.device("cpu"), MeasureSettings(
+        **{**vars(settings), "screen_below": full.samples_per_sec * 100}))
+    assert screened.screened and screened.window_steps == 3 and not screened.top_operators
+    assert screened.samples_per_sec == screened.screen_samples_per_sec
+    assert screened.screen_done_s > 0
+
+
+def test_time_to_train_counts_start_up_so_compile_pays_only_on_long_runs() -> None:
+    plain = {"setup_s": 1.0, "time_to_first_step_s": 0.5, "warmup_steps": 3, "warmup_s": 0.3,
+             "window_s": 1.0, "window_steps": 10}
+    compiled = {**plain, "time_to_first_step_s": 30.0, "window_s": 0.5}
+    assert time_to_train_s(plain, 1) == pytest.approx(1.5)
+    assert time_to_train_s(plain, 104) == pytest.approx(1.5 + 0.3 + 100 * 0.1)
+    assert time_to_train_s(plain, 100) < time_to_train_s(compiled, 100)
+    assert time_to_train_s(plain, 10_000) > time_to_train_s(compiled, 10_000)

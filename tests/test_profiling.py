@@ -1,23 +1,13 @@
 """Tests for autotune.profiling on CPU: small steps, so the whole file runs in seconds."""
 
 import json
-import time
 from types import SimpleNamespace
 
 import pytest
 import torch
-from rich.console import Console
 from torch.autograd import DeviceType
 
-from autotune.profiling import (
-    ProfileSummary,
-    ThroughputMeter,
-    _host_syncs,
-    _union_within,
-    print_top_tables,
-    profile_steps,
-    top_table,
-)
+from autotune.profiling import _host_syncs, _union_within, memory_categories, profile_steps
 
 CPU = torch.device("cpu")
 
@@ -78,54 +68,6 @@ def test_rejects_zero_steps():
         profile_steps(make_step(), steps=0, device=CPU)
 
 
-def test_throughput_meter():
-    meter = ThroughputMeter("cpu")
-    meter.start()
-    meter.add(100)
-    meter.add(100)
-    time.sleep(0.1)
-    rate = meter.stop()
-
-    assert meter.samples == 200
-    assert 0.1 <= meter.elapsed_s < 1.0
-    assert rate == pytest.approx(200 / meter.elapsed_s)
-    assert meter.samples_per_sec == rate
-    assert 200 < rate <= 2000
-
-
-def test_throughput_meter_stop_before_start():
-    with pytest.raises(RuntimeError):
-        ThroughputMeter().stop()
-
-
-def _summary() -> ProfileSummary:
-    return profile_steps(make_step(), steps=2, device=CPU, top=3)
-
-
-def test_print_top_tables_from_summary():
-    summary = _summary()
-    console = Console(record=True, width=200)
-    print_top_tables(summary, console=console)
-    text = console.export_text()
-    assert "self CPU time" in text
-    for op in summary.top_operators:
-        assert op.name in text
-    assert top_table(summary, title="custom").title == "custom"
-
-
-def test_print_top_tables_from_raw_profile():
-    step = make_step()
-    with torch.profiler.profile(record_shapes=True) as prof:
-        step()
-    console = Console(record=True, width=200)
-    print_top_tables(prof, console=console, top=3)
-    text = console.export_text()
-    assert "by self CPU time" in text
-    assert "by input shape" in text
-    assert "by self device time" not in text
-    assert "aten::" in text
-
-
 def test_union_within_merges_overlaps_and_clips():
     intervals = [(0, 4), (2, 6), (3, 5), (8, 12), (20, 30)]
     # [1, 10] holds [1, 6] and [8, 10]: overlapping streams count once.
@@ -165,3 +107,20 @@ def test_host_syncs_cuda_rules():
     assert _host_syncs(events, steps, on_cuda=True) == (2, 14)
     # On CPU every scalar read counts, still once per nest.
     assert _host_syncs(events, steps, on_cuda=False) == (3, 15)
+
+
+def test_memory_categories_hold_parameters_and_optimizer_state() -> None:
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(8, 64)
+    with torch.profiler.profile(record_shapes=True, profile_memory=True,
+                                with_stack=True) as prof:
+        for _ in range(2):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    times, series = memory_categories(prof, torch.device("cpu"))
+    assert times[0] == 0 and times == sorted(times)
+    weights = 64 * 64 * 4 + 64 * 4
+    assert series["parameter"][0] == weights  # held from the start
+    assert max(series["optimizer_state"]) >= 2 * weights  # AdamW's two moments

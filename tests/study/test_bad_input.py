@@ -9,8 +9,8 @@ import pytest
 
 from autotune.cli import main
 
-from .conftest import FAST, TINY_SOURCE
-from .test_contract import LOAD_TIME, TRIAL_TIME
+from ..conftest import FAST, TINY_SOURCE
+from ..test_workload import LOAD_TIME, TRIAL_TIME
 
 
 def run_bad(tmp_path: Path, capsys, *args: str) -> str:
@@ -46,7 +46,7 @@ def test_contract_violations_in_the_first_trial(case: str, write_model, tmp_path
     (["--fix", "precision=fp8"], "precision must be one of"),
     (["--space", "{space}", "--global-batch-size", "7"],
      "no micro_batch_size keeps the effective batch at 7"),
-    (["--global-batch-size", "0"], "--global-batch-size must be a positive integer"),
+    (["--global-batch-size", "0"], "--global-batch-size must be >= 1"),
     (["--memory-limit", "1KiB"], "below what the model alone needs"),
     (["--study", "a/b"], "study name"),
     (["--study", ".."], "study name"),

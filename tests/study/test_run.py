@@ -1,4 +1,5 @@
-"""`autotune run`: real studies of real trials on tiny models, a real journal file on disk."""
+"""`autotune run` end to end: real studies of real trials on tiny models, a real journal file on
+disk; resume, SIGKILL, Ctrl-C, out-of-memory trials."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ import optuna
 import pytest
 
 from autotune.config import TrainConfig
+from autotune.results import load_study
 from autotune.storage import open_storage
-from autotune.tuner import load_study, stall_fraction, validate_study_name
 
-from .conftest import FAST, ROOT, run_cli
+from ..conftest import FAST, ROOT, run_cli
 
 TINY_MLP = ["--model", "models/mlp.py", "--device", "cpu", "--model-arg", "feature_dim=32",
             "--model-arg", "hidden=64", "--model-arg", "layers=2", "--model-arg",
@@ -183,22 +184,6 @@ def test_ctrl_c_records_the_trial_and_exits_130(tmp_path) -> None:
     assert not [t for t in trials if t.state.name == "RUNNING"]
     queued = [t for t in trials if t.state.name == "WAITING"]
     assert queued and queued[0].user_attrs["requeued_from"] == interrupted[0].number
-
-
-@pytest.mark.parametrize(("name", "ok"), [("mlp", True), ("mlp-v2.1", True), ("a/b", False),
-                                          ("..", False), ("x..y", False), ("", False)])
-def test_study_names(name: str, ok: bool) -> None:
-    if ok:
-        assert validate_study_name(name) == name
-    else:
-        with pytest.raises(ValueError, match="study name"):
-            validate_study_name(name)
-
-
-def test_stall_fraction() -> None:
-    cpu = {"step_time_median_s": 0.1, "host_sync_s_per_step": 0.01, "data_wait_fraction": 0.2}
-    assert stall_fraction(cpu, "cpu") == pytest.approx(0.3)
-    assert stall_fraction({**cpu, "device_idle_fraction": 0.05}, "cuda") == 0.05
 
 
 def test_a_repeat_of_a_rerun_is_not_itself_a_rerun(tmp_path) -> None:

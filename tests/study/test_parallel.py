@@ -15,11 +15,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune import storage as storage_module
-from autotune.storage import open_storage
-from autotune.tuner import load_study
+from autotune.results import load_study
 
-from .conftest import FAST, ROOT, run_cli
+from ..conftest import FAST, ROOT, run_cli
 
 TINY_MLP = ["--model", "models/mlp.py", "--device", "cpu", "--model-arg", "feature_dim=32",
             "--model-arg", "hidden=64", "--model-arg", "layers=2", "--model-arg",
@@ -73,43 +71,6 @@ def check_accounted(study: optuna.Study, budget: int, lost: int) -> None:
     assert len(reruns) == 1 and reruns[0].state == TrialState.COMPLETE
     assert reruns[0].params == orphan.params
     assert study.user_attrs["confirmation"]["winner"] is not None
-
-
-def hold_journal_lock(studies: Path) -> subprocess.Popen:
-    """Another process holding the study journal's write lock (returns once it does)."""
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from autotune.storage import open_storage\n"
-        "open_storage(None, Path(sys.argv[1]))._storage._backend._lock.acquire()\n"
-        "print('held', flush=True); time.sleep(120)"), str(studies)],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "held"
-    return holder
-
-
-def test_a_tuner_killed_while_writing_the_journal_does_not_stall_the_others(tmp_path) -> None:
-    """The journal's lock dies with its holder: no 30 s wait, no lock broken by two tuners."""
-    holder = hold_journal_lock(tmp_path)
-    holder.kill()
-    holder.wait()
-    start = time.monotonic()
-    optuna.create_study(study_name="after", storage=open_storage(None, tmp_path))
-    assert time.monotonic() - start < 5
-    assert optuna.load_study(study_name="after", storage=open_storage(None, tmp_path))
-
-
-def test_a_frozen_lock_holder_is_bypassed_after_the_grace_period(tmp_path, monkeypatch) -> None:
-    """A tuner stopped while holding the journal's lock (SIGSTOP, a lost node) does not stall
-    the others for more than the grace period."""
-    holder = hold_journal_lock(tmp_path)
-    try:
-        monkeypatch.setattr(storage_module, "LOCK_GRACE_S", 1.0)
-        start = time.monotonic()
-        optuna.create_study(study_name="after", storage=open_storage(None, tmp_path))
-        assert 1.0 <= time.monotonic() - start < 10
-        assert holder.poll() is None  # its lock was never taken from it, only bypassed
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 @pytest.mark.slow
@@ -243,101 +204,3 @@ def test_password_appears_nowhere(postgres, tmp_path) -> None:
         assert secret not in path.read_text(errors="replace"), path
 
 
-def test_unwritable_study_folder_and_malformed_storage_exit_2(tmp_path) -> None:
-    blocker = tmp_path / "file"
-    blocker.write_text("not a folder")
-    done = run_cli("run", *TINY_MLP, "--studies-dir", str(blocker / "studies"))
-    assert done.returncode == 2
-    assert "cannot write the study folder" in done.stderr and "Traceback" not in done.stderr
-    for url in ("not-a-url", "postgresql//host/db", "nosuchdb://x"):
-        done = run_cli("run", *TINY_MLP, "--studies-dir", str(tmp_path), "--storage", url)
-        assert done.returncode == 2, (url, done.stderr)
-        assert "cannot open storage" in done.stderr and "Traceback" not in done.stderr
-    assert not any(tmp_path.rglob("journal.log"))
-
-
-def test_parallel_options_are_checked() -> None:
-    for args, message in ((["--workers", "0"], "--workers must be >= 1"),
-                          (["--devices", "cpu,cpu"], "distinct devices"),
-                          (["--device", "cpu", "--devices", "cpu"], "either --device or")):
-        done = run_cli("run", "--model", "models/mlp.py", *args)
-        assert done.returncode == 2, done.stderr
-        assert message in done.stderr
-
-
-def test_cpu_thread_share_reaches_the_trial(tmp_path) -> None:
-    """Parallel CPU trials get their share of intra-op threads."""
-    from autotune.isolation import TrialRequest, run_isolated
-
-    model = tmp_path / "threads.py"
-    model.write_text(
-        "import torch\nfrom torch import nn\n"
-        "def build_model():\n    return nn.Linear(2, 1)\n"
-        "def build_dataset():\n"
-        "    print('threads', torch.get_num_threads(), flush=True)\n"
-        "    return torch.utils.data.TensorDataset(torch.randn(64, 2), torch.randn(64, 1))\n"
-        "def loss_fn(model, batch):\n"
-        "    return nn.functional.mse_loss(model(batch[0]), batch[1])\n")
-    request = TrialRequest(model_path=str(model), config={"micro_batch_size": 8},
-                           device="cpu", settings={"window_steps": 1, "window_seconds": 0,
-                                                   "profile_steps": 0}, threads=1)
-    result = run_isolated(request, 120, tmp_path / "trial.log")
-    assert result.status == "ok", result.message
-    assert "threads 1" in Path(result.log_path).read_text()
-
-
-FAULTY_SOURCE = '''
-import ctypes
-import os
-import signal
-import time
-
-import torch
-from torch import nn
-
-BASELINE = {"micro_batch_size": 2}
-
-
-def build_model():
-    return nn.Linear(4, 1)
-
-
-def build_dataset():
-    return torch.utils.data.TensorDataset(torch.randn(240, 4), torch.randn(240, 1))
-
-
-def loss_fn(model, batch):
-    x, y = batch
-    if len(x) == 3:
-        ctypes.string_at(0)  # segfault
-    if len(x) == 5:
-        time.sleep(3600)  # hang
-    if len(x) == 6:
-        os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer does
-    return nn.functional.mse_loss(model(x), y)
-'''
-
-
-@pytest.mark.slow
-def test_a_study_survives_crashing_hanging_and_killed_trials(write_model, tmp_path) -> None:
-    space = tmp_path / "space.yaml"
-    space.write_text("micro_batch_size: [2, 3, 5, 6]\n")
-    fixed = ["grad_accum_steps=1", "precision=fp32", "activation_checkpointing=none",
-             "optimizer_impl=for_loop", "num_workers=0", "compile_mode=none"]
-    done = run_cli("run", "--model", str(write_model(FAULTY_SOURCE, "faulty.py")), "--device",
-                   "cpu", "--studies-dir", str(tmp_path), "--space", str(space),
-                   "--free-batch-size", "1:64", *[a for k in fixed for a in ("--fix", k)],
-                   *FAST, "--trials", "4", "--trial-time-limit", "15", "--confirm-repeats",
-                   "1", "--seed", "0", timeout=600)
-    assert done.returncode == 0, done.stderr
-    trials = load_study("faulty", tmp_path).get_trials(deepcopy=False)
-    by_size = {t.user_attrs["config"]["micro_batch_size"]: t for t in trials
-               if "duplicate_of" not in t.user_attrs and t.user_attrs.get("status") != "skipped"}
-    assert by_size[2].user_attrs["status"] == "ok"
-    assert by_size[3].user_attrs["status"] == "crash"
-    assert "SIGSEGV" in by_size[3].user_attrs["message"]
-    assert by_size[5].user_attrs["status"] == "timeout"
-    assert by_size[6].user_attrs["status"] == "crash"
-    assert "SIGKILL" in by_size[6].user_attrs["message"]
-    summary = run_cli("show", "faulty", "--studies-dir", str(tmp_path), "--json")
-    assert '"micro_batch_size": 2' in summary.stdout

@@ -1,0 +1,97 @@
+"""Figures as samples with an uncertainty: an interval for a median, and for a speedup measured
+in paired rounds.
+
+- The median of step times: a distribution-free interval from order statistics (the binomial
+  argument: each sample is below the true median with probability 1/2), so a few slow steps
+  neither bias it nor need a model of their shape.
+- A speedup from paired rounds (candidate and baseline measured in the same round): the
+  t-interval of the mean log ratio, whose centre is the geometric mean of the round ratios.
+  Logs make "1.5x faster" and "1.5x slower" symmetric, and pairing removes what drifts between
+  rounds.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+CONFIDENCE = 0.95
+# Two-sided 97.5% quantiles of Student's t for 1 to 30 degrees of freedom.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+_Z975 = 1.959964
+
+
+def t975(df: int) -> float:
+    """Student's t quantile for a two-sided 95% interval: the table up to 30 degrees of freedom,
+    then the Cornish-Fisher expansion (within 0.001 there)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = _Z975
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def median_interval(values: Sequence[float],
+                    confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """The order-statistic interval for the median with at least `confidence` coverage, or None
+    when there are too few values for it (fewer than 6 at 95%)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    alpha = 1 - confidence
+    # The largest k with P(Binomial(n, 1/2) < k) <= alpha / 2: [x_(k), x_(n+1-k)].
+    k, below = 0, 0.0
+    while k < n and below + math.comb(n, k) / 2**n <= alpha / 2:
+        below += math.comb(n, k) / 2**n
+        k += 1
+    if k == 0:
+        return None
+    return ordered[k - 1], ordered[n - k]
+
+
+def median_precision(values: Sequence[float], confidence: float = CONFIDENCE) -> float | None:
+    """Half the median's interval over the median: 0.02 means known within ±2%."""
+    interval = median_interval(values, confidence)
+    if interval is None:
+        return None
+    median = statistics.median(values)
+    return (interval[1] - interval[0]) / 2 / median if median > 0 else None
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A speedup from paired rounds: the geometric mean of the round ratios and its 95%
+    interval (None with one round)."""
+
+    value: float
+    low: float | None
+    high: float | None
+    rounds: int
+
+    @property
+    def half_width(self) -> float | None:
+        """Half the interval relative to the value: 0.03 means ±3%."""
+        if self.low is None or self.high is None:
+            return None
+        return (self.high - self.low) / 2 / self.value
+
+    @property
+    def includes_one(self) -> bool:
+        """No measurable difference: the interval holds 1.0 (or there is none)."""
+        return self.low is None or self.high is None or self.low <= 1.0 <= self.high
+
+
+def paired_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> Ratio:
+    """numerator / denominator per round, summarised on the log scale."""
+    if len(numerators) != len(denominators) or not numerators:
+        raise ValueError("paired_ratio needs as many numerators as denominators, at least one")
+    logs = [math.log(a / b) for a, b in zip(numerators, denominators)]
+    centre = statistics.fmean(logs)
+    if len(logs) < 2:
+        return Ratio(math.exp(centre), None, None, 1)
+    half = t975(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return Ratio(math.exp(centre), math.exp(centre - half), math.exp(centre + half), len(logs))

@@ -1,0 +1,52 @@
+"""Intervals: the median's from order statistics, a paired speedup's from log ratios."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from autotune.stats import median_interval, median_precision, paired_ratio, t975
+
+
+def test_t_quantiles_match_the_table_and_the_normal_limit() -> None:
+    assert t975(1) == 12.706 and t975(10) == 2.228
+    assert t975(40) == pytest.approx(2.021, abs=1e-3)
+    assert t975(10_000) == pytest.approx(1.96, abs=1e-3)
+
+
+def test_median_interval_needs_six_values_and_covers_the_median() -> None:
+    assert median_interval([1, 2, 3, 4, 5]) is None
+    assert median_interval([5, 1, 4, 2, 6, 3]) == (1, 6)  # 1 - 2/64 = 96.9% coverage
+    values = list(range(1, 101))
+    low, high = median_interval(values)
+    assert (low, high) == (40, 61)  # the textbook ranks for n = 100
+    rng = random.Random(0)
+    covered = 0
+    for _ in range(400):
+        sample = [rng.gauss(10.0, 1.0) for _ in range(20)]
+        low, high = median_interval(sample)
+        covered += low <= 10.0 <= high
+    assert covered / 400 >= 0.93
+
+
+def test_median_precision_shrinks_with_more_steps() -> None:
+    rng = random.Random(1)
+    few = [rng.gauss(0.1, 0.005) for _ in range(10)]
+    many = few + [rng.gauss(0.1, 0.005) for _ in range(190)]
+    assert median_precision(many) < median_precision(few) < 0.1
+
+
+def test_a_paired_speedup_and_whether_it_is_a_difference_at_all() -> None:
+    faster = paired_ratio([110, 121, 105, 116], [100, 110, 95, 105])
+    assert faster.value == pytest.approx(1.1, rel=0.01) and not faster.includes_one
+    assert faster.low < faster.value < faster.high
+    noise = paired_ratio([100, 97, 104, 99], [99, 101, 100, 102])
+    assert noise.includes_one
+    one = paired_ratio([120], [100])
+    assert one.value == pytest.approx(1.2) and one.low is None and one.includes_one
+    # Symmetric on the log scale: swapping the two inverts the interval.
+    swapped = paired_ratio([100, 110, 95, 105], [110, 121, 105, 116])
+    assert swapped.high == pytest.approx(1 / faster.low) and math.isclose(
+        swapped.value * faster.value, 1.0)
