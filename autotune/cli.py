@@ -7,18 +7,26 @@ import io
 import json
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.text import Text
 
-from autotune.config import ConfigError, TrainConfig, from_baseline, knob_names, parse_assignments
-from autotune.deep_profile import profile_config
+from autotune.config import (
+    ConfigError,
+    TrainConfig,
+    knob_names,
+    parse_assignments,
+    read_yaml,
+    value_problems,
+)
+from autotune.deep_profile import ProfileReport
 from autotune.export import EXPORT_FORMATS, export_config
 from autotune.formatting import short_config
-from autotune.hardware import DeviceInfo, describe, parse_device, unsupported_reason, usable_cpus
-from autotune.isolation import TrialRequest, is_oom, limit_memory, run_isolated
+from autotune.hardware import DeviceInfo, describe, parse_device, usable_cpus
+from autotune.isolation import TrialRequest, TrialResult, run_isolated
 from autotune.measure import MeasureSettings
 from autotune.options import (
     StorageOptions,
@@ -32,6 +40,7 @@ from autotune.options import (
 )
 from autotune.report import (
     bench_record,
+    device_line,
     print_bench,
     print_profile,
     studies_table,
@@ -39,10 +48,11 @@ from autotune.report import (
 )
 from autotune.results import list_studies, load_study, study_summary
 from autotune.storage import StorageUnavailable, redact, study_dir
-from autotune.tuner import Tuner
+from autotune.trials import DETERMINISTIC
+from autotune.tuner import RunFailed, Tuner
 from autotune.views import LiveView, PlainView
 from autotune.worker import Interrupted
-from autotune.workload import ContractError, Workload, load_workload
+from autotune.workload import ContractError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 def build_parser() -> argparse.ArgumentParser:
@@ -107,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--warmup-max-seconds", type=float,
                          default=MeasureSettings().warmup_max_seconds,
                          help="give up waiting for steady step times after this long")
+    profile.add_argument("--time-limit", type=float, default=900.0, metavar="SECONDS",
+                         help="kill the profiled run after this long")
     _add_debug(profile)
 
     report = commands.add_parser(
@@ -157,68 +169,84 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
                         help=f"set one knob (repeatable); knobs: {', '.join(knob_names())}")
 
 
-def _configured(args: argparse.Namespace) -> tuple[WorkloadOptions, Workload, TrainConfig,
-                                                  DeviceInfo]:
-    """The model file, BASELINE with --config and --set on top, checked against the device."""
+def _target(args: argparse.Namespace) -> tuple[WorkloadOptions, DeviceInfo, dict[str, Any]]:
+    """The model file and device of `bench`/`profile`, and the knobs --config and --set give
+    (the trial puts them over the file's BASELINE: the file is only ever imported there)."""
     options = options_from_args(args, WorkloadOptions)
     try:
         device = parse_device(options.device)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    workload = load_workload(options.model_path, options.model_args)
-    try:
-        config = from_baseline(workload.baseline, device.type)
-    except ConfigError as exc:
-        raise ContractError(f"{workload.path}: BASELINE: {exc}") from None
+    if not Path(options.model_path).is_file():
+        raise ContractError(f"model file not found: {options.model_path}")
+    knobs: dict[str, Any] = {}
     if args.config:
-        config = TrainConfig.load(args.config, base=config)
-    config = TrainConfig.from_dict(parse_assignments(args.set), base=config)
-    info = describe(device)
-    reason = unsupported_reason(config, info)
-    if reason:
-        raise ConfigError(f"this configuration cannot run on {info}: {reason}")
-    return options, workload, config, info
+        data = read_yaml(args.config, "config") or {}
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"config file {args.config} must be a mapping of knob: value")
+        knobs.update(data)
+    knobs.update(parse_assignments(args.set))
+    unknown = sorted(map(str, set(knobs) - set(knob_names())))
+    problems = ([f"unknown knob(s) {', '.join(unknown)}; the knobs are: "
+                 f"{', '.join(knob_names())}"] if unknown else []) + value_problems(knobs)
+    if problems:
+        raise ConfigError("invalid configuration: " + "; ".join(problems))
+    return options, describe(device), knobs
+
+
+def _refused(result: TrialResult, info: DeviceInfo) -> Exception | None:
+    """Bad input or a configuration this device cannot run, as the error to exit 2 with."""
+    if result.bad_input:
+        return ContractError(result.message)
+    if result.status == "unsupported":
+        return ConfigError(f"this configuration cannot run on {info}: {result.message}")
+    return None
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
-    options, workload, config, info = _configured(args)
-    device = info.torch_device
-    trace = str(Path(args.trace) / f"{workload.name}-trace.json") if args.trace else None
+    options, info, knobs = _target(args)
+    device, name = info.torch_device, Path(options.model_path).stem
+    trace = str(Path(args.trace) / f"{name}-trace.json") if args.trace else None
     request = TrialRequest(
-        model_path=str(workload.path), config=config.to_dict(), device=str(device),
-        model_args=workload.model_args, settings=vars(measure_settings(args)),
+        model_path=options.model_path, config=knobs, device=str(device),
+        model_args=options.model_args, settings=vars(measure_settings(args)),
         memory_limit_bytes=options.memory_limit_bytes, trace_path=trace)
     status = Console(stderr=True)
-    with status.status(f"measuring {workload.name} on {device}") as spinner:
+    with status.status(f"measuring {name} on {device}") as spinner:
         result = run_isolated(request, args.time_limit, args.log, on_phase=lambda phase:
-                              spinner.update(f"measuring {workload.name} on {device}: {phase}"))
-    record = bench_record(result.to_dict(), str(device), config.to_dict())
-    if result.bad_input and not args.json:
-        raise ContractError(result.message)
+                              spinner.update(f"measuring {name} on {device}: {phase}"))
+    refused = _refused(result, info)
+    if refused is not None and not args.json:
+        raise refused
+    record = bench_record(result.to_dict(), str(device), result.config or knobs)
     if args.json:
         print(json.dumps(record, indent=2))
     else:
-        print_bench(record, console, f"{workload.name} on {info}")
+        print_bench(record, console, f"{name} on {info}")
     if result.status == "ok":
         return EXIT_OK
-    if result.bad_input or result.status == "unsupported":
-        return EXIT_BAD_INPUT
-    return EXIT_FAILED
+    return EXIT_BAD_INPUT if refused is not None else EXIT_FAILED
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     options = options_from_args(args, TuneOptions, settings=measure_settings(args))
     view_console = Console(stderr=True) if args.json else console
     plain = PlainView(view_console)
-    tuner = Tuner(options, plain)
-    if len(tuner.devices) > 1 and tuner.device.type == "cpu":
-        plain.note(f"warning: {len(tuner.devices)} CPU trials at once share {usable_cpus()} "
-                   f"cores ({tuner.trial_threads} threads each) and disturb each other's "
-                   "timings; the confirmation runs alone")
-    view = (LiveView(view_console, tuner.study, options.trials, options.timeout_s,
-                     tuner.measured_trials) if view_console.is_terminal else plain)
-    tuner.view = view
     try:
+        first = parse_device(options.devices[0] if options.devices else options.device)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    plain.note(device_line(describe(first)))
+    tuner = Tuner(options, plain)
+    try:
+        if len(tuner.devices) > 1 and tuner.device.type == "cpu":
+            plain.note(f"warning: {len(tuner.devices)} CPU trials at once share "
+                       f"{usable_cpus()} cores ({tuner.trial_threads} threads each) and "
+                       "disturb each other's timings; the confirmation runs alone")
+        view = (LiveView(view_console, tuner.study, options.trials,
+                         options.timeout_s or tuner.time_budget_s, tuner.measured_trials)
+                if view_console.is_terminal else plain)
+        tuner.view = view
         with view:
             summary = tuner.run()
     except ContractError:
@@ -230,54 +258,83 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                            "same command to continue. Best so far (not confirmed):")
         view_console.print(summary_tables(summary))
         return EXIT_INTERRUPTED
+    finally:
+        tuner.close()
     if args.json:
         print(json.dumps(summary, indent=2))
-        return EXIT_OK
-    console.print(summary_tables(summary))
-    for name, path in summary["files"].items():
-        console.print(Text(f"{name}: {path}", style="dim"))
+    else:
+        console.print(summary_tables(summary))
+        for name, path in summary["files"].items():
+            console.print(Text(f"{name}: {path}", style="dim"))
+    failure = run_failure(summary)
+    if failure:
+        _error(failure)
+        return EXIT_FAILED
     return EXIT_OK
+
+
+def run_failure(summary: Mapping[str, Any]) -> str | None:
+    """Why a finished study has no answer, in one line, or None when it has one: the baseline
+    failed (nothing can be compared), or no trial measured anything."""
+    baseline = summary.get("baseline_trial") or {}
+    if baseline.get("status") in DETERMINISTIC:
+        return (f"the baseline (the model file's BASELINE) failed as {baseline['status']}: "
+                f"{baseline['message'].splitlines()[0] if baseline['message'] else ''}; "
+                "nothing can be compared")
+    if not summary["best_config"]:
+        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(summary["statuses"].items()))
+        return f"no trial measured anything ({outcomes})"
+    return None
 
 
 def cmd_profile(args: argparse.Namespace, console: Console) -> int:
     if args.steps < 1 or args.top < 1:
         raise UsageError("--steps and --top must be >= 1")
-    options, workload, config, info = _configured(args)
-    out = Path(args.out or Path("studies") / workload.name / "profile")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot write to {out}: {exc.strerror}") from None
-    device = info.torch_device
-    if options.memory_limit_bytes:
-        limit_memory(device, options.memory_limit_bytes)
-    settings = MeasureSettings(warmup_max_seconds=args.warmup_max_seconds)
+    options, info, knobs = _target(args)
+    device, name = info.torch_device, Path(options.model_path).stem
+    out = Path(args.out or Path("studies") / name / "profile")
+    _writable_folder(out)
+    request = TrialRequest(
+        model_path=options.model_path, config=knobs, device=str(device),
+        model_args=options.model_args, memory_limit_bytes=options.memory_limit_bytes,
+        job="profile", settings={"out": str(out), "steps": args.steps, "top": args.top,
+                                 "warmup_max_seconds": args.warmup_max_seconds})
     status = Console(stderr=True)
-    try:
-        with status.status(f"profiling {workload.name} on {device}") as spinner:
-            result = profile_config(workload, config, device, out, steps=args.steps,
-                                    settings=settings, top=args.top, progress=lambda phase:
-                                    spinner.update(f"profiling {workload.name}: {phase}"))
-    except Exception as exc:
-        if not is_oom(exc):
-            raise
-        status.print(f"out of memory: {short_config(config.to_dict())} does not fit on "
-                     f"{info}; try a smaller micro_batch_size or activation_checkpointing")
+    with status.status(f"profiling {name} on {device}") as spinner:
+        result = run_isolated(request, args.time_limit, out / "profile.log",
+                              on_phase=lambda phase: spinner.update(
+                                  f"profiling {name} on {device}: {phase}"))
+    refused = _refused(result, info)
+    if refused is not None:
+        raise refused
+    if result.status == "oom":
+        _error(f"out of memory: {short_config(result.config)} does not fit on {info}; try a "
+               "smaller micro_batch_size or activation_checkpointing")
         return EXIT_FAILED
-    from autotune import plots  # matplotlib: only the commands that draw pay its import
-
-    image = out / "memory.png"
-    image.write_bytes(plots.memory_timeline(*result.memory_timeline,
-                                            title=f"Memory timeline: {workload.name}"))
-    result.files["memory_image"] = str(image)
-    result.files["json"] = str(out / "profile.json")
-    result.files["text"] = str(out / "profile.txt")
-    Path(result.files["json"]).write_text(json.dumps(result.to_dict(), indent=2))
+    if result.status != "ok":
+        _error(f"the profiled run ended as {result.status}: "
+               f"{result.message.splitlines()[0] if result.message else ''} "
+               f"(log: {result.log_path})")
+        return EXIT_FAILED
+    report = ProfileReport.from_dict(result.metrics)
     recorder = Console(record=True, width=max(console.width, 120), file=io.StringIO())
-    print_profile(result, recorder, f"{workload.name} on {info}")
-    Path(result.files["text"]).write_text(recorder.export_text())
-    print_profile(result, console, f"{workload.name} on {info}")
+    print_profile(report, recorder, f"{name} on {info}")
+    Path(report.files["text"]).write_text(recorder.export_text())
+    print_profile(report, console, f"{name} on {info}")
     return EXIT_OK
+
+
+def _writable_folder(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot write to {path}: {exc.strerror}") from None
+
+
+def _error(message: str) -> None:
+    """One line on stderr, never wrapped (scripts and logs read it whole)."""
+    Console(stderr=True, soft_wrap=True).print(
+        Text.assemble(("autotune: error: ", "bold red"), " ".join(message.split())))
 
 
 def cmd_report(args: argparse.Namespace, console: Console) -> int:
@@ -346,10 +403,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ContractError, ConfigError) as exc:
         if args.debug:
             raise
-        Console(stderr=True).print(Text.assemble(("autotune: error: ", "bold red"), str(exc)))
+        _error(str(exc))
         return EXIT_BAD_INPUT
-    except StorageUnavailable as exc:
-        Console(stderr=True).print(Text.assemble(("autotune: error: ", "bold red"), str(exc)))
+    except (StorageUnavailable, RunFailed) as exc:
+        _error(str(exc))
         return EXIT_FAILED
     except KeyboardInterrupt:
         Console(stderr=True).print("interrupted")

@@ -55,30 +55,12 @@ class TrainConfig:
 
     def problems(self) -> list[str]:
         """Every reason this configuration is invalid on any device (empty when valid)."""
-        out = []
-        for name in ("micro_batch_size", "grad_accum_steps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                out.append(f"{name} must be a positive integer, got {value!r}")
-        if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int):
-            out.append(f"num_workers must be an integer, got {self.num_workers!r}")
-        elif self.num_workers < 0:
-            out.append(f"num_workers must be >= 0, got {self.num_workers}")
-        for name, choices in CHOICES.items():
-            value = getattr(self, name)
-            if value not in choices:
-                out.append(f"{name} must be one of {', '.join(choices)}; got {value!r}")
-        for name in ("pin_memory", "persistent_workers"):
-            if not isinstance(getattr(self, name), bool):
-                out.append(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if self.prefetch_factor is not None:
-            if isinstance(self.prefetch_factor, bool) or not isinstance(self.prefetch_factor, int):
-                out.append(f"prefetch_factor must be an integer, got {self.prefetch_factor!r}")
-            elif self.prefetch_factor < 1:
-                out.append(f"prefetch_factor must be >= 1, got {self.prefetch_factor}")
-            elif self.num_workers == 0:
-                out.append("prefetch_factor needs num_workers > 0 (the main process does not "
-                           "prefetch)")
+        out = value_problems(self.to_dict())
+        prefetch = self.prefetch_factor
+        if isinstance(prefetch, int) and not isinstance(prefetch, bool) and prefetch >= 1 \
+                and self.num_workers == 0:
+            out.append("prefetch_factor needs num_workers > 0 (the main process does not "
+                       "prefetch)")
         if self.persistent_workers is True and self.num_workers == 0:
             out.append("persistent_workers needs num_workers > 0")
         return out
@@ -126,6 +108,34 @@ class TrainConfig:
     def load(cls, path: str | Path, base: TrainConfig | None = None) -> TrainConfig:
         """Read a YAML or JSON file (JSON is YAML, so one parser serves both)."""
         return cls.from_dict(read_yaml(path, "config") or {}, base)
+
+
+def value_problems(values: Mapping[str, Any]) -> list[str]:
+    """What is wrong with each knob value on its own, for the knobs `values` holds (a knob
+    that needs another, like prefetch_factor needing workers, is `TrainConfig.problems`')."""
+    out = []
+    for name in ("micro_batch_size", "grad_accum_steps"):
+        value = values.get(name, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            out.append(f"{name} must be a positive integer, got {value!r}")
+    workers = values.get("num_workers", 0)
+    if isinstance(workers, bool) or not isinstance(workers, int):
+        out.append(f"num_workers must be an integer, got {workers!r}")
+    elif workers < 0:
+        out.append(f"num_workers must be >= 0, got {workers}")
+    for name, choices in CHOICES.items():
+        if name in values and values[name] not in choices:
+            out.append(f"{name} must be one of {', '.join(choices)}; got {values[name]!r}")
+    for name in ("pin_memory", "persistent_workers"):
+        if not isinstance(values.get(name, False), bool):
+            out.append(f"{name} must be true or false, got {values[name]!r}")
+    prefetch = values.get("prefetch_factor")
+    if prefetch is not None:
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int):
+            out.append(f"prefetch_factor must be an integer, got {prefetch!r}")
+        elif prefetch < 1:
+            out.append(f"prefetch_factor must be >= 1, got {prefetch}")
+    return out
 
 
 def read_yaml(path: str | Path, kind: str, error: type[ConfigError] = ConfigError) -> Any:

@@ -1,16 +1,27 @@
-"""Confirmation: the reported samples/sec of the winner comes from fresh runs, not from the
-luckiest search trial.
+"""Confirmation: the answer comes from paired rounds of fresh runs, with its uncertainty, not
+from the luckiest search trial.
 
-When the budget ends, the top configurations and the baseline are re-measured in fresh
-processes, interleaved; the winner is the best median among those that fitted every time. The
-baseline is a candidate too, so autotune never recommends something slower than what the user
-has. Of several tuners ending together on one study, exactly one confirms.
+When the budget ends, the top configurations and the baseline are re-measured in rounds: each
+round runs every candidate and the baseline once, in a shuffled order, so that whatever the
+machine does drifts over all of them alike. Rounds are added until the leader's speedup over
+the baseline is known within ±`target` (a 95% interval of the paired ratios, `stats`) or the
+cap is reached. A round in which some run was disturbed by another process is measured again.
+
+The recommendation is the simplest configuration that is as fast as the fastest: among the
+candidates with no measurable difference from the fastest (their paired interval holds 1.0),
+the one with the fewest knobs changed from the baseline, so "1.04x" inside the noise is reported
+as no difference and the baseline stays. The baseline is a candidate too, so autotune never
+recommends something slower than what the user has. Of several tuners ending together on one
+study, exactly one confirms.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +31,46 @@ from optuna.trial import TrialState
 from autotune.config import TrainConfig
 from autotune.measure import time_to_train_s
 from autotune.outcome import Scoring
-from autotune.results import median_or_none
+from autotune.runner import MeasureJob
+from autotune.stats import Ratio, paired_ratio
 from autotune.trials import Role, StudyKey, TrialStatus, config_key, trial_records
 from autotune.views import StudyView
-from autotune.worker import Measure, MeasureJob
+from autotune.worker import Measure
 
 # Tuners ending together each claim the confirmation; the claim standing after this wins.
 CLAIM_SETTLE_S = 1.0
+DEFAULT_ROUNDS = 3
+DEFAULT_MAX_ROUNDS = 10
+DEFAULT_TARGET = 0.03
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much confirming to do."""
+
+    top: int
+    rounds: int = DEFAULT_ROUNDS          # at least this many
+    max_rounds: int = DEFAULT_MAX_ROUNDS  # at most this many (disturbed ones included)
+    target: float = DEFAULT_TARGET        # stop once the leader is known within ±target
+
+
+@dataclass
+class Candidate:
+    """One configuration being confirmed, with its run in each round (None: it failed)."""
+
+    config: dict[str, Any]
+    trial: int | None
+    feasible: bool
+    search_samples_per_sec: float | None = None
+    runs: list[dict[str, Any] | None] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(run is not None for run in self.runs)
+
+    def values(self, key: str) -> list[float]:
+        """The figure from every round that has it."""
+        return [run[key] for run in self.runs if run is not None and run.get(key) is not None]
 
 
 def should_confirm(study: optuna.Study, owner: str, view: StudyView) -> bool:
@@ -48,65 +92,168 @@ def should_confirm(study: optuna.Study, owner: str, view: StudyView) -> bool:
     return study.user_attrs.get(StudyKey.CONFIRMATION_CLAIM) == owner
 
 
-def candidates(study: optuna.Study, baseline: TrainConfig, top: int) -> dict[str, dict]:
-    """The `top` best distinct feasible configurations, and the baseline (the reference for the
-    speedup; the winner only if it also fitted in the search)."""
-    chosen: dict[str, dict[str, Any]] = {}
-    feasible = sorted((r for r in trial_records(study) if r.score is not None),
-                      key=lambda r: r.value, reverse=True)
-    for r in feasible:
+def candidates(study: optuna.Study, baseline: TrainConfig, top: int) -> list[Candidate]:
+    """The `top` best distinct feasible configurations, then the baseline (the reference for
+    the speedup; a winner only if it also fitted in the search)."""
+    chosen: dict[str, Candidate] = {}
+    records = trial_records(study)
+    for r in sorted((r for r in records if r.score is not None and not r.get("disturbed")),
+                    key=lambda r: r.value, reverse=True):
         key = config_key(r.config)
         if len(chosen) < top and key not in chosen:
-            chosen[key] = {"config": r.config, "trial": r.number, "feasible": True, "runs": []}
+            chosen[key] = Candidate(r.config, r.number, True, r.samples_per_sec)
     key = config_key(baseline)
     if key not in chosen:
-        measured = next((r for r in trial_records(study) if r.role == Role.BASELINE
+        measured = next((r for r in records if r.role == Role.BASELINE
                          and r.state == TrialState.COMPLETE.name), None)
-        chosen[key] = {"config": baseline.to_dict(),
-                       "trial": measured.number if measured else None,
-                       "feasible": bool(measured and measured.feasible), "runs": []}
-    return chosen
+        chosen[key] = Candidate(baseline.to_dict(), measured.number if measured else None,
+                                bool(measured and measured.feasible),
+                                measured.samples_per_sec if measured else None)
+    else:  # the baseline goes last, as the reference
+        chosen[key] = chosen.pop(key)
+    return list(chosen.values())
 
 
 def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measure: Measure,
-            view: StudyView, *, top: int, repeats: int, time_limit_s: float, device: str,
+            view: StudyView, plan: Plan, *, time_limit_s: float, device: str,
             directory: Path) -> dict[str, Any]:
-    """Re-measure the top configurations and the baseline `repeats` times each, interleaved;
-    stored in the study and returned."""
-    entries = candidates(study, baseline, top)
-    traces = directory / "traces"
-    start = time.monotonic()
-    for repeat in range(repeats):
-        for index, entry in enumerate(entries.values()):
-            view.note(f"confirming {index + 1}/{len(entries)}, run {repeat + 1}/{repeats}")
-            job = MeasureJob(f"confirm-{index}-{repeat}", time_limit_s, device,
-                             trace=traces / f"candidate-{index}.json" if repeat == 0 else None)
-            result = measure(TrainConfig.from_dict(entry["config"]), job)
-            status = scoring.classify(result)[0]
-            ok = status == TrialStatus.OK
-            entry["runs"].append({"status": str(status), **{
-                k: result.metrics.get(k) for k in ("samples_per_sec", "peak_memory_bytes",
-                                                   "mfu", "step_time_median_s")},
-                "objective": scoring.objective_rate(result.metrics) if ok else None,
-                "time_to_train_s": time_to_train_s(result.metrics, scoring.train_steps)
-                if ok and scoring.train_steps else None})
-            if repeat == 0:
-                entry["trace"] = result.metrics.get("trace_path")
-    for entry in entries.values():
-        rates = [r["samples_per_sec"] for r in entry["runs"] if r["status"] == TrialStatus.OK]
-        entry["ok"] = len(rates) == len(entry["runs"])
-        entry["median"] = statistics.median(rates) if rates else None
-        entry["spread"] = (max(rates) - min(rates)) / 2 if rates else None
-        entry["objective"] = median_or_none([r["objective"] for r in entry["runs"]])
-        entry["time_to_train_s"] = median_or_none([r["time_to_train_s"] for r in entry["runs"]])
-    ranked = sorted((e for e in entries.values() if e["ok"] and e["feasible"]),
-                    key=lambda e: e["objective"], reverse=True)
-    reference = entries[config_key(baseline)]
-    winner = ranked[0] if ranked else None
-    confirmation = {"candidates": list(entries.values()), "repeats": repeats, "winner": winner,
-                    "baseline": reference,
-                    "speedup": (winner["median"] / reference["median"]
-                                if winner and reference["median"] else None),
-                    "wall_s": time.monotonic() - start, "at": time.time()}
-    study.set_user_attr(StudyKey.CONFIRMATION, confirmation)
-    return confirmation
+    """Paired rounds until the leader's speedup is known within the target or the cap; the
+    result is stored in the study and returned."""
+    entries = candidates(study, baseline, plan.top)
+    reference = entries[-1]
+    shuffle = random.Random(0)
+    start, rounds = time.monotonic(), 0
+    while rounds < plan.max_rounds:
+        rounds += 1
+        order = list(range(len(entries)))
+        shuffle.shuffle(order)
+        runs = [_run(entries[i], i, rounds, scoring, measure, view, time_limit_s, device,
+                     directory, len(entries)) for i in order]
+        if any(run is not None and run.get("disturbed") for run in runs):
+            view.note(f"confirmation round {rounds} was disturbed by another process: "
+                      "measuring it again")
+            continue
+        for i, run in zip(order, runs):
+            entries[i].runs.append(run)
+        done = len(reference.runs)
+        leader = _leader(entries, reference)
+        known = leader is None or leader is reference or \
+            (_ratio(leader, reference, "objective").half_width or 1.0) <= plan.target
+        if done >= plan.rounds and known:
+            break
+    result = conclusion(entries, reference)
+    result.update(rounds=len(reference.runs), repeats=len(reference.runs),
+                  wall_s=time.monotonic() - start, at=time.time(), target=plan.target,
+                  drift=drift(reference))
+    study.set_user_attr(StudyKey.CONFIRMATION, result)
+    return result
+
+
+def _run(entry: Candidate, index: int, round_: int, scoring: Scoring, measure: Measure,
+         view: StudyView, time_limit_s: float, device: str, directory: Path,
+         count: int) -> dict[str, Any] | None:
+    """One fresh run of a candidate: its figures, or None when it did not run within memory."""
+    view.note(f"confirming: round {round_}, candidate {index + 1}/{count}")
+    trace = directory / "traces" / f"candidate-{index}.json" if round_ == 1 else None
+    job = MeasureJob(f"confirm-{index}-{round_ - 1}", time_limit_s, device, trace=trace)
+    result = measure(TrainConfig.from_dict(entry.config), job)
+    if scoring.classify(result)[0] != TrialStatus.OK:
+        return None
+    metrics = result.metrics
+    return {"status": "ok", "samples_per_sec": metrics["samples_per_sec"],
+            "objective": scoring.objective_rate(metrics),
+            "peak_memory_bytes": metrics.get("peak_memory_bytes"),
+            "mfu": metrics.get("mfu"), "step_time_median_s": metrics.get("step_time_median_s"),
+            "time_to_train_s": time_to_train_s(metrics, scoring.train_steps)
+            if scoring.train_steps else None,
+            "disturbed": bool(metrics.get("disturbed")), "trace": metrics.get("trace_path")}
+
+
+def _ratio(entry: Candidate, reference: Candidate, key: str) -> Ratio:
+    """entry / reference, paired by round over the rounds both ran."""
+    pairs = [(a[key], b[key]) for a, b in zip(entry.runs, reference.runs)
+             if a is not None and b is not None]
+    if not pairs:
+        return Ratio(float("nan"), None, None, 0)
+    return paired_ratio([a for a, _ in pairs], [b for _, b in pairs])
+
+
+def _leader(entries: Sequence[Candidate], reference: Candidate) -> Candidate | None:
+    """The fastest candidate that fitted every round (by the objective, paired with the
+    baseline; the baseline itself when it is fastest), or None when none did."""
+    ranked = [e for e in entries if e.ok and e.feasible and e.runs]
+    if not ranked:
+        return None
+    if not reference.ok or not reference.runs:
+        return max(ranked, key=lambda e: statistics.median(e.values("objective")))
+    return max(ranked, key=lambda e: 1.0 if e is reference else
+               _ratio(e, reference, "objective").value)
+
+
+def _changes(entry: Candidate, reference: Candidate) -> int:
+    return sum(entry.config[k] != v for k, v in reference.config.items())
+
+
+def conclusion(entries: list[Candidate], reference: Candidate) -> dict[str, Any]:
+    """The fastest, the recommendation (the simplest as fast as the fastest) and the speedup
+    of the recommendation over the baseline with its interval."""
+    fastest = _leader(entries, reference)
+    summaries = [_summary(e, reference) for e in entries]
+    if fastest is None:
+        return {"candidates": summaries, "winner": None, "fastest": None,
+                "baseline": summaries[-1], "speedup": None, "speedup_ci": None,
+                "no_measurable_difference": None}
+    tied = [e for e in entries if e.ok and e.feasible and e.runs and
+            (e is fastest or _ratio(e, fastest, "objective").includes_one)]
+    recommended = min(tied, key=lambda e: (_changes(e, reference),
+                                           -_ratio(e, fastest, "objective").value
+                                           if e is not fastest else -1.0))
+    index = entries.index
+    result = {"candidates": summaries, "winner": summaries[index(recommended)],
+              "fastest": summaries[index(fastest)], "baseline": summaries[-1],
+              "speedup": 1.0 if reference.runs else None, "speedup_ci": None,
+              "no_measurable_difference": recommended is not fastest}
+    # The interval of the comparison that decided: the recommendation against the baseline,
+    # or, when the baseline is recommended, the fastest against it.
+    decisive = fastest if recommended is reference else recommended
+    if decisive is not reference and reference.runs:
+        ratio = _ratio(decisive, reference, "samples_per_sec")
+        result["speedup_ci"] = [ratio.low, ratio.high] if ratio.low is not None else None
+        if recommended is not reference:
+            result.update(speedup=ratio.value, no_measurable_difference=ratio.includes_one)
+    return result
+
+
+def _summary(entry: Candidate, reference: Candidate) -> dict[str, Any]:
+    """What the study stores of one candidate: its runs and their medians."""
+    rates = entry.values("samples_per_sec")
+    ratio = _ratio(entry, reference, "samples_per_sec") if entry is not reference else None
+    return {"config": entry.config, "trial": entry.trial, "feasible": entry.feasible,
+            "ok": entry.ok, "runs": [r if r is not None else {"status": "failed"}
+                                     for r in entry.runs],
+            "median": statistics.median(rates) if rates else None,
+            "spread": (max(rates) - min(rates)) / 2 if rates else None,
+            "objective": _median(entry.values("objective")),
+            "time_to_train_s": _median(entry.values("time_to_train_s")),
+            "search_samples_per_sec": entry.search_samples_per_sec,
+            "speedup": ratio.value if ratio else 1.0,
+            "speedup_ci": [ratio.low, ratio.high] if ratio and ratio.low is not None else None,
+            "trace": next((r["trace"] for r in entry.runs if r and r.get("trace")), None)}
+
+
+def drift(reference: Candidate) -> dict[str, Any] | None:
+    """The baseline at the start of the search against the end (the confirmation rounds):
+    a drift beyond the rounds' own spread is the machine changing under the study."""
+    rates = reference.values("samples_per_sec")
+    start = reference.search_samples_per_sec
+    if not rates or not start:
+        return None
+    low, high = min(rates), max(rates)
+    noise = max((high - low) / 2, 0.02 * statistics.median(rates))
+    outside = start < low - noise or start > high + noise
+    return {"start_samples_per_sec": start, "end_samples_per_sec": statistics.median(rates),
+            "end_range": [low, high], "beyond_noise": outside}
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None

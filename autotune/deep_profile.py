@@ -7,9 +7,11 @@ timeline (the CUDA allocator's history, or the profiler's memory categories on C
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import socket
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +63,36 @@ class ProfileReport:
         data = asdict(self)
         del data["memory_timeline"]
         return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ProfileReport:
+        """A report read back from `to_dict` (the memory timeline is drawn, not returned)."""
+        return cls(**{**data, "memory_timeline": ([], {}),
+                      "tables": {kind: [OperatorStat(**stat) for stat in stats]
+                                 for kind, stats in data["tables"].items()},
+                      "findings": [Finding(**f) for f in data["findings"]]})
+
+
+def profile_job(workload: Workload, config: TrainConfig, device: torch.device,
+                settings: Mapping[str, Any], trace_path: str | None,
+                progress: Progress) -> dict[str, Any]:
+    """A child process's job (`isolation.JOBS`): profile, write the trace, the memory timeline
+    image and profile.json under `settings["out"]`, and return the report."""
+    from autotune import plots  # matplotlib: only the commands that draw pay its import
+
+    out = Path(settings["out"])
+    report = profile_config(workload, config, device, out, steps=settings["steps"],
+                            settings=MeasureSettings(
+                                warmup_max_seconds=settings["warmup_max_seconds"]),
+                            top=settings["top"], progress=progress)
+    image = out / "memory.png"
+    image.write_bytes(plots.memory_timeline(*report.memory_timeline,
+                                            title=f"Memory timeline: {workload.name}"))
+    report.files.update(memory_image=str(image), json=str(out / "profile.json"),
+                        text=str(out / "profile.txt"))
+    data = report.to_dict()
+    Path(report.files["json"]).write_text(json.dumps(data, indent=2))
+    return data
 
 
 def profile_config(workload: Workload, config: TrainConfig, device: torch.device, out_dir: Path,

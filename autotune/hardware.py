@@ -194,6 +194,16 @@ def _nvml_facts(index: int) -> tuple[str, int, int]:
         return props.name, int(props.total_memory), props.major
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes in bf16 itself (AVX512-BF16 or AMX), rather than emulating it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
+
+
 def _cpu_name(capabilities: str) -> str:
     try:
         with open("/proc/cpuinfo") as f:

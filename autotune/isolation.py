@@ -1,17 +1,21 @@
 """One trial = one fresh process with a time limit; whatever happens comes back as a result.
 
-The parent writes a request file, starts `python -c ...child_main()` in its own session (so a
-Ctrl-C or a crash on either side cannot take the other down), captures its output to a log file
-and waits. The child measures, classifies its own exceptions (OOM, bad input, unsupported,
-error) and writes a result file atomically; a child that dies without one is a `crash`, one that
-runs past its limit is killed with its whole process group (DataLoader workers included) and is
-a `timeout`. A child whose parent died exits by itself within a couple of seconds, so it never
-keeps holding a GPU.
+The parent writes a request file, starts the child in its own session (so a Ctrl-C or a crash
+on either side cannot take the other down), captures its output to a log file and waits. The
+child is a new interpreter (`python -c ...child_main()`) or, when the tuner runs a
+`forkserver.ForkServer`, a fork of a process that has already imported torch and the model file;
+both end the same ways. The child runs its job (`JOBS`: a measurement, the capability probe,
+the deep profile), classifies its own exceptions (OOM, bad input, unsupported, error) and writes
+a result file atomically; a child that dies without one is a `crash`, one that runs past its
+limit is killed with its whole process group (DataLoader workers included) and is a `timeout`.
+A child whose parent died exits by itself within a couple of seconds, so it never keeps holding
+a GPU. No model file is ever imported in the parent: user code runs only in children.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import resource
@@ -25,16 +29,27 @@ import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-STATUSES = ("ok", "oom", "timeout", "crash", "error", "unsupported")
+from autotune.forkserver import ForkedChild, ForkServer, ForkServerUnavailable
+
+Child = subprocess.Popen | ForkedChild
+
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory",
                "failed to allocate memory")
 
 
+# What a child can be asked to do: module and function, each called as
+# fn(workload, config, device, settings, trace_path, progress) -> figures (plain JSON data).
+JOBS = {"measure": ("autotune.measure", "measure_job"),
+        "probe": ("autotune.probe", "probe_job"),
+        "profile": ("autotune.deep_profile", "profile_job")}
+
+
 @dataclass
 class TrialRequest:
-    """Everything a child needs to measure one configuration; plain JSON data."""
+    """Everything a child needs for one job; plain JSON data. Knobs `config` leaves out come
+    from the model file's BASELINE."""
 
     model_path: str
     config: dict[str, Any]
@@ -45,6 +60,7 @@ class TrialRequest:
     trace_path: str | None = None
     threads: int | None = None
     inductor_cache_dir: str | None = None
+    job: str = "measure"
 
 
 @dataclass
@@ -58,6 +74,7 @@ class TrialResult:
     wall_s: float = 0.0
     bad_input: bool = False
     returncode: int | None = None
+    config: dict[str, Any] | None = None  # the configuration the child ran, BASELINE applied
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,8 +83,10 @@ class TrialResult:
 def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
                  log_path: str | Path | None = None,
                  on_phase: Callable[[str], None] | None = None,
-                 stop: threading.Event | None = None) -> TrialResult:
-    """Measure `request` in a fresh process; never raises for anything the child does.
+                 stop: threading.Event | None = None,
+                 server: ForkServer | None = None) -> TrialResult:
+    """Run `request` in a fresh process (forked from `server` when one is given and alive);
+    never raises for anything the child does.
 
     Setting `stop` (from another thread) kills the child and raises KeyboardInterrupt here,
     as Ctrl-C does in the main thread.
@@ -77,24 +96,19 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
     log.parent.mkdir(parents=True, exist_ok=True)
     request_file, result_file, phase_file = (workdir / n for n in
                                              ("request.json", "result.json", "phase"))
-    request_file.write_text(json.dumps({**asdict(request), "parent_pid": os.getpid(),
-                                        "phase_file": str(phase_file)}))
-    command = [sys.executable, "-c", "from autotune.isolation import child_main; child_main()",
-               str(request_file), str(result_file)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     start = time.monotonic()
     with open(log, "ab") as log_file:
-        child = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+        child = _start(request, request_file, result_file, phase_file, log, log_file, server)
         try:
-            timed_out = _wait(child, start + time_limit_s, phase_file, on_phase, stop)
+            timed_out, phase = _wait(child, start + time_limit_s, phase_file, on_phase, stop)
         except BaseException:
             _kill_group(child)
             raise
     wall = time.monotonic() - start
     if timed_out:
-        result = TrialResult("timeout", f"still running after the {time_limit_s:g} s limit; "
-                             "killed with its worker processes")
+        where = f" (in: {phase})" if phase else ""
+        result = TrialResult("timeout", f"still running after the {time_limit_s:g} s "
+                             f"limit{where}; killed with its worker processes")
     elif result_file.exists():
         result = TrialResult(**json.loads(result_file.read_text()))
     elif child.returncode < 0:
@@ -112,27 +126,48 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
     return result
 
 
-def _wait(child: subprocess.Popen, deadline: float, phase_file: Path,
-          on_phase: Callable[[str], None] | None, stop: threading.Event | None) -> bool:
-    """Poll the child until it exits or the deadline passes; report phase changes."""
+def _start(request: TrialRequest, request_file: Path, result_file: Path, phase_file: Path,
+           log: Path, log_file: IO[bytes], server: ForkServer | None) -> Child:
+    """The child, forked from the server while it lives, else a new interpreter."""
+    env = {"PYTHONUNBUFFERED": "1"}
+    if server is not None:
+        request_file.write_text(json.dumps({**asdict(request), "parent_pid": server.pid,
+                                            "phase_file": str(phase_file)}))
+        with contextlib.suppress(ForkServerUnavailable):
+            return server.fork(request_file, result_file, log, env)
+    request_file.write_text(json.dumps({**asdict(request), "parent_pid": os.getpid(),
+                                        "phase_file": str(phase_file)}))
+    command = [sys.executable, "-c", "from autotune.isolation import child_main; child_main()",
+               str(request_file), str(result_file)]
+    return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, **env})
+
+
+def _wait(child: Child, deadline: float, phase_file: Path,
+          on_phase: Callable[[str], None] | None,
+          stop: threading.Event | None) -> tuple[bool, str]:
+    """Poll the child until it exits or the deadline passes; report phase changes. Returns
+    whether it timed out, and its last phase."""
     phase = ""
     while child.poll() is None:
         if stop is not None and stop.is_set():
             raise KeyboardInterrupt
-        if time.monotonic() > deadline:
-            _kill_group(child)
-            return True
-        if on_phase is not None and phase_file.exists():
+        if phase_file.exists():
             current = phase_file.read_text().strip()
             if current and current != phase:
                 phase = current
-                on_phase(phase)
+                if on_phase is not None:
+                    on_phase(phase)
+        if time.monotonic() > deadline:
+            _kill_group(child)
+            return True, phase
         time.sleep(0.1)
     _kill_group(child)
-    return False
+    return False, phase
 
 
-def _kill_group(child: subprocess.Popen) -> None:
+def _kill_group(child: Child) -> None:
     """Kill the child and everything it started (DataLoader workers, compile workers)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.pid, signal.SIGKILL)
@@ -140,8 +175,12 @@ def _kill_group(child: subprocess.Popen) -> None:
 
 
 def child_main() -> None:
-    """Entry point of the trial process: measure, classify, write the result, exit."""
-    request_file, result_file = Path(sys.argv[1]), Path(sys.argv[2])
+    """Entry point of a trial process started as a new interpreter."""
+    run_child(Path(sys.argv[1]), Path(sys.argv[2]))
+
+
+def run_child(request_file: Path, result_file: Path) -> None:
+    """In the trial process: run the job, classify, write the result, exit."""
     raw = json.loads(request_file.read_text())
     _watch_parent(raw.pop("parent_pid"))
     phase_file = Path(raw.pop("phase_file"))
@@ -149,7 +188,7 @@ def child_main() -> None:
     if request.inductor_cache_dir:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = request.inductor_cache_dir
     try:
-        result = _measure_classified(request, lambda phase: _note_phase(phase_file, phase))
+        result = _run_job(request, lambda phase: _note_phase(phase_file, phase))
     except MemoryError:
         _lift_memory_limit()
         result = TrialResult("oom", "MemoryError (the process ran out of memory while "
@@ -162,11 +201,11 @@ def child_main() -> None:
     os._exit(0)
 
 
-def _measure_classified(request: TrialRequest, on_phase: Callable[[str], None]) -> TrialResult:
+def _run_job(request: TrialRequest, on_phase: Callable[[str], None]) -> TrialResult:
     import torch
 
-    from autotune.config import ConfigError, TrainConfig
-    from autotune.measure import MeasureSettings, measure_config
+    from autotune.config import ConfigError
+    from autotune.hardware import describe, unsupported_reason
     from autotune.training import Unsupported
     from autotune.workload import ContractError, load_workload
 
@@ -176,20 +215,24 @@ def _measure_classified(request: TrialRequest, on_phase: Callable[[str], None]) 
             torch.set_num_threads(request.threads)
         if request.memory_limit_bytes:
             limit_memory(device, request.memory_limit_bytes)
+        module, name = JOBS[request.job]
+        job = getattr(importlib.import_module(module), name)
+        on_phase("loading the model file")
         workload = load_workload(request.model_path, request.model_args)
-        config = TrainConfig.from_dict(request.config)
-        print(f"autotune trial: {config.to_dict()} on {device}", flush=True)
-        start = time.perf_counter()
-        measurement = measure_config(workload, config, device,
-                                     MeasureSettings(**request.settings), request.trace_path,
-                                     on_phase)
-        # The rest of the trial's wall time is process start, imports and loading the file.
-        metrics = {**measurement.to_dict(), "measure_wall_s": time.perf_counter() - start}
-        return TrialResult("ok", "measured", metrics)
+        config = workload.train_config(request.config, device.type)
+        print(f"autotune {request.job}: {config.to_dict()} on {device}", flush=True)
+        reason = unsupported_reason(config, describe(device))
+        if reason and request.job != "probe":  # the probe finds what the baseline can do
+            raise Unsupported(reason)
+        figures = job(workload, config, device, request.settings, request.trace_path, on_phase)
+        return TrialResult("ok", "measured", figures, config=config.to_dict())
     except (ContractError, ConfigError) as exc:
         return _failed("error", exc, bad_input=True)
     except Unsupported as exc:
-        return _failed("unsupported", exc)
+        result = _failed("unsupported", exc)
+        if exc.knob is not None:  # the setting that cannot run, so no trial tries it again
+            result.metrics = {"unsupported_knob": exc.knob, "unsupported_value": exc.value}
+        return result
     except BaseException as exc:
         _lift_memory_limit()
         if is_oom(exc):

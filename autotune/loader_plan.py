@@ -13,15 +13,15 @@ with training for the same cores, only in-process loading is ever planned.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+from torch.utils.data import Dataset
 
 from autotune.config import TrainConfig
 from autotune.training import make_loader
-from autotune.workload import Workload
 
 # Worker processes run beside training: their rate must exceed the model's by this factor.
 LOADER_MARGIN = 1.5
@@ -49,11 +49,10 @@ def loader_settings(domains: Mapping[str, Sequence[Any]]) -> list[tuple[int, int
             for p in ((None,) if w == 0 else domains["prefetch_factor"])]
 
 
-def measure_loader_rates(workload: Workload, micro_batch_size: int,
+def measure_loader_rates(dataset: Dataset, collate: Callable[[list[Any]], Any] | None,
+                         micro_batch_size: int,
                          settings: Iterable[tuple[int, int | None]]) -> list[LoaderRate]:
     """Each setting's rate over at least PROBE_BATCHES batches and PROBE_SECONDS seconds."""
-    dataset = workload.build_dataset()
-    collate = workload.hook("collate_fn")
     rates = []
     for workers, prefetch in settings:
         # Not persistent: the workers must end with the probe, not live on in the tuner.

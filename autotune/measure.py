@@ -103,8 +103,19 @@ def measure_config(workload: Workload, config: TrainConfig, device: torch.device
     return measure_setup(setup, settings, describe(device), flops, setup_s, trace_path, report)
 
 
+def measure_job(workload: Workload, config: TrainConfig, device: torch.device,
+                settings: Mapping[str, Any], trace_path: str | None,
+                progress: Progress) -> dict[str, Any]:
+    """A trial process's job (`isolation.JOBS`): every figure of one measurement, and how long
+    it took (the rest of the trial's wall time is process start, imports, loading the file)."""
+    start = time.perf_counter()
+    figures = measure_config(workload, config, device, MeasureSettings(**settings), trace_path,
+                             progress).to_dict()
+    return {**figures, "measure_wall_s": time.perf_counter() - start}
+
+
 def build_setup(workload: Workload, config: TrainConfig, device: torch.device,
-           report: Progress) -> tuple[TrainingSetup, float | None, float]:
+                report: Progress) -> tuple[TrainingSetup, float | None, float]:
     start = time.perf_counter()
     report("building the model")
     model = workload.build_model()
@@ -115,6 +126,7 @@ def build_setup(workload: Workload, config: TrainConfig, device: torch.device,
             report("counting FLOPs")
             flops = count_flops_per_sample(model, workload, config, device)
         torch.cuda.reset_peak_memory_stats(device)
+    report("building the dataset and the loader")
     setup = setup_from_workload(workload, config, device, model=model)
     return setup, flops, time.perf_counter() - start
 

@@ -16,13 +16,13 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, TypeVar
 
 from autotune.config import ConfigError, parse_assignments
+from autotune.confirm import DEFAULT_MAX_ROUNDS, DEFAULT_ROUNDS, DEFAULT_TARGET
 from autotune.heartbeat import DEFAULT_HEARTBEAT_S
 from autotune.measure import MeasureSettings
 from autotune.space import DEFAULT_MAX_GRAD_ACCUM, parse_batch_range
 from autotune.storage import DEFAULT_RETRY_S
 from autotune.workload import ContractError, parse_model_args
 
-DEFAULT_TRIALS = 20
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6,
           "mib": 2**20, "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12,
           "tib": 2**40}
@@ -116,10 +116,12 @@ class TuneOptions(StorageOptions, WorkloadOptions):
     study: str | None = option("--study", "study name (default: the model file's stem)",
                                metavar="NAME")
     trials: int | None = option(
-        "--trials", f"measured trials the study should have in all (default {DEFAULT_TRIALS} "
-        "when --timeout is not given either)", metavar="N", kind=int)
+        "--trials", "measured trials the study should have in all (default: as many as fit "
+        "in a 10 min budget for the whole run, confirmation included, unless --timeout is "
+        "given)", metavar="N", kind=int)
     timeout_s: float | None = option("--timeout", "stop starting trials after this long, e.g. "
-                                     "30m, 1h, 90s", metavar="DURATION", parse=parse_duration)
+                                     "30m, 1h, 90s (confirmation follows)",
+                                     metavar="DURATION", parse=parse_duration)
     global_batch: int | None = option(
         "--global-batch-size", "keep micro_batch_size x grad_accum_steps = G (default: the "
         "baseline's effective batch)", metavar="G", kind=int)
@@ -143,8 +145,17 @@ class TuneOptions(StorageOptions, WorkloadOptions):
     confirm_top: int = option("--confirm-top", "configurations re-measured at the end",
                               default=3, metavar="K", kind=int)
     confirm_repeats: int = option(
-        "--confirm-repeats", "fresh runs per confirmed configuration (0 skips confirmation)",
-        default=2, metavar="R", kind=int)
+        "--confirm-repeats", "paired rounds of fresh runs at least (each round: every "
+        "confirmed configuration and the baseline once, in a shuffled order; 0 skips "
+        "confirmation)", default=DEFAULT_ROUNDS, metavar="R", kind=int)
+    confirm_max_rounds: int = option(
+        "--confirm-max-rounds", "paired rounds at most: rounds are added until the leader's "
+        "speedup is known within --confirm-target", default=DEFAULT_MAX_ROUNDS, metavar="N",
+        kind=int)
+    confirm_target: float = option(
+        "--confirm-target", "stop adding rounds once the leader's speedup over the baseline "
+        "is known within this share (95%% interval half-width)", default=DEFAULT_TARGET,
+        metavar="SHARE", kind=float)
     trial_time_limit_s: float = option("--trial-time-limit", "kill a trial after this long "
                                        "(a timeout)", default=900.0, metavar="SECONDS",
                                        kind=float)
@@ -179,13 +190,15 @@ class TuneOptions(StorageOptions, WorkloadOptions):
     def problems(self) -> list[str]:
         out = []
         at_least = {"trials": 1, "train_steps": 1, "global_batch": 1, "workers": 1,
-                    "confirm_top": 1, "confirm_repeats": 0, "max_grad_accum": 1,
-                    "storage_retry_s": 0}
+                    "confirm_top": 1, "confirm_repeats": 0, "confirm_max_rounds": 1,
+                    "max_grad_accum": 1, "storage_retry_s": 0}
         for name, low in at_least.items():
             value = getattr(self, name)
             if value is not None and value < low:
                 out.append(f"{flag_of(TuneOptions, name)} must be >= {low}, got {value}")
-        for name in ("heartbeat_s", "trial_time_limit_s"):
+        if self.confirm_max_rounds < self.confirm_repeats:
+            out.append("--confirm-max-rounds must be >= --confirm-repeats")
+        for name in ("heartbeat_s", "trial_time_limit_s", "confirm_target"):
             if getattr(self, name) <= 0:
                 out.append(f"{flag_of(TuneOptions, name)} must be > 0")
         for name in ("stall_penalty", "memory_headroom"):

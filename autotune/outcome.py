@@ -26,6 +26,7 @@ from autotune.trials import (
     INFEASIBLE,
     MEMORY_CONSTRAINT,
     TrialKey,
+    TrialRecord,
     TrialStatus,
 )
 from autotune.workload import ContractError
@@ -137,6 +138,17 @@ def record_predicted_oom(study: optuna.Study, trial: Trial, verdict: MemoryVerdi
     trial.set_user_attr(TrialKey.MESSAGE, f"not run: {verdict.message}")
     if verdict.predicted_peak_bytes:
         trial.set_user_attr(TrialKey.PREDICTED_PEAK, verdict.predicted_peak_bytes)
+    tell_complete(study, trial, 0.0, feasible=False)
+
+
+def record_unsupported(study: optuna.Study, trial: Trial, known: TrialRecord) -> None:
+    """Not run: an earlier trial found one of its settings unsupported on this model."""
+    knob, value = known.get(TrialKey.UNSUPPORTED_KNOB), known.get(TrialKey.UNSUPPORTED_VALUE)
+    trial.set_user_attr(TrialKey.STATUS, str(TrialStatus.UNSUPPORTED))
+    trial.set_user_attr(TrialKey.MESSAGE, f"not run: {knob}={value} is unsupported on this "
+                                          f"model (trial {known.number}: {known.message})")
+    trial.set_user_attr(TrialKey.UNSUPPORTED_KNOB, knob)
+    trial.set_user_attr(TrialKey.UNSUPPORTED_VALUE, value)
     tell_complete(study, trial, 0.0, feasible=False)
 
 

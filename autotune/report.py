@@ -127,6 +127,15 @@ def print_profile(result: ProfileReport, console: Console, title: str) -> None:
         console.print(Text(f"{name}: {path}", style="dim"))
 
 
+def device_line(info: Any) -> str:
+    """The first line of a run: where it measures, and on CPU that its numbers are CPU ones."""
+    if info.type == "cpu":
+        return (f"autotune on cpu: {info.name}, {info.cpu_count} cores, no GPU: these are CPU "
+                "numbers (on a GPU the best configuration and its speedup differ)")
+    return (f"autotune on {info.torch_device}: {info.name}, "
+            f"{format_bytes(info.total_memory_bytes)}")
+
+
 def config_table(config: Mapping[str, Any]) -> Table:
     table = Table(title="configuration", show_header=False, title_justify="left")
     table.add_column("knob", style="bold")
@@ -207,7 +216,6 @@ def studies_table(rows: Sequence[Mapping[str, Any]]) -> Table:
 
 def summary_tables(summary: Mapping[str, Any]) -> Group:
     """Best beside baseline knob by knob, then the figures and the trial counts."""
-    confirmed = summary["confirmed"]
     title = (f"study {summary['study']}: {summary.get('model')} on {summary.get('device')}")
     knobs = Table(title=title, title_justify="left")
     knobs.add_column("knob", style="bold")
@@ -217,19 +225,59 @@ def summary_tables(summary: Mapping[str, Any]) -> Group:
     for knob in base or best:
         a, b = base.get(knob), best.get(knob)
         knobs.add_row(knob, str(a), Text(str(b), style="bold green" if a != b else ""))
-    how = (f"median of {summary.get('confirmation_repeats')} fresh runs, ± half the range"
-           if confirmed else "single trial, not confirmed")
     figures = Table(show_header=False, title="result", title_justify="left")
     figures.add_column("figure", style="bold")
     figures.add_column("value", justify="right")
     figures.add_column("how", style="dim")
-    speedup = summary.get("speedup")
+    for row in result_rows(summary):
+        figures.add_row(*row)
+    parts: list[Any] = [knobs, figures]
+    for line in left_out_lines(summary):
+        parts.append(Text(line, style="dim"))
+    for warning in summary.get("warnings", []):
+        parts.append(Text(f"warning: {warning}", style="bold yellow"))
+    return Group(*parts)
+
+
+def speedup_text(summary: Mapping[str, Any]) -> str:
+    """The speedup with its interval, and whether it is a difference at all."""
+    speedup, interval = summary.get("speedup"), summary.get("speedup_ci")
+    if not speedup:
+        return "n/a"
+    text = f"{speedup:.2f}x" + (f" [{interval[0]:.2f}-{interval[1]:.2f}]" if interval else "")
+    return text + (": no measurable difference" if summary.get("no_measurable_difference")
+                   else "")
+
+
+def result_rows(summary: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(figure, value, how it was measured): the answer, then how the study went."""
+    rounds = summary.get("confirmation_repeats")
+    how = (f"median of {rounds} paired rounds of fresh runs, ± half the range"
+           if summary["confirmed"] else "single trial, not confirmed")
     rows = [
         ("best samples/sec", format_rate(summary.get("best_samples_per_sec"),
-                                   summary.get("best_spread")), how),
+                                         summary.get("best_spread")), how),
         ("baseline samples/sec", format_rate(summary.get("baseline_samples_per_sec"),
-                                       summary.get("baseline_spread")), how),
-        ("speedup", f"{speedup:.2f}x" if speedup else "n/a", "best / baseline"),
+                                             summary.get("baseline_spread")), how),
+        ("speedup", speedup_text(summary),
+         "best / baseline, paired by round, 95% interval" if summary["confirmed"] else
+         "best / baseline"),
+    ]
+    search = summary.get("best_search_samples_per_sec")
+    if search and summary.get("best_samples_per_sec"):
+        gap = summary["best_samples_per_sec"] / search - 1
+        rows.append(("in the search", format_rate(search),
+                     f"the same configuration's search trial; confirmed {gap:+.0%} (the "
+                     "search keeps its luckiest figures)"))
+    fastest = summary.get("fastest_config")
+    if fastest and fastest != summary.get("best_config"):
+        interval = summary.get("fastest_speedup_ci")
+        rows.append(("fastest measured", short_config(fastest),
+                     f"{summary['fastest_speedup']:.2f}x"
+                     + (f" [{interval[0]:.2f}-{interval[1]:.2f}]" if interval else "")
+                     + " of the baseline, no measurable difference from the best, which "
+                     "changes fewer knobs"))
+    rows += [
         ("peak memory (best)", format_bytes(summary.get("best_peak_memory_bytes")), ""),
         ("MFU (best)", format_percent(summary.get("best_mfu")), "CUDA only"),
         ("tuning wall time", format_seconds(summary.get("tuning_wall_s")), "trials only"),
@@ -239,14 +287,14 @@ def summary_tables(summary: Mapping[str, Any]) -> Group:
          "oom and over_memory count as infeasible"),
         ("retried", str(summary.get("retried_trials", 0)),
          "trials re-run because their tuner died (orphaned)"),
-        *search_rows(summary),
     ]
-    for row in rows:
-        figures.add_row(*row)
-    parts: list[Any] = [knobs, figures]
-    for warning in summary.get("warnings", []):
-        parts.append(Text(f"warning: {warning}", style="bold yellow"))
-    return Group(*parts)
+    return rows + search_rows(summary)
+
+
+def left_out_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The knob values the capability probe kept out of the search, each with its reason."""
+    return [f"left out: {x['knob']}={x['value']}: {x['reason']}"
+            for x in summary.get("left_out") or []]
 
 
 def search_rows(summary: Mapping[str, Any]) -> list[tuple[str, str, str]]:
@@ -281,20 +329,12 @@ def search_rows(summary: Mapping[str, Any]) -> list[tuple[str, str, str]]:
 def summary_markdown(summary: Mapping[str, Any]) -> str:
     """The same summary as a markdown file for the study folder."""
     best, base = summary.get("best_config") or {}, summary.get("baseline_config") or {}
-    speedup = summary.get("speedup")
     lines = [f"# autotune study `{summary['study']}`", "",
              f"- model: `{summary.get('model')}` {summary.get('model_args') or ''}",
-             f"- device: {summary.get('device')}",
-             f"- best samples/sec: {format_rate(summary.get('best_samples_per_sec'), summary.get('best_spread'))}"  # noqa: E501
-             + (" (confirmed: median of fresh runs ± half range)" if summary["confirmed"]
-                else " (not confirmed)"),
-             f"- baseline samples/sec: {format_rate(summary.get('baseline_samples_per_sec'), summary.get('baseline_spread'))}",  # noqa: E501
-             f"- speedup: {f'{speedup:.2f}x' if speedup else 'n/a'}",
-             f"- peak memory of the best: {format_bytes(summary.get('best_peak_memory_bytes'))}",
-             f"- MFU of the best: {format_percent(summary.get('best_mfu'))}",
-             f"- tuning wall time: {format_seconds(summary.get('tuning_wall_s'))}",
-             f"- trials by state: {summary['trials']}; outcomes: {summary['statuses']}"]
-    lines += [f"- {name}: {value} ({how})" for name, value, how in search_rows(summary)]
+             f"- device: {summary.get('device')}"]
+    lines += [f"- {name}: {value}" + (f" ({how})" if how else "")
+              for name, value, how in result_rows(summary)]
+    lines += [f"- {line}" for line in left_out_lines(summary)]
     lines.append("")
     lines += [f"> warning: {w}" for w in summary.get("warnings", [])]
     lines += ["", "| knob | baseline | best |", "|---|---|---|"]

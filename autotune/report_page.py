@@ -25,6 +25,7 @@ from autotune.formatting import (
     format_seconds,
     short_config,
 )
+from autotune.report import left_out_lines, speedup_text
 from autotune.results import compile_rows, study_summary
 from autotune.trials import StudyKey, TrialRecord, trial_records
 
@@ -107,13 +108,13 @@ def _confirmed(entry: Mapping[str, Any] | None, key: str) -> float | None:
 def _headline(summary: Mapping[str, Any]) -> str:
     if not summary["best_config"]:
         return "No configuration fitted yet: every measured trial failed or ran out of memory."
-    speedup = summary.get("speedup")
-    how = "confirmed by fresh runs" if summary["confirmed"] else "single trial, not confirmed"
+    how = "confirmed by paired rounds of fresh runs" if summary["confirmed"] else \
+        "single trial, not confirmed"
     return (f"Best: <b>{_e(short_config(summary['best_config']))}</b> at "
             f"<b>{format_rate(summary['best_samples_per_sec'])}</b> samples/sec ({how}), "
-            f"<b>{speedup:.2f}x</b> the baseline's "
+            f"<b>{_e(speedup_text(summary))}</b> the baseline's "
             f"{format_rate(summary['baseline_samples_per_sec'])}."
-            if speedup else
+            if summary.get("speedup") else
             f"Best: <b>{_e(short_config(summary['best_config']))}</b> at "
             f"{format_rate(summary['best_samples_per_sec'])} samples/sec ({how}).")
 
@@ -129,14 +130,14 @@ def _best_vs_baseline(study: optuna.Study, summary: Mapping[str, Any]) -> str:
              f"{''.join(knob_rows)}</table>")
     confirmation = study.user_attrs.get(StudyKey.CONFIRMATION) or {}
     winner, baseline = confirmation.get("winner"), confirmation.get("baseline")
-    how = (f"median of {confirmation.get('repeats')} fresh runs ± half their range"
+    how = (f"median of {confirmation.get('repeats')} paired rounds of fresh runs ± half their "
+           "range; the speedup's 95% interval from the rounds' paired ratios"
            if summary["confirmed"] else "from the search trials; not confirmed")
-    speedup = summary.get("speedup")
     figures = _table(["figure", "baseline", "best"], [
         ("samples/sec", format_rate(summary.get("baseline_samples_per_sec"),
-                              summary.get("baseline_spread")),
+                                    summary.get("baseline_spread")),
          format_rate(summary.get("best_samples_per_sec"), summary.get("best_spread"))),
-        ("speedup", "1.00x", f"{speedup:.2f}x" if speedup else "n/a"),
+        ("speedup", "1.00x", speedup_text(summary)),
         ("peak memory", format_bytes(_confirmed(baseline, "peak_memory_bytes")),
          format_bytes(summary.get("best_peak_memory_bytes"))),
         ("MFU", format_percent(_confirmed(baseline, "mfu")),
@@ -144,8 +145,8 @@ def _best_vs_baseline(study: optuna.Study, summary: Mapping[str, Any]) -> str:
         ("step time (median)", format_seconds(_confirmed(baseline, "step_time_median_s")),
          format_seconds(_confirmed(winner, "step_time_median_s"))),
     ], numeric=(1, 2))
-    warnings = "".join(f'<p class="muted">warning: {_e(w)}</p>'
-                       for w in summary.get("warnings", []))
+    warnings = "".join(f'<p class="muted">{_e(line)}</p>' for line in [
+        *(f"warning: {w}" for w in summary.get("warnings", [])), *left_out_lines(summary)])
     return f"{knobs}{figures}<p class='muted'>{_e(how)}. MFU needs CUDA.</p>{warnings}"
 
 

@@ -58,6 +58,8 @@ def study_summary(study: optuna.Study) -> dict[str, Any]:
     baseline_config = attrs.get(StudyKey.BASELINE_CONFIG)
     identity = attrs.get(StudyKey.IDENTITY, {})
     best = max((r for r in records if r.score is not None), key=lambda r: r.value, default=None)
+    baseline_trial = next((r for r in records if r.role == Role.BASELINE and r.finished), None)
+    probe = (attrs.get(StudyKey.PROBE) or {}).get("report") or {}
     summary: dict[str, Any] = {
         "study": study.study_name,
         "model": identity.get("model_path"),
@@ -76,9 +78,15 @@ def study_summary(study: optuna.Study) -> dict[str, Any]:
         "train_steps": (attrs.get(StudyKey.OBJECTIVE) or {}).get("train_steps"),
         "memory_predictions": prediction_errors(r for r in records if not r.duplicate),
         "loader_rates": attrs.get(StudyKey.LOADER_RATES),
+        "baseline_trial": {"number": baseline_trial.number, "status": baseline_trial.status,
+                           "message": baseline_trial.message} if baseline_trial else None,
+        # knob values the capability probe found failing or pointless here, with the reason
+        "left_out": probe.get("left_out", []),
+        "warnings": [],
     }
     if summary["confirmed"]:
         winner, baseline = confirmation["winner"], confirmation["baseline"]
+        fastest = confirmation.get("fastest") or winner
         ok_runs = [r for r in winner["runs"] if r["status"] == TrialStatus.OK]
         summary.update(
             best_config=winner["config"], best_samples_per_sec=winner["median"],
@@ -87,9 +95,17 @@ def study_summary(study: optuna.Study) -> dict[str, Any]:
             best_peak_memory_bytes=max((r["peak_memory_bytes"] or 0) for r in ok_runs) or None,
             best_mfu=median_or_none([r["mfu"] for r in ok_runs]),
             baseline_samples_per_sec=baseline["median"], baseline_spread=baseline["spread"],
-            speedup=confirmation["speedup"], confirmation_repeats=confirmation["repeats"],
+            speedup=confirmation["speedup"], speedup_ci=confirmation.get("speedup_ci"),
+            no_measurable_difference=confirmation.get("no_measurable_difference"),
+            confirmation_repeats=confirmation["repeats"],
+            # the search's figure for the recommendation beside the confirmed one: the gap is
+            # the winner's curse (the search keeps the luckiest measurement)
+            best_search_samples_per_sec=winner.get("search_samples_per_sec"),
+            fastest_config=fastest["config"], fastest_speedup=fastest.get("speedup"),
+            fastest_speedup_ci=fastest.get("speedup_ci"),
             best_time_to_train_s=winner.get("time_to_train_s"),
             baseline_time_to_train_s=baseline.get("time_to_train_s"))
+        summary["warnings"] += _confirmation_warnings(confirmation)
     elif best is not None:
         baseline = next((r for r in records if r.role == Role.BASELINE
                          and r.status == TrialStatus.OK), None)
@@ -106,9 +122,23 @@ def study_summary(study: optuna.Study) -> dict[str, Any]:
             summary["best_config"]["grad_accum_steps"]
         base_eb = baseline_config["micro_batch_size"] * baseline_config["grad_accum_steps"]
         if best_eb != base_eb:
-            summary["warnings"] = [f"the effective batch changed from {base_eb} to {best_eb}: "
-                                   "the learning rate may need rescaling"]
+            summary["warnings"].append(f"the effective batch changed from {base_eb} to "
+                                       f"{best_eb}: the learning rate may need rescaling")
     return summary
+
+
+def _confirmation_warnings(confirmation: dict[str, Any]) -> list[str]:
+    """What the confirmation rounds say about the answer that a reader must not miss."""
+    out = []
+    drift = confirmation.get("drift")
+    if drift and drift["beyond_noise"]:
+        change = drift["end_samples_per_sec"] / drift["start_samples_per_sec"] - 1
+        out.append(f"the machine drifted: the baseline measured "
+                   f"{drift['start_samples_per_sec']:,.0f} samples/s at the start of the search "
+                   f"and {drift['end_samples_per_sec']:,.0f} ({drift['end_range'][0]:,.0f}-"
+                   f"{drift['end_range'][1]:,.0f}) in the confirmation rounds ({change:+.0%}, "
+                   "beyond their spread); the speedup compares runs of the same rounds")
+    return out
 
 
 def compile_payoff(records: Sequence[TrialRecord],

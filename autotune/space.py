@@ -226,12 +226,15 @@ def build_space(baseline: TrainConfig, info: DeviceInfo, dataset_size: int, *,
                 global_batch: int | None = None, free_batch: tuple[int, int] | None = None,
                 fixes: Mapping[str, Any] | None = None,
                 space_file: str | Path | None = None,
-                max_grad_accum: int = DEFAULT_MAX_GRAD_ACCUM) -> SearchSpace:
+                max_grad_accum: int = DEFAULT_MAX_GRAD_ACCUM,
+                left_out: Mapping[str, Mapping[Any, str]] | None = None) -> SearchSpace:
     """The space for `baseline` on `info`'s device, narrowed by `--space` and then `--fix`.
 
     Unless the user lists micro-batches or accumulation steps, accumulation is searched only
     up to `max_grad_accum` (the baseline's own is always kept): a step of hundreds of tiny
-    micro-batches is never fast and takes minutes to measure.
+    micro-batches is never fast and takes minutes to measure. `left_out` (knob -> value ->
+    reason, from the capability probe) removes values that fail or are pointless on this model
+    and machine, the baseline's own excepted; a `--fix` of one is an error with its reason.
     """
     if not _positive_int(max_grad_accum):
         raise SpaceError(f"--max-grad-accum must be a positive integer, got {max_grad_accum!r}")
@@ -255,9 +258,19 @@ def build_space(baseline: TrainConfig, info: DeviceInfo, dataset_size: int, *,
             raise SpaceError(f"{source}: {_unknown(knob)}")
         # command line over file: a fix replaces whatever the space file listed
         narrowed[knob] = _supported(knob, [_typed_value(knob, value, source)], info, source)
+        reason = (left_out or {}).get(knob, {}).get(narrowed[knob][0])
+        if reason is not None and narrowed[knob][0] != getattr(baseline, knob):
+            raise SpaceError(f"{source}: left out on this model and machine: {reason}")
 
     domains = {knob: narrowed.get(knob) or _default_domain(knob, baseline, info)
                for knob in _CATEGORICAL if knob != "micro_batch_size"}
+    for knob, reasons in (left_out or {}).items():
+        kept = tuple(v for v in domains[knob] if v not in reasons or v == getattr(baseline, knob))
+        if not kept:
+            raise SpaceError(f"every value of {knob} the search could try is left out on this "
+                             "model and machine: " + "; ".join(f"{v}: {r}"
+                                                               for v, r in reasons.items()))
+        domains[knob] = kept
     if all(w == 0 for w in domains["num_workers"]):
         for knob, inactive in INACTIVE.items():
             if domains[knob] != (inactive,) and knob in narrowed:

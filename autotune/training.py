@@ -37,7 +37,12 @@ AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class Unsupported(Exception):
-    """This configuration cannot apply to this model or device (not a failure of the run)."""
+    """This configuration cannot apply to this model or device (not a failure of the run);
+    `knob` and `value` name the setting that cannot, where one does."""
+
+    def __init__(self, reason: str, knob: str | None = None, value: Any = None) -> None:
+        super().__init__(reason)
+        self.knob, self.value = knob, value
 
 
 class BatchTransferError(ContractError):
@@ -143,11 +148,14 @@ def setup_training(
 
 
 def setup_from_workload(workload: Workload, config: TrainConfig, device: torch.device,
-                        model: nn.Module | None = None, seed: int = 0) -> TrainingSetup:
-    """`setup_training` with the hooks of a model file."""
+                        model: nn.Module | None = None, seed: int = 0,
+                        dataset: Dataset | None = None) -> TrainingSetup:
+    """`setup_training` with the hooks of a model file (its model and dataset built unless
+    given)."""
     setup = setup_training(
-        model if model is not None else workload.build_model(), workload.build_dataset(),
-        config, device, loss_fn=workload.loss_fn(), collate_fn=workload.hook("collate_fn"),
+        model if model is not None else workload.build_model(),
+        dataset if dataset is not None else workload.build_dataset(), config, device,
+        loss_fn=workload.loss_fn(), collate_fn=workload.hook("collate_fn"),
         build_optimizer=workload.hook("build_optimizer"),
         checkpoint_modules=workload.hook("checkpoint_modules"), seed=seed)
     setup.loss_source = str(workload.path)
@@ -213,7 +221,8 @@ def apply_activation_checkpointing(
         found = ("checkpoint_modules(model) returned no modules" if checkpoint_modules else
                  "the model has no nn.ModuleList of repeated blocks")
         raise Unsupported(f"activation checkpointing is not applicable: {found}; make "
-                          "checkpoint_modules(model) in the model file name the blocks")
+                          "checkpoint_modules(model) in the model file name the blocks",
+                          knob="activation_checkpointing", value=mode)
     for block in blocks if mode == "full" else blocks[::2]:
         _checkpoint_forward(block)
 

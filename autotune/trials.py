@@ -53,8 +53,9 @@ TOO_BIG = RAN_OUT | {S.OOM_PREDICTED}
 # Failures that would happen again with the same configuration: not retried.
 DETERMINISTIC = frozenset({S.ERROR, S.CRASH, S.TIMEOUT})
 RAN_A_PROCESS = FEASIBLE | RAN_OUT | DETERMINISTIC | {S.UNSUPPORTED}
-# What `--trials` counts: trials that ran a process to its end, failed ones included.
-COUNTS_AGAINST_BUDGET = RAN_A_PROCESS
+# What `--trials` counts: trials that ran a process to its end, failed ones included; one
+# that found its configuration unsupported measured nothing and is free.
+COUNTS_AGAINST_BUDGET = RAN_A_PROCESS - {S.UNSUPPORTED}
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL)
 
 
@@ -87,6 +88,8 @@ class TrialKey:
     HEARTBEAT_S = "heartbeat_s"
     REQUEUED_FROM = "requeued_from"
     RETRY = "retry"
+    UNSUPPORTED_KNOB = "unsupported_knob"    # the setting a trial found it cannot run
+    UNSUPPORTED_VALUE = "unsupported_value"
 
 
 # About a trial rather than its configuration's outcome: a repeat does not copy them (a repeat
@@ -107,7 +110,8 @@ class StudyKey:
     FREE_BATCH = "free_batch"
     MEMORY = "memory"                      # capacity, allowed limit, headroom
     OBJECTIVE = "objective"                # train_steps, plain_tpe
-    LOADER_RATES = "loader_rates"
+    LOADER_RATES = "loader_rates"          # the DataLoader plan's rates, when it is on
+    PROBE = "probe"                        # the capability probe's report and fingerprint
     TUNING_WALL_S = "tuning_wall_s"
     CONFIRMATION = "confirmation"
     CONFIRMATION_CLAIM = "confirmation_claim"

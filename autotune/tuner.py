@@ -1,93 +1,151 @@
 """`autotune run`: prepare the study, run the search within the budget, confirm, write files.
 
-The tuner owns what one run opened (the study and its storage) and hands the work to plain
-functions: the search loop (`worker`), recording outcomes (`outcome`), confirmation
-(`confirm`), orphan recovery (`heartbeat`), the summary (`results`).
+The tuner owns what one run opened (the study, its storage, the runner's processes) and hands
+the work to plain functions: the search loop (`worker`), recording outcomes (`outcome`),
+confirmation (`confirm`), orphan recovery (`heartbeat`), the summary (`results`).
 """
 
 from __future__ import annotations
 
 import math
-import os
 import shutil
 import threading
 import time
 import warnings
-from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
+from autotune.budget import (
+    DEFAULT_TIME_BUDGET_S,
+    estimate,
+    plan_time,
+    rounds_that_fit,
+    trial_seconds,
+)
 from autotune.config import ConfigError, TrainConfig, from_baseline
-from autotune.confirm import confirm, should_confirm
+from autotune.confirm import Plan, confirm, should_confirm
 from autotune.hardware import DeviceInfo, describe, parse_device, usable_cpus
 from autotune.heartbeat import recover_orphans, tuner_name
-from autotune.isolation import TrialRequest, TrialResult, run_isolated
-from autotune.loader_plan import LoaderRate, loader_settings, measure_loader_rates
-from autotune.memory_model import training_state_bytes
-from autotune.options import DEFAULT_TRIALS, TuneOptions
+from autotune.loader_plan import LoaderRate, loader_settings
+from autotune.options import TuneOptions
 from autotune.outcome import Scoring
+from autotune.probe import ProbeReport
+from autotune.probe import fingerprint as probe_fingerprint
 from autotune.report import summary_markdown
 from autotune.results import study_summary
+from autotune.runner import ProbeFailed, ProcessRunner, Runner
 from autotune.space import build_space
-from autotune.storage import JOURNAL_FILE, open_storage, study_dir, validate_study_name
+from autotune.storage import open_storage, study_dir, validate_study_name
 from autotune.trials import Role, StudyKey, TrialKey
 from autotune.views import SilentView, StudyView
-from autotune.worker import Measure, MeasureJob, Search, measured_trials, run_workers
-from autotune.workload import ContractError, load_workload
+from autotune.worker import Search, measured_trials, run_workers
+from autotune.workload import ContractError
+
+# Sets TPE's share of random start-up trials when the budget is a time, not a count.
+TYPICAL_TRIALS = 20
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
 class Tuner:
-    """One `autotune run`: prepares the study, runs trials within the budget, confirms."""
+    """One `autotune run`: prepares the study, runs trials within the budget, confirms.
+
+    Nothing here imports or calls the model file: its facts and what works on this machine come
+    from the capability probe (`probe`), run by the `runner` in a child process and cached in
+    the study. Every check runs before the study is written to, so a rejected run leaves the
+    storage as it found it.
+    """
 
     def __init__(self, options: TuneOptions, view: StudyView | None = None,
-                 measure: Measure | None = None) -> None:
+                 runner: Runner | None = None) -> None:
         self.options, self.view = options, view or SilentView()
         opts = options
-        self.workload = load_workload(opts.model_path, opts.model_args)
         self.devices = _devices(opts)
         self.device = self.devices[0]
         info = describe(self.device)
         # Parallel CPU trials share the cores: each gets its share of intra-op threads.
         self.trial_threads = (max(1, usable_cpus() // len(self.devices))
                               if self.device.type == "cpu" and len(self.devices) > 1 else None)
+        self.started = time.monotonic()
         self.owner = tuner_name()
         self.stop = threading.Event()  # set by a worker that failed: the others end too
+        model = Path(opts.model_path)
+        if not model.is_file():
+            raise ContractError(f"model file not found: {model}")
+        name = validate_study_name(opts.study or model.stem)
+        self.directory = study_dir(opts.studies_dir, name)
+        self._new_folder = opts.storage is None and not self.directory.exists()
+        self.runner = runner or ProcessRunner(
+            str(model), opts.model_args, self.directory, vars(opts.settings),
+            memory_limit_bytes=opts.memory_limit_bytes, threads=self.trial_threads,
+            on_phase=lambda text, number: self.view.phase(text, number), stop=self.stop)
         try:
-            self.baseline = from_baseline(self.workload.baseline, self.device.type)
+            self._prepare(name, info)
+        except BaseException:
+            self.close()
+            if self._new_folder:
+                shutil.rmtree(self.directory, ignore_errors=True)
+            raise
+
+    def _prepare(self, name: str, info: DeviceInfo) -> None:
+        opts = self.options
+        self.storage = open_storage(opts.storage, self.directory, retry_s=opts.storage_retry_s)
+        existing = _existing(name, self.storage)
+        fingerprint = probe_fingerprint(opts.model_path, opts.model_args, info.name)
+        self.probe = self._probed(existing, fingerprint)
+        try:
+            self.baseline = from_baseline(self.probe.baseline, self.device.type)
         except ConfigError as exc:
-            raise ContractError(f"{self.workload.path}: BASELINE: {exc}") from None
-        self.space = build_space(self.baseline, info, len(self.workload.build_dataset()),
+            raise ContractError(f"{opts.model_path}: BASELINE: {exc}") from None
+        self.space = build_space(self.baseline, info, self.probe.dataset_size,
                                  global_batch=opts.global_batch, free_batch=opts.free_batch,
                                  fixes=opts.fixes, space_file=opts.space_file,
-                                 max_grad_accum=opts.max_grad_accum)
+                                 max_grad_accum=opts.max_grad_accum,
+                                 left_out=self.probe.left_out_values())
         self.capacity_bytes = opts.memory_limit_bytes or info.total_memory_bytes
-        name = validate_study_name(opts.study or self.workload.name)
-        self.directory = study_dir(opts.studies_dir, name)
         self._check_memory_limit()
-        self._new_folder = opts.storage is None and not (self.directory / JOURNAL_FILE).exists()
-        self.storage = open_storage(opts.storage, self.directory, retry_s=opts.storage_retry_s)
+        identity = {"model_path": str(Path(opts.model_path).resolve()),
+                    "model_args": opts.model_args, "device_type": self.device.type}
+        if existing is not None:
+            _check_same(existing, identity, self.space.describe())
         sampler = optuna.samplers.TPESampler(
             seed=opts.seed, multivariate=True, group=True,
-            n_startup_trials=min(10, max(3, (opts.trials or DEFAULT_TRIALS) // 3)))
-        self.study = optuna.create_study(study_name=name, storage=self.storage, sampler=sampler,
-                                         direction="maximize", load_if_exists=True)
-        self._new_study = StudyKey.IDENTITY not in self.study.user_attrs
-        self._record_identity(info)
+            n_startup_trials=min(10, max(3, (opts.trials or TYPICAL_TRIALS) // 3)))
+        if existing is None:
+            self.study = optuna.create_study(study_name=name, storage=self.storage,
+                                             sampler=sampler, direction="maximize")
+        else:
+            self.study = optuna.load_study(study_name=name, storage=self.storage,
+                                           sampler=sampler)
+        self._new_study = existing is None
+        self._record(identity, info, fingerprint)
         self.scoring = Scoring(self.device.type, self.memory_limit(), opts.memory_headroom,
                                opts.stall_penalty, opts.train_steps)
-        self.measure = measure or self._measure_in_a_process
         recover_orphans(self.study, self.storage, self.owner, self.view.note)
 
-    @cached_property
-    def state_bytes(self) -> int:
-        """The model's training state (built once, when a memory limit or the fast corner's
-        first micro-batch needs it)."""
-        return training_state_bytes(self.workload.build_model())
+    def _probed(self, existing: optuna.Study | None, fingerprint: str) -> ProbeReport:
+        """The probe's report: cached in the study while the model file, its arguments, the
+        device and torch are the same; otherwise probed now, in a child process."""
+        cached = existing.user_attrs.get(StudyKey.PROBE) if existing is not None else None
+        if cached and cached["fingerprint"] == fingerprint:
+            return ProbeReport.from_dict(cached["report"])
+        self.view.note("probing what the model and this machine can do (once per study)")
+        try:
+            report = self.runner.probe(str(self.device), self.options.trial_time_limit_s)
+        except ProbeFailed as exc:
+            raise RunFailed(str(exc)) from None
+        for item in report.left_out:
+            self.view.note(f"left out: {item.describe()}")
+        return report
+
+    def close(self) -> None:
+        """End the runner's processes (the fork server)."""
+        self.runner.close()
 
     def memory_limit(self) -> int | None:
         """The capacity less the headroom: a trial whose peak is above it is infeasible."""
@@ -101,37 +159,24 @@ class Tuner:
     def _check_memory_limit(self) -> None:
         """A limit below the model's own training state (fp32 weights, gradients and AdamW's
         two moments) cannot fit any configuration: say so before making a study."""
-        limit = self.options.memory_limit_bytes
-        if limit and self.state_bytes > limit:
+        limit, state = self.options.memory_limit_bytes, self.probe.state_bytes
+        if limit and state > limit:
             raise ConfigError(
                 f"--memory-limit {limit / 2**20:.0f} MiB is below what the model alone needs "
-                f"to train: {self.state_bytes / 2**20:.0f} MiB for its weights, gradients and "
-                "AdamW's two moments")
+                f"to train: {state / 2**20:.0f} MiB for its weights, gradients and AdamW's "
+                "two moments")
 
-    def _record_identity(self, info: DeviceInfo) -> None:
-        """A study belongs to one model file, its arguments, one device kind and one space."""
+    def _record(self, identity: dict[str, Any], info: DeviceInfo, fingerprint: str) -> None:
+        """What this study is for, written once every check has passed."""
         study = self.study
-        identity = {"model_path": str(self.workload.path.resolve()),
-                    "model_args": self.options.model_args, "device_type": self.device.type}
-        existing = study.user_attrs.get(StudyKey.IDENTITY)
-        if existing is None:
+        if self._new_study:
             study.set_user_attr(StudyKey.IDENTITY, identity)
             study.set_user_attr(StudyKey.DEVICE_NAME, info.name)
             study.set_user_attr(StudyKey.BASELINE_CONFIG, self.baseline.to_dict())
             study.set_user_attr(StudyKey.CREATED_AT, time.time())
-        elif existing != identity:
-            raise ConfigError(
-                f"study {study.study_name!r} was made for {existing['model_path']} "
-                f"{existing['model_args']} on {existing['device_type']}; use --study NAME to "
-                "start another study")
-        space = self.space.describe()
-        previous = study.user_attrs.get(StudyKey.SPACE)
-        if previous and previous["domains"] != space["domains"]:
-            raise ConfigError(
-                f"study {study.study_name!r} searched another space ({previous['domains']})"
-                "; Optuna cannot change a study's choices: run with the same --fix/--space "
-                "options, or use --study NAME to start another study")
-        study.set_user_attr(StudyKey.SPACE, space)
+        study.set_user_attr(StudyKey.PROBE, {"fingerprint": fingerprint,
+                                             "report": self.probe.to_dict()})
+        study.set_user_attr(StudyKey.SPACE, self.space.describe())
         study.set_user_attr(StudyKey.FREE_BATCH, self.space.free_batch)
         study.set_user_attr(StudyKey.MEMORY, {"capacity_bytes": self.capacity_bytes,
                                               "limit_bytes": self.memory_limit(),
@@ -147,10 +192,12 @@ class Tuner:
             shutil.rmtree(self.directory, ignore_errors=True)
 
     def run(self) -> dict[str, Any]:
-        """Trials until the budget is spent, then confirmation; returns the summary."""
+        """Trials until the budget is spent, then confirmation; returns the summary. The
+        baseline runs first and prices a trial: the rest is planned from it."""
         opts, study = self.options, self.study
-        budget = opts.trials if opts.trials or opts.timeout_s else DEFAULT_TRIALS
-        deadline = time.monotonic() + opts.timeout_s if opts.timeout_s else math.inf
+        time_budget = None if opts.trials or opts.timeout_s else DEFAULT_TIME_BUDGET_S
+        deadline = (time.monotonic() + opts.timeout_s if opts.timeout_s else
+                    self.started + time_budget if time_budget else math.inf)
         started = time.monotonic()
         if not any(t.user_attrs.get(TrialKey.ROLE) == Role.BASELINE for t in study.get_trials(
                 deepcopy=False, states=(TrialState.COMPLETE, TrialState.WAITING,
@@ -159,57 +206,56 @@ class Tuner:
                                 user_attrs={TrialKey.ROLE: Role.BASELINE}, skip_if_exists=True)
         study.set_user_attr(StudyKey.OBJECTIVE, {"train_steps": opts.train_steps,
                                                  "plain_tpe": opts.plain_tpe})
-        settings = loader_settings(self.space.domains)
         search = Search(
             study=study, storage=self.storage, space=self.space, baseline=self.baseline,
-            scoring=self.scoring, measure=self.measure, view=self.view, owner=self.owner,
-            trial_time_limit_s=opts.trial_time_limit_s, heartbeat_s=opts.heartbeat_s,
-            shortcuts=not opts.plain_tpe, fast_corner=opts.fast_corner_first,
-            loader_rates=self._loader_rates(settings) if not opts.plain_tpe and
-            len(settings) > 1 else (), state_bytes=lambda: self.state_bytes,
-            stop=self.stop)
-        run_workers(search, self.devices, budget, deadline)
+            scoring=self.scoring, measure=self.runner.measure, view=self.view,
+            owner=self.owner, trial_time_limit_s=opts.trial_time_limit_s,
+            heartbeat_s=opts.heartbeat_s, shortcuts=not opts.plain_tpe,
+            fast_corner=opts.fast_corner_first, loader_rates=self._planned_loader_rates(),
+            state_bytes=lambda: self.probe.state_bytes, stop=self.stop)
+        run_workers(search, self.devices, 1, deadline)
+        rounds = opts.confirm_max_rounds
+        trial_s = trial_seconds(study)
+        candidates = min(opts.confirm_top, max(1, measured_trials(study))) + 1
+        if trial_s and time_budget:
+            plan = plan_time(time_budget, self.started, time.monotonic(), trial_s, candidates,
+                             opts.confirm_repeats, opts.confirm_max_rounds)
+            self.view.note(plan.describe(time_budget, candidates))
+            deadline = min(deadline, plan.search_ends_at)
+        elif trial_s and opts.trials:
+            more = max(0, opts.trials - measured_trials(study))
+            self.view.note(estimate(more, trial_s, candidates, opts.confirm_repeats))
+        run_workers(search, self.devices, opts.trials, deadline)
         study.set_user_attr(StudyKey.TUNING_WALL_S, study.user_attrs.get(
             StudyKey.TUNING_WALL_S, 0.0) + time.monotonic() - started)
+        if time_budget and trial_s:
+            rounds = rounds_that_fit(time_budget, self.started, time.monotonic(), trial_s,
+                                     candidates, opts.confirm_max_rounds)
         if opts.confirm_repeats >= 1 and should_confirm(study, self.owner, self.view):
-            confirmation = confirm(
-                study, self.baseline, self.scoring, self.measure, self.view,
-                top=opts.confirm_top, repeats=opts.confirm_repeats,
-                time_limit_s=opts.trial_time_limit_s, device=str(self.device),
-                directory=self.directory)
+            plan = Plan(top=opts.confirm_top, rounds=min(opts.confirm_repeats, rounds),
+                        max_rounds=rounds, target=opts.confirm_target)
+            confirmation = confirm(study, self.baseline, self.scoring, self.runner.measure,
+                                   self.view, plan, time_limit_s=opts.trial_time_limit_s,
+                                   device=str(self.device), directory=self.directory)
             winner = confirmation["winner"]
             if winner and winner.get("trace"):
                 shutil.copyfile(winner["trace"], self.directory / "best-trace.json")
         return self.write_outputs()
 
-    def _loader_rates(self, settings: list[tuple[int, int | None]]) -> list[LoaderRate]:
-        """Every DataLoader setting's own rate, measured once per study (no model)."""
-        stored = self.study.user_attrs.get(StudyKey.LOADER_RATES)
-        if stored:
-            return [LoaderRate(**r) for r in stored]
-        self.view.phase("measuring the DataLoader alone, for each workers/prefetch setting")
-        rates = measure_loader_rates(self.workload, self.baseline.micro_batch_size, settings)
-        self.study.set_user_attr(StudyKey.LOADER_RATES, [r.to_dict() for r in rates])
-        self.view.note("DataLoader alone: " + ", ".join(
-            f"{r.num_workers} workers" + (f"/prefetch {r.prefetch_factor}"
-                                          if r.prefetch_factor else "")
-            + f" {r.samples_per_sec:,.0f}/s" for r in rates))
-        return rates
+    @property
+    def time_budget_s(self) -> float | None:
+        """The whole run's time budget when neither --trials nor --timeout was given."""
+        return None if self.options.trials or self.options.timeout_s else DEFAULT_TIME_BUDGET_S
 
-    def _measure_in_a_process(self, config: TrainConfig, job: MeasureJob) -> TrialResult:
-        opts = self.options
-        # Compiled graphs are cached under the study, so each (mode, shapes) compiles once.
-        cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(self.directory / "inductor")
-        request = TrialRequest(
-            model_path=str(self.workload.path), config=config.to_dict(), device=job.device,
-            model_args=self.workload.model_args,
-            settings={**vars(opts.settings), "screen_below": job.screen_below},
-            memory_limit_bytes=opts.memory_limit_bytes,
-            trace_path=str(job.trace) if job.trace else None, threads=self.trial_threads,
-            inductor_cache_dir=cache)
-        return run_isolated(request, job.time_limit_s, self.directory / "logs" / f"{job.name}.log",
-                            on_phase=lambda text: self.view.phase(text, job.number),
-                            stop=self.stop)
+    def _planned_loader_rates(self) -> list[LoaderRate]:
+        """The probe's DataLoader rates for the settings of this space, when the plan is on."""
+        settings = set(loader_settings(self.space.domains))
+        if self.options.plain_tpe or len(settings) < 2:
+            return []
+        rates = [r for r in self.probe.loader_rates
+                 if (r.num_workers, r.prefetch_factor) in settings]
+        self.study.set_user_attr(StudyKey.LOADER_RATES, [r.to_dict() for r in rates])
+        return rates
 
     def write_outputs(self) -> dict[str, Any]:
         """best.yaml, best.json, summary.md under the study folder; returns the summary."""
@@ -223,6 +269,35 @@ class Tuner:
                             ("best.yaml", "best.json", "summary.md", "best-trace.json")
                             if (self.directory / name).exists()}
         return summary
+
+
+class RunFailed(Exception):
+    """The run cannot go on (the probe of the model file failed): exit 1 with the reason."""
+
+
+def _existing(name: str, storage: BaseStorage) -> optuna.Study | None:
+    """The study of that name in the storage, read without writing anything, or None."""
+    try:
+        storage.get_study_id_from_name(name)
+    except KeyError:
+        return None
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def _check_same(study: optuna.Study, identity: dict[str, Any], space: dict[str, Any]) -> None:
+    """A study belongs to one model file, its arguments, one device kind and one space."""
+    existing = study.user_attrs.get(StudyKey.IDENTITY)
+    if existing is not None and existing != identity:
+        raise ConfigError(
+            f"study {study.study_name!r} was made for {existing['model_path']} "
+            f"{existing['model_args']} on {existing['device_type']}; use --study NAME to "
+            "start another study")
+    previous = study.user_attrs.get(StudyKey.SPACE)
+    if previous and previous["domains"] != space["domains"]:
+        raise ConfigError(
+            f"study {study.study_name!r} searched another space ({previous['domains']}); "
+            "Optuna cannot change a study's choices: run with the same --fix/--space options, "
+            "or use --study NAME to start another study")
 
 
 def _devices(opts: TuneOptions) -> list[Any]:

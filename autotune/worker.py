@@ -2,7 +2,7 @@
 is decided (a repeat, a known failure, a predicted OOM) or measured, then recorded.
 
 Every trial is one configuration measured in its own process (`isolation`, through the
-`Measure` the tuner hands in). What a trial learns goes into the study storage before the next
+tuner's `runner.Runner`). What a trial learns goes into the study storage before the next
 one starts, so a tuner killed at any moment loses nothing but the trial it was running.
 """
 
@@ -13,7 +13,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import optuna
@@ -33,7 +32,9 @@ from autotune.outcome import (
     record_predicted_oom,
     record_repeat,
     record_skipped,
+    record_unsupported,
 )
+from autotune.runner import MeasureJob
 from autotune.shortcuts import next_corner, planned_loader, screen_below
 from autotune.space import SearchSpace
 from autotune.storage import trial_id
@@ -44,6 +45,7 @@ from autotune.trials import (
     Role,
     TrialKey,
     TrialRecord,
+    TrialStatus,
     config_key,
     fresh_records,
 )
@@ -58,19 +60,7 @@ class Interrupted(Exception):
     """Ctrl-C: the running trial was killed and recorded; the study is intact."""
 
 
-@dataclass(frozen=True)
-class MeasureJob:
-    """One run of a configuration: its log name, time limit and device, and what it is for."""
-
-    name: str
-    time_limit_s: float
-    device: str
-    number: int | None = None
-    screen_below: float | None = None
-    trace: Path | None = None
-
-
-# Measures a configuration in a fresh process; a benchmark may answer from recorded runs.
+# Measures a configuration in a fresh process (`Runner.measure`).
 Measure = Callable[[TrainConfig, MeasureJob], TrialResult]
 
 
@@ -210,6 +200,11 @@ def run_trial(search: Search, trial: Trial, device: Any, deadline: float) -> boo
         record_repeat(study, trial, previous)
         search.view.trial_finished(_record(study, trial))
         return False
+    known = _known_unsupported(records or fresh_records(study), config)
+    if known is not None:
+        record_unsupported(study, trial, known)
+        search.view.trial_finished(_record(study, trial))
+        return False
     memory = MemoryModel(records) if shortcuts else None
     limit = search.scoring.memory_limit_bytes
     verdict = memory.verdict(config.to_dict(), limit) if memory else None
@@ -238,6 +233,16 @@ def run_trial(search: Search, trial: Trial, device: Any, deadline: float) -> boo
         return True
     search.view.trial_finished(_record(study, trial))
     return True
+
+
+def _known_unsupported(records: Sequence[TrialRecord],
+                       config: TrainConfig) -> TrialRecord | None:
+    """An earlier trial that found a setting of `config` unsupported on this model: the same
+    value cannot run now either, so no process is spent on it."""
+    return next((r for r in records if r.status == TrialStatus.UNSUPPORTED
+                 and r.get(TrialKey.UNSUPPORTED_KNOB) is not None
+                 and getattr(config, r.get(TrialKey.UNSUPPORTED_KNOB))
+                 == r.get(TrialKey.UNSUPPORTED_VALUE)), None)
 
 
 def _record(study: optuna.Study, trial: Trial) -> TrialRecord:

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from autotune.config import ConfigError, TrainConfig, from_baseline
+
 
 class ContractError(Exception):
     """The model file breaks the contract; the message says what to add or change."""
@@ -50,6 +52,14 @@ class Workload:
             raise ContractError(f"{self.path}: BASELINE must be a dict of knob: value, "
                                 f"got {type(baseline).__name__}")
         return dict(baseline)
+
+    def train_config(self, overrides: Mapping[str, Any], device_type: str) -> TrainConfig:
+        """The file's BASELINE (PyTorch's defaults where it says nothing), `overrides` on top."""
+        try:
+            base = from_baseline(self.baseline, device_type)
+        except ConfigError as exc:
+            raise ContractError(f"{self.path}: BASELINE: {exc}") from None
+        return TrainConfig.from_dict(overrides, base)
 
     def build_model(self) -> nn.Module:
         model = _call(self.module.build_model, self.model_args)
@@ -92,11 +102,36 @@ class Workload:
         return float(value)
 
 
+# Model files imported ahead of time in this process (a fork server's), by resolved path.
+_PRELOADED: dict[Path, ModuleType] = {}
+
+
+def preload(path: str | Path) -> bool:
+    """Import a model file now, so that processes forked from this one find it imported
+    (`load_workload` reuses it); False when it does not import (the trial will say why)."""
+    try:
+        _PRELOADED[Path(path).resolve()] = _import(Path(path))
+    except (ContractError, SystemExit):
+        return False
+    return True
+
+
 def load_workload(path: str | Path, model_args: Mapping[str, Any] | None = None) -> Workload:
     """Import a model file and check what can be checked without building anything."""
     path = Path(path)
     if not path.is_file():
         raise ContractError(f"model file not found: {path}")
+    module = _PRELOADED.get(path.resolve()) or _import(path)
+    for required in ("build_model", "build_dataset"):
+        if not callable(getattr(module, required, None)):
+            raise ContractError(f"{path} must define {required}(**kw); see the model-file "
+                                "contract in the README")
+    workload = Workload(path=path, module=module, model_args=dict(model_args or {}))
+    _check_model_args(workload)
+    return workload
+
+
+def _import(path: Path) -> ModuleType:
     module_name = f"autotune_model_{path.stem}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
@@ -114,13 +149,7 @@ def load_workload(path: str | Path, model_args: Mapping[str, Any] | None = None)
     except Exception as exc:
         raise ContractError(f"{path}:{_line_in(path, exc)}: importing the model file raised "
                             f"{type(exc).__name__}: {exc}") from None
-    for required in ("build_model", "build_dataset"):
-        if not callable(getattr(module, required, None)):
-            raise ContractError(f"{path} must define {required}(**kw); see the model-file "
-                                "contract in the README")
-    workload = Workload(path=path, module=module, model_args=dict(model_args or {}))
-    _check_model_args(workload)
-    return workload
+    return module
 
 
 def parse_model_args(items: Iterable[str]) -> dict[str, Any]:

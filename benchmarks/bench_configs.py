@@ -14,10 +14,10 @@ import json
 import statistics
 from pathlib import Path
 
-from autotune.config import from_baseline, parse_assignments
+from autotune.config import parse_assignments
 from autotune.hardware import parse_device
 from autotune.isolation import TrialRequest, run_isolated
-from autotune.workload import load_workload, parse_model_args
+from autotune.workload import parse_model_args
 
 
 def main() -> None:
@@ -33,21 +33,20 @@ def main() -> None:
     args = parser.parse_args()
 
     device = parse_device(args.device)
-    workload = load_workload(args.model, parse_model_args(args.model_arg))
-    baseline = from_baseline(workload.baseline, device.type)
-    configs = [baseline.replace(**parse_assignments(filter(None, spec.split(","))))
-               for spec in (args.config or [""])]
+    model_args = parse_model_args(args.model_arg)
+    # Changes to BASELINE: the trial process puts them over the model file's BASELINE.
+    configs = [parse_assignments(filter(None, spec.split(","))) for spec in (args.config or [""])]
     runs: list[list[dict]] = [[] for _ in configs]
     for _ in range(args.repeats):
         for config, results in zip(configs, runs):
-            request = TrialRequest(model_path=str(workload.path), config=config.to_dict(),
-                                   device=str(device), model_args=workload.model_args,
+            request = TrialRequest(model_path=args.model, config=config, device=str(device),
+                                   model_args=model_args,
                                    settings={"window_seconds": args.window_seconds})
             results.append(run_isolated(request, 900).to_dict())
 
     reference = None
-    print(f"model {workload.name}, device {device}, {args.repeats} runs each, "
-          f"args {workload.model_args}\n")
+    print(f"model {Path(args.model).stem}, device {device}, {args.repeats} runs each, "
+          f"args {model_args}\n")
     print("| configuration | status | samples/sec (median) | min..max | vs BASELINE | "
           "data wait | peak memory MiB |")
     print("|---|---|---|---|---|---|---|")
@@ -65,8 +64,8 @@ def main() -> None:
               f"{max(rates):.1f} | {median / reference:.2f}x | {wait:.0%} | {memory:.0f} |")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(
-            {"model": workload.name, "device": str(device), "model_args": workload.model_args,
-             "configs": [c.to_dict() for c in configs], "runs": runs}, indent=2))
+            {"model": Path(args.model).stem, "device": str(device), "model_args": model_args,
+             "configs": [r[0]["config"] for r in runs], "runs": runs}, indent=2))
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@
 2. Strategies, replayed over the measured grid for each seed: a trial of configuration c
    returns one of c's two measured runs (which one is drawn per seed) and costs that run's
    measured wall time; a screened trial costs its wall time up to the end of its screening
-   window. The search code is the product's own (`Tuner`, handed a `measure` that answers
-   from the grid, and the grid's loader rates stored in its study as if it had probed them):
+   window. The search code is the product's own (`Tuner`, handed a runner that answers the
+   trials from the grid and the probe from one real probe of the model, with the grid's
+   DataLoader rates):
    - autotune: memory model, DataLoader plan, screening, budget K trials;
    - plain TPE: `--plain-tpe`, the same budget over the same space;
    - largest micro-batch that fits, everything else the user's (Lightning's batch-size finder,
@@ -49,12 +50,13 @@ sys.path.insert(0, str(ROOT))
 
 from autotune.config import TrainConfig  # noqa: E402
 from autotune.isolation import TrialRequest, TrialResult, run_isolated  # noqa: E402
-from autotune.loader_plan import loader_settings, measure_loader_rates  # noqa: E402
+from autotune.loader_plan import LoaderRate  # noqa: E402
 from autotune.measure import MeasureSettings  # noqa: E402
 from autotune.options import TuneOptions  # noqa: E402
-from autotune.trials import COUNTS_AGAINST_BUDGET, StudyKey, config_key  # noqa: E402
+from autotune.probe import ProbeReport  # noqa: E402
+from autotune.runner import MeasureJob  # noqa: E402
+from autotune.trials import COUNTS_AGAINST_BUDGET, config_key  # noqa: E402
 from autotune.tuner import Tuner  # noqa: E402
-from autotune.worker import MeasureJob  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SETTINGS = MeasureSettings(window_steps=3, window_seconds=0.5, warmup_max_seconds=4,
@@ -112,9 +114,9 @@ def options(bench: Bench, studies: str, space_file: str, trials: int, seed: int,
 def measure_grid(bench: Bench, space_file: str, repeats: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as studies:
         tuner = Tuner(options(bench, studies, space_file, 1, 0, None))
+        tuner.close()
         configs = tuner.space.grid()
-        loader = measure_loader_rates(tuner.workload, tuner.baseline.micro_batch_size,
-                                      loader_settings(tuner.space.domains))
+        loader = tuner.probe.loader_rates
     runs: dict[str, dict[str, Any]] = {config_key(c): {"config": c.to_dict(), "runs": []}
                                        for c in configs}
     started = time.monotonic()
@@ -175,19 +177,31 @@ class Replay:
         return result.metrics["samples_per_sec"]
 
 
-def run_tuner(bench: Bench, grid: dict[str, Any], space_file: str, seed: int, budget: int,
-              limit: int, plain: bool = False, corner: bool = True
+class ReplayRunner:
+    """The tuner's runner, its trials answered from the grid and its probe from one real
+    probe of the model (with the grid's own DataLoader rates)."""
+
+    def __init__(self, report: ProbeReport, replay: Replay) -> None:
+        self.report, self.replay = report, replay
+
+    def probe(self, device: str, time_limit_s: float) -> ProbeReport:
+        return self.report
+
+    def measure(self, config: TrainConfig, job: MeasureJob) -> TrialResult:
+        return self.replay.run(config, job.screen_below)
+
+    def close(self) -> None:
+        """Nothing runs."""
+
+
+def run_tuner(bench: Bench, grid: dict[str, Any], report: ProbeReport, space_file: str,
+              seed: int, budget: int, limit: int, plain: bool = False, corner: bool = True
               ) -> list[tuple[str, float, str, str | None]]:
     """(config key, wall s, status, key the tuner would pick now) per trial it ran."""
-    replay = Replay(grid, seed, limit)
-
-    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
-        return replay.run(config, job.screen_below)
-
+    runner = ReplayRunner(report, Replay(grid, seed, limit))
     with tempfile.TemporaryDirectory() as studies:
         tuner = Tuner(options(bench, studies, space_file, budget, seed, limit, plain, corner),
-                      measure=measure)
-        tuner.study.set_user_attr(StudyKey.LOADER_RATES, grid["loader_rates"])
+                      runner=runner)
         tuner.run()
         trials = tuner.study.get_trials(deepcopy=False)
     steps, best, best_score = [], None, -math.inf
@@ -324,14 +338,18 @@ def main() -> None:
     optimum = max(truths.values())
     budget = args.budget or len(truths) // 4
     with tempfile.TemporaryDirectory() as studies:
-        baseline = Tuner(options(bench, studies, space_file, 1, 0, None)).baseline
-    baseline = baseline.to_dict()
+        tuner = Tuner(options(bench, studies, space_file, 1, 0, None))  # the real probe, once
+        tuner.close()
+    report = tuner.probe
+    report.loader_rates = [LoaderRate(**r) for r in grid["loader_rates"]]
+    baseline = tuner.baseline.to_dict()
     strategies: dict[str, Callable[[int], list]] = {
-        "autotune": lambda s: run_tuner(bench, grid, space_file, s, budget, limit),
+        "autotune": lambda s: run_tuner(bench, grid, report, space_file, s, budget, limit),
         "autotune without the fast corner (ablation)":
-            lambda s: run_tuner(bench, grid, space_file, s, budget, limit, corner=False),
-        "plain TPE (ablation)": lambda s: run_tuner(bench, grid, space_file, s, budget, limit,
-                                                    plain=True),
+            lambda s: run_tuner(bench, grid, report, space_file, s, budget, limit,
+                                corner=False),
+        "plain TPE (ablation)": lambda s: run_tuner(bench, grid, report, space_file, s, budget,
+                                                    limit, plain=True),
         "largest micro-batch that fits (Lightning, Accelerate)":
             lambda s: run_largest_fit(bench, grid, baseline, s, limit),
         "micro-batch sweep around a memory estimate (DeepSpeed fast)":

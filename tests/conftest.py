@@ -20,6 +20,9 @@ TEST_MODELS = Path(__file__).resolve().parent / "models"
 FAST = ["--window-steps", "3", "--window-seconds", "0.2", "--warmup-max-seconds", "5",
         "--profile-steps", "1"]
 
+# One confirmation round (the default adds rounds until the speedup is known within ±3%).
+CONFIRM_ONCE = ["--confirm-repeats", "1", "--confirm-max-rounds", "1"]
+
 # torch.compile costs ~30 s per model on CI's cores; a cache that outlives the run pays it once.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
                       str(Path.home() / ".cache" / "autotune-tests" / "inductor"))

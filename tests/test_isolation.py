@@ -1,4 +1,7 @@
-"""A trial in its own process: every way it can end comes back classified, the parent survives."""
+"""A trial in its own process: every way it can end comes back classified, the parent survives.
+
+Each fault runs twice: in a new interpreter, and forked from a fork server that has imported
+torch and the model file (what the tuner uses); both must end the same way."""
 
 from __future__ import annotations
 
@@ -14,9 +17,12 @@ import pytest
 
 from autotune.cli import main
 from autotune.config import TrainConfig
-from autotune.isolation import TrialRequest, run_isolated
+from autotune.forkserver import ForkServer
+from autotune.isolation import TrialRequest, TrialResult, run_isolated
 
-from .conftest import FAST, TINY_SOURCE
+from .conftest import FAST, ROOT, TINY_SOURCE
+
+LAUNCHERS = ["fresh", "forked"]
 
 SETTINGS = {"window_steps": 3, "window_seconds": 0.2, "warmup_max_seconds": 5,
             "profile_steps": 0}
@@ -28,40 +34,54 @@ def request(path: Path, **overrides) -> TrialRequest:
     return TrialRequest(model_path=str(path), device="cpu", **fields)
 
 
+def isolated(launcher: str, request: TrialRequest, limit: float,
+             log: Path | None = None, **kwargs) -> TrialResult:
+    """`run_isolated` in a new interpreter, or forked from a fork server of the model file."""
+    if launcher == "fresh":
+        return run_isolated(request, limit, log, **kwargs)
+    server_log = Path(request.model_path).with_suffix(".forkserver.log")
+    with ForkServer(request.model_path, server_log, 120) as server:
+        return run_isolated(request, limit, log, server=server, **kwargs)
+
+
 def with_loss(body: str) -> str:
     return TINY_SOURCE + "\n\ndef loss_fn(model, batch):\n" + \
         "".join(f"    {line}\n" for line in body.splitlines())
 
 
-def test_ok_trial_reports_metrics_and_keeps_its_log(write_model, tmp_path) -> None:
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_ok_trial_reports_metrics_and_keeps_its_log(launcher, write_model, tmp_path) -> None:
     log = tmp_path / "logs" / "trial.log"
-    result = run_isolated(request(write_model(TINY_SOURCE)), 120, log)
+    result = isolated(launcher, request(write_model(TINY_SOURCE)), 120, log)
     assert result.status == "ok", result.message
     assert result.metrics["samples_per_sec"] > 0
     assert result.log_path == str(log) and "autotune trial: timing" in log.read_text()
 
 
-def test_exception_in_loss_is_error_with_the_users_message(write_model) -> None:
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_exception_in_loss_is_error_with_the_users_message(launcher, write_model) -> None:
     path = write_model(with_loss("raise ValueError('labels out of range: 12 >= 10')"))
-    result = run_isolated(request(path), 120)
+    result = isolated(launcher, request(path), 120)
     assert result.status == "error"
     assert not result.bad_input
     assert "ValueError: labels out of range: 12 >= 10" in result.message
     assert "Traceback" in Path(result.log_path).read_text()
 
 
-def test_segfault_is_crash(write_model) -> None:
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_segfault_is_crash(launcher, write_model) -> None:
     path = write_model(with_loss("import ctypes\nctypes.string_at(0)"))
-    result = run_isolated(request(path), 120)
+    result = isolated(launcher, request(path), 120)
     assert result.status == "crash"
     assert "SIGSEGV" in result.message
 
 
-def test_hang_is_timeout_and_its_workers_die_too(write_model) -> None:
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_hang_is_timeout_and_its_workers_die_too(launcher, write_model) -> None:
     path = write_model(with_loss("import time\ntime.sleep(600)"))
     config = TrainConfig(micro_batch_size=8, num_workers=1).to_dict()
     start = time.monotonic()
-    result = run_isolated(request(path, config=config), 6)
+    result = isolated(launcher, request(path, config=config), 6)
     assert result.status == "timeout"
     assert time.monotonic() - start < 20
     leftovers = subprocess.run(["pgrep", "-f", str(path.parent)], capture_output=True,
@@ -69,7 +89,8 @@ def test_hang_is_timeout_and_its_workers_die_too(write_model) -> None:
     assert leftovers == []
 
 
-def test_killed_from_outside_is_crash(write_model, tmp_path) -> None:
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_killed_from_outside_is_crash(launcher, write_model, tmp_path) -> None:
     """As the kernel's OOM killer does: SIGKILL with no chance to write a result."""
     pid_file = tmp_path / "pid"
     path = write_model(with_loss(f"import os, pathlib, time\n"
@@ -83,7 +104,7 @@ def test_killed_from_outside_is_crash(write_model, tmp_path) -> None:
                 time.sleep(0.05)
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
-    result = run_isolated(request(path), 120, on_phase=kill_when_started)
+    result = isolated(launcher, request(path), 120, on_phase=kill_when_started)
     assert result.status == "crash"
     assert "SIGKILL" in result.message
 
@@ -104,15 +125,16 @@ def loss_fn(model, batch):
 '''
 
 
-def test_memory_limit_makes_large_batches_oom(write_model) -> None:
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_memory_limit_makes_large_batches_oom(launcher, write_model) -> None:
     """800 MiB fits torch, 64 MiB of weights and their Adam state, not 1 GiB of activations."""
     path = write_model(OOM_SOURCE)
     limit = 800 * 2**20
-    small = run_isolated(request(path, config=TrainConfig(micro_batch_size=4).to_dict(),
-                                 memory_limit_bytes=limit), 120)
+    small = isolated(launcher, request(path, config=TrainConfig(micro_batch_size=4).to_dict(),
+                                       memory_limit_bytes=limit), 120)
     assert small.status == "ok", small.message
-    big = run_isolated(request(path, config=TrainConfig(micro_batch_size=16384).to_dict(),
-                               memory_limit_bytes=limit), 120)
+    big = isolated(launcher, request(path, config=TrainConfig(micro_batch_size=16384).to_dict(),
+                                     memory_limit_bytes=limit), 120)
     assert big.status == "oom", big.message
     assert "allocate" in big.message
 
@@ -126,16 +148,18 @@ def test_cli_exit_codes_for_failed_trials(write_model, capsys) -> None:
 
 
 @pytest.mark.slow
-def test_trial_stops_when_its_tuner_dies(write_model, tmp_path) -> None:
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_trial_stops_when_its_tuner_dies(launcher, write_model, tmp_path) -> None:
     """A trial must never outlive the process that started it (it would hold the GPU)."""
     pid_file = tmp_path / "pid"
     path = write_model(with_loss(f"import os, pathlib, time\n"
                                  f"pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()))\n"
                                  "time.sleep(600)"))
-    script = ("import sys; from autotune.isolation import TrialRequest, run_isolated; "
-              f"run_isolated(TrialRequest(model_path={str(path)!r}, "
+    script = ("import sys; from pathlib import Path; from tests.test_isolation import isolated; "
+              "from autotune.isolation import TrialRequest; "
+              f"isolated({launcher!r}, TrialRequest(model_path={str(path)!r}, "
               "config={'micro_batch_size': 8}, device='cpu'), 600)")
-    tuner = subprocess.Popen([sys.executable, "-c", script])
+    tuner = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
     deadline = time.monotonic() + 60
     while not pid_file.exists() and time.monotonic() < deadline:
         time.sleep(0.1)

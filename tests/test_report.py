@@ -52,10 +52,16 @@ def test_summary_shows_best_beside_baseline_in_both_forms() -> None:
     summary = {"study": "mlp", "model": "models/mlp.py", "device": "cpu", "confirmed": True,
                "best_config": best, "baseline_config": base, "best_samples_per_sec": 200.0,
                "best_spread": 5.0, "baseline_samples_per_sec": 100.0, "baseline_spread": 2.0,
-               "speedup": 2.0, "confirmation_repeats": 2, "trials": {"COMPLETE": 4},
+               "speedup": 2.0, "speedup_ci": [1.9, 2.1], "confirmation_repeats": 2,
+               "best_search_samples_per_sec": 250.0, "trials": {"COMPLETE": 4},
                "statuses": {"ok": 4}}
-    text = _text(summary_tables(summary))
-    assert "2.00x" in text and "200.0 ± 5.0" in text and "median of 2 fresh runs" in text
+    text = " ".join(_text(summary_tables(summary)).split())
+    assert "2.00x [1.90-2.10]" in text and "200.0 ± 5.0" in text
+    assert "median of 2 paired rounds" in text and "confirmed -20%" in text
+    tied = {**summary, "speedup": 1.02, "speedup_ci": [0.97, 1.08],
+            "no_measurable_difference": True}
+    assert "1.02x [0.97-1.08]: no measurable difference" in " ".join(
+        _text(summary_tables(tied)).split())
     markdown = summary_markdown(summary)
     assert markdown.startswith("# autotune study `mlp`")
     assert "| precision | fp32 | **bf16** |" in markdown

@@ -13,7 +13,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from .conftest import FAST, run_cli
+from .conftest import CONFIRM_ONCE, FAST, run_cli
 
 SECTIONS = ("a. Samples/sec vs micro-batch size", "b. Peak memory vs micro-batch size",
             "c. Best so far", "d. Parameter importance", "e. Best vs baseline",
@@ -41,7 +41,7 @@ def study_dir(tmp_path_factory) -> Path:
         "--memory-limit", "1200MiB", "--space", str(space), "--fix", "compile_mode=none",
         "--fix", "num_workers=0", "--fix", "activation_checkpointing=none", "--fix",
         "grad_accum_steps=1", *FAST, "--trials", "8", "--seed", "1", "--confirm-top", "1",
-        "--confirm-repeats", "1", timeout=900)
+        *CONFIRM_ONCE, timeout=900)
     assert done.returncode == 0, done.stderr
     return root
 

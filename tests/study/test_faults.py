@@ -6,7 +6,7 @@ import pytest
 
 from autotune.results import load_study
 
-from ..conftest import FAST, run_cli
+from ..conftest import CONFIRM_ONCE, FAST, run_cli
 
 FAULTY_SOURCE = '''
 import ctypes
@@ -49,8 +49,8 @@ def test_a_study_survives_crashing_hanging_and_killed_trials(write_model, tmp_pa
     done = run_cli("run", "--model", str(write_model(FAULTY_SOURCE, "faulty.py")), "--device",
                    "cpu", "--studies-dir", str(tmp_path), "--space", str(space),
                    "--free-batch-size", "1:64", *[a for k in fixed for a in ("--fix", k)],
-                   *FAST, "--trials", "4", "--trial-time-limit", "15", "--confirm-repeats",
-                   "1", "--seed", "0", timeout=600)
+                   *FAST, "--trials", "4", "--trial-time-limit", "15", *CONFIRM_ONCE,
+                   "--seed", "0", timeout=600)
     assert done.returncode == 0, done.stderr
     trials = load_study("faulty", tmp_path).get_trials(deepcopy=False)
     by_size = {t.user_attrs["config"]["micro_batch_size"]: t for t in trials

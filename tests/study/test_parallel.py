@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 
 from autotune.results import load_study
 
-from ..conftest import FAST, ROOT, run_cli
+from ..conftest import CONFIRM_ONCE, FAST, ROOT, run_cli
 
 TINY_MLP = ["--model", "models/mlp.py", "--device", "cpu", "--model-arg", "feature_dim=32",
             "--model-arg", "hidden=64", "--model-arg", "layers=2", "--model-arg",
@@ -28,7 +28,7 @@ FINISHED = (TrialState.COMPLETE, TrialState.FAIL)
 def start_tuner(studies: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "autotune", "run", *TINY_MLP, *FAST,
                              "--studies-dir", str(studies), "--confirm-top", "1",
-                             "--confirm-repeats", "1", *args],
+                             *CONFIRM_ONCE, *args],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -178,7 +178,7 @@ def _completed(url: str, name: str) -> int:
 def test_password_appears_nowhere(postgres, tmp_path) -> None:
     url, secret = postgres.url, postgres.password
     outputs = [run_cli("run", *TINY_MLP, *FAST, "--studies-dir", str(tmp_path), "--storage",
-                       url, "--study", "secret", "--trials", "2", "--confirm-repeats", "1",
+                       url, "--study", "secret", "--trials", "2", *CONFIRM_ONCE,
                        timeout=600)]
     assert outputs[0].returncode == 0, outputs[0].stderr
     report = tmp_path / "report.html"

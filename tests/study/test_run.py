@@ -17,7 +17,7 @@ from autotune.config import TrainConfig
 from autotune.results import load_study
 from autotune.storage import open_storage
 
-from ..conftest import FAST, ROOT, run_cli
+from ..conftest import CONFIRM_ONCE, FAST, ROOT, run_cli
 
 TINY_MLP = ["--model", "models/mlp.py", "--device", "cpu", "--model-arg", "feature_dim=32",
             "--model-arg", "hidden=64", "--model-arg", "layers=2", "--model-arg",
@@ -36,7 +36,8 @@ def trials_of(tmp_path: Path, name: str = "mlp") -> list[optuna.trial.FrozenTria
 
 
 def test_study_finds_a_configuration_at_least_as_fast_and_continues(tmp_path) -> None:
-    done = run_study(tmp_path, "--trials", "6", "--seed", "1", "--confirm-top", "2", "--json")
+    done = run_study(tmp_path, "--trials", "6", "--seed", "1", "--confirm-top", "2",
+                     "--confirm-repeats", "2", "--confirm-max-rounds", "2", "--json")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["confirmed"]
@@ -103,7 +104,7 @@ def test_out_of_memory_is_infeasible_and_learned(tmp_path) -> None:
                    "--model-arg", "num_samples=70000", "--studies-dir", str(tmp_path),
                    "--free-batch-size", "16:65536", "--memory-limit", "900MiB", *args,
                    *NO_COMPILE, *FAST, "--trials", "14", "--seed", "3", "--confirm-top", "1",
-                   "--confirm-repeats", "1", "--json", timeout=900)
+                   *CONFIRM_ONCE, "--json", timeout=900)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     trials = trials_of(tmp_path)

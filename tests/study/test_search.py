@@ -11,10 +11,10 @@ import pytest
 from autotune.measure import MeasureSettings
 from autotune.options import TuneOptions
 from autotune.results import load_study
+from autotune.runner import MeasureJob
 from autotune.tuner import Tuner
-from autotune.worker import MeasureJob
 
-from ..conftest import FAST, TINY_SOURCE, run_cli
+from ..conftest import CONFIRM_ONCE, FAST, TINY_SOURCE, run_cli
 
 TINY_MLP = ["--model", "models/mlp.py", "--device", "cpu", "--model-arg", "feature_dim=32",
             "--model-arg", "hidden=64", "--model-arg", "layers=2", "--model-arg",
@@ -23,7 +23,7 @@ TINY_MLP = ["--model", "models/mlp.py", "--device", "cpu", "--model-arg", "featu
 
 def test_a_study_plans_the_loader_screens_and_optimizes_time_to_train(tmp_path) -> None:
     done = run_cli("run", *TINY_MLP, *FAST, "--studies-dir", str(tmp_path), "--trials", "6",
-                   "--seed", "2", "--confirm-top", "1", "--confirm-repeats", "1",
+                   "--seed", "2", "--confirm-top", "1", *CONFIRM_ONCE,
                    "--train-steps", "300", "--stall-penalty", "0", "--json", timeout=600)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
@@ -68,18 +68,19 @@ def test_plain_tpe_searches_without_the_shortcuts(tmp_path) -> None:
 def test_trials_compile_into_a_cache_under_the_study(tmp_path, write_model,
                                                      monkeypatch) -> None:
     seen = tmp_path / "seen.txt"
-    model = write_model(TINY_SOURCE + f'''
-import os
-def _record():
-    open({str(seen)!r}, "w").write(os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""))
-_record()
-''')
+    model = write_model(TINY_SOURCE.replace("def build_model(dim=8):", f'''def build_model(dim=8):
+    import os
+    open({str(seen)!r}, "w").write(os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""))'''))
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     tuner = Tuner(TuneOptions(model_path=str(model), device="cpu",
                               studies_dir=str(tmp_path / "studies"),
                               settings=MeasureSettings(window_steps=2, window_seconds=0.1,
                                                        profile_steps=0)))
-    result = tuner.measure(tuner.baseline, MeasureJob("trial-0", 120, "cpu"))
+    try:
+        seen.unlink()  # the probe built the model too
+        result = tuner.runner.measure(tuner.baseline, MeasureJob("trial-0", 120, "cpu"))
+    finally:
+        tuner.close()
     assert result.status == "ok"
     assert seen.read_text() == str(tuner.directory / "inductor")
 

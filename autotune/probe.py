@@ -1,0 +1,307 @@
+"""What the user's model and this machine can do, found in one short child process before the
+baseline, so that the search only ever proposes what works here and is worth trying.
+
+The probe (`probe_job`, run through `isolation` like a trial) reads the workload's facts (the
+file's BASELINE, the dataset's size, the model's training state) and tries, on the user's model
+and this machine, each knob value that can fail or be pointless:
+
+- precision: bf16 (and fp16 on CUDA) for one short timed run against the baseline's precision;
+  a value that fails is left out, and on CPU one more than `SLOWER` times slower than fp32 too
+  (a CPU without native bf16 emulates it: it cannot pay back what it costs);
+- activation checkpointing: each mode for one step, whose loss must equal the plain model's
+  (a wrapper that changes the model is worse than none);
+- the AdamW implementations: one optimizer step each;
+- torch.compile: the toolchain inductor needs (a C++ compiler on CPU, Triton on CUDA);
+- DataLoader workers: a worker process loading two batches (datasets and collate functions
+  that cannot be pickled fail here), then every workers/prefetch setting's own rate.
+
+The tuner caches the report in the study under a fingerprint of the model file, its arguments,
+the device and torch, and probes again when one of them changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autotune.config import TrainConfig, from_baseline
+from autotune.hardware import cpu_has_native_bf16, describe, unsupported_reason
+from autotune.isolation import is_oom
+from autotune.loader_plan import LoaderRate, loader_settings, measure_loader_rates
+from autotune.memory_model import training_state_bytes
+from autotune.space import build_space
+from autotune.training import Unsupported, make_loader, setup_from_workload
+from autotune.workload import Workload
+
+# A precision this many times slower than fp32 on CPU is left out.
+SLOWER = 2.0
+# How long each precision is timed for (after one warm-up step), at most.
+TIMING_S = 2.0
+TIMED_STEPS = 3
+# Checkpointing recomputes the same forward: its first loss must match the plain model's.
+LOSS_RTOL, LOSS_ATOL = 1e-3, 1e-5
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """A knob value the search will not propose on this model and machine, and why."""
+
+    knob: str
+    value: Any
+    reason: str
+
+    def describe(self) -> str:
+        return f"{self.knob}={self.value}: {self.reason}"
+
+
+@dataclass
+class ProbeReport:
+    """The workload's facts and what works here (plain JSON data, cached in the study)."""
+
+    baseline: dict[str, Any]
+    dataset_size: int
+    state_bytes: int
+    parameters: int
+    left_out: list[LeftOut] = field(default_factory=list)
+    loader_rates: list[LoaderRate] = field(default_factory=list)
+    step_s: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ProbeReport:
+        return cls(**{**data, "left_out": [LeftOut(**x) for x in data["left_out"]],
+                      "loader_rates": [LoaderRate(**r) for r in data["loader_rates"]]})
+
+    def left_out_values(self) -> dict[str, dict[Any, str]]:
+        """knob -> {value: reason}."""
+        out: dict[str, dict[Any, str]] = {}
+        for item in self.left_out:
+            out.setdefault(item.knob, {})[item.value] = item.reason
+        return out
+
+
+def fingerprint(model_path: str | Path, model_args: Mapping[str, Any], device_name: str) -> str:
+    """What the probe's answer depends on: the model file's bytes, its arguments, the device
+    and torch's version."""
+    digest = hashlib.sha256(Path(model_path).read_bytes())
+    digest.update(repr(sorted(model_args.items())).encode())
+    digest.update(f"{device_name}|{torch.__version__}".encode())
+    return digest.hexdigest()
+
+
+def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
+              settings: Mapping[str, Any], trace_path: str | None,
+              progress: Progress) -> dict[str, Any]:
+    """A child process's job (`isolation.JOBS`): the ProbeReport of `workload` on `device`,
+    `config` being its baseline."""
+    progress("building the dataset")
+    dataset = workload.build_dataset()
+    progress("building the model")
+    model = workload.build_model()
+    report = ProbeReport(baseline=workload.baseline, dataset_size=len(dataset),
+                         state_bytes=training_state_bytes(model),
+                         parameters=sum(p.numel() for p in model.parameters()))
+    del model
+    info = describe(device)
+    if unsupported_reason(config, info):  # a BASELINE this device cannot run: its defaults
+        config = from_baseline({"micro_batch_size": config.micro_batch_size,
+                                "grad_accum_steps": config.grad_accum_steps}, device.type)
+    # The values the search would offer here: those worth a try.
+    offered = build_space(config, info, len(dataset)).domains
+    trials = _Trials(workload, dataset, device, progress)
+    progress("one baseline step (the reference)")
+    try:
+        reference = trials.run(config, timed=True)
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        # The baseline's micro-batch does not fit (the search will find one that does): what
+        # works does not depend on it.
+        config = config.replace(micro_batch_size=1, grad_accum_steps=1)
+        reference = trials.run(config, timed=True)
+    report.step_s[config.precision] = reference.step_s
+    for check in (_precisions, _checkpointing, _optimizers):
+        report.left_out += check(trials, config, reference, offered)
+    report.step_s.update(trials.step_s)
+    report.left_out += _compile_toolchain(device, offered["compile_mode"])
+    workers = [n for n in offered["num_workers"] if n > 0]
+    report.left_out += _workers(workload, dataset, config, device, progress, workers)
+    usable = {(w, p) for w, p in loader_settings(offered)
+              if not any(x.knob == "num_workers" and x.value == w for x in report.left_out)}
+    progress("timing the DataLoader alone")
+    report.loader_rates = measure_loader_rates(dataset, workload.hook("collate_fn"),
+                                               config.micro_batch_size, sorted(usable, key=str))
+    return report.to_dict()
+
+
+@dataclass
+class _Run:
+    first_loss: float
+    first_step_s: float
+    step_s: float
+
+
+class _Trials:
+    """Short runs of one configuration each, on a freshly built and identically seeded model,
+    so that their first losses are comparable."""
+
+    def __init__(self, workload: Workload, dataset: Any, device: torch.device,
+                 progress: Progress) -> None:
+        self.workload, self.dataset, self.device, self.progress = \
+            workload, dataset, device, progress
+        self.step_s: dict[str, float] = {}
+
+    def run(self, config: TrainConfig, timed: bool = False,
+            first_step_bound_s: float = math.inf) -> _Run:
+        """The first step's loss and time; with `timed`, the median of a few more steps (their
+        first step's time instead when it took longer than `first_step_bound_s`: a step that
+        slow has answered already)."""
+        torch.manual_seed(0)
+        model = self.workload.build_model()
+        setup = setup_from_workload(self.workload, config, self.device, model=model,
+                                    dataset=self.dataset)
+        batches = setup.batches()
+        torch.manual_seed(1)
+        begun = time.perf_counter()
+        first = float(setup.step(batches).loss)
+        first_s = time.perf_counter() - begun
+        times: list[float] = []
+        start = time.perf_counter()
+        timed = timed and first_s <= first_step_bound_s
+        while timed and len(times) < TIMED_STEPS and time.perf_counter() - start < TIMING_S:
+            begun = time.perf_counter()
+            setup.step(batches)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            times.append(time.perf_counter() - begun)
+        return _Run(first, first_s, statistics.median(times) if times else first_s)
+
+
+def _try(trials: _Trials, knob: str, value: Any, config: TrainConfig, timed: bool = False,
+         first_step_bound_s: float = math.inf) -> _Run | LeftOut | None:
+    """One short run of `config`: its figures, the value left out with the reason it fails,
+    or None when it ran out of memory (a memory question, which the search answers)."""
+    trials.progress(f"trying {knob}={value}")
+    try:
+        return trials.run(config, timed=timed, first_step_bound_s=first_step_bound_s)
+    except Unsupported as exc:
+        return LeftOut(knob, value, str(exc))
+    except Exception as exc:  # noqa: BLE001 - any other failure leaves the value out
+        if is_oom(exc):
+            return None
+        return LeftOut(knob, value, f"fails on this model: {_one_line(exc)}")
+
+
+def _precisions(trials: _Trials, config: TrainConfig, reference: _Run,
+                offered: Mapping[str, tuple]) -> list[LeftOut]:
+    """Half precisions that fail here, or that are much slower than fp32 on a CPU."""
+    out = []
+    for precision in offered["precision"]:
+        if precision not in ("bf16", "fp16") or precision == config.precision:
+            continue
+        run = _try(trials, "precision", precision, config.replace(precision=precision),
+                   timed=True, first_step_bound_s=2 * SLOWER * reference.first_step_s)
+        if not isinstance(run, _Run):
+            out += [run] if run else []
+            continue
+        trials.step_s[precision] = run.step_s
+        timed = run.step_s != run.first_step_s
+        ratio = run.step_s / (reference.step_s if timed else reference.first_step_s)
+        if trials.device.type == "cpu" and config.precision == "fp32" and ratio > SLOWER:
+            native = "" if cpu_has_native_bf16() else " (no native bf16)"
+            out.append(LeftOut("precision", precision,
+                               f"{ratio:.1f}x slower than fp32 on this CPU{native}"))
+    return out
+
+
+def _checkpointing(trials: _Trials, config: TrainConfig, reference: _Run,
+                   offered: Mapping[str, tuple]) -> list[LeftOut]:
+    """Checkpointing modes that fail, or whose first loss differs from the plain model's."""
+    out = []
+    plain = config.replace(activation_checkpointing="none")
+    expected = reference.first_loss if config == plain else trials.run(plain).first_loss
+    for mode in offered["activation_checkpointing"]:
+        if mode == "none":
+            continue
+        run = _try(trials, "activation_checkpointing", mode,
+                   plain.replace(activation_checkpointing=mode))
+        if not isinstance(run, _Run):
+            out += [run] if run else []
+        elif not math.isclose(run.first_loss, expected, rel_tol=LOSS_RTOL, abs_tol=LOSS_ATOL):
+            out.append(LeftOut("activation_checkpointing", mode,
+                               f"changes the first step's loss ({run.first_loss:.6g} against "
+                               f"{expected:.6g} without it)"))
+    return out
+
+
+def _optimizers(trials: _Trials, config: TrainConfig, reference: _Run,
+                offered: Mapping[str, tuple]) -> list[LeftOut]:
+    """AdamW implementations the file's optimizer does not take, or that fail a step."""
+    out = []
+    for impl in offered["optimizer_impl"]:
+        if impl == config.optimizer_impl:
+            continue
+        run = _try(trials, "optimizer_impl", impl, config.replace(optimizer_impl=impl))
+        out += [run] if isinstance(run, LeftOut) else []
+    return out
+
+
+def _compile_toolchain(device: torch.device, modes: tuple) -> list[LeftOut]:
+    """torch.compile needs a C++ compiler for inductor's CPU kernels, Triton for CUDA ones."""
+    reason = None
+    if device.type == "cuda":
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            reason = "Triton is not installed, which inductor needs for CUDA kernels"
+    else:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        try:
+            get_cpp_compiler()
+        except Exception as exc:  # noqa: BLE001 - no compiler, whatever the message
+            reason = f"no C++ compiler for inductor's CPU kernels ({exc})"
+    if reason is None:
+        return []
+    return [LeftOut("compile_mode", mode, reason) for mode in modes if mode != "none"]
+
+
+def _workers(workload: Workload, dataset: Any, config: TrainConfig, device: torch.device,
+             progress: Progress, workers: list[int]) -> list[LeftOut]:
+    """Worker processes must be able to take the dataset and the collate function."""
+    if not workers:
+        return []
+    progress("trying a DataLoader worker")
+    try:
+        loader = make_loader(dataset, TrainConfig(micro_batch_size=config.micro_batch_size,
+                                                  num_workers=1), device,
+                             workload.hook("collate_fn"))
+        batches = iter(loader)
+        for _ in range(min(2, len(loader))):
+            next(batches)
+        del batches
+    except Exception as exc:  # noqa: BLE001 - any failure leaves workers out
+        reason = f"a worker process cannot load batches: {_one_line(exc)}"
+        return [LeftOut("num_workers", n, reason) for n in workers]
+    return []
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception in one line: its last, for one re-raised with a traceback in its message
+    (a DataLoader worker's)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    text = last if len(lines) > 1 and ":" in last else f"{type(exc).__name__}: {last}"
+    return text[:300]

@@ -1,0 +1,105 @@
+"""Confirmation: paired rounds, the speedup with its interval, the simplest configuration that
+is as fast as the fastest, and drift between the start and the end of a study."""
+
+from __future__ import annotations
+
+import itertools
+
+import optuna
+
+from autotune.config import TrainConfig
+from autotune.confirm import Candidate, Plan, conclusion, confirm, drift
+from autotune.isolation import TrialResult
+from autotune.outcome import Scoring
+from autotune.runner import MeasureJob
+from autotune.storage import open_storage
+from autotune.trials import MEMORY_CONSTRAINT
+from autotune.views import SilentView
+
+BASE = TrainConfig(micro_batch_size=64)
+
+
+def run(rate: float) -> dict:
+    return {"status": "ok", "samples_per_sec": rate, "objective": rate}
+
+
+def candidate(config: TrainConfig, rates: list[float | None],
+              search: float | None = None) -> Candidate:
+    return Candidate(config.to_dict(), 1, True, search,
+                     [run(r) if r is not None else None for r in rates])
+
+
+def test_a_clear_speedup_is_recommended_with_its_interval() -> None:
+    baseline = candidate(BASE, [100, 110, 95, 105])
+    faster = candidate(BASE.replace(precision="bf16"), [150, 166, 142, 158])
+    result = conclusion([faster, baseline], baseline)
+    assert result["winner"]["config"]["precision"] == "bf16"
+    low, high = result["speedup_ci"]
+    assert low < result["speedup"] < high and low > 1.4
+    assert result["no_measurable_difference"] is False
+
+
+def test_a_difference_inside_the_noise_keeps_the_simpler_configuration() -> None:
+    baseline = candidate(BASE, [100, 112, 93, 104])
+    lucky = candidate(BASE.replace(optimizer_impl="fused", num_workers=1,
+                                   prefetch_factor=2), [104, 108, 99, 107])
+    result = conclusion([lucky, baseline], baseline)
+    assert result["fastest"]["config"]["optimizer_impl"] == "fused"
+    assert result["winner"]["config"] == BASE.to_dict()  # no change beats two changes
+    assert result["speedup"] == 1.0 and result["no_measurable_difference"]
+    one_change = candidate(BASE.replace(optimizer_impl="fused"), [103, 111, 96, 106])
+    result = conclusion([lucky, one_change, baseline.__class__(BASE.to_dict(), 0, False, None,
+                                                             baseline.runs)], baseline)
+    # the baseline did not fit in the search: of the two tied, the one with fewer changes
+    assert result["winner"]["config"]["num_workers"] == 0
+
+
+def test_a_candidate_that_failed_a_round_is_not_recommended() -> None:
+    baseline = candidate(BASE, [100, 100, 100])
+    flaky = candidate(BASE.replace(micro_batch_size=128), [300, None, 300])
+    result = conclusion([flaky, baseline], baseline)
+    assert result["winner"]["config"] == BASE.to_dict()
+
+
+def test_drift_beyond_the_rounds_spread_is_reported() -> None:
+    steady = drift(candidate(BASE, [100, 104, 97], search=101))
+    assert steady and not steady["beyond_noise"]
+    moved = drift(candidate(BASE, [70, 72, 69], search=100))
+    assert moved["beyond_noise"] and moved["end_samples_per_sec"] == 70
+
+
+def _study(tmp_path) -> optuna.Study:
+    study = optuna.create_study(study_name="s", storage=open_storage(None, tmp_path),
+                                direction="maximize")
+    for config, rate, role in ((BASE, 100.0, "baseline"),
+                               (BASE.replace(precision="bf16"), 150.0, "search")):
+        trial = study.ask()
+        for key, value in {"config": config.to_dict(), "role": role, "status": "ok",
+                           "samples_per_sec": rate, "constraint": 0.0}.items():
+            trial.set_user_attr(key, value)
+        trial.set_constraint(MEMORY_CONSTRAINT, 0.0)
+        study.tell(trial, rate)
+    return study
+
+
+def test_rounds_are_added_until_the_speedup_is_known_and_a_disturbed_round_is_redone(
+        tmp_path) -> None:
+    """The measurements are scripted here (the decision is what is tested; real rounds run in
+    the study tests): bf16 is 1.5x the baseline with 1% noise, the second round is disturbed."""
+    noise = itertools.cycle([1.0, 1.01, 0.99, 1.02, 0.98])
+    calls: list[tuple[str, str]] = []
+
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        calls.append((job.name, config.precision))
+        rate = (150.0 if config.precision == "bf16" else 100.0) * next(noise)
+        disturbed = len(calls) in (3, 4)
+        return TrialResult("ok", "measured", {"samples_per_sec": rate, "disturbed": disturbed})
+
+    scoring = Scoring("cpu", None, 0.1, 0.0)
+    result = confirm(_study(tmp_path), BASE, scoring, measure, SilentView(),
+                     Plan(top=1, rounds=3, max_rounds=10, target=0.03), time_limit_s=60,
+                     device="cpu", directory=tmp_path)
+    assert result["rounds"] >= 3 and len(calls) == 2 * (result["rounds"] + 1)
+    assert result["winner"]["config"]["precision"] == "bf16"
+    low, high = result["speedup_ci"]
+    assert (high - low) / 2 / result["speedup"] <= 0.03 and low > 1.4
