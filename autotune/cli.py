@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import logging
 import sys
 import traceback
 from collections.abc import Sequence
@@ -45,6 +46,18 @@ from autotune.worker import Interrupted
 from autotune.workload import ContractError, Workload, load_workload
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class _WarningLines(logging.Handler):
+    """What autotune's modules warn about (a repaired journal, say): one line on stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        sys.stderr.write(f"autotune: warning: {record.getMessage()}\n")
+
+
+_WARNINGS = _WarningLines(logging.WARNING)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="autotune",
@@ -341,15 +354,19 @@ COMMANDS = {"bench": cmd_bench, "run": cmd_run, "profile": cmd_profile, "report"
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     console = Console()
+    if _WARNINGS not in logging.getLogger("autotune").handlers:
+        logging.getLogger("autotune").addHandler(_WARNINGS)
     try:
         return COMMANDS[args.command](args, console)
     except (UsageError, ContractError, ConfigError) as exc:
         if args.debug:
             raise
-        Console(stderr=True).print(Text.assemble(("autotune: error: ", "bold red"), str(exc)))
+        Console(stderr=True).print(Text.assemble(("autotune: error: ", "bold red"), str(exc)),
+                                   soft_wrap=True)
         return EXIT_BAD_INPUT
     except StorageUnavailable as exc:
-        Console(stderr=True).print(Text.assemble(("autotune: error: ", "bold red"), str(exc)))
+        Console(stderr=True).print(Text.assemble(("autotune: error: ", "bold red"), str(exc)),
+                                   soft_wrap=True)
         return EXIT_FAILED
     except KeyboardInterrupt:
         Console(stderr=True).print("interrupted")
