@@ -25,6 +25,8 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # How long to keep retrying while the storage is unreachable, backing off from half a second.
 DEFAULT_RETRY_S = 60.0
 CONNECT_TIMEOUT_S = 10
+_POSTGRES_URL = re.compile(r"postgres(ql)?(\+[a-z0-9]+)?://")
+_POSTGRES_BARE = re.compile(r"^postgres(ql)?://")
 
 
 class StorageUnavailable(Exception):
@@ -70,6 +72,10 @@ def open_storage(url: str | None, directory: Path, create: bool = True,
     if url:
         try:
             backend = _rdb(url)
+        except ImportError as exc:
+            hint = " (psycopg2 comes with the postgres extra: pip install 'autotune[postgres]')" \
+                if with_postgres_driver(url).startswith("postgresql+psycopg2://") else ""
+            raise ConfigError(f"cannot open storage: {redact(str(exc), url)}{hint}") from None
         except Exception as exc:
             raise ConfigError(f"cannot open storage: {redact(str(exc), url)}") from None
         return _Retrying(backend, url, backoff(retry_s))
@@ -90,9 +96,22 @@ def _rdb(url: str) -> BaseStorage:
         raise ValueError("a storage URL looks like postgresql://user:password@host/db or "
                          "sqlite:///path.db")
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
-    if url.startswith("postgresql"):
+    if _POSTGRES_URL.match(url):
         kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
-    return optuna.storages.get_storage(RDBStorage(url, engine_kwargs=kwargs))
+    return optuna.storages.get_storage(RDBStorage(with_postgres_driver(url),
+                                                  engine_kwargs=kwargs))
+
+
+def with_postgres_driver(url: str) -> str:
+    """A PostgreSQL URL with no driver named (`postgresql://`, or libpq's `postgres://`, which
+    SQLAlchemy no longer reads) as one for psycopg2; any other URL as it is.
+
+    One driver, psycopg2: it is what the `postgres` extra installs, and SQLAlchemy reads a bare
+    `postgresql://` as psycopg2 up to 2.0 but as psycopg 3 from 2.1, so the same URL would
+    otherwise need another package after an upgrade. A URL that names its driver
+    (`postgresql+psycopg://`) keeps it.
+    """
+    return _POSTGRES_BARE.sub("postgresql+psycopg2://", url, count=1)
 
 
 _LOST_CONNECTION = ("OperationalError", "InterfaceError", "DisconnectionError", "TimeoutError",

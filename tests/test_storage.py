@@ -1,11 +1,12 @@
-"""Where a study lives: study names and storage that cannot be opened (the embedded journal's
-own tests, its lock's among them, are in test_journal.py)."""
+"""Where a study lives: study names, storage that cannot be opened, and PostgreSQL however its
+URL is spelt (the embedded journal's own tests are in test_journal.py)."""
 
 from __future__ import annotations
 
+import optuna
 import pytest
 
-from autotune.storage import validate_study_name
+from autotune.storage import open_storage, validate_study_name, with_postgres_driver
 
 from .conftest import run_cli
 
@@ -36,3 +37,34 @@ def test_unwritable_study_folder_and_malformed_storage_exit_2(tmp_path) -> None:
         assert "cannot open storage" in done.stderr and "Traceback" not in done.stderr
     assert not any(tmp_path.rglob("journal.log"))
 
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("postgresql://u:pw@host/db", "postgresql+psycopg2://u:pw@host/db"),
+    ("postgres://u:pw@host:5432/db", "postgresql+psycopg2://u:pw@host:5432/db"),
+    ("postgresql+psycopg2://u:pw@host/db", "postgresql+psycopg2://u:pw@host/db"),
+    ("postgresql+psycopg://u:pw@host/db", "postgresql+psycopg://u:pw@host/db"),
+    ("sqlite:///postgresql://x.db", "sqlite:///postgresql://x.db"),
+])
+def test_a_postgres_url_without_a_driver_gets_psycopg2(url: str, expected: str) -> None:
+    assert with_postgres_driver(url) == expected
+
+
+@pytest.mark.slow
+def test_every_spelling_of_a_postgres_url_reaches_the_server(postgres, tmp_path) -> None:
+    """What the postgres extra installs serves `postgresql://`, `postgres://` and
+    `postgresql+psycopg2://` alike, and none of them shows the password."""
+    explicit = postgres.url
+    assert explicit.startswith("postgresql+psycopg2://")
+    spellings = [explicit, explicit.replace("postgresql+psycopg2://", "postgresql://"),
+                 explicit.replace("postgresql+psycopg2://", "postgres://")]
+    for number, url in enumerate(spellings):
+        study = optuna.create_study(study_name=f"spelling-{number}",
+                                    storage=open_storage(url, tmp_path), direction="maximize")
+        study.add_trial(optuna.trial.create_trial(value=float(number)))
+        listed = run_cli("studies", "--storage", url)
+        assert listed.returncode == 0, listed.stderr
+        assert all(f"spelling-{n}" in listed.stdout for n in range(number + 1))
+        assert postgres.password not in listed.stdout + listed.stderr
+    reloaded = optuna.load_study(study_name="spelling-0",
+                                 storage=open_storage(spellings[2], tmp_path))
+    assert reloaded.trials[0].value == 0.0
