@@ -7,6 +7,7 @@ import io
 import json
 import logging
 import sys
+import tempfile
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -256,11 +257,7 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> int:
     if args.steps < 1 or args.top < 1:
         raise UsageError("--steps and --top must be >= 1")
     options, workload, config, info = _configured(args)
-    out = Path(args.out or Path("studies") / workload.name / "profile")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot write to {out}: {exc.strerror}") from None
+    out = writable_folder(Path(args.out or Path("studies") / workload.name / "profile"))
     device = info.torch_device
     if options.memory_limit_bytes:
         limit_memory(device, options.memory_limit_bytes)
@@ -280,15 +277,15 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> int:
     from autotune import plots  # matplotlib: only the commands that draw pay its import
 
     image = out / "memory.png"
-    image.write_bytes(plots.memory_timeline(*result.memory_timeline,
-                                            title=f"Memory timeline: {workload.name}"))
+    write_output(image, plots.memory_timeline(*result.memory_timeline,
+                                              title=f"Memory timeline: {workload.name}"))
     result.files["memory_image"] = str(image)
     result.files["json"] = str(out / "profile.json")
     result.files["text"] = str(out / "profile.txt")
-    Path(result.files["json"]).write_text(json.dumps(result.to_dict(), indent=2))
+    write_output(Path(result.files["json"]), json.dumps(result.to_dict(), indent=2))
     recorder = Console(record=True, width=max(console.width, 120), file=io.StringIO())
     print_profile(result, recorder, f"{workload.name} on {info}")
-    Path(result.files["text"]).write_text(recorder.export_text())
+    write_output(Path(result.files["text"]), recorder.export_text())
     print_profile(result, console, f"{workload.name} on {info}")
     return EXIT_OK
 
@@ -303,11 +300,7 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
         from autotune.report_page import build_report  # matplotlib and scikit-learn (fANOVA): ~2 s
 
         page = build_report(study)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(page)
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+    write_output(path, page)
     console.print(str(path))
     return EXIT_OK
 
@@ -340,11 +333,36 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
                          model_path=summary.get("model"), model_args=summary.get("model_args"),
                          device=device)
     if args.output:
-        Path(args.output).write_text(text)
+        write_output(Path(args.output), text)
         Console(stderr=True).print(f"wrote {args.output}")
     else:
         sys.stdout.write(text)
     return EXIT_OK
+
+
+def write_output(path: Path, content: str | bytes) -> None:
+    """Write a file the user named (its folder made if missing); a path that cannot be written
+    is bad input."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def writable_folder(path: Path) -> Path:
+    """`path`, made if missing, once a file can be created in it; else bad input (before any
+    work that would have to be thrown away)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise UsageError(f"cannot write to {path}: {exc.strerror or exc}") from None
+    return path
 
 
 COMMANDS = {"bench": cmd_bench, "run": cmd_run, "profile": cmd_profile, "report": cmd_report,
