@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import logging
 import sys
+import tempfile
 import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -55,6 +57,18 @@ from autotune.worker import Interrupted
 from autotune.workload import ContractError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class _WarningLines(logging.Handler):
+    """What autotune's modules warn about (a repaired journal, say): one line on stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        sys.stderr.write(f"autotune: warning: {record.getMessage()}\n")
+
+
+_WARNINGS = _WarningLines(logging.WARNING)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="autotune",
@@ -292,8 +306,7 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> int:
         raise UsageError("--steps and --top must be >= 1")
     options, info, knobs = _target(args)
     device, name = info.torch_device, Path(options.model_path).stem
-    out = Path(args.out or Path("studies") / name / "profile")
-    _writable_folder(out)
+    out = writable_folder(Path(args.out or Path("studies") / name / "profile"))
     request = TrialRequest(
         model_path=options.model_path, config=knobs, device=str(device),
         model_args=options.model_args, memory_limit_bytes=options.memory_limit_bytes,
@@ -319,16 +332,9 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> int:
     report = ProfileReport.from_dict(result.metrics)
     recorder = Console(record=True, width=max(console.width, 120), file=io.StringIO())
     print_profile(report, recorder, f"{name} on {info}")
-    Path(report.files["text"]).write_text(recorder.export_text())
+    write_output(Path(report.files["text"]), recorder.export_text())
     print_profile(report, console, f"{name} on {info}")
     return EXIT_OK
-
-
-def _writable_folder(path: Path) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot write to {path}: {exc.strerror}") from None
 
 
 def _error(message: str) -> None:
@@ -347,11 +353,7 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
         from autotune.report_page import build_report  # matplotlib and scikit-learn (fANOVA): ~2 s
 
         page = build_report(study)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(page)
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+    write_output(path, page)
     console.print(str(path))
     return EXIT_OK
 
@@ -384,11 +386,36 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
                          model_path=summary.get("model"), model_args=summary.get("model_args"),
                          device=device)
     if args.output:
-        Path(args.output).write_text(text)
+        write_output(Path(args.output), text)
         Console(stderr=True).print(f"wrote {args.output}")
     else:
         sys.stdout.write(text)
     return EXIT_OK
+
+
+def write_output(path: Path, content: str | bytes) -> None:
+    """Write a file the user named (its folder made if missing); a path that cannot be written
+    is bad input."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def writable_folder(path: Path) -> Path:
+    """`path`, made if missing, once a file can be created in it; else bad input (before any
+    work that would have to be thrown away)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise UsageError(f"cannot write to {path}: {exc.strerror or exc}") from None
+    return path
 
 
 COMMANDS = {"bench": cmd_bench, "run": cmd_run, "profile": cmd_profile, "report": cmd_report,
@@ -398,6 +425,8 @@ COMMANDS = {"bench": cmd_bench, "run": cmd_run, "profile": cmd_profile, "report"
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     console = Console()
+    if _WARNINGS not in logging.getLogger("autotune").handlers:
+        logging.getLogger("autotune").addHandler(_WARNINGS)
     try:
         return COMMANDS[args.command](args, console)
     except (UsageError, ContractError, ConfigError) as exc:

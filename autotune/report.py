@@ -210,7 +210,11 @@ def studies_table(rows: Sequence[Mapping[str, Any]]) -> Table:
     for name in columns:
         table.add_column(name)
     for row in rows:
-        table.add_row(*(str(row[k]) for k in columns))
+        if row.get("error"):
+            table.add_row(row["study"], "-", "-", "-",
+                          Text(f"cannot be read: {row['error']}", style="red"))
+        else:
+            table.add_row(*(str(row[k]) for k in columns))
     return table
 
 

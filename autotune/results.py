@@ -30,21 +30,30 @@ def load_study(name: str, studies_dir: str | Path = "studies",
 
 def list_studies(studies_dir: str | Path = "studies",
                  storage: str | None = None) -> list[dict[str, Any]]:
-    """The studies in a storage URL, or in every study folder of the embedded storage."""
+    """The studies in a storage URL, or in every study folder of the embedded storage. A study
+    folder that cannot be read is listed with the reason (`error`), the others as usual."""
     if storage:
-        backends = [open_storage(storage, Path(studies_dir))]
-    else:
-        folders = sorted(Path(studies_dir).glob(f"*/{JOURNAL_FILE}"))
-        backends = [open_storage(None, f.parent, create=False) for f in folders]
+        return _study_rows(open_storage(storage, Path(studies_dir)))
     rows = []
-    for backend in backends:
-        for s in optuna.get_all_study_summaries(backend, include_best_trial=False):
-            rows.append({"study": s.study_name, "trials": s.n_trials,
-                         "created": s.datetime_start.isoformat(timespec="seconds")
-                         if s.datetime_start else None,
-                         "model": s.user_attrs.get(StudyKey.IDENTITY, {}).get("model_path"),
-                         "confirmed": bool((s.user_attrs.get(StudyKey.CONFIRMATION) or {})
-                                           .get("winner"))})
+    for journal in sorted(Path(studies_dir).glob(f"*/{JOURNAL_FILE}")):
+        try:
+            rows += _study_rows(open_storage(None, journal.parent, create=False))
+        except Exception as exc:  # one unreadable study never hides the others
+            rows.append({"study": journal.parent.name, "trials": None, "created": None,
+                         "model": None, "confirmed": None,
+                         "error": str(exc) or type(exc).__name__})
+    return rows
+
+
+def _study_rows(backend: optuna.storages.BaseStorage) -> list[dict[str, Any]]:
+    rows = []
+    for s in optuna.get_all_study_summaries(backend, include_best_trial=False):
+        rows.append({"study": s.study_name, "trials": s.n_trials,
+                     "created": s.datetime_start.isoformat(timespec="seconds")
+                     if s.datetime_start else None,
+                     "model": s.user_attrs.get(StudyKey.IDENTITY, {}).get("model_path"),
+                     "confirmed": bool((s.user_attrs.get(StudyKey.CONFIRMATION) or {})
+                                       .get("winner"))})
     return rows
 
 

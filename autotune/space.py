@@ -228,7 +228,8 @@ def build_space(baseline: TrainConfig, info: DeviceInfo, dataset_size: int, *,
                 space_file: str | Path | None = None,
                 max_grad_accum: int = DEFAULT_MAX_GRAD_ACCUM,
                 left_out: Mapping[str, Mapping[Any, str]] | None = None) -> SearchSpace:
-    """The space for `baseline` on `info`'s device, narrowed by `--space` and then `--fix`.
+    """The space for `baseline` on `info`'s device, narrowed by `--space` and then `--fix` (a
+    fix must be one of the values `--space` lists for its knob).
 
     Unless the user lists micro-batches or accumulation steps, accumulation is searched only
     up to `max_grad_accum` (the baseline's own is always kept): a step of hundreds of tiny
@@ -256,10 +257,15 @@ def build_space(baseline: TrainConfig, info: DeviceInfo, dataset_size: int, *,
         source = f"--fix {knob}={value}"
         if knob not in knob_names():
             raise SpaceError(f"{source}: {_unknown(knob)}")
-        # command line over file: a fix replaces whatever the space file listed
-        narrowed[knob] = _supported(knob, [_typed_value(knob, value, source)], info, source)
-        reason = (left_out or {}).get(knob, {}).get(narrowed[knob][0])
-        if reason is not None and narrowed[knob][0] != getattr(baseline, knob):
+        fixed = _typed_value(knob, value, source)
+        # a fix picks one of the values the space file lists; any other value contradicts it
+        if knob in narrowed and fixed not in narrowed[knob]:
+            raise SpaceError(f"{source} contradicts {space_file}, which lists {knob}: "
+                             f"{list(narrowed[knob])}; fix one of those values or drop one of "
+                             "the two")
+        narrowed[knob] = _supported(knob, [fixed], info, source)
+        reason = (left_out or {}).get(knob, {}).get(fixed)
+        if reason is not None and fixed != getattr(baseline, knob):
             raise SpaceError(f"{source}: left out on this model and machine: {reason}")
 
     domains = {knob: narrowed.get(knob) or _default_domain(knob, baseline, info)

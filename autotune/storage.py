@@ -1,39 +1,32 @@
 """Where a study lives, and staying in touch with it: the embedded journal file or an Optuna
 storage URL, and retries while the database is briefly unreachable.
 
-The embedded default is Optuna's journal file storage: append-only (a tuner killed mid-write
-leaves a readable log) and made for several processes at once (writes take a file lock), which
-SQLite is not when trials are enqueued. The lock is an flock (`_FileLock`), which the kernel
-drops when its holder dies. PostgreSQL (`--storage postgresql://...`) shares a study
-across machines.
+The embedded default is Optuna's journal file storage (`journal`): append-only and made for
+several processes at once (writes take a file lock), which SQLite is not when trials are
+enqueued. PostgreSQL (`--storage postgresql://...`) shares a study across machines.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import os
 import re
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.storages import BaseStorage, JournalStorage, RDBStorage
-from optuna.storages.journal import JournalFileBackend
-from optuna.storages.journal._file import BaseJournalFileLock
+from optuna.storages import BaseStorage, RDBStorage
 
 from autotune.config import ConfigError
+from autotune.journal import open_journal
 
 JOURNAL_FILE = "journal.log"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # How long to keep retrying while the storage is unreachable, backing off from half a second.
 DEFAULT_RETRY_S = 60.0
 CONNECT_TIMEOUT_S = 10
-# How long the journal's lock may be held before a waiting tuner takes a fresh one.
-LOCK_GRACE_S = 30.0
+_POSTGRES_URL = re.compile(r"postgres(ql)?(\+[a-z0-9]+)?://")
+_POSTGRES_BARE = re.compile(r"^postgres(ql)?://")
 
 
 class StorageUnavailable(Exception):
@@ -79,6 +72,10 @@ def open_storage(url: str | None, directory: Path, create: bool = True,
     if url:
         try:
             backend = _rdb(url)
+        except ImportError as exc:
+            hint = " (psycopg2 comes with the postgres extra: pip install 'autotune[postgres]')" \
+                if with_postgres_driver(url).startswith("postgresql+psycopg2://") else ""
+            raise ConfigError(f"cannot open storage: {redact(str(exc), url)}{hint}") from None
         except Exception as exc:
             raise ConfigError(f"cannot open storage: {redact(str(exc), url)}") from None
         return _Retrying(backend, url, backoff(retry_s))
@@ -88,62 +85,10 @@ def open_storage(url: str | None, directory: Path, create: bool = True,
                           "first or pass --storage")
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        backend = JournalStorage(JournalFileBackend(str(journal), _FileLock(f"{journal}.flock")))
     except OSError as exc:
         raise ConfigError(f"cannot write the study folder {directory}: "
                           f"{exc.strerror or exc}") from None
-    return _Retrying(backend, None, backoff(retry_s))
-
-
-class _FileLock(BaseJournalFileLock):
-    """The journal's write lock, as an flock on a side file.
-
-    Optuna's default symlink lock outlives a tuner killed while writing: the others wait 30 s,
-    then several may break it at once and, with their release failing, write the same record
-    twice (a lost trial re-queued twice, say). The kernel drops an flock with its holder. A
-    holder that is alive but frozen (SIGSTOP, a node cut off) keeps it: after LOCK_GRACE_S the
-    waiting tuner unlinks the file and locks a fresh one, whose release is always its own.
-    """
-
-    def __init__(self, path: str) -> None:
-        self._path = path
-        self._held = threading.local()
-
-    def acquire(self) -> bool:
-        deadline, delay = time.monotonic() + LOCK_GRACE_S, 0.001
-        while True:
-            fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                if time.monotonic() > deadline:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(self._path)
-                    deadline = time.monotonic() + LOCK_GRACE_S
-                time.sleep(delay)
-                delay = min(2 * delay, 0.05)
-                continue
-            except BaseException:
-                os.close(fd)
-                raise
-            if _same_file(self._path, fd):
-                self._held.fd = fd
-                return True
-            os.close(fd)  # the file was replaced while this tuner waited: lock the new one
-
-    def release(self) -> None:
-        fd = self._held.fd
-        self._held.fd = None
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-
-
-def _same_file(path: str, fd: int) -> bool:
-    try:
-        return os.stat(path).st_ino == os.fstat(fd).st_ino
-    except FileNotFoundError:
-        return False
+    return _Retrying(open_journal(journal), None, backoff(retry_s))
 
 
 def _rdb(url: str) -> BaseStorage:
@@ -151,9 +96,22 @@ def _rdb(url: str) -> BaseStorage:
         raise ValueError("a storage URL looks like postgresql://user:password@host/db or "
                          "sqlite:///path.db")
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
-    if url.startswith("postgresql"):
+    if _POSTGRES_URL.match(url):
         kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
-    return optuna.storages.get_storage(RDBStorage(url, engine_kwargs=kwargs))
+    return optuna.storages.get_storage(RDBStorage(with_postgres_driver(url),
+                                                  engine_kwargs=kwargs))
+
+
+def with_postgres_driver(url: str) -> str:
+    """A PostgreSQL URL with no driver named (`postgresql://`, or libpq's `postgres://`, which
+    SQLAlchemy no longer reads) as one for psycopg2; any other URL as it is.
+
+    One driver, psycopg2: it is what the `postgres` extra installs, and SQLAlchemy reads a bare
+    `postgresql://` as psycopg2 up to 2.0 but as psycopg 3 from 2.1, so the same URL would
+    otherwise need another package after an upgrade. A URL that names its driver
+    (`postgresql+psycopg://`) keeps it.
+    """
+    return _POSTGRES_BARE.sub("postgresql+psycopg2://", url, count=1)
 
 
 _LOST_CONNECTION = ("OperationalError", "InterfaceError", "DisconnectionError", "TimeoutError",

@@ -1,14 +1,22 @@
-"""`autotune bench` as a user runs it: real subprocesses, real trials, tiny models."""
+"""`autotune bench` as a user runs it: real subprocesses, real trials, tiny models; files the
+commands write where they cannot."""
 
 from __future__ import annotations
 
 import json
+import os
+import tempfile
+from pathlib import Path
 
+import optuna
 import pytest
 
 from autotune.cli import main
+from autotune.config import TrainConfig
+from autotune.storage import open_storage
 
 from .conftest import FAST, ROOT, TEST_MODELS, run_cli
+from .test_results import _told
 
 BENCH_KEYS = {"status", "message", "device", "config", "samples_per_sec", "step_time_median_s",
               "step_time_p90_s", "step_time_cv", "time_to_first_step_s", "peak_memory_bytes",
@@ -94,3 +102,41 @@ def test_torch_compile_end_to_end() -> None:
     names = {op["name"] for op in record["top_operators"]}
     # inductor's graph shows as CompiledFunction or as a "## Call CompiledFxGraph ... ##" range
     assert any("Compiled" in name for name in names), "the profiled steps ran the compiled graph"
+
+
+@pytest.fixture
+def read_only(tmp_path) -> Path:
+    """A folder no file can be created in: mode 0555, or, for root (whom modes do not stop),
+    sysfs, which refuses new files to everyone."""
+    folder = tmp_path / "read-only"
+    folder.mkdir(mode=0o555)
+    if os.geteuid() == 0:
+        folder = Path("/sys/kernel")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pytest.skip(f"{folder} is writable here")
+    except OSError:
+        return folder
+
+
+def test_outputs_that_cannot_be_written_are_one_message_and_exit_2(tmp_path, read_only,
+                                                                    capsys) -> None:
+    study = optuna.create_study(study_name="s", storage=open_storage(None, tmp_path / "s"),
+                                direction="maximize")
+    _told(study, TrainConfig(micro_batch_size=8), "ok", 100.0, role="baseline")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    study_args = ["--studies-dir", str(tmp_path)]
+    profile = ["profile", "--model", str(TEST_MODELS / "tiny_tuple.py"), "--device", "cpu"]
+    for command, target in [
+            (["export", "s", *study_args, "-o"], tmp_path),
+            (["export", "s", *study_args, "-o"], read_only / "best.yaml"),
+            (["report", "s", *study_args, "-o"], tmp_path),
+            (["report", "s", *study_args, "-o"], read_only / "report.html"),
+            ([*profile, "--out"], a_file),
+            ([*profile, "--out"], read_only)]:
+        assert main([*command, str(target)]) == 2, command
+        err = capsys.readouterr().err
+        [line] = err.strip().splitlines()
+        into = "to " if command[0] == "profile" else ""
+        assert line.startswith(f"autotune: error: cannot write {into}{target}: "), line

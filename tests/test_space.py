@@ -319,11 +319,24 @@ def test_space_file_narrows(tmp_path):
         assert config.compile_mode == "none"
 
 
-def test_fix_overrides_the_space_file(tmp_path):
+def test_fix_picks_one_of_the_space_files_values(tmp_path):
     path = tmp_path / "space.yaml"
     path.write_text("precision: [fp32, bf16]\n")
     space = build_space(BASELINE, CPU6, 1000, space_file=path, fixes={"precision": "fp32"})
     assert space.domains["precision"] == ("fp32",)
+
+
+@pytest.mark.parametrize(("listed", "fix"), [("micro_batch_size: [8, 16]", "micro_batch_size=32"),
+                                             ("precision: bf16", "precision=fp32")])
+def test_fix_outside_the_space_files_list_names_both(tmp_path, listed, fix):
+    path = tmp_path / "space.yaml"
+    path.write_text(listed + "\n")
+    knob, value = fix.split("=")
+    with pytest.raises(SpaceError) as raised:
+        build_space(BASELINE, CPU6, 1000, space_file=path, fixes={knob: value})
+    message = str(raised.value)
+    assert f"--fix {fix}" in message and str(path) in message
+    assert str(load_space_file(path)[knob]) in message
 
 
 def test_load_space_file_types_values(tmp_path):

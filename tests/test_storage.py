@@ -1,20 +1,14 @@
-"""Where a study lives: study names, the embedded journal's lock (a killed or frozen holder does
-not stall the others), and storage that cannot be opened."""
+"""Where a study lives: study names, storage that cannot be opened, and PostgreSQL however its
+URL is spelt (the embedded journal's own tests are in test_journal.py)."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import optuna
 import pytest
 
-from autotune import storage as storage_module
-from autotune.storage import open_storage, validate_study_name
+from autotune.storage import open_storage, validate_study_name, with_postgres_driver
 
-from .conftest import ROOT, run_cli
+from .conftest import run_cli
 
 TINY_MLP = ["--model", "models/mlp.py", "--device", "cpu", "--model-arg", "feature_dim=32",
             "--model-arg", "hidden=64", "--model-arg", "layers=2", "--model-arg",
@@ -31,43 +25,6 @@ def test_study_names(name: str, ok: bool) -> None:
             validate_study_name(name)
 
 
-def hold_journal_lock(studies: Path) -> subprocess.Popen:
-    """Another process holding the study journal's write lock (returns once it does)."""
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from autotune.storage import open_storage\n"
-        "open_storage(None, Path(sys.argv[1]))._storage._backend._lock.acquire()\n"
-        "print('held', flush=True); time.sleep(120)"), str(studies)],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "held"
-    return holder
-
-
-def test_a_tuner_killed_while_writing_the_journal_does_not_stall_the_others(tmp_path) -> None:
-    """The journal's lock dies with its holder: no 30 s wait, no lock broken by two tuners."""
-    holder = hold_journal_lock(tmp_path)
-    holder.kill()
-    holder.wait()
-    start = time.monotonic()
-    optuna.create_study(study_name="after", storage=open_storage(None, tmp_path))
-    assert time.monotonic() - start < 5
-    assert optuna.load_study(study_name="after", storage=open_storage(None, tmp_path))
-
-
-def test_a_frozen_lock_holder_is_bypassed_after_the_grace_period(tmp_path, monkeypatch) -> None:
-    """A tuner stopped while holding the journal's lock (SIGSTOP, a lost node) does not stall
-    the others for more than the grace period."""
-    holder = hold_journal_lock(tmp_path)
-    try:
-        monkeypatch.setattr(storage_module, "LOCK_GRACE_S", 1.0)
-        start = time.monotonic()
-        optuna.create_study(study_name="after", storage=open_storage(None, tmp_path))
-        assert 1.0 <= time.monotonic() - start < 10
-        assert holder.poll() is None  # its lock was never taken from it, only bypassed
-    finally:
-        holder.kill()
-        holder.wait()
-
-
 def test_unwritable_study_folder_and_malformed_storage_exit_2(tmp_path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
@@ -79,3 +36,35 @@ def test_unwritable_study_folder_and_malformed_storage_exit_2(tmp_path) -> None:
         assert done.returncode == 2, (url, done.stderr)
         assert "cannot open storage" in done.stderr and "Traceback" not in done.stderr
     assert not any(tmp_path.rglob("journal.log"))
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("postgresql://u:pw@host/db", "postgresql+psycopg2://u:pw@host/db"),
+    ("postgres://u:pw@host:5432/db", "postgresql+psycopg2://u:pw@host:5432/db"),
+    ("postgresql+psycopg2://u:pw@host/db", "postgresql+psycopg2://u:pw@host/db"),
+    ("postgresql+psycopg://u:pw@host/db", "postgresql+psycopg://u:pw@host/db"),
+    ("sqlite:///postgresql://x.db", "sqlite:///postgresql://x.db"),
+])
+def test_a_postgres_url_without_a_driver_gets_psycopg2(url: str, expected: str) -> None:
+    assert with_postgres_driver(url) == expected
+
+
+@pytest.mark.slow
+def test_every_spelling_of_a_postgres_url_reaches_the_server(postgres, tmp_path) -> None:
+    """What the postgres extra installs serves `postgresql://`, `postgres://` and
+    `postgresql+psycopg2://` alike, and none of them shows the password."""
+    explicit = postgres.url
+    assert explicit.startswith("postgresql+psycopg2://")
+    spellings = [explicit, explicit.replace("postgresql+psycopg2://", "postgresql://"),
+                 explicit.replace("postgresql+psycopg2://", "postgres://")]
+    for number, url in enumerate(spellings):
+        study = optuna.create_study(study_name=f"spelling-{number}",
+                                    storage=open_storage(url, tmp_path), direction="maximize")
+        study.add_trial(optuna.trial.create_trial(value=float(number)))
+        listed = run_cli("studies", "--storage", url)
+        assert listed.returncode == 0, listed.stderr
+        assert all(f"spelling-{n}" in listed.stdout for n in range(number + 1))
+        assert postgres.password not in listed.stdout + listed.stderr
+    reloaded = optuna.load_study(study_name="spelling-0",
+                                 storage=open_storage(spellings[2], tmp_path))
+    assert reloaded.trials[0].value == 0.0

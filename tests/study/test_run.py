@@ -172,6 +172,32 @@ def test_sigkill_of_the_tuner_loses_no_trial(tmp_path) -> None:
     assert len(measured) >= 5
 
 
+@pytest.mark.slow
+def test_a_journal_torn_mid_record_is_repaired_and_the_study_continues(tmp_path) -> None:
+    """The tuner killed in the middle of writing trial 1's COMPLETE (cut there, as a kill or a
+    full disk would): the next run repairs the journal with one warning, keeps trial 0, takes
+    trial 1 for orphaned and runs on."""
+    assert run_study(tmp_path, "--trials", "2", "--confirm-repeats", "0").returncode == 0
+    journal = tmp_path / "mlp" / "journal.log"
+    data = journal.read_bytes()
+    done = [t for t in trials_of(tmp_path) if t.state.name == "COMPLETE"]
+    assert [t.number for t in done] == [0, 1]
+    last_complete = data.rindex(b'"trial_id":1,"state":1')
+    journal.write_bytes(data[:last_complete + 10])
+
+    rerun = run_study(tmp_path, "--trials", "3", "--confirm-repeats", "0")
+    assert rerun.returncode == 0, rerun.stderr
+    [warning] = [line for line in rerun.stderr.splitlines() if "was repaired" in line]
+    assert warning.startswith("autotune: warning: ") and "torn record at the end" in warning
+    [backup] = (tmp_path / "mlp").glob("journal.log.corrupt-*")
+    assert backup.read_bytes() == data[:last_complete + 10]
+    after = trials_of(tmp_path)
+    assert after[0].state.name == "COMPLETE" and after[0].value == done[0].value
+    assert after[1].state.name == "FAIL"
+    assert any(t.user_attrs.get("requeued_from") == 1 for t in after)
+    assert run_cli("show", "mlp", "--studies-dir", str(tmp_path)).returncode == 0
+
+
 def test_ctrl_c_records_the_trial_and_exits_130(tmp_path) -> None:
     tuner = _start_study(tmp_path, 20)
     _wait_for(lambda: (tmp_path / "mlp" / "logs" / "trial-1.log").exists())
