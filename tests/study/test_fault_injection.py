@@ -31,7 +31,7 @@ BAD_FILES = {
     "empty_dataset": (TINY_SOURCE.replace("size=256", "size=0"), 2, "empty dataset"),
     "loss_not_scalar": (TINY_SOURCE.replace("return nn.functional.mse_loss(x.sum(dim=1), y)",
                                             "return (x.sum(dim=1) - y) ** 2"), 2,
-                        "the loss must be a scalar"),
+                        "has no loss"),
 }
 
 BAD_FLAGS = {
