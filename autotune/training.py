@@ -352,8 +352,8 @@ def _loss_and_gradients(model: nn.Module, batch: Any, loss_fn: LossFn, precision
         loss = loss_fn(model, batch)
     loss.backward()
     return _OneStep(float(loss.detach().float()),
-                 {name: None if p.grad is None else p.grad.detach().clone()
-                  for name, p in model.named_parameters()})
+                    {name: None if p.grad is None else p.grad.detach().clone()
+                     for name, p in model.named_parameters()})
 
 
 @contextlib.contextmanager
@@ -376,7 +376,8 @@ def _what_changed(reference: _OneStep, checked: _OneStep) -> str | None:
     """The first difference beyond float rounding between two steps, in words."""
     if not math.isfinite(reference.loss):
         return None
-    if not math.isclose(checked.loss, reference.loss, rel_tol=CHECKPOINT_LOSS_RTOL):
+    if not math.isclose(checked.loss, reference.loss, rel_tol=CHECKPOINT_LOSS_RTOL,
+                        abs_tol=1e-6):
         return f"the loss is {checked.loss:.6g} with it, {reference.loss:.6g} without"
     norms = {name: float(g.float().norm()) for name, g in reference.gradients.items()
              if g is not None}
