@@ -319,7 +319,8 @@ def count_flops_per_sample(model: nn.Module, workload: Workload, config: TrainCo
     dataset = workload.build_dataset()
     collate = workload.hook("collate_fn") or torch.utils.data.default_collate
     samples = [dataset[i] for i in range(min(config.micro_batch_size, len(dataset)))]
-    batch = move_to_device(collate(samples), device)
+    to_device = workload.hook("to_device") or move_to_device
+    batch = to_device(collate(samples), device)
     counter = FlopCounterMode(display=False)
     with counter:
         workload.loss_fn()(model, batch).backward()

@@ -1,7 +1,7 @@
-"""Load and check a model file: the model-file contract of DESIGN.md.
+"""Load and check a model file: the model-file contract (README).
 
 A model file is plain Python that never imports autotune. It must define `build_model(**kw)` and
-`build_dataset(**kw)`; it may define `loss_fn`, `collate_fn`, `build_optimizer`,
+`build_dataset(**kw)`; it may define `loss_fn`, `collate_fn`, `to_device`, `build_optimizer`,
 `checkpoint_modules`, `BASELINE` and `flops_per_sample`. Every way a file can break the contract
 raises `ContractError` with one message that says what to fix.
 """
@@ -190,7 +190,8 @@ def loss_from_output(output: Any, path: Path | str) -> torch.Tensor:
 
 
 def check_loss(loss: Any, path: Path | str) -> torch.Tensor:
-    """A loss must be a scalar tensor that backward() can start from."""
+    """A loss must be a scalar tensor that backward() can start from; a one-element tensor
+    (shape (1,), as many hand-written losses return) is one, as backward() takes it."""
     if not isinstance(loss, torch.Tensor):
         raise ContractError(f"{path}: the loss must be a torch.Tensor, got {_describe(loss)}")
     if loss.numel() != 1:
@@ -200,7 +201,7 @@ def check_loss(loss: Any, path: Path | str) -> torch.Tensor:
         raise ContractError(f"{path}: the loss does not require grad, so backward() cannot "
                             "train anything; compute it from the model's output without "
                             ".detach(), .item() or torch.no_grad()")
-    return loss
+    return loss.reshape(())
 
 
 def _call(fn: Callable[..., Any], model_args: Mapping[str, Any]) -> Any:

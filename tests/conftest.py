@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import shutil
 import socket
@@ -26,6 +27,16 @@ CONFIRM_ONCE = ["--confirm-repeats", "1", "--confirm-max-rounds", "1"]
 # torch.compile costs ~30 s per model on CI's cores; a cache that outlives the run pays it once.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
                       str(Path.home() / ".cache" / "autotune-tests" / "inductor"))
+
+
+def need(module: str, extra: str = "examples") -> None:
+    """Skip a test whose optional library is not installed here; CI installs it, so fail there."""
+    if importlib.util.find_spec(module) is not None:
+        return
+    message = f"{module} is not installed (pip install -e '.[{extra}]')"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
 
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import os
 from collections import OrderedDict, defaultdict, namedtuple
 from pathlib import Path
@@ -19,16 +20,23 @@ from autotune.training import (
     BatchTransferError,
     Unsupported,
     apply_activation_checkpointing,
+    checkpointing_problem,
     make_loader,
     make_optimizer,
     move_to_device,
+    sample_batch,
     setup_from_workload,
     setup_training,
 )
 from autotune.workload import ContractError, load_workload
 
+from .conftest import FAST, TINY_SOURCE, need, run_cli
+from .test_models import TINY
+
 TEST_MODELS = Path(__file__).resolve().parent / "models"
+MODELS = Path(__file__).resolve().parent.parent / "models"
 CPU = torch.device("cpu")
+META = torch.device("meta")
 DIM = 16
 
 
@@ -242,6 +250,260 @@ def test_gradient_checkpointing_enable_without_kwargs_is_still_called():
     model = OldHFModel()
     apply_activation_checkpointing(model, "full")
     assert model.enabled == 1
+
+
+# --- checkpointing is verified: it trains exactly as without, or it is unsupported ----------
+
+GPT2_SIZE = {"n_layer": 4, "n_embd": 32, "n_head": 2, "n_positions": 32, "vocab_size": 64,
+             "bos_token_id": 63, "eos_token_id": 63}
+
+
+def gpt2(model_class=None) -> nn.Module:
+    """A real Hugging Face GPT2LMHeadModel from a tiny config (dropout 0.1, its default)."""
+    need("transformers")
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return (model_class or GPT2LMHeadModel)(GPT2Config(**GPT2_SIZE))
+
+
+class PaddedTokens(torch.utils.data.Dataset):
+    """What a tokenizer's padding collator yields: ids, a mask with padding, labels -100 there."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        length = GPT2_SIZE["n_positions"]
+        ids = torch.randint(GPT2_SIZE["vocab_size"], (length,),
+                            generator=torch.Generator().manual_seed(i))
+        mask = (torch.arange(length) < length - i % 8).long()
+        return {"input_ids": ids, "attention_mask": mask,
+                "labels": ids.masked_fill(mask == 0, -100)}
+
+
+def gpt2_loss(model: nn.Module, batch) -> torch.Tensor:
+    return model(**batch).loss
+
+
+def one_step_gradients(model: nn.Module, batch) -> dict[str, torch.Tensor]:
+    torch.manual_seed(1)  # the same dropout masks in every run
+    gpt2_loss(model, batch).backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize(("mode", "layers_checkpointed"),
+                         [("full", [True] * 4), ("selective", [True, False, True, False])])
+def test_gpt2_checkpointing_uses_huggingface_own_layers_and_trains_the_same(
+        mode, layers_checkpointed):
+    reference = gpt2()
+    model = copy.deepcopy(reference)
+    batch = fixed_batch(PaddedTokens(), 4)
+    setup = setup_training(model, PaddedTokens(),
+                           TrainConfig(micro_batch_size=4, activation_checkpointing=mode), "cpu",
+                           loss_fn=gpt2_loss)
+    # Hugging Face's own per-layer switch, not autotune's wrapper around the layers
+    assert [layer.gradient_checkpointing for layer in model.transformer.h] == layers_checkpointed
+    assert all("forward" not in vars(layer) for layer in model.transformer.h)
+    saved = {name: saved_bytes(lambda m=m: gpt2_loss(m, batch))[0]
+             for name, m in (("none", copy.deepcopy(reference)), (mode, model))}
+    assert saved[mode] < saved["none"]
+    want = one_step_gradients(reference, batch)
+    for name, grad in one_step_gradients(model, batch).items():
+        torch.testing.assert_close(grad, want[name], rtol=1e-4, atol=1e-6, msg=name)
+    losses = [setup.step(setup.batches()).loss for _ in range(3)]
+    assert all(torch.isfinite(loss) for loss in losses)
+
+
+def older_gpt2_class():
+    """GPT-2 as a transformers version without `every_n_layers` shows it: Hugging Face's own
+    checkpointing does `full` only, so `selective` falls to autotune's wrapper, which breaks
+    this model (its KV cache is updated again by the recompute) when batches carry padding."""
+    need("transformers")
+    from transformers import GPT2LMHeadModel
+
+    class OlderGPT2(GPT2LMHeadModel):
+        def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None):
+            super().activation_checkpointing_enable(activation_checkpointing_kwargs)
+
+    return OlderGPT2
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_a_wrapper_that_breaks_a_model_is_unsupported_with_the_reason():
+    older = older_gpt2_class()
+    with pytest.raises(Unsupported) as info:
+        setup_training(gpt2(older), PaddedTokens(),
+                       TrainConfig(micro_batch_size=4, activation_checkpointing="selective"),
+                       "cpu", loss_fn=gpt2_loss)
+    message = str(info.value)
+    assert message.startswith("activation_checkpointing=selective breaks this model (with "
+                              "torch.utils.checkpoint around 2 of 4 blocks (transformer.h.0, "
+                              "transformer.h.2)), which trains without it: RuntimeError")
+    assert "size of tensor" in message
+    # the model's own mechanism still serves `full`
+    setup = setup_training(gpt2(older), PaddedTokens(),
+                           TrainConfig(micro_batch_size=4, activation_checkpointing="full"),
+                           "cpu", loss_fn=gpt2_loss)
+    assert torch.isfinite(setup.step(setup.batches()).loss)
+
+
+class CountingBlock(nn.Module):
+    """A block whose output depends on how often it ran in this forward: a recompute in
+    backward sees another count, so checkpointing it silently changes the gradients."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(DIM, DIM)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x + torch.tanh(self.lin(x) * self.calls)  # tanh keeps its output for backward
+
+
+class Recounting(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(CountingBlock() for _ in range(2))
+        self.head = nn.Linear(DIM, 1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            block.calls = 0
+        for block in self.blocks:
+            x = block(x)
+        return nn.functional.mse_loss(self.head(x).squeeze(-1), y)
+
+
+@pytest.mark.parametrize("mode", ["selective", "full"])
+def test_checkpointing_that_changes_the_gradients_is_unsupported(mode):
+    with pytest.raises(Unsupported, match=rf"activation_checkpointing={mode} changes what this "
+                                          r"model learns .*: the gradient of blocks\.0\.lin"):
+        setup_training(Recounting(), regression_data(),
+                       TrainConfig(micro_batch_size=8, activation_checkpointing=mode), "cpu")
+
+
+RECOUNTING_SOURCE = """
+import torch
+from torch import nn
+
+BASELINE = {"micro_batch_size": 8}
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1  # a recompute in backward sees another count
+        return x + torch.tanh(self.lin(x) * self.calls)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(2))
+
+    def forward(self, x, y):
+        for block in self.blocks:
+            block.calls = 0
+        for block in self.blocks:
+            x = block(x)
+        return nn.functional.mse_loss(x.sum(dim=1), y)
+
+
+def build_model():
+    return Net()
+
+
+def build_dataset():
+    g = torch.Generator().manual_seed(0)
+    return torch.utils.data.TensorDataset(torch.randn(64, 8, generator=g),
+                                          torch.randn(64, generator=g))
+"""
+
+
+def test_a_trial_whose_checkpointing_changes_the_model_is_unsupported_not_an_error(
+        write_model):
+    path = write_model(RECOUNTING_SOURCE)
+    done = run_cli("bench", "--model", str(path), "--device", "cpu", "--set",
+                   "activation_checkpointing=selective", "--json", *FAST)
+    assert done.returncode == 2, done.stdout + done.stderr
+    record = json.loads(done.stdout)
+    assert record["status"] == "unsupported"
+    assert "activation_checkpointing=selective changes what this model learns" in \
+        record["message"]
+    plain = run_cli("bench", "--model", str(path), "--device", "cpu", "--json", *FAST)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+
+
+class NormBlocks(Blocks):
+    """Blocks with batch-norm statistics and dropout: state the verification must not touch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for block in self.blocks:
+            block.append(nn.BatchNorm1d(DIM))
+            block.append(nn.Dropout(0.2))
+
+
+def test_verification_leaves_weights_buffers_gradients_and_randomness_as_they_were():
+    torch.manual_seed(0)
+    model = NormBlocks()
+    before = copy.deepcopy(model.state_dict())
+    rng = torch.get_rng_state()
+    setup_training(model, regression_data(),
+                   TrainConfig(micro_batch_size=8, activation_checkpointing="full"), "cpu")
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(p.grad is None for p in model.parameters())
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
+def test_a_model_that_fails_without_checkpointing_fails_as_itself():
+    def loss_fn(model: nn.Module, batch) -> torch.Tensor:
+        raise ValueError("a bug in the user's loss")
+
+    setup = setup_training(Blocks(), regression_data(),
+                           TrainConfig(micro_batch_size=8, activation_checkpointing="full"),
+                           "cpu", loss_fn=loss_fn)
+    with pytest.raises(ValueError, match="a bug in the user's loss"):
+        setup.step(setup.batches())
+
+
+REAL_LIBRARY = {"hf_gpt2": "transformers", "pyg_rgat": "torch_geometric"}
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("mode", ["selective", "full"])
+@pytest.mark.parametrize("name", ["gpt", "rgat", "mlp", "hf_gpt2", "pyg_rgat"])
+def test_checkpointing_problem_finds_none_in_the_reference_models(name, mode):
+    if name in REAL_LIBRARY:
+        need(REAL_LIBRARY[name])
+    workload = load_workload(MODELS / f"{name}.py", TINY[name])
+    batch = sample_batch(workload.build_dataset(), workload.hook("collate_fn"), 4)
+    for precision in ("fp32", "bf16"):
+        assert checkpointing_problem(workload.build_model, batch, workload.loss_fn(), mode,
+                                     workload.hook("checkpoint_modules"),
+                                     precision=precision) is None
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_checkpointing_problem_names_what_breaks():
+    batch = fixed_batch(PaddedTokens(), 4)
+    assert checkpointing_problem(gpt2, batch, gpt2_loss, "selective") is None
+    older = older_gpt2_class()
+    problem = checkpointing_problem(lambda: gpt2(older), batch, gpt2_loss, "selective")
+    assert problem.startswith("activation_checkpointing=selective breaks this model")
+    problem = checkpointing_problem(Recounting, fixed_batch(regression_data()),
+                                    lambda m, b: m(*b), "full")
+    assert "changes what this model learns" in problem
+    assert "not applicable" in checkpointing_problem(NoList, fixed_batch(regression_data()),
+                                                     lambda m, b: m(*b), "full")
 
 
 # --- optimizer implementation ----------------------------------------------------------------
@@ -500,6 +762,177 @@ def test_move_to_device_keeps_mapping_types():
     assert batch["x"].device.type == "cpu"
 
 
+class MovesItself:
+    """A user's own batch type with a `.to()` (as a graph library's batches have)."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x = x
+        self.calls: list[tuple[str, bool]] = []
+
+    def to(self, device, non_blocking: bool = False) -> MovesItself:
+        self.calls.append((str(device), non_blocking))
+        return MovesItself(self.x.to(device, non_blocking=non_blocking))
+
+
+class MovesWithoutNonBlocking(MovesItself):
+    def to(self, device) -> MovesItself:
+        self.calls.append((str(device), None))
+        return MovesItself(self.x.to(device))
+
+
+def test_a_batch_with_its_own_to_is_moved_with_it():
+    own = MovesItself(torch.ones(2))
+    moved = move_to_device({"graph": own, "y": torch.zeros(2)}, META, non_blocking=True)
+    assert own.calls == [("meta", True)]
+    assert type(moved["graph"]) is MovesItself and moved["graph"].x.device.type == "meta"
+    assert moved["y"].device.type == "meta"
+    plain = MovesWithoutNonBlocking(torch.ones(2))
+    assert move_to_device([plain], META, non_blocking=True)[0].x.device.type == "meta"
+    assert plain.calls == [("meta", None)]
+
+
+def test_pyg_data_batch_and_heterodata_are_moved_with_their_own_to():
+    need("torch_geometric")
+    from torch_geometric.data import Batch, Data, HeteroData
+
+    graphs = [Data(x=torch.randn(3, 4), edge_index=torch.tensor([[0, 1], [1, 2]]),
+                   edge_type=torch.tensor([0, 1]), y=torch.tensor([i])) for i in range(2)]
+    batch = Batch.from_data_list(graphs)
+    moved = move_to_device(batch, META)
+    assert type(moved) is type(batch)
+    assert {t.device.type for t in (moved.x, moved.edge_index, moved.edge_type, moved.y,
+                                    moved.batch, moved.ptr)} == {"meta"}
+    assert move_to_device((graphs[0], 3), META)[0].x.device.type == "meta"
+    hetero = HeteroData()
+    hetero["paper"].x = torch.randn(3, 2)
+    hetero["paper", "cites", "paper"].edge_index = torch.tensor([[0], [1]])
+    moved = move_to_device(hetero, META)
+    assert moved["paper"].x.device.type == "meta"
+    assert moved["paper", "cites", "paper"].edge_index.device.type == "meta"
+
+
+def test_hf_batch_encoding_is_moved_with_its_own_to_and_keeps_its_type():
+    need("transformers")
+    from transformers import BatchEncoding
+
+    batch = BatchEncoding({"input_ids": torch.ones(2, 3, dtype=torch.long),
+                           "attention_mask": torch.ones(2, 3, dtype=torch.long)})
+    moved = move_to_device(batch, META)
+    assert type(moved) is BatchEncoding
+    assert {v.device.type for v in moved.values()} == {"meta"}
+
+
+class GraphClassifier(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        from torch_geometric.nn import RGATConv
+
+        self.conv = RGATConv(4, 8, num_relations=2)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, batch) -> torch.Tensor:
+        from torch_geometric.nn import global_mean_pool
+
+        h = self.conv(batch.x, batch.edge_index, batch.edge_type).relu()
+        return self.head(global_mean_pool(h, batch.batch))
+
+
+def test_pyg_batches_collated_by_pyg_train():
+    need("torch_geometric")
+    from torch_geometric.data import Batch, Data
+
+    g = torch.Generator().manual_seed(0)
+    graphs = [Data(x=torch.randn(5, 4, generator=g),
+                   edge_index=torch.randint(5, (2, 8), generator=g),
+                   edge_type=torch.randint(2, (8,), generator=g), y=torch.tensor([i % 2]))
+              for i in range(16)]
+    torch.manual_seed(0)
+    setup = setup_training(
+        GraphClassifier(), graphs, TrainConfig(micro_batch_size=8, grad_accum_steps=2), "cpu",
+        loss_fn=lambda m, b: nn.functional.cross_entropy(m(b), b.y),
+        collate_fn=Batch.from_data_list,
+        build_optimizer=lambda params, **kw: torch.optim.AdamW(params, lr=1e-2, **kw))
+    batches = setup.batches()
+    losses = [float(setup.step(batches).loss) for _ in range(30)]
+    assert losses[-1] < 0.8 * losses[0]
+
+
+TO_DEVICE_SOURCE = TINY_SOURCE + """
+
+class Pair:
+    \"\"\"A batch type with no .to(): the file moves it itself.\"\"\"
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+
+def collate_fn(samples):
+    return Pair(*torch.utils.data.default_collate(samples))
+
+
+def loss_fn(model, batch):
+    return model(batch.x, batch.y)
+"""
+TO_DEVICE_HOOK = """
+MOVED = []
+
+
+def to_device(batch, device):
+    MOVED.append(str(device))
+    return Pair(batch.x.to(device), batch.y.to(device))
+"""
+
+
+def test_a_to_device_hook_moves_what_nothing_else_can(write_model):
+    config = TrainConfig(micro_batch_size=8)
+    without = load_workload(write_model(TO_DEVICE_SOURCE, "without_hook.py"))
+    with pytest.raises(BatchTransferError) as info:
+        setup_from_workload(without, config, CPU).step(iter(
+            make_loader(without.build_dataset(), config, CPU, without.hook("collate_fn"))))
+    message = str(info.value)
+    assert message.startswith("batch is a Pair, which cannot be moved to cpu")
+    assert "define `def to_device(batch, device):` in the model file" in message
+
+    workload = load_workload(write_model(TO_DEVICE_SOURCE + TO_DEVICE_HOOK, "hooked.py"))
+    setup = setup_from_workload(workload, config, CPU)
+    batches = setup.batches()
+    for _ in range(2):
+        assert torch.isfinite(setup.step(batches).loss)
+    assert workload.module.MOVED == ["cpu", "cpu"]
+
+
+class PinsItself(MovesItself):
+    pins = 0
+
+    def pin_memory(self) -> PinsItself:
+        PinsItself.pins += 1
+        return PinsItself(self.x.pin_memory())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")
+def test_the_loader_pins_batches_that_pin_themselves_once():
+    need("torch_geometric")
+    need("transformers")
+    from torch_geometric.data import Batch, Data
+    from transformers import BatchEncoding
+
+    def collate(samples):
+        x = torch.stack([s[0] for s in samples])
+        return {"pyg": Batch.from_data_list([Data(x=row.unsqueeze(0)) for row in x]),
+                "hf": BatchEncoding({"x": x}), "own": PinsItself(x)}
+
+    config = TrainConfig(micro_batch_size=4, pin_memory=True)
+    cuda = torch.device("cuda")
+    setup = setup_training(mlp(), regression_data(), config, cuda, collate_fn=collate,
+                           loss_fn=lambda m, b: m(b["pyg"].x.squeeze(1)).mean())
+    batch = next(iter(setup.loader))
+    assert batch["pyg"].x.is_pinned() and batch["hf"]["x"].is_pinned()
+    assert batch["own"].x.is_pinned() and PinsItself.pins == 1
+    moved = setup.to_device(batch, cuda)
+    assert moved["own"].x.is_cuda and PinsItself.pins == 1
+    assert moved["pyg"].x.is_cuda and moved["hf"]["x"].is_cuda
+
+
 @pytest.mark.parametrize(
     ("batch", "where"),
     [
@@ -513,8 +946,8 @@ def test_move_to_device_names_what_cannot_be_moved(batch, where):
     with pytest.raises(BatchTransferError) as info:
         move_to_device(batch, CPU)
     message = str(info.value)
-    assert where in message
-    assert "object" in message
+    assert f"{where} is a object, which cannot be moved to cpu" in message
+    assert "to_device(batch, device)" in message  # the one-line fix
     assert isinstance(info.value, ContractError)
 
 

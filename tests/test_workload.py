@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
+import torch
 
 from autotune.cli import main
-from autotune.workload import ContractError, load_workload, parse_model_args
+from autotune.workload import ContractError, check_loss, load_workload, parse_model_args
 
 from .conftest import FAST, TEST_MODELS, TINY_SOURCE, run_cli
 
@@ -106,3 +108,25 @@ def test_users_own_files_run_unchanged(model: str) -> None:
     done = run_cli("bench", "--model", str(TEST_MODELS / model), "--device", "cpu", *FAST)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "samples/sec" in done.stdout
+
+
+@pytest.mark.parametrize("shape", [(1,), (1, 1)])
+def test_a_one_element_loss_is_a_scalar_as_backward_takes_it(shape) -> None:
+    loss = check_loss(torch.full(shape, 2.0, requires_grad=True).mul(3), "model.py")
+    assert loss.shape == ()
+    assert loss.item() == 6.0
+    loss.backward()
+
+
+def test_a_trial_trains_on_a_loss_of_shape_1(write_model) -> None:
+    """Hand-written losses often end in shape (1,); backward() takes them, so the tool does."""
+    path = write_model(TINY_SOURCE + "\n\ndef loss_fn(model, batch):\n"
+                                     "    loss = model(*batch).reshape(1)\n"
+                                     "    assert loss.shape == (1,)\n"
+                                     "    return loss\n")
+    done = run_cli("bench", "--model", str(path), "--device", "cpu", "--set",
+                   "grad_accum_steps=2", "--json", *FAST)
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = json.loads(done.stdout)
+    assert record["status"] == "ok"
+    assert record["samples_per_sec"] > 0 and record["final_loss"] > 0
