@@ -8,8 +8,9 @@ and this machine, each knob value that can fail or be pointless:
 - precision: bf16 (and fp16 on CUDA) for one short timed run against the baseline's precision;
   a value that fails is left out, and on CPU one more than `SLOWER` times slower than fp32 too
   (a CPU without native bf16 emulates it: it cannot pay back what it costs);
-- activation checkpointing: each mode for one step, whose loss must equal the plain model's
-  (a wrapper that changes the model is worse than none);
+- activation checkpointing: each mode for one step on the dataset's first samples, whose loss
+  and gradients must equal the plain model's (a wrapper that changes the model is worse than
+  none);
 - the AdamW implementations: one optimizer step each;
 - torch.compile: the toolchain inductor needs (a C++ compiler on CPU, Triton on CUDA);
 - DataLoader workers: a worker process loading two batches (datasets and collate functions
@@ -38,16 +39,22 @@ from autotune.isolation import is_oom
 from autotune.loader_plan import LoaderRate, loader_settings, measure_loader_rates
 from autotune.memory_model import training_state_bytes
 from autotune.space import build_space
-from autotune.training import Unsupported, make_loader, setup_from_workload
-from autotune.workload import Workload
+from autotune.training import (
+    CHECK_SAMPLES,
+    Unsupported,
+    checkpointing_problem,
+    make_loader,
+    move_to_device,
+    sample_batch,
+    setup_from_workload,
+)
+from autotune.workload import Workload, check_loss
 
 # A precision this many times slower than fp32 on CPU is left out.
 SLOWER = 2.0
 # How long each precision is timed for (after one warm-up step), at most.
 TIMING_S = 2.0
 TIMED_STEPS = 3
-# Checkpointing recomputes the same forward: its first loss must match the plain model's.
-LOSS_RTOL, LOSS_ATOL = 1e-3, 1e-5
 
 Progress = Callable[[str], None]
 
@@ -148,14 +155,12 @@ def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
 
 @dataclass
 class _Run:
-    first_loss: float
     first_step_s: float
     step_s: float
 
 
 class _Trials:
-    """Short runs of one configuration each, on a freshly built and identically seeded model,
-    so that their first losses are comparable."""
+    """Short runs of one configuration each, on a freshly built model."""
 
     def __init__(self, workload: Workload, dataset: Any, device: torch.device,
                  progress: Progress) -> None:
@@ -165,17 +170,14 @@ class _Trials:
 
     def run(self, config: TrainConfig, timed: bool = False,
             first_step_bound_s: float = math.inf) -> _Run:
-        """The first step's loss and time; with `timed`, the median of a few more steps (their
-        first step's time instead when it took longer than `first_step_bound_s`: a step that
-        slow has answered already)."""
-        torch.manual_seed(0)
-        model = self.workload.build_model()
-        setup = setup_from_workload(self.workload, config, self.device, model=model,
-                                    dataset=self.dataset)
+        """The first step's time; with `timed`, the median of a few more steps (the first
+        step's instead when it took longer than `first_step_bound_s`: a step that slow has
+        answered already)."""
+        setup = setup_from_workload(self.workload, config, self.device, dataset=self.dataset)
         batches = setup.batches()
-        torch.manual_seed(1)
         begun = time.perf_counter()
-        first = float(setup.step(batches).loss)
+        setup.step(batches)
+        self._sync()
         first_s = time.perf_counter() - begun
         times: list[float] = []
         start = time.perf_counter()
@@ -183,10 +185,13 @@ class _Trials:
         while timed and len(times) < TIMED_STEPS and time.perf_counter() - start < TIMING_S:
             begun = time.perf_counter()
             setup.step(batches)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+            self._sync()
             times.append(time.perf_counter() - begun)
-        return _Run(first, first_s, statistics.median(times) if times else first_s)
+        return _Run(first_s, statistics.median(times) if times else first_s)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
 
 def _try(trials: _Trials, knob: str, value: Any, config: TrainConfig, timed: bool = False,
@@ -228,21 +233,32 @@ def _precisions(trials: _Trials, config: TrainConfig, reference: _Run,
 
 def _checkpointing(trials: _Trials, config: TrainConfig, reference: _Run,
                    offered: Mapping[str, tuple]) -> list[LeftOut]:
-    """Checkpointing modes that fail, or whose first loss differs from the plain model's."""
+    """Checkpointing modes that fail on this model or change what it learns: one step with
+    and without on the dataset's first samples (`training.checkpointing_problem`)."""
+    workload, device = trials.workload, trials.device
+    move = workload.hook("to_device") or move_to_device
+    batch = move(sample_batch(trials.dataset, workload.hook("collate_fn"), CHECK_SAMPLES),
+                 device)
+    loss_fn = workload.loss_fn()
+
+    def checked_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        return check_loss(loss_fn(model, batch), workload.path)
+
     out = []
-    plain = config.replace(activation_checkpointing="none")
-    expected = reference.first_loss if config == plain else trials.run(plain).first_loss
     for mode in offered["activation_checkpointing"]:
         if mode == "none":
             continue
-        run = _try(trials, "activation_checkpointing", mode,
-                   plain.replace(activation_checkpointing=mode))
-        if not isinstance(run, _Run):
-            out += [run] if run else []
-        elif not math.isclose(run.first_loss, expected, rel_tol=LOSS_RTOL, abs_tol=LOSS_ATOL):
-            out.append(LeftOut("activation_checkpointing", mode,
-                               f"changes the first step's loss ({run.first_loss:.6g} against "
-                               f"{expected:.6g} without it)"))
+        trials.progress(f"trying activation_checkpointing={mode}")
+        try:
+            problem = checkpointing_problem(
+                workload.build_model, batch, checked_loss, mode,
+                workload.hook("checkpoint_modules"), device, precision=config.precision)
+        except Exception as exc:  # noqa: BLE001 - out of memory, or the model's own failure
+            if is_oom(exc):
+                continue
+            raise
+        if problem:
+            out.append(LeftOut("activation_checkpointing", mode, problem))
     return out
 
 
