@@ -46,8 +46,9 @@ def hf_training_arguments(config: TrainConfig) -> dict[str, Any]:
 
     TrainingArguments has no "selective" checkpointing (it checkpoints every layer) and no
     foreach/for-loop switch ("adamw_torch" is PyTorch's default, foreach on CUDA); the `hf`
-    export says so next to those keys. `tf32` is left out for bf16/fp16 and False for fp32,
-    because TrainingArguments turns TF32 on by itself with torch_compile unless told.
+    export says so next to those keys. `tf32` is True for tf32; for the other precisions it
+    is left out (PyTorch's defaults, as measured), except False for fp32 with torch_compile,
+    where TrainingArguments would otherwise turn TF32 on by itself.
     """
     args: dict[str, Any] = {
         "per_device_train_batch_size": config.micro_batch_size,
@@ -55,7 +56,8 @@ def hf_training_arguments(config: TrainConfig) -> dict[str, Any]:
         "bf16": config.precision == "bf16",
         "fp16": config.precision == "fp16",
     }
-    if config.precision in ("fp32", "tf32"):
+    if config.precision == "tf32" or (config.precision == "fp32" and
+                                      config.compile_mode != "none"):
         args["tf32"] = config.precision == "tf32"
     args.update({
         "gradient_checkpointing": config.activation_checkpointing != "none",
@@ -89,9 +91,11 @@ def _hf_notes(config: TrainConfig) -> dict[str, str]:
     if config.precision == "tf32":
         notes["tf32"] = "TF32 tensor cores for fp32 matmuls: TrainingArguments raises without " \
                         "an Ampere or newer GPU"
-    elif config.precision == "fp32":
+    elif config.precision == "fp32" and config.compile_mode != "none":
         notes["tf32"] = "IEEE fp32 matmuls, as measured (with torch_compile, TrainingArguments " \
-                        "would otherwise turn TF32 on)"
+                        "would otherwise turn TF32 on); on torch 2.9 and later it also makes " \
+                        "cuDNN convolutions IEEE fp32, where PyTorch (and the measurement) " \
+                        "runs them in TF32"
     elif config.precision == "bf16" and config.compile_mode != "none":
         notes["bf16"] = "with torch_compile, TrainingArguments also turns on TF32 for the " \
                         "matmuls left in fp32, which autotune did not measure"
