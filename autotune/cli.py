@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -17,7 +18,14 @@ from autotune.config import ConfigError, TrainConfig, from_baseline, knob_names,
 from autotune.deep_profile import profile_config
 from autotune.export import EXPORT_FORMATS, export_config
 from autotune.formatting import short_config
-from autotune.hardware import DeviceInfo, describe, parse_device, unsupported_reason, usable_cpus
+from autotune.hardware import (
+    BUS_ORDER,
+    DeviceInfo,
+    describe,
+    parse_device,
+    unsupported_reason,
+    usable_cpus,
+)
 from autotune.isolation import TrialRequest, is_oom, limit_memory, run_isolated
 from autotune.measure import MeasureSettings
 from autotune.options import (
@@ -211,10 +219,13 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     view_console = Console(stderr=True) if args.json else console
     plain = PlainView(view_console)
     tuner = Tuner(options, plain)
-    if len(tuner.devices) > 1 and tuner.device.type == "cpu":
-        plain.note(f"warning: {len(tuner.devices)} CPU trials at once share {usable_cpus()} "
-                   f"cores ({tuner.trial_threads} threads each) and disturb each other's "
-                   "timings; the confirmation runs alone")
+    if tuner.core_shares:
+        kind = "CPU trials" if tuner.device.type == "cpu" else "trials on their GPUs"
+        plain.note(f"{len(tuner.devices)} {kind} at once share {usable_cpus()} CPU cores, "
+                   f"{min(map(len, tuner.core_shares))} or more each (threads and DataLoader "
+                   "workers alike); the confirmation runs alone, on every core" +
+                   ("; CPU trials disturb each other's timings" if tuner.device.type == "cpu"
+                    else ""))
     view = (LiveView(view_console, tuner.study, options.trials, options.timeout_s,
                      tuner.measured_trials) if view_console.is_terminal else plain)
     tuner.view = view
@@ -341,6 +352,9 @@ COMMANDS = {"bench": cmd_bench, "run": cmd_run, "profile": cmd_profile, "report"
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     console = Console()
+    # `cuda:N` numbers GPUs as NVML and nvidia-smi do (and as the trials do), unless the user
+    # chose an order: set before anything here makes CUDA read it.
+    os.environ.setdefault("CUDA_DEVICE_ORDER", BUS_ORDER)
     try:
         return COMMANDS[args.command](args, console)
     except (UsageError, ContractError, ConfigError) as exc:

@@ -23,13 +23,20 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from autotune.hardware import trial_device
+
 STATUSES = ("ok", "oom", "timeout", "crash", "error", "unsupported")
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory",
-               "failed to allocate memory")
+               "failed to allocate memory",
+               # cuBLAS and cuDNN report their own failed allocations by status name
+               "cublas_status_alloc_failed", "cudnn_status_alloc_failed")
+# Marker pairs that mean out of memory only together: cublasCreate fails with NOT_INITIALIZED
+# when there is no memory left for its handle and workspace (torch's message names the call).
+OOM_MARKER_PAIRS = (("cublas_status_not_initialized", "cublascreate"),)
 
 
 @dataclass
@@ -45,6 +52,8 @@ class TrialRequest:
     trace_path: str | None = None
     threads: int | None = None
     inductor_cache_dir: str | None = None
+    # The CPU cores this trial may use (its share when trials run in parallel), or all.
+    cpus: list[int] | None = None
 
 
 @dataclass
@@ -58,6 +67,7 @@ class TrialResult:
     wall_s: float = 0.0
     bad_input: bool = False
     returncode: int | None = None
+    phase: str = ""  # the last phase the child reported: where a timeout or a crash struck
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,6 +82,9 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
     Setting `stop` (from another thread) kills the child and raises KeyboardInterrupt here,
     as Ctrl-C does in the main thread.
     """
+    # The child sees its GPU alone, as cuda:0 (`hardware.trial_device`).
+    device, device_env = trial_device(request.device, os.environ)
+    request = replace(request, device=device)
     workdir = Path(tempfile.mkdtemp(prefix="autotune-trial-"))
     log = Path(log_path) if log_path else workdir / "trial.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -81,20 +94,21 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
                                         "phase_file": str(phase_file)}))
     command = [sys.executable, "-c", "from autotune.isolation import child_main; child_main()",
                str(request_file), str(result_file)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **device_env}
     start = time.monotonic()
     with open(log, "ab") as log_file:
         child = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True, env=env)
         try:
-            timed_out = _wait(child, start + time_limit_s, phase_file, on_phase, stop)
+            timed_out, phase = _wait(child, start + time_limit_s, phase_file, on_phase, stop)
         except BaseException:
             _kill_group(child)
             raise
     wall = time.monotonic() - start
     if timed_out:
-        result = TrialResult("timeout", f"still running after the {time_limit_s:g} s limit; "
-                             "killed with its worker processes")
+        during = f" during {phase!r}" if phase else ""
+        result = TrialResult("timeout", f"still running{during} after the {time_limit_s:g} s "
+                             "limit; killed with its worker processes")
     elif result_file.exists():
         result = TrialResult(**json.loads(result_file.read_text()))
     elif child.returncode < 0:
@@ -109,27 +123,30 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
     if not any(workdir.iterdir()):
         workdir.rmdir()
     result.log_path, result.wall_s, result.returncode = str(log), wall, child.returncode
+    result.phase = phase
     return result
 
 
 def _wait(child: subprocess.Popen, deadline: float, phase_file: Path,
-          on_phase: Callable[[str], None] | None, stop: threading.Event | None) -> bool:
-    """Poll the child until it exits or the deadline passes; report phase changes."""
+          on_phase: Callable[[str], None] | None,
+          stop: threading.Event | None) -> tuple[bool, str]:
+    """Poll the child until it exits or the deadline passes; report phase changes. Returns
+    whether it timed out, and its last phase."""
     phase = ""
     while child.poll() is None:
         if stop is not None and stop.is_set():
             raise KeyboardInterrupt
         if time.monotonic() > deadline:
             _kill_group(child)
-            return True
-        if on_phase is not None and phase_file.exists():
-            current = phase_file.read_text().strip()
-            if current and current != phase:
-                phase = current
+            return True, phase
+        current = phase_file.read_text().strip() if phase_file.exists() else ""
+        if current and current != phase:
+            phase = current
+            if on_phase is not None:
                 on_phase(phase)
         time.sleep(0.1)
     _kill_group(child)
-    return False
+    return False, phase
 
 
 def _kill_group(child: subprocess.Popen) -> None:
@@ -146,6 +163,9 @@ def child_main() -> None:
     _watch_parent(raw.pop("parent_pid"))
     phase_file = Path(raw.pop("phase_file"))
     request = TrialRequest(**raw)
+    if request.cpus:
+        # Before torch starts its threads: they, DataLoader workers and compile workers inherit it.
+        os.sched_setaffinity(0, request.cpus)
     if request.inductor_cache_dir:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = request.inductor_cache_dir
     try:
@@ -204,7 +224,9 @@ def is_oom(exc: BaseException) -> bool:
         seen.add(id(exc))
         if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
             return True
-        if any(marker in str(exc).lower() for marker in OOM_MARKERS):
+        text = str(exc).lower()
+        if any(marker in text for marker in OOM_MARKERS) or \
+                any(all(m in text for m in pair) for pair in OOM_MARKER_PAIRS):
             return True
         exc = exc.__cause__ or exc.__context__
     return False

@@ -21,12 +21,12 @@ from optuna.trial import TrialState
 
 from autotune.config import ConfigError, TrainConfig, from_baseline
 from autotune.confirm import confirm, should_confirm
-from autotune.hardware import DeviceInfo, describe, parse_device, usable_cpus
+from autotune.hardware import DeviceInfo, core_shares, describe, parse_device
 from autotune.heartbeat import recover_orphans, tuner_name
 from autotune.isolation import TrialRequest, TrialResult, run_isolated
 from autotune.loader_plan import LoaderRate, loader_settings, measure_loader_rates
 from autotune.memory_model import training_state_bytes
-from autotune.options import DEFAULT_TRIALS, TuneOptions
+from autotune.options import DEFAULT_TRIALS, TuneOptions, one_trial_per_gpu
 from autotune.outcome import Scoring
 from autotune.report import summary_markdown
 from autotune.results import study_summary
@@ -52,9 +52,9 @@ class Tuner:
         self.devices = _devices(opts)
         self.device = self.devices[0]
         info = describe(self.device)
-        # Parallel CPU trials share the cores: each gets its share of intra-op threads.
-        self.trial_threads = (max(1, usable_cpus() // len(self.devices))
-                              if self.device.type == "cpu" and len(self.devices) > 1 else None)
+        # Parallel trials share the cores on any device: each runs on its own share (threads,
+        # DataLoader workers and compile workers alike); one trial alone has them all.
+        self.core_shares = core_shares(len(self.devices)) if len(self.devices) > 1 else None
         self.owner = tuner_name()
         self.stop = threading.Event()  # set by a worker that failed: the others end too
         try:
@@ -205,11 +205,19 @@ class Tuner:
             model_args=self.workload.model_args,
             settings={**vars(opts.settings), "screen_below": job.screen_below},
             memory_limit_bytes=opts.memory_limit_bytes,
-            trace_path=str(job.trace) if job.trace else None, threads=self.trial_threads,
-            inductor_cache_dir=cache)
+            trace_path=str(job.trace) if job.trace else None, inductor_cache_dir=cache,
+            **self._cores(job.slot))
         return run_isolated(request, job.time_limit_s, self.directory / "logs" / f"{job.name}.log",
                             on_phase=lambda text: self.view.phase(text, job.number),
                             stop=self.stop)
+
+    def _cores(self, slot: int | None) -> dict[str, Any]:
+        """The cores of a parallel worker's trial (and as many intra-op threads); none for a
+        trial that runs alone (a single worker, or confirmation)."""
+        if slot is None or not self.core_shares:
+            return {}
+        cpus = self.core_shares[slot]
+        return {"cpus": cpus, "threads": len(cpus)}
 
     def write_outputs(self) -> dict[str, Any]:
         """best.yaml, best.json, summary.md under the study folder; returns the summary."""
@@ -229,7 +237,11 @@ def _devices(opts: TuneOptions) -> list[Any]:
     """The devices trials run on, one worker each: --devices, or --workers copies of --device."""
     try:
         if not opts.devices:
-            return [parse_device(opts.device)] * opts.workers
+            device = parse_device(opts.device)
+            problem = one_trial_per_gpu(opts.workers) if device.type == "cuda" else None
+            if problem:
+                raise ConfigError(problem)
+            return [device] * opts.workers
         devices = [parse_device(name) for name in opts.devices]
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
