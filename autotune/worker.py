@@ -44,6 +44,7 @@ from autotune.trials import (
     Role,
     TrialKey,
     TrialRecord,
+    TrialStatus,
     config_key,
     fresh_records,
 )
@@ -239,7 +240,10 @@ def run_trial(search: Search, trial: Trial, device: Any, deadline: float,
         search.view.note(f"trial {trial.number} was taken over by another tuner (this one "
                          "missed its heartbeats); its result is dropped")
         return True
-    search.view.trial_finished(_record(study, trial))
+    record = _record(study, trial)
+    if record.status == TrialStatus.COMPILE_TIMEOUT:
+        requeue(study, study.trials[trial.number], record.retry + 1)
+    search.view.trial_finished(record)
     return True
 
 
