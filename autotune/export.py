@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune.config import ConfigError, TrainConfig
+from autotune.config import CUDA_GRAPH_MODES, ConfigError, TrainConfig
 
 EXPORT_FORMATS = ("yaml", "json", "hf", "lightning", "torch")
 
@@ -112,7 +112,21 @@ def _hf_notes(config: TrainConfig) -> dict[str, str]:
             "default implementation, which is foreach on CUDA")
     if config.compile_mode == "default":
         notes["torch_compile_mode"] = "None: torch.compile's default mode"
+    if accumulates_under_cuda_graphs(config):
+        notes["torch_compile_mode"] = CUDA_GRAPH_ACCUMULATION
     return notes
+
+
+# What a trainer must do that autotune's train step does (`training.TrainingSetup.step`).
+CUDA_GRAPH_ACCUMULATION = (
+    "CUDA graphs with gradient accumulation: every parameter needs a .grad allocated before "
+    "the first backward and zeroed, not freed, between steps (zero_grad(set_to_none=False)), "
+    "as autotune's measurement did; a trainer that frees .grad (zero_grad's default) stops "
+    "with 'accessing gradient tensor output of CUDAGraphs that has been overwritten'")
+
+
+def accumulates_under_cuda_graphs(config: TrainConfig) -> bool:
+    return config.compile_mode in CUDA_GRAPH_MODES and config.grad_accum_steps > 1
 
 
 def _hf_script(config: TrainConfig) -> str:
@@ -195,6 +209,9 @@ def _lightning_script(config: TrainConfig) -> str:
                       "    "),
             f"    apply_activation_checkpointing(module, "
             f"{_py(config.activation_checkpointing)})"]
+    if accumulates_under_cuda_graphs(config):
+        lines += _comment(CUDA_GRAPH_ACCUMULATION + ": allocate them in on_train_start and "
+                          "override optimizer_zero_grad in your LightningModule", "    ")
     if config.compile_mode == "none":
         lines.append("    return module  # measured without torch.compile")
     elif config.compile_mode == "default":

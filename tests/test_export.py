@@ -6,6 +6,7 @@ installed (the `export-check` extra) the test proves it by handing the arguments
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -288,3 +289,13 @@ def test_torch_script_keeps_model_path_and_args_as_given():
     ns = run_export(text)
     assert ns["MODEL_PATH"] == "models/mlp.py"
     assert ns["MODEL_ARGS"] == {"hidden": 64, "name": 'a"b', "flag": True}
+
+
+@pytest.mark.parametrize("fmt", ["hf", "lightning"])
+def test_accumulation_under_cuda_graphs_says_what_the_trainer_must_do(fmt):
+    """autotune's own step keeps .grad outside the CUDA graphs; a trainer must do the same."""
+    graphs = TrainConfig(grad_accum_steps=4, compile_mode="reduce-overhead")
+    assert "set_to_none=False" in export_config(graphs, fmt)
+    for config in (dataclasses.replace(graphs, grad_accum_steps=1),
+                   dataclasses.replace(graphs, compile_mode="default")):
+        assert "set_to_none=False" not in export_config(config, fmt)
