@@ -138,15 +138,21 @@ def _wait(child: subprocess.Popen, deadline: float, phase_file: Path,
             raise KeyboardInterrupt
         if time.monotonic() > deadline:
             _kill_group(child)
-            return True, phase
-        current = phase_file.read_text().strip() if phase_file.exists() else ""
-        if current and current != phase:
+            return True, _last_phase(phase_file, phase)
+        current = _last_phase(phase_file, phase)
+        if current != phase:
             phase = current
             if on_phase is not None:
                 on_phase(phase)
         time.sleep(0.1)
     _kill_group(child)
-    return False, phase
+    return False, _last_phase(phase_file, phase)
+
+
+def _last_phase(phase_file: Path, known: str) -> str:
+    """The phase the child wrote last (it may have moved on since the last poll)."""
+    current = phase_file.read_text().strip() if phase_file.exists() else ""
+    return current or known
 
 
 def _kill_group(child: subprocess.Popen) -> None:

@@ -65,12 +65,25 @@ def test_hang_is_timeout_and_its_workers_die_too(write_model) -> None:
     result = run_isolated(request(path, config=config), 6)
     assert result.status == "timeout"
     assert time.monotonic() - start < 20
-    # where it hung comes back with it: a compile in the first step is worth a second try
-    assert result.phase == FIRST_STEP
-    assert FIRST_STEP in result.message
     leftovers = subprocess.run(["pgrep", "-f", str(path.parent)], capture_output=True,
                                text=True).stdout.split()
     assert leftovers == []
+
+
+def test_the_result_says_in_which_phase_the_trial_ended(write_model) -> None:
+    result = run_isolated(request(write_model(with_loss("raise ValueError('boom')"))), 120)
+    assert result.status == "error" and result.phase == FIRST_STEP
+
+
+@pytest.mark.slow
+def test_a_timeout_says_where_it_struck(write_model) -> None:
+    """A compile in the first step that outlasts the limit is worth a second try, so the
+    timeout says it struck there (the limit leaves a loaded machine time to get there)."""
+    path = write_model(with_loss("import time\ntime.sleep(600)"))
+    result = run_isolated(request(path), 40)
+    assert result.status == "timeout"
+    assert result.phase == FIRST_STEP
+    assert FIRST_STEP in result.message
 
 
 def test_killed_from_outside_is_crash(write_model, tmp_path) -> None:
