@@ -6,6 +6,7 @@ import argparse
 import io
 import json
 import logging
+import os
 import sys
 import tempfile
 import traceback
@@ -27,7 +28,7 @@ from autotune.config import (
 from autotune.deep_profile import ProfileReport
 from autotune.export import EXPORT_FORMATS, export_config
 from autotune.formatting import short_config
-from autotune.hardware import DeviceInfo, describe, parse_device, usable_cpus
+from autotune.hardware import BUS_ORDER, DeviceInfo, describe, parse_device, usable_cpus
 from autotune.isolation import TrialRequest, TrialResult, run_isolated
 from autotune.measure import MeasureSettings
 from autotune.options import (
@@ -253,10 +254,13 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     plain.note(device_line(describe(first)))
     tuner = Tuner(options, plain)
     try:
-        if len(tuner.devices) > 1 and tuner.device.type == "cpu":
-            plain.note(f"warning: {len(tuner.devices)} CPU trials at once share "
-                       f"{usable_cpus()} cores ({tuner.trial_threads} threads each) and "
-                       "disturb each other's timings; the confirmation runs alone")
+        if tuner.core_shares:
+            kind = "CPU trials" if tuner.device.type == "cpu" else "trials on their GPUs"
+            plain.note(f"{len(tuner.devices)} {kind} at once share {usable_cpus()} CPU cores, "
+                       f"{min(map(len, tuner.core_shares))} or more each (threads and DataLoader "
+                       "workers alike); the confirmation runs alone, on every core" +
+                       ("; CPU trials disturb each other's timings" if tuner.device.type == "cpu"
+                        else ""))
         view = (LiveView(view_console, tuner.study, options.trials,
                          options.timeout_s or tuner.time_budget_s, tuner.measured_trials)
                 if view_console.is_terminal else plain)
@@ -427,6 +431,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console()
     if _WARNINGS not in logging.getLogger("autotune").handlers:
         logging.getLogger("autotune").addHandler(_WARNINGS)
+    # `cuda:N` numbers GPUs as NVML and nvidia-smi do (and as the trials do), unless the user
+    # chose an order: set before anything here makes CUDA read it.
+    os.environ.setdefault("CUDA_DEVICE_ORDER", BUS_ORDER)
     try:
         return COMMANDS[args.command](args, console)
     except (UsageError, ContractError, ConfigError) as exc:

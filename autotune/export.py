@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune.config import ConfigError, TrainConfig
+from autotune.config import CUDA_GRAPH_MODES, ConfigError, TrainConfig
 
 EXPORT_FORMATS = ("yaml", "json", "hf", "lightning", "torch")
 
@@ -46,8 +46,9 @@ def hf_training_arguments(config: TrainConfig) -> dict[str, Any]:
 
     TrainingArguments has no "selective" checkpointing (it checkpoints every layer) and no
     foreach/for-loop switch ("adamw_torch" is PyTorch's default, foreach on CUDA); the `hf`
-    export says so next to those keys. `tf32` is left out for bf16/fp16 and False for fp32,
-    because TrainingArguments turns TF32 on by itself with torch_compile unless told.
+    export says so next to those keys. `tf32` is True for tf32; for the other precisions it
+    is left out (PyTorch's defaults, as measured), except False for fp32 with torch_compile,
+    where TrainingArguments would otherwise turn TF32 on by itself.
     """
     args: dict[str, Any] = {
         "per_device_train_batch_size": config.micro_batch_size,
@@ -55,7 +56,8 @@ def hf_training_arguments(config: TrainConfig) -> dict[str, Any]:
         "bf16": config.precision == "bf16",
         "fp16": config.precision == "fp16",
     }
-    if config.precision in ("fp32", "tf32"):
+    if config.precision == "tf32" or (config.precision == "fp32" and
+                                      config.compile_mode != "none"):
         args["tf32"] = config.precision == "tf32"
     args.update({
         "gradient_checkpointing": config.activation_checkpointing != "none",
@@ -89,9 +91,11 @@ def _hf_notes(config: TrainConfig) -> dict[str, str]:
     if config.precision == "tf32":
         notes["tf32"] = "TF32 tensor cores for fp32 matmuls: TrainingArguments raises without " \
                         "an Ampere or newer GPU"
-    elif config.precision == "fp32":
+    elif config.precision == "fp32" and config.compile_mode != "none":
         notes["tf32"] = "IEEE fp32 matmuls, as measured (with torch_compile, TrainingArguments " \
-                        "would otherwise turn TF32 on)"
+                        "would otherwise turn TF32 on); on torch 2.9 and later it also makes " \
+                        "cuDNN convolutions IEEE fp32, where PyTorch (and the measurement) " \
+                        "runs them in TF32"
     elif config.precision == "bf16" and config.compile_mode != "none":
         notes["bf16"] = "with torch_compile, TrainingArguments also turns on TF32 for the " \
                         "matmuls left in fp32, which autotune did not measure"
@@ -108,7 +112,21 @@ def _hf_notes(config: TrainConfig) -> dict[str, str]:
             "default implementation, which is foreach on CUDA")
     if config.compile_mode == "default":
         notes["torch_compile_mode"] = "None: torch.compile's default mode"
+    if accumulates_under_cuda_graphs(config):
+        notes["torch_compile_mode"] = CUDA_GRAPH_ACCUMULATION
     return notes
+
+
+# What a trainer must do that autotune's train step does (`training.TrainingSetup.step`).
+CUDA_GRAPH_ACCUMULATION = (
+    "CUDA graphs with gradient accumulation: every parameter needs a .grad allocated before "
+    "the first backward and zeroed, not freed, between steps (zero_grad(set_to_none=False)), "
+    "as autotune's measurement did; a trainer that frees .grad (zero_grad's default) stops "
+    "with 'accessing gradient tensor output of CUDAGraphs that has been overwritten'")
+
+
+def accumulates_under_cuda_graphs(config: TrainConfig) -> bool:
+    return config.compile_mode in CUDA_GRAPH_MODES and config.grad_accum_steps > 1
 
 
 def _hf_script(config: TrainConfig) -> str:
@@ -191,6 +209,9 @@ def _lightning_script(config: TrainConfig) -> str:
                       "    "),
             f"    apply_activation_checkpointing(module, "
             f"{_py(config.activation_checkpointing)})"]
+    if accumulates_under_cuda_graphs(config):
+        lines += _comment(CUDA_GRAPH_ACCUMULATION + ": allocate them in on_train_start and "
+                          "override optimizer_zero_grad in your LightningModule", "    ")
     if config.compile_mode == "none":
         lines.append("    return module  # measured without torch.compile")
     elif config.compile_mode == "default":

@@ -7,27 +7,49 @@ of its own: only trial processes touch the GPU.
 from __future__ import annotations
 
 import os
+import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from autotune.config import CUDA_GRAPH_MODES, TrainConfig
 
-# Dense (no sparsity) tensor-core peaks in TFLOP/s, from the vendors' data sheets.
-# Keys are matched as substrings of the device name, most specific first.
+# Dense (no sparsity) peaks in TFLOP/s from the vendors' data sheets, which print the tensor-core
+# figures with 2:4 sparsity: the dense figure is half of it. A key matches whole words of the
+# device name ("L4" does not match "NVIDIA L40"); the first key that matches wins, so the table
+# runs most specific first ("H100 NVL" and "H100 PCIe" before "H100").
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    "H200": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},
-    "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0},
-    "H100": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},
+    # H100 data sheet, NVL column: TF32 835, BF16/FP16 1,671 (sparse); FP32 60.
+    "H100 NVL": {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0},
+    # H100 data sheet, PCIe column: TF32 756, BF16/FP16 1,513 (sparse); FP32 51.
+    "H100 PCIe": {"bf16": 756.5, "fp16": 756.5, "tf32": 378.0, "fp32": 51.0},
+    # H100 data sheet, SXM column ("NVIDIA H100 80GB HBM3"): TF32 989, BF16/FP16 1,979; FP32 67.
+    "H100": {"bf16": 989.5, "fp16": 989.5, "tf32": 494.5, "fp32": 67.0},
+    # H200 data sheet, NVL column: TF32 835, BF16/FP16 1,671 (sparse); FP32 60.
+    "H200 NVL": {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0},
+    # H200 data sheet, SXM column: TF32 989, BF16/FP16 1,979 (sparse); FP32 67.
+    "H200": {"bf16": 989.5, "fp16": 989.5, "tf32": 494.5, "fp32": 67.0},
+    # A100 data sheet (SXM and PCIe alike): TF32 156, BF16/FP16 312 (dense); FP32 19.5.
     "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
+    # L40S data sheet: TF32 183, BF16/FP16 362.05 (dense; 366 and 733 sparse); FP32 91.6.
     "L40S": {"bf16": 362.0, "fp16": 362.0, "tf32": 183.0, "fp32": 91.6},
+    # L40 data sheet: TF32 90.5, BF16/FP16 181.05 with FP32 accumulate (dense); FP32 90.5.
+    "L40": {"bf16": 181.0, "fp16": 181.0, "tf32": 90.5, "fp32": 90.5},
+    # L4 data sheet: TF32 120, BF16/FP16 242 (sparse); FP32 30.3.
     "L4": {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3},
     "A10G": {"bf16": 70.0, "fp16": 70.0, "tf32": 35.0, "fp32": 31.2},
+    # A10 data sheet: TF32 62.5, BF16/FP16 125 (dense); FP32 31.2.
     "A10": {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2},
     "RTX 4090": {"bf16": 165.0, "fp16": 165.0, "tf32": 82.6, "fp32": 82.6},
     "V100": {"fp16": 125.0, "fp32": 15.7},
 }
+
+# How CUDA numbers GPUs in CUDA_VISIBLE_DEVICES and `cuda:N` unless the user says otherwise: by
+# PCI bus, as NVML and nvidia-smi do, so that NVML describes the GPU the trial runs on.
+BUS_ORDER = "PCI_BUS_ID"
 
 
 @dataclass(frozen=True)
@@ -43,6 +65,8 @@ class DeviceInfo:
     tf32: bool
     fused_adamw: bool
     cuda_graphs: bool
+    # A MIG slice: NVML's figures of the whole GPU (memory, peak) are not its own.
+    mig: bool = False
 
     @property
     def torch_device(self) -> torch.device:
@@ -76,24 +100,55 @@ def parse_device(spec: str | None) -> torch.device:
 
 
 def usable_cpus() -> int:
+    return len(_cpu_ids())
+
+
+def core_shares(parts: int) -> list[list[int]]:
+    """This process's CPU cores split into `parts` disjoint, contiguous shares (at least one
+    core each): one per trial running in parallel, so that neither its threads nor its
+    DataLoader workers take the cores of another's."""
+    cpus = _cpu_ids()
+    if parts > len(cpus):
+        return [[cpus[i % len(cpus)]] for i in range(parts)]
+    size, extra = divmod(len(cpus), parts)
+    shares, start = [], 0
+    for i in range(parts):
+        end = start + size + (i < extra)
+        shares.append(cpus[start:end])
+        start = end
+    return shares
+
+
+def _cpu_ids() -> list[int]:
     try:
-        return len(os.sched_getaffinity(0))
+        return sorted(os.sched_getaffinity(0))
     except AttributeError:
-        return os.cpu_count() or 1
+        return list(range(os.cpu_count() or 1))
 
 
 def describe(device: torch.device) -> DeviceInfo:
-    """Capabilities of `device`, from NVML on CUDA (no CUDA context), from torch on CPU."""
+    """Capabilities of `device`, from NVML on CUDA (no CUDA context), from torch on CPU.
+
+    On a MIG slice the memory is left unknown (None): NVML's handle may be the whole GPU's, and
+    only a process on the slice knows its size (`cuda_total_memory`).
+    """
     if device.type == "cuda":
         index = device.index or 0
-        name, memory, major = _nvml_facts(index)
-        return DeviceInfo(type="cuda", index=index, name=name, total_memory_bytes=memory,
-                          cpu_count=usable_cpus(), bf16=major >= 8, tf32=major >= 8,
-                          fused_adamw=True, cuda_graphs=True)
+        facts = _nvml_facts(index)
+        return DeviceInfo(type="cuda", index=index, name=facts.name,
+                          total_memory_bytes=None if facts.mig else facts.memory,
+                          cpu_count=usable_cpus(), bf16=facts.major >= 8, tf32=facts.major >= 8,
+                          fused_adamw=True, cuda_graphs=True, mig=facts.mig)
     capabilities = torch.backends.cpu.get_cpu_capability()
     return DeviceInfo(type="cpu", index=None, name=_cpu_name(capabilities),
                       total_memory_bytes=_host_memory(), cpu_count=usable_cpus(), bf16=True,
                       tf32=False, fused_adamw=True, cuda_graphs=False)
+
+
+def cuda_total_memory(device: torch.device) -> int:
+    """The device's memory as the CUDA driver gives it to this process: a MIG slice's own size.
+    Only for a process that may hold a CUDA context (a trial, not the tuner)."""
+    return int(torch.cuda.mem_get_info(device)[1])
 
 
 def unsupported_reason(config: TrainConfig, info: DeviceInfo) -> str | None:
@@ -119,21 +174,33 @@ def unsupported_reason(config: TrainConfig, info: DeviceInfo) -> str | None:
 
 
 def peak_flops(info: DeviceInfo, precision: str) -> float | None:
-    """Peak FLOP/s for MFU: the data-sheet figure, else a short matmul measurement (CUDA only)."""
+    """Peak FLOP/s for MFU: the data-sheet figure, else a short matmul measurement (CUDA only).
+    A MIG slice has a share of the GPU's SMs, so it is always measured."""
     if info.type != "cuda":
         return None
-    for key, table in PEAK_TFLOPS.items():
-        if key in info.name and precision in table:
-            return table[precision] * 1e12
-    return measure_matmul_flops(info.torch_device, precision)
+    table = None if info.mig else table_peak_tflops(info.name, precision)
+    if table is not None:
+        return table * 1e12
+    try:
+        return measure_matmul_flops(info.torch_device, precision)
+    except torch.cuda.OutOfMemoryError:  # a small GPU or slice, already full of the trial's cache
+        return None
+
+
+def table_peak_tflops(name: str, precision: str) -> float | None:
+    """The data-sheet peak of a device name in TFLOP/s: the most specific key that matches."""
+    for key, peaks in PEAK_TFLOPS.items():
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", name):
+            return peaks.get(precision)
+    return None
 
 
 def measure_matmul_flops(device: torch.device, precision: str, n: int = 8192,
                          repeats: int = 10) -> float:
     """Achieved FLOP/s of a large square matmul: a stand-in peak for GPUs not in the table."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
-    previous = torch.backends.cuda.matmul.fp32_precision
-    torch.backends.cuda.matmul.fp32_precision = "tf32" if precision == "tf32" else "ieee"
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     try:
         a = torch.randn(n, n, device=device, dtype=dtype)
         b = torch.randn(n, n, device=device, dtype=dtype)
@@ -146,7 +213,7 @@ def measure_matmul_flops(device: torch.device, precision: str, n: int = 8192,
         torch.cuda.synchronize(device)
         elapsed = time.perf_counter() - start
     finally:
-        torch.backends.cuda.matmul.fp32_precision = previous
+        torch.backends.cuda.matmul.allow_tf32 = previous
     return 2 * n**3 * repeats / elapsed
 
 
@@ -157,7 +224,7 @@ def nvml_memory_used(index: int) -> int | None:
 
         pynvml.nvmlInit()
         try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(index))
+            handle = _nvml_handle(pynvml, visible_entry(index, os.environ))
             return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
         finally:
             pynvml.nvmlShutdown()
@@ -165,33 +232,96 @@ def nvml_memory_used(index: int) -> int | None:
         return None
 
 
-def _nvml_index(index: int) -> int:
-    """NVML counts all GPUs; CUDA_VISIBLE_DEVICES renumbers them for torch."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        ids = [v.strip() for v in visible.split(",")]
-        if index < len(ids) and ids[index].isdigit():
-            return int(ids[index])
-    return index
+def visible_entries(environ: Mapping[str, str]) -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES as CUDA reads it: its ids (indices, `GPU-<uuid>`, `MIG-<uuid>`) up
+    to the first empty one; None when it is not set (every GPU is visible, in order)."""
+    value = environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    entries = []
+    for entry in (e.strip() for e in value.split(",")):
+        if not entry:
+            break
+        entries.append(entry)
+    return entries
 
 
-def _nvml_facts(index: int) -> tuple[str, int, int]:
-    """Name, total memory and compute-capability major of a GPU."""
+def visible_entry(index: int, environ: Mapping[str, str]) -> str:
+    """The id of this process's `cuda:index` that names the same GPU in any process: its
+    CUDA_VISIBLE_DEVICES entry (a bus-order index or a UUID)."""
+    entries = visible_entries(environ)
+    if entries is None:
+        return str(index)
+    if index >= len(entries):
+        raise ValueError(f"cuda:{index} is not visible: CUDA_VISIBLE_DEVICES="
+                         f"{environ.get('CUDA_VISIBLE_DEVICES')!r} names {len(entries)} device(s)")
+    return entries[index]
+
+
+def trial_device(device: str, environ: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+    """The device a trial process uses and the environment that makes it the only one it sees.
+
+    A CUDA trial sees its GPU alone, as `cuda:0`: CUDA events then time its stream, and pinned
+    memory and the caching allocator open no context on another GPU. Its CUDA_VISIBLE_DEVICES is
+    the entry that names the GPU here (mapped through this process's own CUDA_VISIBLE_DEVICES,
+    UUIDs and MIG slices included), read in the same order as here.
+    """
+    parsed = torch.device(device)
+    if parsed.type != "cuda":
+        return device, {}
+    return "cuda:0", {"CUDA_VISIBLE_DEVICES": visible_entry(parsed.index or 0, environ),
+                      "CUDA_DEVICE_ORDER": environ.get("CUDA_DEVICE_ORDER", BUS_ORDER)}
+
+
+@dataclass(frozen=True)
+class _NvmlFacts:
+    name: str
+    memory: int
+    major: int
+    mig: bool
+
+
+def _nvml_handle(pynvml: Any, entry: str) -> Any:
+    """The NVML handle of a CUDA_VISIBLE_DEVICES entry: by UUID (a GPU or a MIG slice), else by
+    its index in bus order (NVML's own)."""
+    if entry.startswith(("GPU-", "MIG-")):
+        return pynvml.nvmlDeviceGetHandleByUUID(entry)
+    return pynvml.nvmlDeviceGetHandleByIndex(int(entry))
+
+
+def _is_mig(pynvml: Any, entry: str, handle: Any) -> bool:
+    """A MIG slice was named, or the GPU runs in MIG mode (CUDA then sees one of its slices)."""
+    if entry.startswith("MIG-"):
+        return True
+    try:
+        current, _ = pynvml.nvmlDeviceGetMigMode(handle)
+        return bool(current)
+    except Exception:  # no MIG support on this GPU or driver
+        return False
+
+
+def _nvml_facts(index: int) -> _NvmlFacts:
+    """Name, total memory, compute-capability major and MIG-ness of a GPU."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
         try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(index))
+            entry = visible_entry(index, os.environ)
+            handle = _nvml_handle(pynvml, entry)
             name = pynvml.nvmlDeviceGetName(handle)
             name = name.decode() if isinstance(name, bytes) else name
+            mig = _is_mig(pynvml, entry, handle)
+            if pynvml.nvmlDeviceIsMigDeviceHandle(handle):
+                handle = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
             major, _ = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-            return name, int(pynvml.nvmlDeviceGetMemoryInfo(handle).total), int(major)
+            return _NvmlFacts(name, int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
+                              int(major), mig)
         finally:
             pynvml.nvmlShutdown()
     except Exception:
         props = torch.cuda.get_device_properties(index)
-        return props.name, int(props.total_memory), props.major
+        return _NvmlFacts(props.name, int(props.total_memory), props.major, "MIG" in props.name)
 
 
 def cpu_has_native_bf16() -> bool:

@@ -27,16 +27,22 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
 from autotune.forkserver import ForkedChild, ForkServer, ForkServerUnavailable
+from autotune.hardware import trial_device
 
 Child = subprocess.Popen | ForkedChild
 
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory",
-               "failed to allocate memory")
+               "failed to allocate memory",
+               # cuBLAS and cuDNN report their own failed allocations by status name
+               "cublas_status_alloc_failed", "cudnn_status_alloc_failed")
+# Marker pairs that mean out of memory only together: cublasCreate fails with NOT_INITIALIZED
+# when there is no memory left for its handle and workspace (torch's message names the call).
+OOM_MARKER_PAIRS = (("cublas_status_not_initialized", "cublascreate"),)
 
 
 # What a child can be asked to do: module and function, each called as
@@ -61,6 +67,8 @@ class TrialRequest:
     threads: int | None = None
     inductor_cache_dir: str | None = None
     job: str = "measure"
+    # The CPU cores this trial may use (its share when trials run in parallel), or all.
+    cpus: list[int] | None = None
 
 
 @dataclass
@@ -75,6 +83,7 @@ class TrialResult:
     bad_input: bool = False
     returncode: int | None = None
     config: dict[str, Any] | None = None  # the configuration the child ran, BASELINE applied
+    phase: str = ""  # the last phase the child reported: where a timeout or a crash struck
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,6 +100,9 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
     Setting `stop` (from another thread) kills the child and raises KeyboardInterrupt here,
     as Ctrl-C does in the main thread.
     """
+    # The child sees its GPU alone, as cuda:0 (`hardware.trial_device`).
+    device, device_env = trial_device(request.device, os.environ)
+    request = replace(request, device=device)
     workdir = Path(tempfile.mkdtemp(prefix="autotune-trial-"))
     log = Path(log_path) if log_path else workdir / "trial.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -98,7 +110,8 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
                                              ("request.json", "result.json", "phase"))
     start = time.monotonic()
     with open(log, "ab") as log_file:
-        child = _start(request, request_file, result_file, phase_file, log, log_file, server)
+        child = _start(request, request_file, result_file, phase_file, log, log_file, server,
+                       device_env)
         try:
             timed_out, phase = _wait(child, start + time_limit_s, phase_file, on_phase, stop)
         except BaseException:
@@ -123,13 +136,15 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
     if not any(workdir.iterdir()):
         workdir.rmdir()
     result.log_path, result.wall_s, result.returncode = str(log), wall, child.returncode
+    result.phase = phase
     return result
 
 
 def _start(request: TrialRequest, request_file: Path, result_file: Path, phase_file: Path,
-           log: Path, log_file: IO[bytes], server: ForkServer | None) -> Child:
+           log: Path, log_file: IO[bytes], server: ForkServer | None,
+           device_env: dict[str, str]) -> Child:
     """The child, forked from the server while it lives, else a new interpreter."""
-    env = {"PYTHONUNBUFFERED": "1"}
+    env = {"PYTHONUNBUFFERED": "1", **device_env}
     if server is not None:
         request_file.write_text(json.dumps({**asdict(request), "parent_pid": server.pid,
                                             "phase_file": str(phase_file)}))
@@ -153,18 +168,23 @@ def _wait(child: Child, deadline: float, phase_file: Path,
     while child.poll() is None:
         if stop is not None and stop.is_set():
             raise KeyboardInterrupt
-        if phase_file.exists():
-            current = phase_file.read_text().strip()
-            if current and current != phase:
-                phase = current
-                if on_phase is not None:
-                    on_phase(phase)
         if time.monotonic() > deadline:
             _kill_group(child)
-            return True, phase
+            return True, _last_phase(phase_file, phase)
+        current = _last_phase(phase_file, phase)
+        if current != phase:
+            phase = current
+            if on_phase is not None:
+                on_phase(phase)
         time.sleep(0.1)
     _kill_group(child)
-    return False, phase
+    return False, _last_phase(phase_file, phase)
+
+
+def _last_phase(phase_file: Path, known: str) -> str:
+    """The phase the child wrote last (it may have moved on since the last poll)."""
+    current = phase_file.read_text().strip() if phase_file.exists() else ""
+    return current or known
 
 
 def _kill_group(child: Child) -> None:
@@ -187,6 +207,9 @@ def run_child(request_file: Path, result_file: Path) -> None:
     request = TrialRequest(**raw)
     if request.inductor_cache_dir:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = request.inductor_cache_dir
+    if request.cpus:
+        # Before torch starts its threads: they, DataLoader workers and compile workers inherit it.
+        os.sched_setaffinity(0, request.cpus)
     try:
         result = _run_job(request, lambda phase: _note_phase(phase_file, phase))
     except MemoryError:
@@ -247,7 +270,9 @@ def is_oom(exc: BaseException) -> bool:
         seen.add(id(exc))
         if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
             return True
-        if any(marker in str(exc).lower() for marker in OOM_MARKERS):
+        text = str(exc).lower()
+        if any(marker in text for marker in OOM_MARKERS) or \
+                any(all(m in text for m in pair) for pair in OOM_MARKER_PAIRS):
             return True
         exc = exc.__cause__ or exc.__context__
     return False

@@ -27,9 +27,16 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from autotune.compile_events import compile_count
 from autotune.config import TrainConfig
 from autotune.diagnosis import Finding, SyncSite, diagnose, trace_host_syncs
-from autotune.hardware import DeviceInfo, describe, nvml_memory_used, peak_flops
+from autotune.hardware import (
+    DeviceInfo,
+    cuda_total_memory,
+    describe,
+    nvml_memory_used,
+    peak_flops,
+)
 from autotune.profiling import ProfileSummary, profile_steps
 from autotune.training import TrainingSetup, move_to_device, setup_from_workload
 from autotune.workload import Workload
@@ -85,12 +92,22 @@ class Measurement:
     screen_samples_per_sec: float | None = None
     screen_done_s: float | None = None  # from the start of the build to the screen's end
     screened: bool = False
+    # torch.compile's work (`compile_events`): in the whole measurement, and inside the windows
+    # (screening and timed), where each one distorts the figure.
+    graphs_compiled: int | None = None
+    graphs_compiled_in_window: int | None = None
+    cudagraph_recordings: int | None = None
+    cudagraph_recordings_in_window: int | None = None
+    device_total_memory_bytes: int | None = None  # as the trial sees it (a MIG slice's own)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 Progress = Callable[[str], None]
+# The phase a trial reports while its first step runs: a timeout here in a compiled
+# configuration is the compile, which the compile cache makes faster the next time.
+FIRST_STEP = "first step (compile and loader start-up included)"
 
 
 def measure_config(workload: Workload, config: TrainConfig, device: torch.device,
@@ -121,10 +138,12 @@ def build_setup(workload: Workload, config: TrainConfig, device: torch.device,
     model = workload.build_model()
     flops = workload.flops_per_sample()
     if device.type == "cuda":
-        model = model.to(device)
+        torch.cuda.set_device(device)
         if flops is None:
             report("counting FLOPs")
-            flops = count_flops_per_sample(model, workload, config, device)
+            flops = count_flops_per_sample(workload, config, model, device)
+        # Whatever counting cached goes back first: the trial's peak is its own.
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     report("building the dataset and the loader")
     setup = setup_from_workload(workload, config, device, model=model)
@@ -139,8 +158,9 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
     report = progress or (lambda phase: None)
     device = setup.device
     batches = setup.batches()
+    compiled_before = compile_count()
 
-    report("first step (compile and loader start-up included)")
+    report(FIRST_STEP)
     begun = time.perf_counter()
     setup.step(batches)
     synchronize(device)
@@ -150,6 +170,7 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
     start = time.perf_counter()
     warmup_steps, steady = warm_up(setup, batches, settings)
     warmup_s = time.perf_counter() - start
+    compiled_by_window = compile_count()
 
     screen_rate = screen_done = None
     screened = False
@@ -163,6 +184,7 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
     if not screened:
         report("timing")
         window = _timed_window(setup, batches, settings)
+    compiled_after = compile_count()
 
     times = window.step_times
     median = statistics.median(times)
@@ -178,11 +200,13 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
                              window.data_wait_s / window.seconds, sites)
     mean = statistics.fmean(times)
     samples_per_sec = window.samples / window.seconds
+    # Read before the peak FLOP/s, whose fallback measurement allocates ~0.75 GiB of its own.
+    memory = _peak_memory(device)
     mfu = None
     peak = peak_flops(info, setup.config.precision)
     if flops_per_sample and peak:
         mfu = flops_per_sample * samples_per_sec / peak
-    memory = _peak_memory(device)
+    compiled, in_window = compiled_after - compiled_before, compiled_after - compiled_by_window
     return Measurement(
         samples_per_sec=samples_per_sec,
         window_s=window.seconds,
@@ -209,6 +233,10 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
         screen_samples_per_sec=screen_rate,
         screen_done_s=screen_done,
         screened=screened,
+        graphs_compiled=compiled.graphs,
+        graphs_compiled_in_window=in_window.graphs,
+        cudagraph_recordings=compiled.cudagraph_recordings,
+        cudagraph_recordings_in_window=in_window.cudagraph_recordings,
         **memory,
     )
 
@@ -259,17 +287,22 @@ class _Window:
 
 def warm_up(setup: TrainingSetup, batches: Iterator[Any],
              settings: MeasureSettings) -> tuple[int, bool]:
-    """Step until the last `steady_steps` step times agree within the tolerance, or give up."""
+    """Step until the last `steady_steps` step times agree within the tolerance, or give up.
+    Steps that compiled or recorded a CUDA graph are not steady, however fast they were."""
     times: list[float] = []
+    quiet_since = 0  # steps before this one compiled something
     start = time.perf_counter()
     while len(times) < settings.warmup_max_steps and \
             time.perf_counter() - start < settings.warmup_max_seconds:
+        compiled = compile_count()
         step_start = time.perf_counter()
         setup.step(batches)
         synchronize(setup.device)
         times.append(time.perf_counter() - step_start)
+        if compile_count() != compiled:
+            quiet_since = len(times)
         recent = times[-settings.steady_steps:]
-        if len(recent) == settings.steady_steps and \
+        if len(times) - quiet_since >= settings.steady_steps and \
                 max(recent) <= min(recent) * (1 + settings.steady_tolerance):
             return len(times), True
     return len(times), False
@@ -309,24 +342,38 @@ def _timed_window(setup: TrainingSetup, batches: Iterator[Any],
     return _Window(seconds, samples, data_wait, step_times, float(result.loss))
 
 
-def count_flops_per_sample(model: nn.Module, workload: Workload, config: TrainConfig,
+def count_flops_per_sample(workload: Workload, config: TrainConfig, model: nn.Module,
                            device: torch.device) -> float | None:
     """FLOPs of one forward and backward per sample, counted by `torch.utils.flop_counter`.
 
-    Counted on the plain model (no checkpointing recompute, no compile): model FLOPs, as MFU
-    defines them.
+    Model FLOPs, as MFU defines them: the plain model in fp32, no checkpointing recompute, no
+    compile. Counted on the meta device, where tensors have shapes but no memory and ops do no
+    work, with a whole micro-batch, so a batch padded to its largest sample counts as it runs.
+    A model that cannot run on meta (an op that reads values, a tensor made on a fixed device)
+    is counted on `device` with two samples: little memory, and before the trial's peak is
+    reset.
     """
     dataset = workload.build_dataset()
     collate = workload.hook("collate_fn") or torch.utils.data.default_collate
     samples = [dataset[i] for i in range(min(config.micro_batch_size, len(dataset)))]
     to_device = workload.hook("to_device") or move_to_device
-    batch = to_device(collate(samples), device)
+    meta = torch.device("meta")
+    try:
+        with meta:
+            meta_model = workload.build_model()
+        total = _flops(meta_model, workload, to_device(collate(samples), meta))
+    except Exception:
+        samples = samples[:2]
+        total = _flops(model.to(device), workload, to_device(collate(samples), device))
+        model.zero_grad(set_to_none=True)
+    return total / len(samples) if total else None
+
+
+def _flops(model: nn.Module, workload: Workload, batch: Any) -> int:
     counter = FlopCounterMode(display=False)
     with counter:
         workload.loss_fn()(model, batch).backward()
-    model.zero_grad(set_to_none=True)
-    total = counter.get_total_flops()
-    return total / len(samples) if total else None
+    return counter.get_total_flops()
 
 
 def _event(device: torch.device) -> torch.cuda.Event | None:
@@ -355,6 +402,7 @@ def _peak_memory(device: torch.device) -> dict[str, int | None]:
         return {"peak_memory_bytes": reserved,
                 "peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
                 "peak_reserved_bytes": reserved,
-                "device_memory_used_bytes": nvml_memory_used(device.index or 0)}
+                "device_memory_used_bytes": nvml_memory_used(device.index or 0),
+                "device_total_memory_bytes": cuda_total_memory(device)}
     rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"peak_memory_bytes": rss_kib * 1024}

@@ -161,8 +161,9 @@ class TuneOptions(StorageOptions, WorkloadOptions):
                                        kind=float)
     seed: int | None = option("--seed", "sampler seed, for a reproducible search", kind=int)
     workers: int = option(
-        "--workers", "trials at once on --device (for CPU: parallel trials share the cores "
-        "and disturb each other's timings)", default=1, metavar="N", kind=int)
+        "--workers", "trials at once on a CPU --device (parallel trials share the cores and "
+        "disturb each other's timings); one GPU runs one trial at a time", default=1,
+        metavar="N", kind=int)
     devices: tuple[str, ...] = option(
         "--devices", "one worker per device, e.g. cuda:0,cuda:1,cuda:2,cuda:3", default=(),
         metavar="LIST", parse=_device_list)
@@ -208,6 +209,8 @@ class TuneOptions(StorageOptions, WorkloadOptions):
             out.append("give either --device or --devices")
         if self.devices and self.workers != 1:
             out.append("give either --workers or --devices (one worker per device)")
+        if self.device and self.device.startswith("cuda"):
+            out.extend(filter(None, [one_trial_per_gpu(self.workers)]))
         if len(set(self.devices)) < len(self.devices):
             out.append(f"--devices must be distinct devices of one kind, got "
                        f"{', '.join(self.devices)}")
@@ -218,6 +221,15 @@ class TuneOptions(StorageOptions, WorkloadOptions):
 
 
 Options = TypeVar("Options")
+
+
+def one_trial_per_gpu(workers: int) -> str | None:
+    """Why `--workers` above 1 cannot share one GPU, or None for one worker."""
+    if workers <= 1:
+        return None
+    return (f"--workers {workers} would run {workers} trials on one GPU at once: they would "
+            "share its memory and compute and time each other's work; give several GPUs "
+            "with --devices cuda:0,cuda:1 (one trial each)")
 
 
 def flag_of(cls: type, name: str) -> str:

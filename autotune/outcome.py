@@ -17,7 +17,7 @@ import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from autotune.isolation import TrialResult
-from autotune.measure import time_to_train_s
+from autotune.measure import FIRST_STEP, time_to_train_s
 from autotune.memory_model import MemoryVerdict
 from autotune.shortcuts import SCREEN_FRACTION
 from autotune.trials import (
@@ -89,6 +89,10 @@ def record_measurement(study: optuna.Study, trial: Trial, result: TrialResult,
     trial.set_user_attr(TrialKey.LOG_PATH, result.log_path)
     trial.set_user_attr(TrialKey.WALL_S, result.wall_s)
     status, message = scoring.classify(result)
+    if status == TrialStatus.TIMEOUT and compile_ran_out_of_time(trial, result):
+        status = TrialStatus.COMPILE_TIMEOUT
+        message += ("; it was compiling, which the compile cache makes faster the next time: "
+                    "it runs once more")
     trial.set_user_attr(TrialKey.STATUS, str(status))
     trial.set_user_attr(TrialKey.MESSAGE, message)
     if status in INFEASIBLE:
@@ -103,6 +107,12 @@ def record_measurement(study: optuna.Study, trial: Trial, result: TrialResult,
         study.tell(trial, state=TrialState.FAIL)
         if result.bad_input:
             raise ContractError(result.message)
+
+
+def compile_ran_out_of_time(trial: Trial, result: TrialResult) -> bool:
+    """A compiled configuration killed at its limit in its first step, and not yet retried."""
+    compiled = trial.user_attrs.get(TrialKey.CONFIG, {}).get("compile_mode", "none") != "none"
+    return compiled and result.phase == FIRST_STEP and not trial.user_attrs.get(TrialKey.RETRY)
 
 
 def tell_complete(study: optuna.Study, trial: Trial, score: float, feasible: bool) -> None:

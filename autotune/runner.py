@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from autotune.config import TrainConfig
 from autotune.forkserver import ForkServer, ForkServerUnavailable
@@ -32,6 +32,7 @@ class MeasureJob:
     number: int | None = None
     screen_below: float | None = None
     trace: Path | None = None
+    slot: int | None = None  # which of the parallel workers runs it (its share of the cores)
 
 
 class ProbeFailed(Exception):
@@ -50,11 +51,13 @@ class ProcessRunner:
     """The probe and the trials in child processes forked from one fork server."""
 
     def __init__(self, model_path: str, model_args: dict, directory: Path,
-                 settings: dict, *, memory_limit_bytes: int | None, threads: int | None,
+                 settings: dict, *, memory_limit_bytes: int | None,
+                 core_shares: list[list[int]] | None,
                  on_phase: Callable[[str, int | None], None],
                  stop: threading.Event | None = None) -> None:
         self.model_path, self.model_args, self.directory = model_path, model_args, directory
-        self.settings, self.memory_limit_bytes, self.threads = settings, memory_limit_bytes, threads
+        self.settings, self.memory_limit_bytes = settings, memory_limit_bytes
+        self.core_shares = core_shares
         self.on_phase, self.stop = on_phase, stop
         self._server: ForkServer | None = None
         self._started = False
@@ -65,7 +68,7 @@ class ProcessRunner:
         measures what works, not what fits."""
         server = self._fork_server(time_limit_s)
         request = TrialRequest(model_path=self.model_path, config={}, device=device,
-                               model_args=self.model_args, threads=self.threads, job="probe")
+                               model_args=self.model_args, job="probe")
         result = run_isolated(request, time_limit_s, self.directory / "logs" / "probe.log",
                               on_phase=lambda text: self.on_phase(text, None), server=server)
         if result.bad_input:
@@ -83,12 +86,20 @@ class ProcessRunner:
             model_args=self.model_args,
             settings={**self.settings, "screen_below": job.screen_below},
             memory_limit_bytes=self.memory_limit_bytes,
-            trace_path=str(job.trace) if job.trace else None, threads=self.threads,
-            inductor_cache_dir=cache)
+            trace_path=str(job.trace) if job.trace else None, inductor_cache_dir=cache,
+            **self._cores(job.slot))
         return run_isolated(request, job.time_limit_s,
                             self.directory / "logs" / f"{job.name}.log",
                             on_phase=lambda text: self.on_phase(text, job.number),
                             stop=self.stop, server=self._fork_server(job.time_limit_s))
+
+    def _cores(self, slot: int | None) -> dict[str, Any]:
+        """The cores of a parallel worker's trial (and as many intra-op threads); none for a
+        trial that runs alone (a single worker, or confirmation)."""
+        if slot is None or not self.core_shares:
+            return {}
+        cpus = self.core_shares[slot]
+        return {"cpus": cpus, "threads": len(cpus)}
 
     def close(self) -> None:
         if self._server is not None:

@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from autotune.config import ConfigError, TrainConfig
+from autotune.config import CUDA_GRAPH_MODES, ConfigError, TrainConfig
 from autotune.hardware import describe, unsupported_reason
 from autotune.workload import ContractError, Workload, call_model, check_loss, loss_from_output
 
@@ -82,6 +82,8 @@ class TrainingSetup:
     to_device: ToDevice
     scaler: torch.amp.GradScaler | None = None
     loss_source: str = "loss_fn"
+    # The compiled model replays CUDA graphs (reduce-overhead, max-autotune on CUDA).
+    cuda_graphs: bool = False
 
     def batches(self) -> Iterator[Any]:
         """Micro-batches forever, epoch after epoch, as the user's loop would see them."""
@@ -94,6 +96,9 @@ class TrainingSetup:
     def step(self, batches: Iterator[Any]) -> StepResult:
         """One optimizer step over `grad_accum_steps` micro-batches; never syncs the device."""
         accum = self.config.grad_accum_steps
+        keep_grads = self.cuda_graphs and accum > 1
+        if keep_grads:
+            self._allocate_grads()
         total = torch.zeros((), device=self.device)
         data_wait = 0.0
         for _ in range(accum):
@@ -102,6 +107,8 @@ class TrainingSetup:
                 batch = next(batches)
             data_wait += time.perf_counter() - start
             batch = self.to_device(batch, self.device)
+            if self.cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()
             with self.autocast():
                 loss = check_loss(self.loss_fn(self.model, batch), self.loss_source) / accum
             if self.scaler is not None:
@@ -114,8 +121,22 @@ class TrainingSetup:
             self.scaler.update()
         else:
             self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=not keep_grads)
         return StepResult(total, self.config.micro_batch_size * accum, data_wait)
+
+    def _allocate_grads(self) -> None:
+        """Gradients that live outside CUDA-graph memory, for accumulation under CUDA graphs.
+
+        A compiled backward replayed as a CUDA graph writes its gradients into the graph's
+        memory pool; with no `.grad` yet, autograd keeps that very tensor as `.grad`, and the
+        next micro-batch's replay overwrites it (torch raises "accessing gradient tensor output
+        of CUDAGraphs that has been overwritten"). With `.grad` allocated here, autograd adds
+        each replay's gradients into it in place and keeps nothing of the pool; the optimizer
+        then zeroes it instead of freeing it.
+        """
+        for p in self.model.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
 
 
 def setup_training(
@@ -137,8 +158,8 @@ def setup_training(
     Without `loss_fn`, the model is called with the batch and its `.loss`, `["loss"]` or
     scalar output is used. Without `to_device(batch, device)`, batches move with
     `move_to_device`. Activation checkpointing is verified on the dataset's first samples
-    before it is kept (`apply_verified_checkpointing`). Sets process-wide matmul precision
-    flags (tf32 vs fp32).
+    before it is kept (`apply_verified_checkpointing`). Sets the process-wide TF32 flags
+    (`set_matmul_precision`).
     """
     device = torch.device(device)
     reason = unsupported_reason(config, describe(device))
@@ -166,7 +187,9 @@ def setup_training(
                               else config.compile_mode)
     return TrainingSetup(model=model, optimizer=optimizer, loader=loader, config=config,
                          device=device, loss_fn=loss_fn, to_device=to_device, scaler=scaler,
-                         loss_source=loss_source)
+                         loss_source=loss_source,
+                         cuda_graphs=device.type == "cuda" and
+                         config.compile_mode in CUDA_GRAPH_MODES)
 
 
 def setup_from_workload(workload: Workload, config: TrainConfig, device: torch.device,
@@ -200,12 +223,18 @@ def sample_batch(dataset: Dataset, collate_fn: Callable[[list[Any]], Any] | None
 
 
 def set_matmul_precision(precision: str, device: torch.device) -> None:
-    """TF32 only when asked for: fp32 means IEEE fp32 in matmuls and convolutions."""
+    """TF32 tensor cores in fp32 matmuls only for `tf32`; for every other precision PyTorch's
+    defaults (IEEE fp32 matmuls, TF32 cuDNN convolutions), which is what the user's own code
+    runs, so the baseline is measured as it really runs.
+
+    Set through `allow_tf32`, the one API every torch from 2.4 has; torch 2.9 and later keep
+    their newer `fp32_precision` settings in step with it, so both APIs (and inductor, which
+    reads both) see one consistent state.
+    """
     if device.type != "cuda":
         return
-    mode = "tf32" if precision == "tf32" else "ieee"
-    torch.backends.cuda.matmul.fp32_precision = mode
-    torch.backends.cudnn.conv.fp32_precision = mode
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = True
 
 
 def make_optimizer(model: nn.Module, impl: str,

@@ -29,6 +29,7 @@ class TrialStatus(str, Enum):
     ERROR = "error"                   # the user's code raised
     CRASH = "crash"                   # the process died (a signal, or no result)
     TIMEOUT = "timeout"               # killed at its time limit
+    COMPILE_TIMEOUT = "compile_timeout"  # killed at its limit while compiling: run once more
     ORPHANED = "orphaned"             # its tuner died while it ran
     INTERRUPTED = "interrupted"       # Ctrl-C
     SKIPPED = "skipped"               # not run: the same configuration failed before
@@ -50,9 +51,12 @@ MEASURED_PEAK = frozenset({S.OK, S.OVER_MEMORY, S.SCREENED})
 RAN_OUT = frozenset({S.OOM, S.OVER_MEMORY})
 # Outcomes that send the fast corner down to the next smaller micro-batch.
 TOO_BIG = RAN_OUT | {S.OOM_PREDICTED}
-# Failures that would happen again with the same configuration: not retried.
+# Failures that would happen again with the same configuration: not retried. A compile that
+# ran out of time is not one of them: the compile cache keeps what it finished, so the second
+# try (`worker` queues it at once) gets further; if that one runs out of time too, it is a
+# plain TIMEOUT.
 DETERMINISTIC = frozenset({S.ERROR, S.CRASH, S.TIMEOUT})
-RAN_A_PROCESS = FEASIBLE | RAN_OUT | DETERMINISTIC | {S.UNSUPPORTED}
+RAN_A_PROCESS = FEASIBLE | RAN_OUT | DETERMINISTIC | {S.UNSUPPORTED, S.COMPILE_TIMEOUT}
 # What `--trials` counts: trials that ran a process to its end, failed ones included; one
 # that found its configuration unsupported measured nothing and is free.
 COUNTS_AGAINST_BUDGET = RAN_A_PROCESS - {S.UNSUPPORTED}

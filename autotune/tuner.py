@@ -28,10 +28,10 @@ from autotune.budget import (
 )
 from autotune.config import ConfigError, TrainConfig, from_baseline
 from autotune.confirm import Plan, confirm, should_confirm
-from autotune.hardware import DeviceInfo, describe, parse_device, usable_cpus
+from autotune.hardware import DeviceInfo, core_shares, describe, parse_device
 from autotune.heartbeat import recover_orphans, tuner_name
 from autotune.loader_plan import LoaderRate, loader_settings
-from autotune.options import TuneOptions
+from autotune.options import TuneOptions, one_trial_per_gpu
 from autotune.outcome import Scoring
 from autotune.probe import ProbeReport
 from autotune.probe import fingerprint as probe_fingerprint
@@ -68,9 +68,9 @@ class Tuner:
         self.devices = _devices(opts)
         self.device = self.devices[0]
         info = describe(self.device)
-        # Parallel CPU trials share the cores: each gets its share of intra-op threads.
-        self.trial_threads = (max(1, usable_cpus() // len(self.devices))
-                              if self.device.type == "cpu" and len(self.devices) > 1 else None)
+        # Parallel trials share the cores on any device: each runs on its own share (threads,
+        # DataLoader workers and compile workers alike); one trial alone has them all.
+        self.core_shares = core_shares(len(self.devices)) if len(self.devices) > 1 else None
         self.started = time.monotonic()
         self.owner = tuner_name()
         self.stop = threading.Event()  # set by a worker that failed: the others end too
@@ -82,7 +82,7 @@ class Tuner:
         self._new_folder = opts.storage is None and not self.directory.exists()
         self.runner = runner or ProcessRunner(
             str(model), opts.model_args, self.directory, vars(opts.settings),
-            memory_limit_bytes=opts.memory_limit_bytes, threads=self.trial_threads,
+            memory_limit_bytes=opts.memory_limit_bytes, core_shares=self.core_shares,
             on_phase=lambda text, number: self.view.phase(text, number), stop=self.stop)
         try:
             self._prepare(name, info)
@@ -304,7 +304,11 @@ def _devices(opts: TuneOptions) -> list[Any]:
     """The devices trials run on, one worker each: --devices, or --workers copies of --device."""
     try:
         if not opts.devices:
-            return [parse_device(opts.device)] * opts.workers
+            device = parse_device(opts.device)
+            problem = one_trial_per_gpu(opts.workers) if device.type == "cuda" else None
+            if problem:
+                raise ConfigError(problem)
+            return [device] * opts.workers
         devices = [parse_device(name) for name in opts.devices]
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

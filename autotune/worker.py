@@ -101,7 +101,7 @@ def run_workers(search: Search, devices: Sequence[Any], budget: int | None,
     heartbeat = Heartbeat(search.storage, search.heartbeat_s)
     try:
         if len(devices) == 1:
-            _work(search, heartbeat, devices[0], budget, deadline)
+            _work(search, heartbeat, devices[0], budget, deadline, None)
         else:
             _in_threads(search, heartbeat, devices, budget, deadline)
     finally:
@@ -112,14 +112,14 @@ def _in_threads(search: Search, heartbeat: Heartbeat, devices: Sequence[Any],
                 budget: int | None, deadline: float) -> None:
     errors: list[BaseException] = []
 
-    def work(device: Any) -> None:
+    def work(device: Any, slot: int) -> None:
         try:
-            _work(search, heartbeat, device, budget, deadline)
+            _work(search, heartbeat, device, budget, deadline, slot)
         except BaseException as exc:
             errors.append(exc)
             search.stop.set()
 
-    threads = [threading.Thread(target=work, args=(d,), name=f"autotune-worker-{i}")
+    threads = [threading.Thread(target=work, args=(d, i), name=f"autotune-worker-{i}")
                for i, d in enumerate(devices)]
     for thread in threads:
         thread.start()
@@ -137,7 +137,7 @@ def _in_threads(search: Search, heartbeat: Heartbeat, devices: Sequence[Any],
 
 
 def _work(search: Search, heartbeat: Heartbeat, device: Any, budget: int | None,
-          deadline: float) -> None:
+          deadline: float, slot: int | None) -> None:
     unmeasured = 0
     while not search.stop.is_set() and time.monotonic() < deadline:
         recover_orphans(search.study, search.storage, search.owner, search.view.note)
@@ -152,7 +152,7 @@ def _work(search: Search, heartbeat: Heartbeat, device: Any, budget: int | None,
             time.sleep(1.0)  # the rest of the budget is running: wait for its outcome
             continue
         try:
-            measured = run_trial(search, trial, device, deadline)
+            measured = run_trial(search, trial, device, deadline, slot)
         finally:
             heartbeat.discard(tid)
         unmeasured = 0 if measured else unmeasured + 1
@@ -180,7 +180,8 @@ def _ask(search: Search, budget: int | None) -> Trial | None:
     return trial
 
 
-def run_trial(search: Search, trial: Trial, device: Any, deadline: float) -> bool:
+def run_trial(search: Search, trial: Trial, device: Any, deadline: float,
+              slot: int | None = None) -> bool:
     """Decide or measure an asked trial, and record it. True when a process was run."""
     study, role = search.study, trial.user_attrs.get(TrialKey.ROLE, Role.SEARCH)
     baseline = role == Role.BASELINE
@@ -218,7 +219,8 @@ def run_trial(search: Search, trial: Trial, device: Any, deadline: float) -> boo
     search.view.trial_started(trial.number, config, role, str(device))
     remaining = max(1.0, deadline - time.monotonic()) if math.isfinite(deadline) else math.inf
     job = MeasureJob(f"trial-{trial.number}", min(search.trial_time_limit_s, remaining),
-                     str(device), trial.number, screen_below(records) if shortcuts else None)
+                     str(device), trial.number, screen_below(records) if shortcuts else None,
+                     slot=slot)
     try:
         result = search.measure(config, job)
     except KeyboardInterrupt:
@@ -231,7 +233,10 @@ def run_trial(search: Search, trial: Trial, device: Any, deadline: float) -> boo
         search.view.note(f"trial {trial.number} was taken over by another tuner (this one "
                          "missed its heartbeats); its result is dropped")
         return True
-    search.view.trial_finished(_record(study, trial))
+    record = _record(study, trial)
+    if record.status == TrialStatus.COMPILE_TIMEOUT:
+        requeue(study, study.trials[trial.number], record.retry + 1)
+    search.view.trial_finished(record)
     return True
 
 

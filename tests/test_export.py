@@ -6,6 +6,7 @@ installed (the `export-check` extra) the test proves it by handing the arguments
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -105,7 +106,7 @@ HF_COMMON = {"dataloader_num_workers": 0, "dataloader_prefetch_factor": None,
         "torch_compile": True, "torch_compile_mode": "max-autotune"}),
     (TrainConfig(micro_batch_size=4, grad_accum_steps=2, optimizer_impl="for_loop"), {
         "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "bf16": False,
-        "fp16": False, "tf32": False, "gradient_checkpointing": False, "optim": "adamw_torch",
+        "fp16": False, "gradient_checkpointing": False, "optim": "adamw_torch",
         **HF_COMMON, "torch_compile": False, "torch_compile_mode": None}),
     (CONFIGS["fp16_selective"], {
         "per_device_train_batch_size": 16, "gradient_accumulation_steps": 1, "bf16": False,
@@ -140,6 +141,15 @@ def test_hf_snippet_says_where_hf_differs_from_what_was_measured():
     assert "foreach/for_loop" in selective
     assert "foreach/for_loop" not in export_config(CONFIGS["bf16_fused_compile"], "hf")
     assert "Ampere" in export_config(CONFIGS["tf32_full"], "hf")
+
+
+def test_hf_fp32_keeps_pytorchs_tf32_defaults_as_measured():
+    """fp32 means PyTorch's defaults (TF32 cuDNN convolutions): TrainingArguments' tf32=False
+    would make them IEEE, so it is given only where torch_compile would turn TF32 on."""
+    assert "tf32" not in hf_training_arguments(TrainConfig(precision="fp32"))
+    compiled = TrainConfig(precision="fp32", compile_mode="default")
+    assert hf_training_arguments(compiled)["tf32"] is False
+    assert "cuDNN convolutions IEEE" in export_config(compiled, "hf")
 
 
 @pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
@@ -279,3 +289,13 @@ def test_torch_script_keeps_model_path_and_args_as_given():
     ns = run_export(text)
     assert ns["MODEL_PATH"] == "models/mlp.py"
     assert ns["MODEL_ARGS"] == {"hidden": 64, "name": 'a"b', "flag": True}
+
+
+@pytest.mark.parametrize("fmt", ["hf", "lightning"])
+def test_accumulation_under_cuda_graphs_says_what_the_trainer_must_do(fmt):
+    """autotune's own step keeps .grad outside the CUDA graphs; a trainer must do the same."""
+    graphs = TrainConfig(grad_accum_steps=4, compile_mode="reduce-overhead")
+    assert "set_to_none=False" in export_config(graphs, fmt)
+    for config in (dataclasses.replace(graphs, grad_accum_steps=1),
+                   dataclasses.replace(graphs, compile_mode="default")):
+        assert "set_to_none=False" not in export_config(config, fmt)

@@ -18,7 +18,8 @@ import pytest
 from autotune.cli import main
 from autotune.config import TrainConfig
 from autotune.forkserver import ForkServer
-from autotune.isolation import TrialRequest, TrialResult, run_isolated
+from autotune.isolation import TrialRequest, TrialResult, is_oom, run_isolated
+from autotune.measure import FIRST_STEP
 
 from .conftest import FAST, ROOT, TINY_SOURCE
 
@@ -89,6 +90,22 @@ def test_hang_is_timeout_and_its_workers_die_too(launcher, write_model) -> None:
     assert leftovers == []
 
 
+def test_the_result_says_in_which_phase_the_trial_ended(write_model) -> None:
+    result = run_isolated(request(write_model(with_loss("raise ValueError('boom')"))), 120)
+    assert result.status == "error" and result.phase == FIRST_STEP
+
+
+@pytest.mark.slow
+def test_a_timeout_says_where_it_struck(write_model) -> None:
+    """A compile in the first step that outlasts the limit is worth a second try, so the
+    timeout says it struck there (the limit leaves a loaded machine time to get there)."""
+    path = write_model(with_loss("import time\ntime.sleep(600)"))
+    result = run_isolated(request(path), 40)
+    assert result.status == "timeout"
+    assert result.phase == FIRST_STEP
+    assert FIRST_STEP in result.message
+
+
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_killed_from_outside_is_crash(launcher, write_model, tmp_path) -> None:
     """As the kernel's OOM killer does: SIGKILL with no chance to write a result."""
@@ -139,6 +156,59 @@ def test_memory_limit_makes_large_batches_oom(launcher, write_model) -> None:
     assert "allocate" in big.message
 
 
+CUBLAS_CREATE = "`cublasCreate(handle)`"
+
+
+@pytest.mark.parametrize(("message", "oom"), [
+    (f"CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling {CUBLAS_CREATE}", True),
+    ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasLtMatmul(...)`", True),
+    (f"CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling {CUBLAS_CREATE}", True),
+    ("cuDNN error: CUDNN_STATUS_ALLOC_FAILED", True),
+    ("CUDA out of memory. Tried to allocate 2.00 GiB", True),
+    ("CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasSetStream(handle, s)`",
+     False),
+    ("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm(...)`", False),
+    ("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED", False),
+])
+def test_cublas_and_cudnn_allocation_failures_are_oom(message, oom) -> None:
+    assert is_oom(RuntimeError(message)) is oom
+    try:  # torch.compile re-raises with the original as the cause
+        raise RuntimeError("backend compiler failed") from RuntimeError(message)
+    except RuntimeError as wrapped:
+        assert is_oom(wrapped) is oom
+
+
+def test_a_cublas_allocation_failure_in_a_trial_is_an_oom_result(write_model) -> None:
+    path = write_model(with_loss(
+        f"raise RuntimeError('CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling "
+        f"{CUBLAS_CREATE}')"))
+    result = run_isolated(request(path), 120)
+    assert result.status == "oom", result.message
+
+
+ENV_SOURCE = TINY_SOURCE + """
+import os
+print("visible", os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("CUDA_DEVICE_ORDER"),
+      flush=True)
+"""
+
+
+def test_a_cuda_trial_is_started_seeing_its_gpu_alone(write_model, monkeypatch) -> None:
+    """`--devices cuda:1` under CUDA_VISIBLE_DEVICES=<uuid>,<uuid>: the child sees the second
+    GPU alone, by its UUID, and is told to use cuda:0. (Without CUDA here the trial then
+    fails; what matters is how it was started.)"""
+    second = "GPU-66666666-7777-8888-9999-000000000000"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"GPU-11111111-2222-3333-4444-555555555555,"
+                                               f"{second}")
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    path = write_model(ENV_SOURCE)
+    result = run_isolated(TrialRequest(model_path=str(path), device="cuda:1",
+                                       config=TrainConfig(micro_batch_size=8).to_dict()), 120)
+    log = Path(result.log_path).read_text()
+    assert f"visible {second} PCI_BUS_ID" in log
+    assert "on cuda:0" in log
+
+
 def test_cli_exit_codes_for_failed_trials(write_model, capsys) -> None:
     path = write_model(with_loss("raise ValueError('boom')"))
     assert main(["bench", "--model", str(path), "--device", "cpu", "--json", *FAST]) == 1
@@ -182,19 +252,23 @@ def _alive(pid: int) -> bool:
 
 
 def test_cpu_thread_share_reaches_the_trial(tmp_path) -> None:
-    """Parallel CPU trials get their share of intra-op threads."""
+    """Parallel trials get their share of the cores and as many intra-op threads."""
     model = tmp_path / "threads.py"
     model.write_text(
         "import torch\nfrom torch import nn\n"
         "def build_model():\n    return nn.Linear(2, 1)\n"
         "def build_dataset():\n"
         "    print('threads', torch.get_num_threads(), flush=True)\n"
+        "    import os\n"
+        "    print('cores', sorted(os.sched_getaffinity(0)), flush=True)\n"
         "    return torch.utils.data.TensorDataset(torch.randn(64, 2), torch.randn(64, 1))\n"
         "def loss_fn(model, batch):\n"
         "    return nn.functional.mse_loss(model(batch[0]), batch[1])\n")
+    cpu = sorted(os.sched_getaffinity(0))[-1]
     request = TrialRequest(model_path=str(model), config={"micro_batch_size": 8},
                            device="cpu", settings={"window_steps": 1, "window_seconds": 0,
-                                                   "profile_steps": 0}, threads=1)
+                                                   "profile_steps": 0}, threads=1, cpus=[cpu])
     result = run_isolated(request, 120, tmp_path / "trial.log")
     assert result.status == "ok", result.message
     assert "threads 1" in Path(result.log_path).read_text()
+    assert f"cores [{cpu}]" in Path(result.log_path).read_text()

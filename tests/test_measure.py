@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
 
 from autotune.config import TrainConfig
 from autotune.hardware import describe
-from autotune.measure import MeasureSettings, measure_config, measure_setup, time_to_train_s
+from autotune.measure import (
+    MeasureSettings,
+    count_flops_per_sample,
+    measure_config,
+    measure_setup,
+    time_to_train_s,
+    warm_up,
+)
 from autotune.training import setup_training
 from autotune.workload import load_workload
 
-from .conftest import TINY_SOURCE
+from .conftest import ROOT, TINY_SOURCE
 
 SETTINGS = MeasureSettings(window_steps=5, window_seconds=0.5, warmup_max_seconds=5,
                            profile_steps=2)
@@ -116,3 +126,113 @@ def test_time_to_train_counts_start_up_so_compile_pays_only_on_long_runs() -> No
     assert time_to_train_s(plain, 104) == pytest.approx(1.5 + 0.3 + 100 * 0.1)
     assert time_to_train_s(plain, 100) < time_to_train_s(compiled, 100)
     assert time_to_train_s(plain, 10_000) > time_to_train_s(compiled, 10_000)
+
+
+# --- FLOPs -------------------------------------------------------------------------------------
+
+REFERENCE_MODELS = [
+    ("models/mlp.py", {"feature_dim": 32, "hidden": 64, "num_samples": 64}, 8),
+    ("models/gpt.py", {"n_layer": 2, "n_embd": 64, "n_head": 2, "block_size": 32,
+                       "vocab_size": 128, "num_samples": 64}, 4),
+    ("models/rgat.py", {"hidden": 32, "heads": 2, "graph_layers": 2, "text_layers": 1,
+                        "vocab_size": 256, "num_samples": 64}, 8),
+    ("tests/models/naive_attention.py", {}, 4),
+    ("tests/models/tiny_dict.py", {}, 4),
+]
+
+
+def flops_of_a_real_batch(workload, micro_batch_size: int) -> float:
+    """The count as it was made before: a whole micro-batch through the real model (attention
+    through its plain math, whose FLOPs the counter sees on CPU too)."""
+    dataset = workload.build_dataset()
+    collate = workload.hook("collate_fn") or torch.utils.data.default_collate
+    batch = collate([dataset[i] for i in range(micro_batch_size)])
+    counter = FlopCounterMode(display=False)
+    with sdpa_kernel(SDPBackend.MATH), counter:
+        workload.loss_fn()(workload.build_model(), batch).backward()
+    return counter.get_total_flops() / micro_batch_size
+
+
+@pytest.mark.parametrize(("path", "args", "micro_batch_size"), REFERENCE_MODELS)
+def test_flops_are_counted_on_the_meta_device_as_a_real_batch_counts_them(
+        path, args, micro_batch_size) -> None:
+    """Counting used to run a whole micro-batch for real on the trial's GPU, in fp32, before
+    the trial: its memory then stood in every trial's peak. On meta it costs none."""
+    workload = load_workload(ROOT / path, args)
+    model = workload.build_model()
+    calls = []
+    model.register_forward_hook(lambda *a: calls.append(1))
+    counted = count_flops_per_sample(workload, TrainConfig(micro_batch_size=micro_batch_size),
+                                     model, torch.device("cpu"))
+    assert counted == flops_of_a_real_batch(workload, micro_batch_size)
+    assert calls == []  # the trial's own model never ran
+    if workload.flops_per_sample() and path.endswith("gpt.py"):
+        assert counted == workload.flops_per_sample()  # the file's own estimate, exactly
+
+
+def test_a_model_that_cannot_run_on_meta_is_counted_with_two_samples() -> None:
+    """sync_loss reads values back with .item(), which meta tensors do not have."""
+    workload = load_workload(ROOT / "tests/models/sync_loss.py")
+    model = workload.build_model()
+    sizes = []
+    model.register_forward_hook(lambda m, args, out: sizes.append(len(args[0])))
+    counted = count_flops_per_sample(workload, TrainConfig(micro_batch_size=16), model,
+                                     torch.device("cpu"))
+    assert sizes == [2]
+    assert counted == flops_of_a_real_batch(workload, 16)
+    assert all(p.grad is None for p in model.parameters())
+
+
+# --- compiles during warm-up and the window ----------------------------------------------------
+
+class Ragged(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 256
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((16,), float(i % 5))
+
+
+def padded_batches(lengths: list[int]):
+    """A collate_fn that pads each batch to the next length in `lengths`, then to the last."""
+    calls = iter(lengths)
+
+    def collate(samples: list[torch.Tensor]) -> torch.Tensor:
+        length = next(calls, lengths[-1])
+        return torch.stack(samples).unsqueeze(1).expand(-1, length, -1).contiguous()
+
+    return collate
+
+
+def compiled_setup(lengths: list[int]):
+    """A model compiled for static shapes (a new length compiles again) with the cheap eager
+    backend: what is counted is dynamo's compiling, which is the same for every backend."""
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
+    setup = setup_training(model, Ragged(), TrainConfig(micro_batch_size=4), "cpu",
+                           loss_fn=lambda m, x: m(x).square().mean(),
+                           collate_fn=padded_batches(lengths))
+    return dataclasses.replace(setup, model=torch.compile(model, backend="eager",
+                                                          dynamic=False))
+
+
+def test_warm_up_is_not_steady_while_the_model_recompiles() -> None:
+    setup = compiled_setup([4, 5, 6, 7, 8])
+    lenient = MeasureSettings(steady_steps=2, steady_tolerance=100.0, warmup_max_steps=20)
+    steps, steady = warm_up(setup, setup.batches(), lenient)
+    # five new shapes compile in the first five steps; then two quiet ones are steady
+    assert (steps, steady) == (7, True)
+
+
+def test_compiles_in_warm_up_and_in_the_window_are_counted() -> None:
+    settings = MeasureSettings(window_steps=3, window_seconds=0.0, steady_steps=2,
+                               steady_tolerance=100.0, profile_steps=0, screen_steps=0)
+    quiet = measure_setup(compiled_setup([4, 5, 6]), settings, describe(torch.device("cpu")))
+    assert (quiet.graphs_compiled, quiet.graphs_compiled_in_window) == (3, 0)
+    assert quiet.steady
+    ragged = measure_setup(compiled_setup(list(range(4, 40))),
+                           dataclasses.replace(settings, warmup_max_steps=3),
+                           describe(torch.device("cpu")))
+    assert not ragged.steady
+    assert ragged.graphs_compiled_in_window == ragged.window_steps
+    assert ragged.cudagraph_recordings_in_window == 0  # CPU records no CUDA graphs

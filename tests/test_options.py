@@ -83,6 +83,8 @@ def test_unreadable_values_are_all_named(capsys) -> None:
     (["--workers", "0"], "--workers must be >= 1"),
     (["--devices", "cpu,cpu"], "distinct devices"),
     (["--device", "cpu", "--devices", "cpu"], "either --device or"),
+    (["--device", "cuda", "--workers", "2"], "would run 2 trials on one GPU at once"),
+    (["--device", "cuda:1", "--workers", "3"], "give several GPUs"),
 ])
 def test_parallel_options_are_checked(args, message, capsys) -> None:
     assert main(["run", "--model", "models/mlp.py", *args]) == 2

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import optuna
 import pytest
 
 from autotune.isolation import TrialResult
-from autotune.outcome import Scoring, stall_fraction
+from autotune.measure import FIRST_STEP
+from autotune.outcome import Scoring, record_measurement, stall_fraction
+from autotune.trials import DETERMINISTIC, TrialKey, TrialStatus
 
 GIB = 2**30
 METRICS = {"samples_per_sec": 1000.0, "window_samples": 800, "window_steps": 10,
@@ -38,3 +41,27 @@ def test_the_score_penalises_stalls_and_can_count_the_whole_run() -> None:
     whole_run = Scoring("cpu", None, 0.1, stall_penalty=0.0, train_steps=100)
     # 100 steps of 80 samples: 1.5 s to start, 0.3 s of warm-up (3 steps), 96 at 0.08 s
     assert whole_run.score(METRICS) == pytest.approx(8000 / (1.5 + 0.3 + 96 * 0.08))
+
+
+def record(config: dict, result: TrialResult, retry: int = 0) -> str:
+    """The status `record_measurement` gives a trial of `config` that ended with `result`."""
+    study = optuna.create_study(direction="maximize")
+    trial = study.ask()
+    trial.set_user_attr(TrialKey.CONFIG, config)
+    if retry:
+        trial.set_user_attr(TrialKey.RETRY, retry)
+    record_measurement(study, trial, result, Scoring("cuda", None, 0.1, 0.1))
+    return study.trials[-1].user_attrs[TrialKey.STATUS]
+
+
+def test_a_compile_that_ran_out_of_time_is_not_a_deterministic_failure() -> None:
+    """A first max-autotune compile can outlast the limit; the compile cache makes a second
+    try faster, so it is run once more (by the worker) before it counts as a timeout."""
+    compiling = TrialResult("timeout", "still running", phase=FIRST_STEP)
+    compiled = {"compile_mode": "max-autotune"}
+    assert record(compiled, compiling) == TrialStatus.COMPILE_TIMEOUT
+    assert TrialStatus.COMPILE_TIMEOUT not in DETERMINISTIC
+    assert record(compiled, compiling, retry=1) == TrialStatus.TIMEOUT  # once only
+    assert record({"compile_mode": "none"}, compiling) == TrialStatus.TIMEOUT  # no compile
+    timing = TrialResult("timeout", "still running", phase="timing")
+    assert record(compiled, timing) == TrialStatus.TIMEOUT  # compiled long before

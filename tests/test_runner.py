@@ -21,7 +21,7 @@ SETTINGS = {"window_steps": 2, "window_seconds": 0.1, "warmup_max_seconds": 2,
 def runner(path: Path, directory: Path) -> ProcessRunner:
     phases: list[str] = []
     made = ProcessRunner(str(path), {}, directory, SETTINGS, memory_limit_bytes=None,
-                         threads=None, on_phase=lambda text, number: phases.append(text))
+                         core_shares=None, on_phase=lambda text, number: phases.append(text))
     made.phases = phases
     return made
 

@@ -7,6 +7,8 @@ import copy
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 from collections import OrderedDict, defaultdict, namedtuple
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset, default_collate
 
-from autotune.config import ConfigError, TrainConfig
+from autotune.config import PRECISIONS, ConfigError, TrainConfig
 from autotune.training import (
     BatchTransferError,
     Unsupported,
@@ -25,6 +27,7 @@ from autotune.training import (
     make_optimizer,
     move_to_device,
     sample_batch,
+    set_matmul_precision,
     setup_from_workload,
     setup_training,
 )
@@ -130,6 +133,60 @@ def test_fp16_on_cpu_is_unsupported():
     with pytest.raises(Unsupported, match="fp16"):
         setup_training(mlp(), regression_data(), TrainConfig(precision="fp16"), "cpu",
                        loss_fn=mlp_loss)
+
+
+def tf32_flags(new_api: bool = True) -> dict[str, object]:
+    """Every reader of the TF32 settings, old API and new, as inductor and users read them."""
+    flags = {"matmul precision": torch.get_float32_matmul_precision(),
+             "matmul allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+             "cudnn allow_tf32": torch.backends.cudnn.allow_tf32}
+    if new_api and hasattr(torch.backends, "fp32_precision"):  # torch 2.9 and later
+        flags.update({"matmul fp32_precision": torch.backends.cuda.matmul.fp32_precision,
+                      "cudnn conv fp32_precision": torch.backends.cudnn.conv.fp32_precision})
+    return flags
+
+
+# What a fresh process runs. (The new API says "none", not set, where the old one says what
+# that means; the consistency test above checks both APIs agree.)
+DEFAULT_FLAGS_SCRIPT = """
+import json, torch
+from tests.test_training import tf32_flags
+print(json.dumps(tf32_flags(new_api=False)))
+"""
+
+
+@pytest.fixture
+def restore_tf32():
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_tf32_settings_stay_readable_and_consistent(precision, restore_tf32):
+    """Setting only the new API left the old readers raising "mix of the legacy and new
+    APIs" (inductor's max-autotune reads them); on torch before 2.9 it did not exist."""
+    for earlier in PRECISIONS:  # whatever was set before
+        set_matmul_precision(earlier, torch.device("cuda"))
+        set_matmul_precision(precision, torch.device("cuda"))
+        flags = tf32_flags()
+        tf32 = precision == "tf32"
+        assert flags["matmul allow_tf32"] is tf32
+        assert flags["matmul precision"] == ("high" if tf32 else "highest")
+        assert flags["cudnn allow_tf32"] is True  # PyTorch's default for convolutions
+        if "matmul fp32_precision" in flags:
+            assert flags["matmul fp32_precision"] == ("tf32" if tf32 else "ieee")
+            assert flags["cudnn conv fp32_precision"] == "tf32"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_every_precision_but_tf32_runs_pytorchs_own_defaults(precision, restore_tf32):
+    """The baseline must run what the user's own code runs: a fresh process's settings."""
+    fresh = subprocess.run([sys.executable, "-c", DEFAULT_FLAGS_SCRIPT], capture_output=True,
+                           text=True, check=True, cwd=Path(__file__).resolve().parent.parent)
+    set_matmul_precision("tf32", torch.device("cuda"))
+    set_matmul_precision(precision, torch.device("cuda"))
+    assert tf32_flags(new_api=False) == json.loads(fresh.stdout)
 
 
 def test_pin_memory_on_cpu_is_unsupported():
@@ -701,6 +758,48 @@ def test_each_step_uses_only_its_own_gradients():
             (reference(*batch) / 2).backward()
         for got, want in zip(grads[step], (p.grad for p in reference.parameters())):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_accumulation_under_cuda_graphs_keeps_gradients_outside_the_graphs():
+    """Under CUDA graphs (reduce-overhead, max-autotune) a compiled backward writes gradients
+    into graph memory that the next micro-batch's replay overwrites; `.grad` must then be
+    allocated before the first backward and kept, so autograd adds into it in place. CPU has
+    no CUDA graphs: this checks that the step does so, and learns exactly the same."""
+    torch.manual_seed(0)
+    state = copy.deepcopy(Blocks(layers=2).state_dict())
+    plain_grads, plain_results, _ = accumulation_run(state, 4, 3, steps=3)
+
+    model = Blocks(layers=2)
+    model.load_state_dict(state)
+    setup = setup_training(model, regression_data(),
+                           TrainConfig(micro_batch_size=4, grad_accum_steps=3), "cpu",
+                           loss_fn=lambda m, batch: m(*batch),
+                           build_optimizer=lambda params, **kw: torch.optim.SGD(params, lr=0.05,
+                                                                                  **kw))
+    setup = dataclasses.replace(setup, cuda_graphs=True)
+    storage_before_backward = []
+    model.blocks[0][0].register_full_backward_pre_hook(
+        lambda m, grad_out: storage_before_backward.append(
+            None if m.weight.grad is None else m.weight.grad.data_ptr()))
+    grads = []
+    setup.optimizer.register_step_pre_hook(
+        lambda opt, args, kwargs: grads.append([p.grad.clone() for p in model.parameters()]))
+    batches = setup.batches()
+    results = [setup.step(batches) for _ in range(3)]
+
+    assert None not in storage_before_backward  # allocated before the first backward
+    assert len(set(storage_before_backward)) == 1  # and the same storage for 9 micro-batches
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())  # zeroed
+    for step in range(3):
+        for got, want in zip(grads[step], plain_grads[step]):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(results[step].loss, plain_results[step].loss)
+
+
+def test_cuda_graphs_are_only_on_cuda():
+    setup = setup_training(mlp(), regression_data(), TrainConfig(micro_batch_size=4), "cpu",
+                           loss_fn=mlp_loss)
+    assert setup.cuda_graphs is False
 
 
 # --- moving batches to the device ------------------------------------------------------------

@@ -1,0 +1,249 @@
+"""The first evidence from a GPU: every CUDA path of autotune run for real, raw results kept.
+
+One command on a machine with a GPU runs, through the real CLI, each as one step:
+
+- `env`: the machine (nvidia-smi, torch, each GPU as autotune describes it, the TF32 settings
+  each precision leaves);
+- `bench-*`: `autotune bench` of a mid-size GPT with gradient accumulation 4 in each precision
+  (fp32, tf32, bf16, fp16) and each compile mode (none, default, reduce-overhead, max-autotune,
+  max-autotune-no-cudagraphs), and the padded-batch RGAT compiled (recompiles and CUDA-graph
+  recordings);
+- `study-*`: short `autotune run` studies of models/mlp.py, rgat.py and gpt.py at their own
+  (realistic) sizes;
+- `devices`: a study with `--devices cuda:0,cuda:1` when two GPUs are present.
+
+Each step writes OUT/<step>.json (the command, its exit code, wall time and what it printed:
+bench's JSON record, run's summary) and its logs under OUT/logs/ (studies under OUT/studies/).
+A step whose result exists is skipped, so the suite resumes where it stopped; `--budget`
+starts a step only when its worst case fits in what is left (defaults fit a 10-minute call),
+and `--only` picks steps by name. The steps run in order of what they prove, cheapest first.
+
+    python benchmarks/gpu_suite.py --out benchmarks/results/gpu_h100           # until budget
+    python benchmarks/gpu_suite.py --out OUT --only bench-gpt-bf16 --budget 300
+    python benchmarks/gpu_suite.py --out /tmp/suite --dry-run    # the plan; one CPU step runs
+
+It prints what each step gave; it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+COMPILE_MODES = ("none", "reduce-overhead", "max-autotune", "default",
+                 "max-autotune-no-cudagraphs")
+# GPT-2-style, smaller than GPT-2 small so that max-autotune compiles in minutes, with
+# accumulation 4: what CUDA graphs and accumulation must survive together.
+GPT_BENCH = ["--model", "models/gpt.py", "--model-arg", "n_layer=6", "--model-arg",
+             "n_embd=512", "--model-arg", "n_head=8", "--model-arg", "block_size=512",
+             "--model-arg", "vocab_size=32768", "--set", "micro_batch_size=8",
+             "--set", "grad_accum_steps=4"]
+RGAT_BENCH = ["--model", "models/rgat.py", "--set", "micro_batch_size=64",
+              "--set", "grad_accum_steps=2"]
+WINDOWS = ["--warmup-max-seconds", "30", "--window-seconds", "3", "--profile-steps", "2"]
+BENCH_LIMIT_S = 300
+STUDY_TIMEOUT_S = 150
+STUDY_TRIAL_LIMIT_S = 120
+STUDY = ["--timeout", f"{STUDY_TIMEOUT_S}s", "--trial-time-limit", str(STUDY_TRIAL_LIMIT_S),
+         "--confirm-top", "1", "--confirm-repeats", "1", "--seed", "0", *WINDOWS]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command of the suite and the longest it can take."""
+
+    name: str
+    args: tuple[str, ...]  # `autotune ARGS`; empty for the environment step
+    max_s: float
+
+
+def plan(gpus: int) -> list[Step]:
+    """Every step, most telling first."""
+    steps = [Step("env", (), 60)]
+    for mode in COMPILE_MODES:
+        for precision in PRECISIONS:
+            steps.append(_bench(f"bench-gpt-{precision}-{mode}", GPT_BENCH, precision, mode))
+        if mode == "reduce-overhead":  # after the first CUDA-graph benches: varying shapes
+            for rgat_mode in ("none", "default", "reduce-overhead"):
+                steps.append(_bench(f"bench-rgat-bf16-{rgat_mode}", RGAT_BENCH, "bf16",
+                                    rgat_mode))
+    # trials until the timeout, the last one to its limit, then the winner and the baseline
+    study_max = STUDY_TIMEOUT_S + 3 * STUDY_TRIAL_LIMIT_S + 30
+    for model in ("mlp", "rgat", "gpt"):
+        steps.append(Step(f"study-{model}", ("run", "--model", f"models/{model}.py",
+                                             "--study", model, *STUDY), study_max))
+    if gpus >= 2:
+        steps.append(Step("devices", ("run", "--model", "models/mlp.py", "--study", "devices",
+                                      "--devices", "cuda:0,cuda:1", *STUDY), study_max))
+    return steps
+
+
+def _bench(name: str, model: list[str], precision: str, mode: str) -> Step:
+    return Step(name, ("bench", *model, "--set", f"precision={precision}", "--set",
+                       f"compile_mode={mode}", *WINDOWS, "--time-limit", str(BENCH_LIMIT_S)),
+                BENCH_LIMIT_S + 30)
+
+
+def command(step: Step, out: Path) -> list[str]:
+    """The full command line of a step: where its logs and studies go, JSON on stdout."""
+    args = [sys.executable, "-m", "autotune", *step.args, "--json"]
+    if step.args[0] == "bench":
+        args += ["--log", str(out / "logs" / f"{step.name}.log")]
+    else:
+        args += ["--studies-dir", str(out / "studies")]
+    return args
+
+
+def run_step(step: Step, out: Path) -> dict:
+    """Run one step and write its result file; returns what was written."""
+    started = time.time()
+    if not step.args:
+        record = {"environment": environment()}
+    else:
+        argv = command(step, out)
+        try:
+            done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True,
+                                  timeout=step.max_s)
+            record = {"returncode": done.returncode, "stdout": _json_or_text(done.stdout),
+                      "stderr": done.stderr[-20000:]}
+        except subprocess.TimeoutExpired as exc:
+            stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) \
+                else exc.stderr or ""
+            record = {"returncode": None, "timed_out_after_s": step.max_s,
+                      "stderr": stderr[-20000:]}
+        record["command"] = argv[1:]
+    record.update(step=step.name, wall_s=time.time() - started, finished_at=time.time())
+    (out / f"{step.name}.json").write_text(json.dumps(record, indent=2))
+    return record
+
+
+def environment() -> dict:
+    """The machine, without a CUDA context in this process: NVML, torch, the TF32 flags."""
+    import torch
+
+    from autotune.config import PRECISIONS as KNOB_PRECISIONS
+    from autotune.hardware import describe
+    from autotune.training import set_matmul_precision
+
+    smi = shutil.which("nvidia-smi")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    flags = {}
+    for precision in KNOB_PRECISIONS:
+        set_matmul_precision(precision, torch.device("cuda"))
+        flags[precision] = {"float32_matmul_precision": torch.get_float32_matmul_precision(),
+                            "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+                            "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32}
+    return {
+        "python": sys.version, "torch": torch.__version__, "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
+        "cpus": len(os.sched_getaffinity(0)),
+        "nvidia_smi": subprocess.run(
+            [smi, "--query-gpu=index,name,memory.total,uuid,pci.bus_id,mig.mode.current",
+             "--format=csv"], capture_output=True, text=True).stdout if smi else None,
+        "devices": [vars(describe(torch.device("cuda", i))) for i in range(gpus)],
+        "tf32_flags_after_each_precision": flags,
+        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+
+
+def _json_or_text(text: str) -> object:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text[-20000:]
+
+
+def summary_line(record: dict) -> str:
+    """What a step gave, in one line."""
+    out = record.get("stdout")
+    if record["step"] == "env":
+        env = record["environment"]
+        names = ", ".join(d["name"] for d in env["devices"]) or "no GPU"
+        return f"torch {env['torch']} CUDA {env['cuda']}: {names}"
+    if record.get("returncode") is None:
+        return f"killed after {record['timed_out_after_s']:.0f} s"
+    if isinstance(out, dict) and "status" in out:
+        rate = out.get("samples_per_sec")
+        figures = (f"{rate:,.0f} samples/s, peak {(out.get('peak_memory_bytes') or 0) / 2**30:.2f}"
+                   f" GiB, compiles {out.get('graphs_compiled')} "
+                   f"(window {out.get('graphs_compiled_in_window')}), CUDA graphs recorded "
+                   f"{out.get('cudagraph_recordings')}" if rate else out.get("message", "")[:160])
+        return f"{out['status']}: {figures}"
+    if isinstance(out, dict):
+        return (f"best {out.get('best_samples_per_sec')} samples/s, speedup "
+                f"{out.get('speedup')}, statuses {out.get('statuses')}")
+    return f"exit {record['returncode']}: {record.get('stderr', '')[-160:]}"
+
+
+def dry_run(steps: list[Step], out: Path) -> None:
+    """Print the plan, then run its cheapest bench on CPU with a tiny model, as proof that the
+    commands the suite builds work."""
+    for step in steps:
+        done = (out / f"{step.name}.json").exists()
+        line = " ".join(command(step, out)[1:]) if step.args else "(this script: environment)"
+        print(f"{'done' if done else 'todo'} {step.name} (at most {step.max_s:.0f} s): {line}")
+    cpu = Step("dry-run-cpu-bench", (
+        "bench", "--model", "models/mlp.py", "--device", "cpu", "--model-arg", "feature_dim=32",
+        "--model-arg", "hidden=64", "--model-arg", "num_samples=2048", "--set",
+        "micro_batch_size=16", "--set", "grad_accum_steps=2", "--set", "precision=fp32",
+        "--set", "compile_mode=none", "--window-steps", "3", "--window-seconds", "0.2",
+        "--warmup-max-seconds", "5", "--profile-steps", "1", "--time-limit", "120"), 150)
+    record = run_step(cpu, out)
+    print(f"{cpu.name}: {summary_line(record)}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for the raw results")
+    parser.add_argument("--budget", type=float, default=560.0, metavar="SECONDS",
+                        help="start a step only if its worst case fits in what is left")
+    parser.add_argument("--only", action="append", default=[], metavar="PATTERN",
+                        help="run only steps whose name matches (glob, repeatable)")
+    parser.add_argument("--redo", action="store_true", help="run steps that already have a "
+                        "result again")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the plan and run one tiny bench on CPU")
+    args = parser.parse_args()
+    (args.out / "logs").mkdir(parents=True, exist_ok=True)
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    steps = [s for s in plan(gpus) if not args.only or
+             any(fnmatch.fnmatch(s.name, p) for p in args.only)]
+    if args.dry_run:
+        dry_run(steps, args.out)
+        return 0
+    if not gpus:
+        print("no CUDA device here: use --dry-run", file=sys.stderr)
+        return 2
+    start = time.monotonic()
+    for step in steps:
+        if (args.out / f"{step.name}.json").exists() and not args.redo:
+            continue
+        left = args.budget - (time.monotonic() - start)
+        if step.max_s > left:
+            print(f"stopping before {step.name} ({step.max_s:.0f} s at most, {left:.0f} s "
+                  "left): run the same command again to go on")
+            return 0
+        print(f"{step.name} ...", flush=True)
+        record = run_step(step, args.out)
+        print(f"{step.name} ({record['wall_s']:.0f} s): {summary_line(record)}", flush=True)
+    print("every step has a result")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

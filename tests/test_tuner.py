@@ -1,0 +1,44 @@
+"""`Tuner`: what one run hands its trials."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from autotune.measure import MeasureSettings
+from autotune.options import TuneOptions
+from autotune.tuner import Tuner
+from autotune.runner import MeasureJob
+
+from .conftest import TINY_SOURCE
+
+
+def test_parallel_trials_run_on_their_own_share_of_the_cores(write_model, tmp_path) -> None:
+    """Each parallel worker's trial (threads and DataLoader workers alike) keeps to its own
+    cores; a trial that runs alone, as confirmation does, has them all."""
+    seen = tmp_path / "cores.jsonl"
+    model = write_model(TINY_SOURCE + f'''
+import os, json
+_build_model = build_model
+def build_model():  # runs in each trial (the fork server imported the file once)
+    with open({str(seen)!r}, "a") as f:
+        f.write(json.dumps(sorted(os.sched_getaffinity(0))) + "\\n")
+    return _build_model()
+''')
+    tuner = Tuner(TuneOptions(model_path=str(model), device="cpu", workers=2,
+                              studies_dir=str(tmp_path / "studies"),
+                              settings=MeasureSettings(window_steps=2, window_seconds=0.1,
+                                                       profile_steps=0)))
+    seen.unlink()  # the probe built the model too
+    try:
+        for slot in (0, 1, None):
+            result = tuner.runner.measure(tuner.baseline,
+                                          MeasureJob("trial", 120, "cpu", slot=slot))
+            assert result.status == "ok", result.message
+    finally:
+        tuner.close()
+    first, second, alone = (json.loads(line) for line in seen.read_text().splitlines())
+    everything = sorted(os.sched_getaffinity(0))
+    assert first and second and not set(first) & set(second)
+    assert sorted(first + second) == everything
+    assert alone == everything

@@ -1,0 +1,46 @@
+"""`worker`: the search loop decides, measures and records trials; here with a measurement
+that answers from a script, so the loop's own decisions are what is tested."""
+
+from __future__ import annotations
+
+from autotune.config import TrainConfig
+from autotune.isolation import TrialResult
+from autotune.measure import FIRST_STEP
+from autotune.options import TuneOptions
+from autotune.results import load_study
+from autotune.tuner import Tuner
+from autotune.runner import MeasureJob
+
+from .conftest import TINY_SOURCE
+
+METRICS = {"samples_per_sec": 1000.0, "window_samples": 800, "window_steps": 10,
+           "window_s": 0.8, "setup_s": 1.0, "time_to_first_step_s": 0.5, "warmup_steps": 3,
+           "warmup_s": 0.3, "step_time_median_s": 0.08, "data_wait_fraction": 0.0,
+           "peak_memory_bytes": 2**20}
+
+
+def test_a_compile_that_ran_out_of_time_runs_once_more(write_model, tmp_path) -> None:
+    model = write_model(TINY_SOURCE)
+    jobs: list[tuple[dict, MeasureJob]] = []
+
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        jobs.append((config.to_dict(), job))
+        if config.compile_mode == "none":
+            return TrialResult("ok", "measured", dict(METRICS))
+        return TrialResult("timeout", "still running", phase=FIRST_STEP)
+
+    tuner = Tuner(TuneOptions(model_path=str(model), device="cpu", trials=3,
+                              studies_dir=str(tmp_path), fixes={"compile_mode": "default"},
+                              plain_tpe=True, confirm_repeats=0, seed=0))
+    tuner.runner.measure = measure  # the probe was real; the trials are scripted
+    try:
+        tuner.run()
+    finally:
+        tuner.close()
+    trials = load_study(tuner.study.study_name, tmp_path).get_trials(deepcopy=False)
+    statuses = [t.user_attrs["status"] for t in trials]
+    assert statuses == ["ok", "compile_timeout", "timeout"]
+    first, retry = trials[1], trials[2]
+    assert retry.user_attrs["requeued_from"] == first.number and retry.user_attrs["retry"] == 1
+    assert retry.user_attrs["config"] == first.user_attrs["config"]
+    assert len(jobs) == 3  # the retry was measured; nothing else
