@@ -157,7 +157,7 @@ def nvml_memory_used(index: int) -> int | None:
 
         pynvml.nvmlInit()
         try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(index))
+            handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index(index))
             return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
         finally:
             pynvml.nvmlShutdown()
@@ -165,7 +165,7 @@ def nvml_memory_used(index: int) -> int | None:
         return None
 
 
-def _nvml_index(index: int) -> int:
+def nvml_index(index: int) -> int:
     """NVML counts all GPUs; CUDA_VISIBLE_DEVICES renumbers them for torch."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible:
@@ -182,7 +182,7 @@ def _nvml_facts(index: int) -> tuple[str, int, int]:
 
         pynvml.nvmlInit()
         try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(index))
+            handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index(index))
             name = pynvml.nvmlDeviceGetName(handle)
             name = name.decode() if isinstance(name, bytes) else name
             major, _ = pynvml.nvmlDeviceGetCudaComputeCapability(handle)

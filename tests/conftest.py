@@ -17,8 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TEST_MODELS = Path(__file__).resolve().parent / "models"
 # Short windows: the tests check behaviour, not figures.
-FAST = ["--window-steps", "3", "--window-seconds", "0.2", "--warmup-max-seconds", "5",
-        "--profile-steps", "1"]
+FAST = ["--window-steps", "3", "--window-seconds", "0.2", "--window-max-seconds", "1",
+        "--warmup-max-seconds", "5", "--profile-steps", "1"]
 
 # torch.compile costs ~30 s per model on CI's cores; a cache that outlives the run pays it once.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",

@@ -18,8 +18,8 @@ from autotune.isolation import TrialRequest, run_isolated
 
 from .conftest import FAST, TINY_SOURCE
 
-SETTINGS = {"window_steps": 3, "window_seconds": 0.2, "warmup_max_seconds": 5,
-            "profile_steps": 0}
+SETTINGS = {"window_steps": 3, "window_seconds": 0.2, "window_max_seconds": 1,
+            "warmup_max_seconds": 5, "profile_steps": 0}
 
 
 def request(path: Path, **overrides) -> TrialRequest:

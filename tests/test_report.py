@@ -44,6 +44,9 @@ def test_a_trial_line_names_its_outcome() -> None:
     assert trial_row(repeat)[4] == "repeat of #3"
     failed = TrialRecord(number=5, status="oom", config=config, message="CUDA out of memory\n..")
     assert trial_row(failed)[4:] == ("oom", "CUDA out of memory")
+    busy = TrialRecord(number=6, status="ok", config=config, samples_per_sec=99.0,
+                       disturbed=True, other_cpu_share=0.47)
+    assert trial_row(busy)[4:] == ("ok", "disturbed (other processes used 47% of the CPUs)")
 
 
 def test_summary_shows_best_beside_baseline_in_both_forms() -> None:
@@ -53,9 +56,11 @@ def test_summary_shows_best_beside_baseline_in_both_forms() -> None:
                "best_config": best, "baseline_config": base, "best_samples_per_sec": 200.0,
                "best_spread": 5.0, "baseline_samples_per_sec": 100.0, "baseline_spread": 2.0,
                "speedup": 2.0, "confirmation_repeats": 2, "trials": {"COMPLETE": 4},
-               "statuses": {"ok": 4}}
+               "statuses": {"ok": 4}, "disturbed_trials": [2, 3]}
     text = _text(summary_tables(summary))
     assert "2.00x" in text and "200.0 ± 5.0" in text and "median of 2 fresh runs" in text
+    assert "2: #2, #3" in text
     markdown = summary_markdown(summary)
     assert markdown.startswith("# autotune study `mlp`")
     assert "| precision | fp32 | **bf16** |" in markdown
+    assert "never ranked above a clean trial): 2: #2, #3" in markdown
