@@ -213,8 +213,9 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     tuner = Tuner(options, plain)
     if len(tuner.devices) > 1 and tuner.device.type == "cpu":
         plain.note(f"warning: {len(tuner.devices)} CPU trials at once share {usable_cpus()} "
-                   f"cores ({tuner.trial_threads} threads each) and disturb each other's "
-                   "timings; the confirmation runs alone")
+                   f"cores ({tuner.trial_threads} threads each, pinned) and disturb each "
+                   "other's timings (memory bandwidth, caches, a shared loader core); the "
+                   "confirmation runs alone")
     view = (LiveView(view_console, tuner.study, options.trials, options.timeout_s,
                      tuner.measured_trials) if view_console.is_terminal else plain)
     tuner.view = view

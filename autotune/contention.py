@@ -22,6 +22,7 @@ Without /proc (not Linux) nothing is measured and no window is flagged.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,26 +79,45 @@ class ContentionProbe:
         self.cpus = trial_cpus(self.pid)
         self.device = device if device is not None and device.type == "cuda" else None
         self._start: CpuTicks | None = None
+        self._pids: set[int] = set()
         self._device_pids: set[int] = set()
 
     def start(self) -> None:
-        self._start = cpu_ticks(self.cpus, self.pid)
+        self._pids = own_pids(self.pid)
+        self._start = cpu_ticks(self.cpus, self.pid, self._pids)
         self._device_pids = _device_pids(self.device) if self.device is not None else set()
+
+    def disturbed_so_far(self) -> bool:
+        """A cheap look inside the window (no scan of every process: the trial's processes
+        at the start), so that a window already disturbed is not lengthened."""
+        now = cpu_ticks(self.cpus, self.pid, self._pids)
+        share = other_share(self._start, now, len(self.cpus))
+        return share is not None and share > self.threshold
 
     def stop(self) -> Contention:
         end = cpu_ticks(self.cpus, self.pid)
         share = other_share(self._start, end, len(self.cpus))
         result = Contention(share, len(self.cpus))
         if self.device is not None:
-            own = own_pids(self.pid)
-            pids = (self._device_pids | _device_pids(self.device))
-            result.device_other_processes = _others_on_device(pids, own)
+            pids = self._device_pids | _device_pids(self.device)
+            result.device_other_processes = _others_on_device(pids, own_pids(self.pid))
             result.device_slowdowns = device_slowdowns(self.device)
         result.disturbed = bool(
             (share is not None and share > self.threshold)
             or result.device_other_processes
             or any(reason in HW_SLOWDOWNS.values() for reason in result.device_slowdowns))
         return result
+
+    def wait_for_quiet(self, limit_s: float, interval_s: float = 0.5) -> bool:
+        """Idle until other processes leave the trial's CPUs (and device) quiet for
+        `interval_s`; False if that did not happen within `limit_s`."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() + interval_s <= deadline:
+            self.start()
+            time.sleep(interval_s)
+            if not self.stop().disturbed:
+                return True
+        return False
 
 
 def other_share(start: CpuTicks | None, end: CpuTicks | None, cpus: int) -> float | None:
@@ -117,11 +137,12 @@ def trial_cpus(pid: int | None = None) -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
-def cpu_ticks(cpus: Collection[int], pid: int) -> CpuTicks | None:
-    """The tick counters now, or None where /proc cannot be read."""
+def cpu_ticks(cpus: Collection[int], pid: int, pids: set[int] | None = None) -> CpuTicks | None:
+    """The tick counters now, or None where /proc cannot be read; the trial's own processes
+    are `pid` and its descendants, or `pids` where given."""
     try:
         busy, total = _cpu_lines(set(cpus))
-        own = sum(_process_ticks(p) for p in own_pids(pid))
+        own = sum(_process_ticks(p) for p in (pids if pids is not None else own_pids(pid)))
     except OSError:
         return None
     return CpuTicks(busy, total, own)

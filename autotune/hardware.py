@@ -82,6 +82,17 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def cpu_shares(parts: int) -> list[list[int]]:
+    """The usable CPUs split into `parts` disjoint sets of consecutive CPUs (shared round-robin
+    when there are fewer CPUs than parts): one per parallel CPU trial."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        list(range(os.cpu_count() or 1))
+    if len(cpus) < parts:
+        return [[cpus[i % len(cpus)]] for i in range(parts)]
+    size = len(cpus) // parts
+    return [cpus[i * size:(i + 1) * size] for i in range(parts)]
+
+
 def describe(device: torch.device) -> DeviceInfo:
     """Capabilities of `device`, from NVML on CUDA (no CUDA context), from torch on CPU."""
     if device.type == "cuda":

@@ -44,6 +44,7 @@ class TrialRequest:
     memory_limit_bytes: int | None = None
     trace_path: str | None = None
     threads: int | None = None
+    cpus: list[int] | None = None  # pinned to these CPUs (parallel CPU trials)
     inductor_cache_dir: str | None = None
 
 
@@ -172,6 +173,8 @@ def _measure_classified(request: TrialRequest, on_phase: Callable[[str], None]) 
 
     try:
         device = torch.device(request.device)
+        if request.cpus:
+            os.sched_setaffinity(0, request.cpus)
         if request.threads:
             torch.set_num_threads(request.threads)
         if request.memory_limit_bytes:

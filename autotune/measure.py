@@ -301,15 +301,20 @@ def warm_up(setup: TrainingSetup, batches: Iterator[Any],
 
 def _undisturbed_window(setup: TrainingSetup, batches: Iterator[Any], settings: MeasureSettings,
                         probe: ContentionProbe, report: Progress) -> tuple[_Window, int]:
-    """The timed window, measured again while other processes disturb it: after a pause that
-    doubles each time and a few untimed steps, at most `contention_retries` times. The first
-    clean window is kept, else the least disturbed; returns it and the re-measure count."""
+    """The timed window, measured again when other processes disturbed it: once the machine
+    is quiet again (waiting at most 1, 2, 4... x the back-off, `contention_retries` times)
+    and after a few untimed steps. The first clean window is kept, else the least disturbed;
+    returns it and how many windows were measured again."""
     windows = [_timed_window(setup, batches, settings, probe)]
     for retry in range(settings.contention_retries):
         if not windows[-1].contention.disturbed:
             break
-        report(f"re-measuring the window: {windows[-1].contention.describe()}")
-        time.sleep(settings.contention_backoff_s * 2**retry)
+        wait_s = settings.contention_backoff_s * 2**retry
+        report(f"{windows[-1].contention.describe()} in the window: waiting up to "
+               f"{wait_s:g} s for a quiet moment to measure it again")
+        if not probe.wait_for_quiet(wait_s):
+            continue
+        report("re-measuring the window")
         for _ in range(settings.steady_steps):
             setup.step(batches)
         windows.append(_timed_window(setup, batches, settings, probe))
@@ -352,10 +357,11 @@ def _timed_window(setup: TrainingSetup, batches: Iterator[Any], settings: Measur
                   probe: ContentionProbe) -> _Window:
     """At least N steps and T seconds, then until the median step time is known within the
     precision asked or a cap is reached; synchronised only at the edges, bracketed by the
-    contention probe."""
+    contention probe. A window already disturbed at its minimum is not lengthened."""
     device = setup.device
     clock = _StepClock(device)
     samples, data_wait, steps = 0, 0.0, 0
+    lengthening = False
     check_at = settings.window_steps  # precision is checked after ~10% more steps each time
     synchronize(device)
     probe.start()
@@ -372,6 +378,10 @@ def _timed_window(setup: TrainingSetup, batches: Iterator[Any], settings: Measur
             continue
         if steps >= settings.window_max_steps or elapsed >= settings.window_max_seconds:
             break
+        if not lengthening:
+            if probe.disturbed_so_far():
+                break
+            lengthening = True
         if steps >= check_at:
             precision = median_precision(clock.times())
             if precision is not None and precision <= settings.window_precision:

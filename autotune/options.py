@@ -242,7 +242,7 @@ def add_measure_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window-precision", type=float, default=defaults.window_precision,
                         metavar="FRACTION",
                         help="after the minimum, time on until the median step time is known "
-                        "within ± this (95%% interval; default %(default)s), or a cap is hit")
+                        "within ± this (95%% interval), or a cap is hit")
     parser.add_argument("--window-max-steps", type=int, default=defaults.window_max_steps,
                         help="cap of the timed window in optimizer steps")
     parser.add_argument("--window-max-seconds", type=float,
@@ -256,10 +256,10 @@ def add_measure_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--contention-threshold", type=float,
                         default=defaults.contention_threshold, metavar="FRACTION",
                         help="a window in which other processes used more than this share of "
-                        "the trial's CPUs is disturbed: measured again, then flagged "
-                        "(default %(default)s)")
+                        "the trial's CPUs is disturbed: measured again, else flagged")
     parser.add_argument("--contention-retries", type=int, default=defaults.contention_retries,
-                        help="times a disturbed window is measured again (after 1, 2, 4... s)")
+                        help="chances a disturbed window gets to be measured again: each "
+                        "waits for a quiet moment (up to 1, 2, 4... s)")
 
 
 def measure_settings(args: argparse.Namespace) -> MeasureSettings:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import queue
 import shutil
 import threading
 import time
@@ -21,7 +22,7 @@ from optuna.trial import TrialState
 
 from autotune.config import ConfigError, TrainConfig, from_baseline
 from autotune.confirm import confirm, should_confirm
-from autotune.hardware import DeviceInfo, describe, parse_device, usable_cpus
+from autotune.hardware import DeviceInfo, cpu_shares, describe, parse_device
 from autotune.heartbeat import recover_orphans, tuner_name
 from autotune.isolation import TrialRequest, TrialResult, run_isolated
 from autotune.loader_plan import LoaderRate, loader_settings, measure_loader_rates
@@ -52,9 +53,15 @@ class Tuner:
         self.devices = _devices(opts)
         self.device = self.devices[0]
         info = describe(self.device)
-        # Parallel CPU trials share the cores: each gets its share of intra-op threads.
-        self.trial_threads = (max(1, usable_cpus() // len(self.devices))
-                              if self.device.type == "cpu" and len(self.devices) > 1 else None)
+        # Parallel CPU trials share the cores: each runs pinned to its own share of them with
+        # one intra-op thread per core, so that they neither thrash each other's threads nor
+        # count each other as contention.
+        self.cpu_shares = (cpu_shares(len(self.devices))
+                           if self.device.type == "cpu" and len(self.devices) > 1 else [])
+        self.trial_threads = len(self.cpu_shares[0]) if self.cpu_shares else None
+        self._free_shares: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
+        for share in self.cpu_shares:
+            self._free_shares.put(share)
         self.owner = tuner_name()
         self.stop = threading.Event()  # set by a worker that failed: the others end too
         try:
@@ -197,6 +204,16 @@ class Tuner:
         return rates
 
     def _measure_in_a_process(self, config: TrainConfig, job: MeasureJob) -> TrialResult:
+        if not self.cpu_shares:
+            return self._run_trial(config, job, None)
+        cpus = self._free_shares.get()
+        try:
+            return self._run_trial(config, job, cpus)
+        finally:
+            self._free_shares.put(cpus)
+
+    def _run_trial(self, config: TrainConfig, job: MeasureJob,
+                   cpus: list[int] | None) -> TrialResult:
         opts = self.options
         # Compiled graphs are cached under the study, so each (mode, shapes) compiles once.
         cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(self.directory / "inductor")
@@ -206,7 +223,7 @@ class Tuner:
             settings={**vars(opts.settings), "screen_below": job.screen_below},
             memory_limit_bytes=opts.memory_limit_bytes,
             trace_path=str(job.trace) if job.trace else None, threads=self.trial_threads,
-            inductor_cache_dir=cache)
+            cpus=cpus, inductor_cache_dir=cache)
         return run_isolated(request, job.time_limit_s, self.directory / "logs" / f"{job.name}.log",
                             on_phase=lambda text: self.view.phase(text, job.number),
                             stop=self.stop)

@@ -158,7 +158,8 @@ def _alive(pid: int) -> bool:
 
 
 def test_cpu_thread_share_reaches_the_trial(tmp_path) -> None:
-    """Parallel CPU trials get their share of intra-op threads."""
+    """Parallel CPU trials get their share of the CPUs, pinned, and as many intra-op threads;
+    the measurement records both."""
     model = tmp_path / "threads.py"
     model.write_text(
         "import torch\nfrom torch import nn\n"
@@ -170,7 +171,9 @@ def test_cpu_thread_share_reaches_the_trial(tmp_path) -> None:
         "    return nn.functional.mse_loss(model(batch[0]), batch[1])\n")
     request = TrialRequest(model_path=str(model), config={"micro_batch_size": 8},
                            device="cpu", settings={"window_steps": 1, "window_seconds": 0,
-                                                   "profile_steps": 0}, threads=1)
+                                                   "window_max_seconds": 1,
+                                                   "profile_steps": 0}, threads=1, cpus=[0])
     result = run_isolated(request, 120, tmp_path / "trial.log")
     assert result.status == "ok", result.message
     assert "threads 1" in Path(result.log_path).read_text()
+    assert result.metrics["cpu_threads"] == 1 and result.metrics["cpu_affinity"] == [0]
