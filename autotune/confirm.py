@@ -33,7 +33,14 @@ from autotune.measure import time_to_train_s
 from autotune.outcome import Scoring
 from autotune.runner import MeasureJob
 from autotune.stats import Ratio, paired_ratio
-from autotune.trials import Role, StudyKey, TrialStatus, config_key, trial_records
+from autotune.trials import (
+    Role,
+    StudyKey,
+    TrialStatus,
+    config_key,
+    rankable,
+    trial_records,
+)
 from autotune.views import StudyView
 from autotune.worker import Measure
 
@@ -97,8 +104,7 @@ def candidates(study: optuna.Study, baseline: TrainConfig, top: int) -> list[Can
     the speedup; a winner only if it also fitted in the search)."""
     chosen: dict[str, Candidate] = {}
     records = trial_records(study)
-    for r in sorted((r for r in records if r.score is not None and not r.get("disturbed")),
-                    key=lambda r: r.value, reverse=True):
+    for r in sorted(rankable(records), key=lambda r: r.value, reverse=True):
         key = config_key(r.config)
         if len(chosen) < top and key not in chosen:
             chosen[key] = Candidate(r.config, r.number, True, r.samples_per_sec)

@@ -37,6 +37,13 @@ def format_rate(value: float | None, spread: float | None = None) -> str:
     return f"{value:,.1f} ± {spread:,.1f}" if spread is not None else f"{value:,.1f}"
 
 
+def format_disturbance(other_cpu_share: float | None) -> str:
+    """Why a timed window was disturbed, in a few words."""
+    if other_cpu_share is None:
+        return "disturbed (other processes on the device)"
+    return f"disturbed (other processes used {other_cpu_share:.0%} of the CPUs)"
+
+
 def short_config(config: Mapping[str, Any]) -> str:
     """The knobs that differ from PyTorch's defaults, compactly."""
     parts = [f"mb={config['micro_batch_size']}x{config['grad_accum_steps']}", config["precision"]]

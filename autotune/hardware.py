@@ -224,7 +224,7 @@ def nvml_memory_used(index: int) -> int | None:
 
         pynvml.nvmlInit()
         try:
-            handle = _nvml_handle(pynvml, visible_entry(index, os.environ))
+            handle = nvml_handle(pynvml, visible_entry(index, os.environ))
             return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
         finally:
             pynvml.nvmlShutdown()
@@ -281,7 +281,7 @@ class _NvmlFacts:
     mig: bool
 
 
-def _nvml_handle(pynvml: Any, entry: str) -> Any:
+def nvml_handle(pynvml: Any, entry: str) -> Any:
     """The NVML handle of a CUDA_VISIBLE_DEVICES entry: by UUID (a GPU or a MIG slice), else by
     its index in bus order (NVML's own)."""
     if entry.startswith(("GPU-", "MIG-")):
@@ -308,7 +308,7 @@ def _nvml_facts(index: int) -> _NvmlFacts:
         pynvml.nvmlInit()
         try:
             entry = visible_entry(index, os.environ)
-            handle = _nvml_handle(pynvml, entry)
+            handle = nvml_handle(pynvml, entry)
             name = pynvml.nvmlDeviceGetName(handle)
             name = name.decode() if isinstance(name, bytes) else name
             mig = _is_mig(pynvml, entry, handle)

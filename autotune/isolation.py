@@ -65,6 +65,7 @@ class TrialRequest:
     memory_limit_bytes: int | None = None
     trace_path: str | None = None
     threads: int | None = None
+    cpus: list[int] | None = None  # pinned to these CPUs (parallel CPU trials)
     inductor_cache_dir: str | None = None
     job: str = "measure"
     # The CPU cores this trial may use (its share when trials run in parallel), or all.

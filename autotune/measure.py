@@ -3,12 +3,17 @@
 1. Time to first step: the first optimizer step alone, compile and loader start-up included.
 2. Warm-up until steady: step times (synchronised) until the last few agree within a tolerance,
    bounded in steps and seconds.
-3. Timed window: at least N optimizer steps and at least T seconds, the device synchronised only
-   at its two edges; samples/sec = samples the loader delivered / window wall time, so data
-   loading is in the figure. Per-step times come from CUDA events (no host sync) or the host
-   clock on CPU.
+3. Timed window: at least N optimizer steps and T seconds, then on until the median step time
+   is known within ±`window_precision` (`stats.median_precision`) or a cap in steps or seconds
+   is reached; the device synchronised only at its two edges. samples/sec = samples the loader
+   delivered / window wall time, so data loading is in the figure. Per-step times come from
+   CUDA events (read once completed, no host sync) or the host clock on CPU.
+   Every window is bracketed by `contention`: one that other processes disturbed is measured
+   again after a pause (bounded, with back-off); if it stays disturbed the least disturbed one
+   is kept and the measurement says so (`disturbed`, `other_cpu_share`).
    Before it, a short screening window: with `screen_below` set, a configuration slower than
-   that stops there (multi-fidelity: the full window only for promising ones).
+   that stops there (multi-fidelity: the full window only for promising ones); a disturbed
+   screening window stops nothing.
 4. A short profiler window after (never inside) the timed one: syncs, device idle, top ops,
    and findings in words (`diagnosis`).
 """
@@ -29,6 +34,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from autotune.compile_events import compile_count
 from autotune.config import TrainConfig
+from autotune.contention import Contention, ContentionProbe
 from autotune.diagnosis import Finding, SyncSite, diagnose, trace_host_syncs
 from autotune.hardware import (
     DeviceInfo,
@@ -38,6 +44,7 @@ from autotune.hardware import (
     peak_flops,
 )
 from autotune.profiling import ProfileSummary, profile_steps
+from autotune.stats import median_precision
 from autotune.training import TrainingSetup, move_to_device, setup_from_workload
 from autotune.workload import Workload
 
@@ -46,8 +53,11 @@ from autotune.workload import Workload
 class MeasureSettings:
     """How long to warm up and time. The defaults favour a trustworthy figure over speed."""
 
-    window_steps: int = 10
-    window_seconds: float = 3.0
+    window_steps: int = 10            # the timed window's minimum, in optimizer steps
+    window_seconds: float = 3.0       # and in seconds
+    window_precision: float = 0.02    # then on until the median step time is known within ±2%
+    window_max_steps: int = 2000      # or a cap is reached
+    window_max_seconds: float = 15.0
     warmup_max_steps: int = 50
     warmup_max_seconds: float = 60.0
     steady_steps: int = 3
@@ -57,6 +67,11 @@ class MeasureSettings:
     # below `screen_below` samples/sec stops (status `screened`) without the full window.
     screen_steps: int = 3
     screen_below: float | None = None
+    # A window in which other processes took more than this share of the trial's CPUs is
+    # measured again, up to `contention_retries` times, after 1, 2, 4... x the back-off.
+    contention_threshold: float = 0.05
+    contention_retries: int = 2
+    contention_backoff_s: float = 1.0
 
 
 @dataclass
@@ -99,6 +114,14 @@ class Measurement:
     cudagraph_recordings: int | None = None
     cudagraph_recordings_in_window: int | None = None
     device_total_memory_bytes: int | None = None  # as the trial sees it (a MIG slice's own)
+    step_time_precision: float | None = None  # the median step time known within ±this
+    cpu_threads: int | None = None            # intra-op threads the trial ran
+    cpu_affinity: list[int] = field(default_factory=list)  # CPUs it was allowed to run on
+    other_cpu_share: float | None = None      # other processes' share of the trial's CPUs
+    disturbed: bool = False                   # the kept window was still above the threshold
+    windows_remeasured: int = 0               # windows re-measured because of contention
+    device_other_processes: int | None = None
+    device_slowdowns: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -172,18 +195,22 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
     warmup_s = time.perf_counter() - start
     compiled_by_window = compile_count()
 
+    probe = ContentionProbe(settings.contention_threshold, device)
     screen_rate = screen_done = None
     screened = False
     if settings.screen_steps > 0:
         report("screening")
+        steps = settings.screen_steps
         window = _timed_window(setup, batches, replace(
-            settings, window_steps=settings.screen_steps, window_seconds=0.0))
+            settings, window_steps=steps, window_seconds=0.0, window_max_steps=steps), probe)
         screen_rate = window.samples / window.seconds
         screen_done = setup_s + time.perf_counter() - begun
-        screened = settings.screen_below is not None and screen_rate < settings.screen_below
+        screened = settings.screen_below is not None and screen_rate < settings.screen_below \
+            and not window.contention.disturbed
+    remeasured = 0
     if not screened:
         report("timing")
-        window = _timed_window(setup, batches, settings)
+        window, remeasured = _undisturbed_window(setup, batches, settings, probe, report)
     compiled_after = compile_count()
 
     times = window.step_times
@@ -237,6 +264,14 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
         graphs_compiled_in_window=in_window.graphs,
         cudagraph_recordings=compiled.cudagraph_recordings,
         cudagraph_recordings_in_window=in_window.cudagraph_recordings,
+        step_time_precision=median_precision(times),
+        cpu_threads=torch.get_num_threads(),
+        cpu_affinity=probe.cpus,
+        other_cpu_share=window.contention.other_cpu_share,
+        disturbed=window.contention.disturbed,
+        windows_remeasured=remeasured,
+        device_other_processes=window.contention.device_other_processes,
+        device_slowdowns=window.contention.device_slowdowns,
         **memory,
     )
 
@@ -283,6 +318,7 @@ class _Window:
     data_wait_s: float
     step_times: list[float]
     final_loss: float
+    contention: Contention
 
 
 def warm_up(setup: TrainingSetup, batches: Iterator[Any],
@@ -308,38 +344,98 @@ def warm_up(setup: TrainingSetup, batches: Iterator[Any],
     return len(times), False
 
 
-def _timed_window(setup: TrainingSetup, batches: Iterator[Any],
-                  settings: MeasureSettings) -> _Window:
-    """At least N steps and T seconds, synchronised only at the edges."""
+def _undisturbed_window(setup: TrainingSetup, batches: Iterator[Any], settings: MeasureSettings,
+                        probe: ContentionProbe, report: Progress) -> tuple[_Window, int]:
+    """The timed window, measured again when other processes disturbed it: once the machine
+    is quiet again (waiting at most 1, 2, 4... x the back-off, `contention_retries` times)
+    and after a few untimed steps. The first clean window is kept, else the least disturbed;
+    returns it and how many windows were measured again."""
+    windows = [_timed_window(setup, batches, settings, probe)]
+    for retry in range(settings.contention_retries):
+        if not windows[-1].contention.disturbed:
+            break
+        wait_s = settings.contention_backoff_s * 2**retry
+        report(f"{windows[-1].contention.describe()} in the window: waiting up to "
+               f"{wait_s:g} s for a quiet moment to measure it again")
+        if not probe.wait_for_quiet(wait_s):
+            continue
+        report("re-measuring the window")
+        for _ in range(settings.steady_steps):
+            setup.step(batches)
+        windows.append(_timed_window(setup, batches, settings, probe))
+    kept = min(windows, key=lambda w: (w.contention.disturbed,
+                                       w.contention.other_cpu_share or 0.0))
+    return kept, len(windows) - 1
+
+
+class _StepClock:
+    """Per-step times of a window: CUDA events, read only once completed so that nothing
+    waits on the device, or the host clock on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[Any] = []
+        self.done: list[float] = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def times(self) -> list[float]:
+        """Step times known so far (all of them once the device is synchronised)."""
+        while len(self.done) < len(self.marks) - 1:
+            a, b = self.marks[len(self.done)], self.marks[len(self.done) + 1]
+            if not self.cuda:
+                self.done.append(b - a)
+            elif b.query():
+                self.done.append(a.elapsed_time(b) / 1000)
+            else:
+                break
+        return self.done
+
+
+def _timed_window(setup: TrainingSetup, batches: Iterator[Any], settings: MeasureSettings,
+                  probe: ContentionProbe) -> _Window:
+    """At least N steps and T seconds, then until the median step time is known within the
+    precision asked or a cap is reached; synchronised only at the edges, bracketed by the
+    contention probe. A window already disturbed at its minimum is not lengthened."""
     device = setup.device
-    events: list[torch.cuda.Event] = []
-    host_marks: list[float] = []
-    samples = 0
-    data_wait = 0.0
+    clock = _StepClock(device)
+    samples, data_wait, steps = 0, 0.0, 0
+    lengthening = False
+    check_at = settings.window_steps  # precision is checked after ~10% more steps each time
     synchronize(device)
+    probe.start()
     start = time.perf_counter()
-    mark = _event(device)
-    if mark is not None:
-        events.append(mark)
-    host_marks.append(start)
-    result = None
-    while len(host_marks) - 1 < settings.window_steps or \
-            time.perf_counter() - start < settings.window_seconds:
+    clock.mark()
+    while True:
         result = setup.step(batches)
         samples += result.samples
         data_wait += result.data_wait_s
-        mark = _event(device)
-        if mark is not None:
-            events.append(mark)
-        host_marks.append(time.perf_counter())
+        clock.mark()
+        steps += 1
+        elapsed = time.perf_counter() - start
+        if steps < settings.window_steps or elapsed < settings.window_seconds:
+            continue
+        if steps >= settings.window_max_steps or elapsed >= settings.window_max_seconds:
+            break
+        if not lengthening:
+            if probe.disturbed_so_far():
+                break
+            lengthening = True
+        if steps >= check_at:
+            precision = median_precision(clock.times())
+            if precision is not None and precision <= settings.window_precision:
+                break
+            check_at = steps + max(1, steps // 10)
     synchronize(device)
     seconds = time.perf_counter() - start
-    if events:
-        step_times = [a.elapsed_time(b) / 1000 for a, b in zip(events, events[1:])]
-    else:
-        step_times = [b - a for a, b in zip(host_marks, host_marks[1:])]
-    assert result is not None
-    return _Window(seconds, samples, data_wait, step_times, float(result.loss))
+    contention = probe.stop()
+    return _Window(seconds, samples, data_wait, clock.times(), float(result.loss), contention)
 
 
 def count_flops_per_sample(workload: Workload, config: TrainConfig, model: nn.Module,
@@ -374,14 +470,6 @@ def _flops(model: nn.Module, workload: Workload, batch: Any) -> int:
     with counter:
         workload.loss_fn()(model, batch).backward()
     return counter.get_total_flops()
-
-
-def _event(device: torch.device) -> torch.cuda.Event | None:
-    if device.type != "cuda":
-        return None
-    event = torch.cuda.Event(enable_timing=True)
-    event.record()
-    return event
 
 
 def synchronize(device: torch.device) -> None:

@@ -264,20 +264,53 @@ def add_measure_arguments(parser: argparse.ArgumentParser) -> None:
                         help="minimum optimizer steps in the timed window")
     parser.add_argument("--window-seconds", type=float, default=defaults.window_seconds,
                         help="minimum seconds in the timed window")
+    parser.add_argument("--window-precision", type=float, default=defaults.window_precision,
+                        metavar="FRACTION",
+                        help="after the minimum, time on until the median step time is known "
+                        "within ± this (95%% interval), or a cap is hit")
+    parser.add_argument("--window-max-steps", type=int, default=defaults.window_max_steps,
+                        help="cap of the timed window in optimizer steps")
+    parser.add_argument("--window-max-seconds", type=float,
+                        default=defaults.window_max_seconds,
+                        help="cap of the timed window in seconds")
     parser.add_argument("--warmup-max-seconds", type=float,
                         default=defaults.warmup_max_seconds,
                         help="give up waiting for steady step times after this long")
     parser.add_argument("--profile-steps", type=int, default=defaults.profile_steps,
                         help="optimizer steps under the profiler after the window (0: none)")
+    parser.add_argument("--contention-threshold", type=float,
+                        default=defaults.contention_threshold, metavar="FRACTION",
+                        help="a window in which other processes used more than this share of "
+                        "the trial's CPUs is disturbed: measured again, else flagged")
+    parser.add_argument("--contention-retries", type=int, default=defaults.contention_retries,
+                        help="chances a disturbed window gets to be measured again: each "
+                        "waits for a quiet moment (up to 1, 2, 4... s)")
 
 
 def measure_settings(args: argparse.Namespace) -> MeasureSettings:
+    problems = []
     if args.window_steps < 1 or args.profile_steps < 0 or args.window_seconds < 0:
-        raise UsageError("--window-steps must be >= 1, --profile-steps and --window-seconds "
-                         ">= 0")
+        problems.append("--window-steps must be >= 1, --profile-steps and --window-seconds "
+                        ">= 0")
+    if args.window_max_steps < args.window_steps or \
+            args.window_max_seconds < args.window_seconds:
+        problems.append("--window-max-steps and --window-max-seconds must be at least "
+                        "--window-steps and --window-seconds")
+    if not 0 <= args.window_precision < 1 or not 0 <= args.contention_threshold <= 1:
+        problems.append("--window-precision must be in [0, 1) and --contention-threshold in "
+                        "[0, 1]")
+    if args.contention_retries < 0:
+        problems.append("--contention-retries must be >= 0")
+    if problems:
+        raise UsageError("; ".join(problems))
     return MeasureSettings(window_steps=args.window_steps, window_seconds=args.window_seconds,
+                           window_precision=args.window_precision,
+                           window_max_steps=args.window_max_steps,
+                           window_max_seconds=args.window_max_seconds,
                            warmup_max_seconds=args.warmup_max_seconds,
-                           profile_steps=args.profile_steps)
+                           profile_steps=args.profile_steps,
+                           contention_threshold=args.contention_threshold,
+                           contention_retries=args.contention_retries)
 
 
 def options_from_args(args: argparse.Namespace, cls: type[Options], **extra: Any) -> Options:

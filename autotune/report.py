@@ -12,6 +12,7 @@ from rich.text import Text
 
 from autotune.formatting import (
     format_bytes,
+    format_disturbance,
     format_percent,
     format_rate,
     format_seconds,
@@ -25,8 +26,9 @@ if TYPE_CHECKING:
 
 # The keys `autotune bench --json` always carries (None where not measurable).
 BENCH_KEYS = ("samples_per_sec", "step_time_median_s", "step_time_p90_s", "step_time_cv",
-              "time_to_first_step_s", "peak_memory_bytes", "data_wait_fraction",
-              "host_syncs_per_step", "device_idle_fraction", "mfu")
+              "step_time_precision", "time_to_first_step_s", "peak_memory_bytes",
+              "data_wait_fraction", "host_syncs_per_step", "device_idle_fraction", "mfu",
+              "other_cpu_share", "disturbed", "cpu_threads", "cpu_affinity")
 
 
 def bench_record(result: Mapping[str, Any], device: str, config: Mapping[str, Any]) -> dict:
@@ -54,6 +56,8 @@ def bench_tables(record: Mapping[str, Any], title: str) -> Group:
         ("step time median", format_seconds(record["step_time_median_s"]), "per optimizer step"),
         ("step time p90", format_seconds(record["step_time_p90_s"]), ""),
         ("step time CV", format_percent(record["step_time_cv"]), "spread of step times"),
+        ("median known within", _fmt(record["step_time_precision"], "±{:.1%}"),
+         "95% interval of the median step time (order statistics)"),
         ("time to first step", format_seconds(record["time_to_first_step_s"]),
          "compile and loader start-up included"),
         ("set-up", format_seconds(record.get("setup_s")), "model and loader build"),
@@ -67,6 +71,10 @@ def bench_tables(record: Mapping[str, Any], title: str) -> Group:
          "profiler window after the timed one"),
         ("device idle", format_percent(record["device_idle_fraction"]), "CUDA only"),
         ("MFU", format_percent(record["mfu"]), "model FLOPs over the precision's peak (CUDA only)"),
+        ("CPU threads", _fmt(record["cpu_threads"], "{}"),
+         f"intra-op threads, on CPUs {_cpu_list(record['cpu_affinity'])}"),
+        ("other processes", format_percent(record["other_cpu_share"]),
+         _contention_how(record)),
     ]
     for row in rows:
         figures.add_row(*row)
@@ -160,6 +168,32 @@ def _fmt(value: float | None, pattern: str) -> str:
     return "n/a" if value is None else pattern.format(value)
 
 
+def _cpu_list(cpus: Sequence[int] | None) -> str:
+    """0-3,6 for [0, 1, 2, 3, 6]."""
+    if not cpus:
+        return "n/a"
+    runs: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][-1] + 1:
+            runs[-1].append(cpu)
+        else:
+            runs.append([cpu])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def _contention_how(record: Mapping[str, Any]) -> str:
+    """Whether the window was disturbed, and how often it was measured again."""
+    again = record.get("windows_remeasured") or 0
+    retried = f"; re-measured {again} time{'s' if again != 1 else ''}" if again else ""
+    if record.get("disturbed"):
+        slow = record.get("device_slowdowns") or []
+        others = record.get("device_other_processes")
+        extra = (f", {others} other process(es) on the device" if others else "") + \
+            (f", device clocks held back ({', '.join(slow)})" if slow else "")
+        return f"DISTURBED: share of the trial's CPUs{extra}{retried}; the rate is low"
+    return f"share of the trial's CPUs in the window{retried}"
+
+
 OPERATOR_TABLE_TITLES = {"device": "Top operators by self device time",
                          "cpu": "Top operators by self CPU time",
                          "input shape": "Top operators by input shape"}
@@ -185,6 +219,8 @@ def trial_row(record: TrialRecord) -> tuple[str, ...]:
     """One trial in a line: number, configuration, samples/sec, peak memory, status, reason."""
     ok = record.status == "ok"
     message = "" if ok else record.message
+    if record.disturbed and not message:
+        message = format_disturbance(record.other_cpu_share)
     status = f"repeat of #{record.duplicate_of}" if record.duplicate else record.status
     sps = record.samples_per_sec
     return (str(record.number), short_config(record.config) if record.config else "",
@@ -291,6 +327,8 @@ def result_rows(summary: Mapping[str, Any]) -> list[tuple[str, str, str]]:
          "oom and over_memory count as infeasible"),
         ("retried", str(summary.get("retried_trials", 0)),
          "trials re-run because their tuner died (orphaned)"),
+        ("disturbed", _trial_numbers(summary.get("disturbed_trials") or []),
+         "trials timed while other processes used the CPUs; never ranked above a clean one"),
     ]
     return rows + search_rows(summary)
 
@@ -299,6 +337,13 @@ def left_out_lines(summary: Mapping[str, Any]) -> list[str]:
     """The knob values the capability probe kept out of the search, each with its reason."""
     return [f"left out: {x['knob']}={x['value']}: {x['reason']}"
             for x in summary.get("left_out") or []]
+
+
+def _trial_numbers(numbers: Sequence[int]) -> str:
+    if not numbers:
+        return "none"
+    shown = ", ".join(f"#{n}" for n in numbers[:8])
+    return f"{len(numbers)}: {shown}" + (", ..." if len(numbers) > 8 else "")
 
 
 def search_rows(summary: Mapping[str, Any]) -> list[tuple[str, str, str]]:

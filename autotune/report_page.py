@@ -201,10 +201,12 @@ def _compile_section(rows: list[dict[str, Any]]) -> str:
 
 def _trials_table(records: Sequence[TrialRecord]) -> str:
     return _table(
-        ["#", "status", "configuration", "samples/sec", "peak memory"],
-        [(r.number, r.status + (" (repeat)" if r.duplicate else ""), short_config(r.config),
-          format_rate(r.samples_per_sec), format_bytes(r.peak_memory_bytes)) for r in records],
-        numeric=(3, 4))
+        ["#", "status", "configuration", "samples/sec", "peak memory", "other CPU use"],
+        [(r.number, r.status + (" (repeat)" if r.duplicate else "")
+          + (" (disturbed)" if r.disturbed else ""), short_config(r.config),
+          format_rate(r.samples_per_sec), format_bytes(r.peak_memory_bytes),
+          format_percent(r.other_cpu_share)) for r in records],
+        numeric=(3, 4, 5))
 
 
 def build_report(study: optuna.Study) -> str:

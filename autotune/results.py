@@ -12,10 +12,18 @@ from typing import Any
 import optuna
 
 from autotune.config import ConfigError
-from autotune.formatting import short_config
+from autotune.formatting import format_disturbance, short_config
 from autotune.memory_model import prediction_errors
 from autotune.storage import JOURNAL_FILE, open_storage, study_dir
-from autotune.trials import RAN_OUT, Role, StudyKey, TrialRecord, TrialStatus, trial_records
+from autotune.trials import (
+    RAN_OUT,
+    Role,
+    StudyKey,
+    TrialRecord,
+    TrialStatus,
+    rankable,
+    trial_records,
+)
 
 
 def load_study(name: str, studies_dir: str | Path = "studies",
@@ -66,7 +74,8 @@ def study_summary(study: optuna.Study) -> dict[str, Any]:
     confirmation = attrs.get(StudyKey.CONFIRMATION)
     baseline_config = attrs.get(StudyKey.BASELINE_CONFIG)
     identity = attrs.get(StudyKey.IDENTITY, {})
-    best = max((r for r in records if r.score is not None), key=lambda r: r.value, default=None)
+    best = max(rankable(records), key=lambda r: r.value, default=None)
+    disturbed = [r.number for r in records if r.disturbed and not r.duplicate]
     baseline_trial = next((r for r in records if r.role == Role.BASELINE and r.finished), None)
     probe = (attrs.get(StudyKey.PROBE) or {}).get("report") or {}
     summary: dict[str, Any] = {
@@ -92,6 +101,8 @@ def study_summary(study: optuna.Study) -> dict[str, Any]:
         # knob values the capability probe found failing or pointless here, with the reason
         "left_out": probe.get("left_out", []),
         "warnings": [],
+        "disturbed_trials": disturbed,
+        "best_disturbed": bool(best and best.disturbed),
     }
     if summary["confirmed"]:
         winner, baseline = confirmation["winner"], confirmation["baseline"]
@@ -125,6 +136,10 @@ def study_summary(study: optuna.Study) -> dict[str, Any]:
             best_peak_memory_bytes=best.peak_memory_bytes, best_mfu=best.get("mfu"),
             baseline_samples_per_sec=base_sps,
             speedup=best_sps / base_sps if best_sps and base_sps else None)
+        if baseline is not None and baseline.disturbed and not best.disturbed:
+            summary["warnings"].append(
+                f"baseline trial #{baseline.number} {format_disturbance(baseline.other_cpu_share)}"
+                "; its rate is low and the speedup overstated")
     summary["compile_payoff"] = compile_payoff(records, summary["best_trial"])
     if summary["free_batch"] and summary["best_config"] and baseline_config:
         best_eb = summary["best_config"]["micro_batch_size"] * \
@@ -133,6 +148,10 @@ def study_summary(study: optuna.Study) -> dict[str, Any]:
         if best_eb != base_eb:
             summary["warnings"].append(f"the effective batch changed from {base_eb} to "
                                        f"{best_eb}: the learning rate may need rescaling")
+    if summary["best_disturbed"] and not summary["confirmed"]:
+        summary["warnings"].append(
+            "other processes used the CPUs while every trial that fitted was timed: the "
+            "figures are low and their ranking uncertain; measure again on a quiet machine")
     return summary
 
 

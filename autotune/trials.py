@@ -9,6 +9,7 @@ hashes as its value: `"oom" in RAN_OUT` and `TrialStatus.OOM in RAN_OUT` agree.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
@@ -149,6 +150,8 @@ class TrialRecord:
     time_to_first_step_s: float | None = None
     step_time_median_s: float | None = None
     data_wait_fraction: float | None = None
+    other_cpu_share: float | None = None
+    disturbed: bool = False
     duplicate_of: int | None = None
     retry: int = 0
     requeued_from: int | None = None
@@ -171,6 +174,7 @@ class TrialRecord:
             time_to_first_step_s=a.get("time_to_first_step_s"),
             step_time_median_s=a.get("step_time_median_s"),
             data_wait_fraction=a.get("data_wait_fraction"),
+            other_cpu_share=a.get("other_cpu_share"), disturbed=bool(a.get("disturbed")),
             duplicate_of=a.get(TrialKey.DUPLICATE_OF), retry=a.get(TrialKey.RETRY, 0),
             requeued_from=a.get(TrialKey.REQUEUED_FROM), owner=a.get(TrialKey.OWNER, ""),
             start=trial.datetime_start.timestamp() if trial.datetime_start else None,
@@ -213,6 +217,14 @@ class TrialRecord:
 def trial_records(study: optuna.Study) -> list[TrialRecord]:
     """Every trial of the study, in trial order."""
     return [TrialRecord.of(t) for t in study.get_trials(deepcopy=False)]
+
+
+def rankable(records: Iterable[TrialRecord]) -> list[TrialRecord]:
+    """The trials a ranking may compare: those that fitted and were measured on a quiet
+    machine, or, when other processes disturbed every one of them, all that fitted. A disturbed
+    rate is never ranked above a clean one."""
+    fitted = [r for r in records if r.score is not None]
+    return [r for r in fitted if not r.disturbed] or fitted
 
 
 def fresh_records(study: optuna.Study) -> list[TrialRecord]:

@@ -22,7 +22,7 @@ from rich.text import Text
 
 from autotune.formatting import short_config
 from autotune.report import trial_row, trials_table
-from autotune.trials import TrialRecord, trial_records
+from autotune.trials import TrialRecord, rankable, trial_records
 
 
 class StudyView(Protocol):
@@ -67,6 +67,8 @@ class PlainView:
     def trial_finished(self, record: TrialRecord) -> None:
         number, _, sps, memory, status, reason = trial_row(record)
         figures = f"{sps} samples/s, peak {memory}" if sps else reason
+        if sps and reason:
+            figures += f", {reason}"
         self.console.print(f"trial {number}: {status}  {figures}", markup=False,
                            highlight=False)
 
@@ -107,8 +109,7 @@ class LiveView(PlainView):
         else:
             self.progress.update(self.task, completed=self.measured())
         finished = [r for r in trial_records(self.study) if r.finished]
-        best = max((r for r in finished if r.score is not None), key=lambda r: r.score,
-                   default=None)
+        best = max(rankable(finished), key=lambda r: r.score, default=None)
         best_line = (Text(f"best so far: trial {best.number}, {best.samples_per_sec:.1f} "
                           f"samples/s, {short_config(best.config)}")
                      if best else Text("best so far: none yet"))

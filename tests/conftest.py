@@ -18,8 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TEST_MODELS = Path(__file__).resolve().parent / "models"
 # Short windows: the tests check behaviour, not figures.
-FAST = ["--window-steps", "3", "--window-seconds", "0.2", "--warmup-max-seconds", "5",
-        "--profile-steps", "1"]
+FAST = ["--window-steps", "3", "--window-seconds", "0.2", "--window-max-seconds", "1",
+        "--warmup-max-seconds", "5", "--profile-steps", "1"]
 
 # One confirmation round (the default adds rounds until the speedup is known within ±3%).
 CONFIRM_ONCE = ["--confirm-repeats", "1", "--confirm-max-rounds", "1"]

@@ -25,8 +25,8 @@ from .conftest import FAST, ROOT, TINY_SOURCE
 
 LAUNCHERS = ["fresh", "forked"]
 
-SETTINGS = {"window_steps": 3, "window_seconds": 0.2, "warmup_max_seconds": 5,
-            "profile_steps": 0}
+SETTINGS = {"window_steps": 3, "window_seconds": 0.2, "window_max_seconds": 1,
+            "warmup_max_seconds": 5, "profile_steps": 0}
 
 
 def request(path: Path, **overrides) -> TrialRequest:
@@ -252,7 +252,8 @@ def _alive(pid: int) -> bool:
 
 
 def test_cpu_thread_share_reaches_the_trial(tmp_path) -> None:
-    """Parallel trials get their share of the cores and as many intra-op threads."""
+    """Parallel trials get their share of the cores, pinned, and as many intra-op threads; the
+    measurement records both."""
     model = tmp_path / "threads.py"
     model.write_text(
         "import torch\nfrom torch import nn\n"
@@ -272,3 +273,4 @@ def test_cpu_thread_share_reaches_the_trial(tmp_path) -> None:
     assert result.status == "ok", result.message
     assert "threads 1" in Path(result.log_path).read_text()
     assert f"cores [{cpu}]" in Path(result.log_path).read_text()
+    assert result.metrics["cpu_threads"] == 1 and result.metrics["cpu_affinity"] == [cpu]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -26,8 +28,8 @@ from autotune.workload import load_workload
 
 from .conftest import ROOT, TINY_SOURCE
 
-SETTINGS = MeasureSettings(window_steps=5, window_seconds=0.5, warmup_max_seconds=5,
-                           profile_steps=2)
+SETTINGS = MeasureSettings(window_steps=5, window_seconds=0.5, window_max_seconds=1.5,
+                           warmup_max_seconds=5, profile_steps=2)
 
 
 class SlowDataset(torch.utils.data.Dataset):
@@ -50,10 +52,10 @@ def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch
     return nn.functional.mse_loss(model(x).squeeze(1), y)
 
 
-def measure(delay: float, config: TrainConfig) -> dict:
+def measure(delay: float, config: TrainConfig, settings: MeasureSettings = SETTINGS) -> dict:
     setup = setup_training(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)),
                            SlowDataset(delay), config, "cpu", loss_fn=loss_fn)
-    return measure_setup(setup, SETTINGS, describe(torch.device("cpu"))).to_dict()
+    return measure_setup(setup, settings, describe(torch.device("cpu"))).to_dict()
 
 
 def test_samples_per_sec_is_samples_over_window_time() -> None:
@@ -69,6 +71,22 @@ def test_samples_per_sec_is_samples_over_window_time() -> None:
     assert m["mfu"] is None and m["device_idle_fraction"] is None
     assert m["host_syncs_per_step"] == 0
     assert m["top_operators"] and m["final_loss"] is not None
+
+
+def test_the_window_goes_on_until_the_median_step_time_is_known_or_a_cap() -> None:
+    """A loader that sleeps 1 ms per sample gives steady ~8 ms steps: their median is known
+    within ±5% long before the cap. Asking for an exact median runs to the step cap."""
+    config = TrainConfig(micro_batch_size=8)
+    settings = replace(SETTINGS, window_steps=6, window_seconds=0.0, window_precision=0.05,
+                       window_max_steps=1000, window_max_seconds=20, profile_steps=0,
+                       contention_retries=0)
+    known = measure(0.001, config, settings)
+    assert known["step_time_precision"] <= 0.05 and 6 <= known["window_steps"] < 1000
+    capped = measure(0.001, config, replace(settings, window_precision=0.0,
+                                            window_max_steps=40))
+    assert capped["window_steps"] == 40 and capped["step_time_precision"] > 0
+    assert capped["cpu_threads"] == torch.get_num_threads()
+    assert capped["cpu_affinity"] == sorted(os.sched_getaffinity(0))
 
 
 def test_data_loading_is_in_the_figure() -> None:
@@ -225,8 +243,8 @@ def test_warm_up_is_not_steady_while_the_model_recompiles() -> None:
 
 
 def test_compiles_in_warm_up_and_in_the_window_are_counted() -> None:
-    settings = MeasureSettings(window_steps=3, window_seconds=0.0, steady_steps=2,
-                               steady_tolerance=100.0, profile_steps=0, screen_steps=0)
+    settings = MeasureSettings(window_steps=3, window_max_steps=3, window_seconds=0.0,
+                               steady_steps=2, steady_tolerance=100.0, profile_steps=0, screen_steps=0)
     quiet = measure_setup(compiled_setup([4, 5, 6]), settings, describe(torch.device("cpu")))
     assert (quiet.graphs_compiled, quiet.graphs_compiled_in_window) == (3, 0)
     assert quiet.steady

@@ -44,6 +44,9 @@ def test_a_trial_line_names_its_outcome() -> None:
     assert trial_row(repeat)[4] == "repeat of #3"
     failed = TrialRecord(number=5, status="oom", config=config, message="CUDA out of memory\n..")
     assert trial_row(failed)[4:] == ("oom", "CUDA out of memory")
+    busy = TrialRecord(number=6, status="ok", config=config, samples_per_sec=99.0,
+                       disturbed=True, other_cpu_share=0.47)
+    assert trial_row(busy)[4:] == ("ok", "disturbed (other processes used 47% of the CPUs)")
 
 
 def test_summary_shows_best_beside_baseline_in_both_forms() -> None:
@@ -54,7 +57,7 @@ def test_summary_shows_best_beside_baseline_in_both_forms() -> None:
                "best_spread": 5.0, "baseline_samples_per_sec": 100.0, "baseline_spread": 2.0,
                "speedup": 2.0, "speedup_ci": [1.9, 2.1], "confirmation_repeats": 2,
                "best_search_samples_per_sec": 250.0, "trials": {"COMPLETE": 4},
-               "statuses": {"ok": 4}}
+               "statuses": {"ok": 4}, "disturbed_trials": [2, 3]}
     text = " ".join(_text(summary_tables(summary)).split())
     assert "2.00x [1.90-2.10]" in text and "200.0 ± 5.0" in text
     assert "median of 2 paired rounds" in text and "confirmed -20%" in text
@@ -62,6 +65,8 @@ def test_summary_shows_best_beside_baseline_in_both_forms() -> None:
             "no_measurable_difference": True}
     assert "1.02x [0.97-1.08]: no measurable difference" in " ".join(
         _text(summary_tables(tied)).split())
+    assert "2: #2, #3" in text
     markdown = summary_markdown(summary)
     assert markdown.startswith("# autotune study `mlp`")
     assert "| precision | fp32 | **bf16** |" in markdown
+    assert "- disturbed: 2: #2, #3 (trials timed while other processes used the CPUs" in markdown

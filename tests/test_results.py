@@ -13,9 +13,13 @@ from autotune.trials import MEMORY_CONSTRAINT, StudyKey, TrialRecord
 
 
 def _told(study: optuna.Study, config: TrainConfig, status: str, rate: float | None,
-          role: str = "search") -> None:
-    """A finished trial, recorded as the tuner records one."""
+          role: str = "search", other_cpu_share: float | None = None) -> None:
+    """A finished trial, recorded as the tuner records one; with `other_cpu_share` above the
+    threshold, its window was disturbed."""
     trial = study.ask()
+    if other_cpu_share is not None:
+        trial.set_user_attr("other_cpu_share", other_cpu_share)
+        trial.set_user_attr("disturbed", other_cpu_share > 0.05)
     trial.set_user_attr("config", config.to_dict())
     trial.set_user_attr("role", role)
     trial.set_user_attr("status", status)
@@ -44,6 +48,33 @@ def test_summary_of_an_unconfirmed_study_compares_the_best_trial_with_the_baseli
     assert summary["oom_trials"] == 2
     assert summary["statuses"] == {"ok": 2, "oom": 1, "over_memory": 1}
     assert [row["study"] for row in list_studies(tmp_path)] == ["s"]
+
+
+def test_a_disturbed_trial_is_not_the_best_while_a_clean_one_exists(tmp_path) -> None:
+    study = optuna.create_study(study_name="s", storage=open_storage(None, tmp_path / "s"),
+                                direction="maximize")
+    base = TrainConfig(micro_batch_size=8)
+    study.set_user_attr(StudyKey.BASELINE_CONFIG, base.to_dict())
+    _told(study, base, "ok", 100.0, role="baseline", other_cpu_share=0.45)
+    _told(study, base.replace(precision="bf16"), "ok", 150.0, other_cpu_share=0.01)
+    # Disturbed windows are usually slower; this one measured high, and still does not win.
+    _told(study, base.replace(micro_batch_size=16), "ok", 400.0, other_cpu_share=0.30)
+    summary = study_summary(load_study("s", tmp_path))
+    assert summary["best_trial"] == 1 and not summary["best_disturbed"]
+    assert summary["disturbed_trials"] == [0, 2]
+    assert any("baseline trial #0 disturbed (other processes used 45% of the CPUs)" in w
+               for w in summary["warnings"])
+
+
+def test_when_every_trial_was_disturbed_the_best_says_so(tmp_path) -> None:
+    study = optuna.create_study(study_name="s", storage=open_storage(None, tmp_path / "s"),
+                                direction="maximize")
+    base = TrainConfig(micro_batch_size=8)
+    _told(study, base, "ok", 100.0, role="baseline", other_cpu_share=0.5)
+    _told(study, base.replace(precision="bf16"), "ok", 150.0, other_cpu_share=0.4)
+    summary = study_summary(load_study("s", tmp_path))
+    assert summary["best_trial"] == 1 and summary["best_disturbed"]
+    assert any("measure again on a quiet machine" in w for w in summary["warnings"])
 
 
 def test_a_missing_study_is_bad_input(tmp_path) -> None:

@@ -15,6 +15,7 @@ from autotune.trials import (
     TOO_BIG,
     TrialRecord,
     TrialStatus,
+    rankable,
     trial_records,
 )
 
@@ -49,3 +50,15 @@ def test_a_record_is_built_from_a_stored_trial(tmp_path) -> None:
     assert not record.duplicate and record.to_dict()["score"] == 110.0
     assert waiting.status == "waiting" and waiting.under_way and waiting.score is None
     assert isinstance(waiting, TrialRecord) and waiting.config is None
+
+
+def test_only_clean_trials_are_ranked_while_there_are_any() -> None:
+    def record(number: int, value: float, disturbed: bool, constraint: float = 0.0):
+        return TrialRecord(number=number, status="ok", value=value, constraint=constraint,
+                           disturbed=disturbed)
+
+    clean, noisy = record(0, 100.0, False), record(1, 300.0, True)
+    too_big = record(2, 0.0, False, constraint=1.0)
+    assert rankable([clean, noisy, too_big]) == [clean]
+    assert rankable([noisy, too_big]) == [noisy]
+    assert rankable([too_big]) == []

@@ -7,8 +7,8 @@ import os
 
 from autotune.measure import MeasureSettings
 from autotune.options import TuneOptions
-from autotune.tuner import Tuner
 from autotune.runner import MeasureJob
+from autotune.tuner import Tuner
 
 from .conftest import TINY_SOURCE
 

@@ -8,8 +8,8 @@ from autotune.isolation import TrialResult
 from autotune.measure import FIRST_STEP
 from autotune.options import TuneOptions
 from autotune.results import load_study
-from autotune.tuner import Tuner
 from autotune.runner import MeasureJob
+from autotune.tuner import Tuner
 
 from .conftest import TINY_SOURCE
 

@@ -15,6 +15,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotune.hardware import core_shares
 from autotune.results import load_study
 
 from ..conftest import CONFIRM_ONCE, FAST, ROOT, run_cli
@@ -132,6 +133,11 @@ def test_workers_option_runs_trials_at_once(tmp_path) -> None:
     assert len(spans) >= 4
     assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:])), \
         "some trials overlapped in time"
+    # Each ran pinned to its own share of the cores, so the other was not its contention.
+    shares = core_shares(2)
+    measured = [t.user_attrs for t in trials if "cpu_affinity" in t.user_attrs]
+    assert measured and all(a["cpu_affinity"] in shares
+                            and a["cpu_threads"] == len(a["cpu_affinity"]) for a in measured)
 
 
 @pytest.mark.slow
