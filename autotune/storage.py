@@ -25,6 +25,8 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # How long to keep retrying while the storage is unreachable, backing off from half a second.
 DEFAULT_RETRY_S = 60.0
 CONNECT_TIMEOUT_S = 10
+# Waits before opening a new database again after another tuner won the race to create it.
+SCHEMA_RACE_DELAYS_S = (0.5, 1.0, 2.0, 4.0)
 _POSTGRES_URL = re.compile(r"postgres(ql)?(\+[a-z0-9]+)?://")
 _POSTGRES_BARE = re.compile(r"^postgres(ql)?://")
 
@@ -98,8 +100,24 @@ def _rdb(url: str) -> BaseStorage:
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if _POSTGRES_URL.match(url):
         kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
+    for delay in SCHEMA_RACE_DELAYS_S:
+        try:
+            return optuna.storages.get_storage(RDBStorage(with_postgres_driver(url),
+                                                          engine_kwargs=kwargs))
+        except Exception as exc:
+            if not _lost_schema_race(exc):
+                raise
+            time.sleep(delay)  # another tuner is creating the tables: they exist once it is done
     return optuna.storages.get_storage(RDBStorage(with_postgres_driver(url),
                                                   engine_kwargs=kwargs))
+
+
+def _lost_schema_race(exc: BaseException) -> bool:
+    """Tuners that open a new database at once each create Optuna's tables; PostgreSQL lets one
+    win and fails the others' CREATE TABLE on a duplicate key of its catalogue."""
+    text = str(exc).lower()
+    return type(exc).__name__ in ("IntegrityError", "ProgrammingError") and \
+        ("duplicate key" in text or "already exists" in text)
 
 
 def with_postgres_driver(url: str) -> str:

@@ -39,7 +39,7 @@ from autotune.report import summary_markdown
 from autotune.results import study_summary
 from autotune.runner import ProbeFailed, ProcessRunner, Runner
 from autotune.space import build_space
-from autotune.storage import open_storage, study_dir, validate_study_name
+from autotune.storage import JOURNAL_FILE, open_storage, study_dir, validate_study_name
 from autotune.trials import Role, StudyKey, TrialKey
 from autotune.views import SilentView, StudyView
 from autotune.worker import Search, measured_trials, run_workers
@@ -88,7 +88,10 @@ class Tuner:
             self._prepare(name, info)
         except BaseException:
             self.close()
-            if self._new_folder:
+            # The folder goes only while no study is in it: another tuner started beside this
+            # one may have created the study there meanwhile.
+            journal = self.directory / JOURNAL_FILE
+            if self._new_folder and not (journal.exists() and journal.stat().st_size):
                 shutil.rmtree(self.directory, ignore_errors=True)
             raise
 
@@ -117,9 +120,14 @@ class Tuner:
             seed=opts.seed, multivariate=True, group=True,
             n_startup_trials=min(10, max(3, (opts.trials or TYPICAL_TRIALS) // 3)))
         if existing is None:
-            self.study = optuna.create_study(study_name=name, storage=self.storage,
-                                             sampler=sampler, direction="maximize")
-        else:
+            try:
+                self.study = optuna.create_study(study_name=name, storage=self.storage,
+                                                 sampler=sampler, direction="maximize")
+            except optuna.exceptions.DuplicatedStudyError:
+                # another tuner created it while this one probed: join it, as if it had been
+                existing = optuna.load_study(study_name=name, storage=self.storage)
+                _check_same(existing, identity, self.space.describe())
+        if existing is not None:
             self.study = optuna.load_study(study_name=name, storage=self.storage,
                                            sampler=sampler)
         self._new_study = existing is None

@@ -122,8 +122,23 @@ class PostgresServer:
 
     @property
     def url(self) -> str:
+        return self.url_of("postgres")
+
+    def url_of(self, database: str) -> str:
         return (f"postgresql+psycopg2://{self.user}:{self.password}@127.0.0.1:{self.port}/"
-                "postgres")
+                f"{database}")
+
+    def new_database(self, name: str) -> str:
+        """An empty database on this server; its URL."""
+        import psycopg2
+
+        connection = psycopg2.connect(host="127.0.0.1", port=self.port, user=self.user,
+                                      password=self.password, dbname="postgres")
+        connection.autocommit = True
+        with connection.cursor() as cursor:
+            cursor.execute(f'CREATE DATABASE "{name}"')
+        connection.close()
+        return self.url_of(name)
 
     def start(self) -> None:
         subprocess.run([*self.as_user, self.pg_ctl, "-D", str(self.data), "-w", "-l",

@@ -244,7 +244,8 @@ def test_warm_up_is_not_steady_while_the_model_recompiles() -> None:
 
 def test_compiles_in_warm_up_and_in_the_window_are_counted() -> None:
     settings = MeasureSettings(window_steps=3, window_max_steps=3, window_seconds=0.0,
-                               steady_steps=2, steady_tolerance=100.0, profile_steps=0, screen_steps=0)
+                               steady_steps=2, steady_tolerance=100.0, profile_steps=0,
+                               screen_steps=0)
     quiet = measure_setup(compiled_setup([4, 5, 6]), settings, describe(torch.device("cpu")))
     assert (quiet.graphs_compiled, quiet.graphs_compiled_in_window) == (3, 0)
     assert quiet.steady

@@ -3,6 +3,9 @@ URL is spelt (the embedded journal's own tests are in test_journal.py)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import optuna
 import pytest
 
@@ -68,3 +71,16 @@ def test_every_spelling_of_a_postgres_url_reaches_the_server(postgres, tmp_path)
     reloaded = optuna.load_study(study_name="spelling-0",
                                  storage=open_storage(spellings[2], tmp_path))
     assert reloaded.trials[0].value == 0.0
+
+
+@pytest.mark.slow
+def test_tuners_opening_a_new_database_at_once_all_get_it(postgres, tmp_path) -> None:
+    """Each creates Optuna's tables; the ones PostgreSQL turns away wait and find them made."""
+    url = postgres.new_database("race")
+    opener = ("import sys; from pathlib import Path; from autotune.storage import open_storage; "
+              "open_storage(sys.argv[1], Path('.'), retry_s=0)")
+    openers = [subprocess.Popen([sys.executable, "-c", opener, url], cwd=tmp_path,
+                                stderr=subprocess.PIPE, text=True) for _ in range(6)]
+    for process in openers:
+        _, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err
