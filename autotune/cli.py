@@ -70,6 +70,17 @@ class _WarningLines(logging.Handler):
 _WARNINGS = _WarningLines(logging.WARNING)
 
 
+class HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default where it says something: not when there is none, nor when the
+    help text already tells it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, [], (), {}, False) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="autotune",
@@ -83,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "short profiler window. Defaults to the file's BASELINE. Exit 0 when "
                     "measured, 1 when the trial failed (oom, crash, timeout, error), 2 for bad "
                     "input or a configuration this device or model cannot run.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpWithDefaults)
     add_options(bench, WorkloadOptions)
     _add_config_args(bench)
     bench.add_argument("--trace", metavar="DIR", help="write the profiler's Chrome trace here")
@@ -96,16 +107,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser(
         "run", help="search for the fastest configuration with an Optuna study",
-        description="Run (or continue) an Optuna study over the training knobs. The baseline "
-                    "(the file's BASELINE) is always the first trial; every trial is measured in "
-                    "its own process; out-of-memory configurations are infeasible results the "
-                    "sampler learns from. When the budget ends, the top configurations and the "
-                    "baseline are re-measured in fresh processes and the winner is chosen on the "
-                    "median. Kill it at any moment and run the same command again: it continues. "
-                    "Objective: samples/sec x (1 - stall-penalty x stall fraction), the stall "
-                    "fraction being device idle time on CUDA and host syncs plus loader waits on "
-                    "CPU.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        description="Run (or continue) an Optuna study over the training knobs. A probe first "
+                    "finds which knob values this model and machine can run (the others are "
+                    "left out, each with its reason); the baseline (the file's BASELINE) is the "
+                    "first trial; every trial is measured in its own process; out-of-memory "
+                    "configurations are infeasible results the sampler learns from. When the "
+                    "budget ends (10 min for the whole run unless --trials or --timeout), the "
+                    "best configurations and the baseline are re-measured in paired rounds "
+                    "until the speedup's 95% interval is known; a winner no measurably faster "
+                    "than a simpler one gives way to it. Kill it at any moment and run the same "
+                    "command again: it continues. Exit codes: 0 an answer, 1 the run failed "
+                    "(the baseline failed, nothing measured), 2 bad input, 130 interrupted.",
+        formatter_class=HelpWithDefaults)
     add_options(run, TuneOptions)
     run.add_argument("--json", action="store_true",
                      help="print the final summary as one JSON object")
@@ -121,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "your code they come from. Writes the trace (open it in ui.perfetto.dev, or "
                     "`tensorboard --logdir OUT` with torch-tb-profiler), a memory timeline "
                     "image, profile.json and profile.txt to OUT.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpWithDefaults)
     add_options(profile, WorkloadOptions)
     _add_config_args(profile)
     profile.add_argument("--steps", type=int, default=5,

@@ -87,6 +87,10 @@ def test_help_explains_and_module_entry_point_works() -> None:
     for option in ("--model-arg", "--memory-limit", "--set", "--json", "BASELINE"):
         assert option in done.stdout
     assert (ROOT / "pyproject.toml").read_text().count('autotune = "autotune.cli:main"') == 1
+    run_help = run_cli("run", "--help").stdout
+    assert "95% interval" in run_help and "Exit codes" in run_help
+    assert "(default: None)" not in run_help and "(default: [])" not in run_help
+    assert "(default: 3)" in run_help  # --confirm-repeats, a default worth showing
 
 
 @pytest.mark.slow

@@ -226,3 +226,43 @@ def test_a_repeat_of_a_rerun_is_not_itself_a_rerun(tmp_path) -> None:
     assert "requeued_from" not in repeat.user_attrs and "retry" not in repeat.user_attrs
     assert repeat.user_attrs["samples_per_sec"] == trials_of(tmp_path)[0].user_attrs[
         "samples_per_sec"]
+
+
+@pytest.mark.slow
+def test_a_burner_started_halfway_is_flagged_and_the_speedup_keeps_its_interval(tmp_path) -> None:
+    """A CPU-burning stranger starts once half the search is done: the trials it disturbs are
+    flagged in `show --json`, and the confirmed speedup still comes with its interval."""
+    tuner = subprocess.Popen([sys.executable, "-m", "autotune", "run", *TINY_MLP,
+                              "--studies-dir", str(tmp_path), *NO_COMPILE, *FAST,
+                              "--trials", "6", "--seed", "0", "--confirm-top", "1",
+                              "--confirm-repeats", "2", "--confirm-max-rounds", "3"],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    burners: list[subprocess.Popen] = []
+    try:
+        deadline = time.monotonic() + 300
+        while tuner.poll() is None and time.monotonic() < deadline:
+            try:
+                done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials_of(tmp_path))
+            except Exception:
+                done = 0  # the study is not created yet
+            if done >= 3:
+                break
+            time.sleep(0.5)
+        burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                    start_new_session=True) for _ in range(2)]
+        out, err = tuner.communicate(timeout=900)
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+        tuner.kill()
+    assert tuner.returncode == 0, err
+    summary = json.loads(run_cli("show", "mlp", "--studies-dir", str(tmp_path), "--json").stdout)
+    assert summary["disturbed_trials"], "no trial was flagged while the burner ran"
+    flagged = {t.number: t.user_attrs.get("other_cpu_share") for t in trials_of(tmp_path)
+               if t.user_attrs.get("disturbed")}
+    assert set(summary["disturbed_trials"]) <= set(flagged)
+    assert all(share is not None and share > 0.05 for share in flagged.values())
+    assert summary["confirmed"]
+    low, high = summary["speedup_ci"]
+    assert low <= summary["speedup"] <= high

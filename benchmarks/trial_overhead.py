@@ -1,0 +1,110 @@
+"""What a trial costs besides its measurement: a new interpreter per trial against a child forked
+from the fork server (what the tuner uses), on the tiny reference models.
+
+For each model, the baseline configuration is measured in rounds: each round runs it once in a
+fresh interpreter and once forked, in alternating order, so that the machine's drift falls on
+both. A trial's overhead is its wall time outside warm-up and the timed window (process start,
+imports, building the model and loader, the first step, screening, the profiler window, writing
+the result). Prints the median overhead share of each launcher and the paired ratio of their
+wall times with its 95% interval; writes benchmarks/results/<name>.json and .md. It asserts
+nothing.
+
+    python benchmarks/trial_overhead.py --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from autotune.forkserver import ForkServer  # noqa: E402
+from autotune.isolation import TrialRequest, run_isolated  # noqa: E402
+from autotune.stats import paired_ratio  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+MODELS = {
+    "mlp": ("models/mlp.py", {"feature_dim": 32, "hidden": 64, "layers": 2,
+                              "num_samples": 4096}),
+    "rgat": ("models/rgat.py", {"hidden": 32, "graph_layers": 2, "max_nodes": 8,
+                                "max_text_len": 4, "vocab_size": 256}),
+    "gpt": ("models/gpt.py", {"n_layer": 2, "n_embd": 64, "n_head": 2, "block_size": 64,
+                              "vocab_size": 512, "num_samples": 512}),
+}
+
+
+def trial(model: str, args: dict[str, Any], server: ForkServer | None,
+          log: Path) -> dict[str, Any]:
+    request = TrialRequest(model_path=str(ROOT / model), config={}, device="cpu",
+                           model_args=args)
+    result = run_isolated(request, 600, log, server=server)
+    metrics = result.metrics
+    measuring = metrics.get("warmup_s", 0.0) + metrics.get("window_s", 0.0)
+    return {"status": result.status, "wall_s": result.wall_s, "measuring_s": measuring,
+            "overhead_share": 1 - measuring / result.wall_s if result.wall_s else None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--name", default="trial_overhead")
+    args = parser.parse_args()
+    rows = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in args.models:
+            model, model_args = MODELS[name]
+            runs: dict[str, list[dict[str, Any]]] = {"fresh": [], "forked": []}
+            with ForkServer(str(ROOT / model), Path(scratch) / f"{name}-server.log",
+                            600) as server:
+                for round_ in range(args.rounds):
+                    order = ("fresh", "forked") if round_ % 2 == 0 else ("forked", "fresh")
+                    for launcher in order:
+                        runs[launcher].append(trial(
+                            model, model_args, server if launcher == "forked" else None,
+                            Path(scratch) / f"{name}-{launcher}-{round_}.log"))
+                        print(name, launcher, round_, runs[launcher][-1], flush=True)
+            ok = {k: [r for r in v if r["status"] == "ok"] for k, v in runs.items()}
+            ratio = paired_ratio([r["wall_s"] for r in ok["forked"]],
+                                 [r["wall_s"] for r in ok["fresh"]])
+            rows[name] = {
+                launcher: {"median_wall_s": statistics.median(r["wall_s"] for r in done),
+                           "median_overhead_share": statistics.median(
+                               r["overhead_share"] for r in done),
+                           "runs": runs[launcher]}
+                for launcher, done in ok.items()}
+            rows[name]["forked_over_fresh_wall"] = {"value": ratio.value, "low": ratio.low,
+                                                    "high": ratio.high}
+    result = {"command": f"python benchmarks/trial_overhead.py --rounds {args.rounds}",
+              "cpus": len(os.sched_getaffinity(0)), "load_before": os.getloadavg(),
+              "models": rows}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1))
+    lines = [f"`{result['command']}` on {result['cpus']} CPU cores; each model's baseline, "
+             f"{args.rounds} rounds, fresh and forked alternating; medians", "",
+             "| model | wall, fresh | overhead, fresh | wall, forked | overhead, forked | "
+             "forked / fresh wall (95% interval) |", "|---|---|---|---|---|---|"]
+    for name, row in rows.items():
+        ratio = row["forked_over_fresh_wall"]
+        interval = (f" [{ratio['low']:.2f}-{ratio['high']:.2f}]"
+                    if ratio["low"] is not None else "")
+        lines.append(f"| {name} | {row['fresh']['median_wall_s']:.1f} s | "
+                     f"{row['fresh']['median_overhead_share']:.0%} | "
+                     f"{row['forked']['median_wall_s']:.1f} s | "
+                     f"{row['forked']['median_overhead_share']:.0%} | "
+                     f"{ratio['value']:.2f}{interval} |")
+    table = "\n".join(lines) + "\n"
+    (RESULTS / f"{args.name}.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
