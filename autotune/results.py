@@ -158,6 +158,10 @@ def study_summary(study: optuna.Study) -> dict[str, Any]:
 def _confirmation_warnings(confirmation: dict[str, Any]) -> list[str]:
     """What the confirmation rounds say about the answer that a reader must not miss."""
     out = []
+    if confirmation.get("disturbed_rounds"):
+        out.append(f"{confirmation['disturbed_rounds']} of {confirmation['rounds']} confirmation "
+                   "rounds ran while other processes used the CPUs (the machine stayed busy): "
+                   "the figures are low; the speedup compares runs of the same rounds")
     drift = confirmation.get("drift")
     if drift and drift["beyond_noise"]:
         change = drift["end_samples_per_sec"] / drift["start_samples_per_sec"] - 1

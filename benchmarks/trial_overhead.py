@@ -9,7 +9,7 @@ the result). Prints the median overhead share of each launcher and the paired ra
 wall times with its 95% interval; writes benchmarks/results/<name>.json and .md. It asserts
 nothing.
 
-    python benchmarks/trial_overhead.py --rounds 5
+    python benchmarks/trial_overhead.py --rounds 3 --models mlp rgat
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def main() -> None:
                 for launcher, done in ok.items()}
             rows[name]["forked_over_fresh_wall"] = {"value": ratio.value, "low": ratio.low,
                                                     "high": ratio.high}
-    result = {"command": f"python benchmarks/trial_overhead.py --rounds {args.rounds}",
+    result = {"command": "python benchmarks/trial_overhead.py " + " ".join(sys.argv[1:]),
               "cpus": len(os.sched_getaffinity(0)), "load_before": os.getloadavg(),
               "models": rows}
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -103,3 +103,32 @@ def test_rounds_are_added_until_the_speedup_is_known_and_a_disturbed_round_is_re
     assert result["winner"]["config"]["precision"] == "bf16"
     low, high = result["speedup_ci"]
     assert (high - low) / 2 / result["speedup"] <= 0.03 and low > 1.4
+
+
+def test_a_machine_that_stays_busy_keeps_its_rounds_and_says_so(tmp_path) -> None:
+    """Every run disturbed: rounds are measured again only while the cap leaves room for the
+    minimum, then kept and counted, so the answer comes with its interval and a warning."""
+    calls: list[str] = []
+
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        calls.append(job.name)
+        rate = 150.0 if config.precision == "bf16" else 100.0
+        return TrialResult("ok", "measured", {"samples_per_sec": rate, "disturbed": True})
+
+    result = confirm(_study(tmp_path), BASE, Scoring("cpu", None, 0.1, 0.0), measure,
+                     SilentView(), Plan(top=1, rounds=2, max_rounds=3, target=0.03),
+                     time_limit_s=60, device="cpu", directory=tmp_path)
+    assert len(calls) == 2 * 3  # one round measured again, two kept
+    assert result["rounds"] == 2 and result["disturbed_rounds"] == 2
+    assert result["winner"]["config"]["precision"] == "bf16"
+    assert result["speedup_ci"] is not None
+
+
+def test_a_baseline_faster_than_everything_keeps_its_closest_contenders_interval() -> None:
+    baseline = candidate(BASE, [100, 110, 95, 105])
+    slower = candidate(BASE.replace(precision="bf16"), [60, 64, 58, 62])
+    close = candidate(BASE.replace(optimizer_impl="fused"), [90, 101, 85, 96])
+    result = conclusion([slower, close, baseline], baseline)
+    assert result["winner"]["config"] == BASE.to_dict() and result["speedup"] == 1.0
+    low, high = result["speedup_ci"]  # fused against the baseline: how close it came
+    assert 0.8 < low < high < 1.0
