@@ -267,4 +267,6 @@ def test_a_burner_started_halfway_is_flagged_and_the_speedup_keeps_its_interval(
     assert any("confirmation rounds ran while other processes" in w
                for w in summary["warnings"])
     low, high = summary["speedup_ci"]
-    assert low <= summary["speedup"] <= high
+    # the recommendation's interval, or, when the baseline is recommended (1.0), its closest
+    # contender's, which need not include 1.0
+    assert low <= high and (summary["speedup"] == 1.0 or low <= summary["speedup"] <= high)
