@@ -100,16 +100,15 @@ def _rdb(url: str) -> BaseStorage:
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if _POSTGRES_URL.match(url):
         kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
-    for delay in SCHEMA_RACE_DELAYS_S:
+    for delay in (*SCHEMA_RACE_DELAYS_S, None):
         try:
             return optuna.storages.get_storage(RDBStorage(with_postgres_driver(url),
                                                           engine_kwargs=kwargs))
         except Exception as exc:
-            if not _lost_schema_race(exc):
+            if delay is None or not _lost_schema_race(exc):
                 raise
             time.sleep(delay)  # another tuner is creating the tables: they exist once it is done
-    return optuna.storages.get_storage(RDBStorage(with_postgres_driver(url),
-                                                  engine_kwargs=kwargs))
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def _lost_schema_race(exc: BaseException) -> bool:
