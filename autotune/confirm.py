@@ -166,8 +166,10 @@ def _run(entry: Candidate, index: int, round_: int, scoring: Scoring, measure: M
          count: int) -> dict[str, Any] | None:
     """One fresh run of a candidate: its figures, or None when it did not run within memory."""
     view.note(f"confirming: round {round_}, candidate {index + 1}/{count}")
+    # The first round profiles each candidate for the report; later ones need only the rate.
     trace = directory / "traces" / f"candidate-{index}.json" if round_ == 1 else None
-    job = MeasureJob(f"confirm-{index}-{round_ - 1}", time_limit_s, device, trace=trace)
+    job = MeasureJob(f"confirm-{index}-{round_ - 1}", time_limit_s, device, trace=trace,
+                     profile=trace is not None)
     result = measure(TrainConfig.from_dict(entry.config), job)
     if scoring.classify(result)[0] != TrialStatus.OK:
         return None

@@ -167,7 +167,9 @@ def serve() -> None:
     parent = os.getppid()
     out = sys.stdout.buffer
     import torch
+    import torch._dynamo  # noqa: F401  (every optimizer's constructor imports it: 1.7 s a trial)
 
+    import autotune.measure  # noqa: F401
     from autotune import isolation
     from autotune.workload import preload
 

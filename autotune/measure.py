@@ -15,11 +15,15 @@
    that stops there (multi-fidelity: the full window only for promising ones); a disturbed
    screening window stops nothing.
 4. A short profiler window after (never inside) the timed one: syncs, device idle, top ops,
-   and findings in words (`diagnosis`).
+   and findings in words (`diagnosis`). Its micro-batches are fetched before it starts: a
+   loader that builds samples in Python makes tens of thousands of profiler events per step,
+   which cost torch more to parse than the whole trial, while its waits are already measured
+   in the timed window (`data_wait_fraction`).
 """
 
 from __future__ import annotations
 
+import itertools
 import resource
 import statistics
 import time
@@ -43,7 +47,7 @@ from autotune.hardware import (
     nvml_memory_used,
     peak_flops,
 )
-from autotune.profiling import ProfileSummary, profile_steps
+from autotune.profiling import ProfileSummary, collection_paused, profile_steps
 from autotune.stats import median_precision
 from autotune.training import TrainingSetup, move_to_device, setup_from_workload
 from autotune.workload import Workload
@@ -62,7 +66,7 @@ class MeasureSettings:
     warmup_max_seconds: float = 60.0
     steady_steps: int = 3
     steady_tolerance: float = 0.10
-    profile_steps: int = 3
+    profile_steps: int = 1
     # Multi-fidelity: a short window right after warm-up; a configuration whose rate there is
     # below `screen_below` samples/sec stops (status `screened`) without the full window.
     screen_steps: int = 3
@@ -220,7 +224,8 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
         sites = sync_sites(setup, batches, report)
         report("profiling")
         captured: list[Any] = []
-        profile = profile_steps(lambda: setup.step(batches), settings.profile_steps, device,
+        profiled = prefetched(setup, batches, settings.profile_steps)
+        profile = profile_steps(lambda: setup.step(profiled), settings.profile_steps, device,
                                 trace_path=trace_path, with_stack=python_stacks(setup),
                                 on_profile=captured.append)
         findings = findings_of(captured[0], setup, profile, median,
@@ -288,6 +293,12 @@ def time_to_train_s(metrics: Mapping[str, Any], steps: int) -> float:
     return start + warmup_s + (steps - 1 - warmup_steps) * steady
 
 
+def prefetched(setup: TrainingSetup, batches: Iterator[Any], steps: int) -> Iterator[Any]:
+    """The micro-batches of `steps` optimizer steps, fetched now, so that a profiler started
+    after this records the model's work and not the loader's."""
+    return iter(list(itertools.islice(batches, steps * setup.config.grad_accum_steps)))
+
+
 def python_stacks(setup: TrainingSetup) -> bool:
     """Python frames name the user's functions, but in a compiled model they would hide the
     generated kernels' time inside Python events, so compiled models are profiled without."""
@@ -304,11 +315,12 @@ def sync_sites(setup: TrainingSetup, batches: Iterator[Any], report: Progress) -
 
 def findings_of(prof: Any, setup: TrainingSetup, summary: ProfileSummary, step_s: float,
               data_wait_fraction: float, sites: list[SyncSite]) -> list[Finding]:
-    return diagnose(prof, config=setup.config, steps=summary.steps, step_s=step_s,
-                    data_wait_fraction=data_wait_fraction,
-                    syncs_per_step=summary.host_syncs_per_step,
-                    sync_s_per_step=summary.host_sync_s_per_step,
-                    idle_fraction=summary.device_idle_fraction, sync_sites=sites)
+    with collection_paused():
+        return diagnose(prof, config=setup.config, steps=summary.steps, step_s=step_s,
+                        data_wait_fraction=data_wait_fraction,
+                        syncs_per_step=summary.host_syncs_per_step,
+                        sync_s_per_step=summary.host_sync_s_per_step,
+                        idle_fraction=summary.device_idle_fraction, sync_sites=sites)
 
 
 @dataclass

@@ -70,13 +70,15 @@ class Scoring:
 
 
 def stall_fraction(metrics: dict[str, Any], device_type: str) -> float:
-    """Device idle on CUDA; host syncs plus loader waits (per step time) on CPU."""
+    """The step's own stalls plus the loader's waits in the timed window: device idle on CUDA,
+    host syncs (per step time) on CPU. The profiler window that measures the first runs on
+    prefetched micro-batches, so the loader's waits are counted once."""
+    loader = metrics.get("data_wait_fraction") or 0.0
     if device_type == "cuda" and metrics.get("device_idle_fraction") is not None:
-        return float(metrics["device_idle_fraction"])
+        return min(1.0, float(metrics["device_idle_fraction"]) + loader)
     step = metrics.get("step_time_median_s") or 0.0
     sync = metrics.get("host_sync_s_per_step") or 0.0
-    fraction = (sync / step if step else 0.0) + (metrics.get("data_wait_fraction") or 0.0)
-    return min(1.0, fraction)
+    return min(1.0, (sync / step if step else 0.0) + loader)
 
 
 def record_measurement(study: optuna.Study, trial: Trial, result: TrialResult,

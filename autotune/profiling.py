@@ -8,6 +8,7 @@ device, how much of the window the device sits idle, and which operators cost th
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import re
@@ -218,6 +219,20 @@ def _operator_stats(
     return rows[:top]
 
 
+@contextmanager
+def collection_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a profile is read: torch builds a Python
+    object per event, and the collections that triggers re-scan every object of the trial
+    (~300,000) again and again; reading rgat's 3 steps took 3.0 s with it and 1.7 s without."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def profile_steps(
     run_step: Callable[[], object],
     steps: int,
@@ -250,6 +265,13 @@ def profile_steps(
                 run_step()
         _synchronize(device)
 
+    with collection_paused():
+        return _summary(prof, steps, on_cuda, trace_path, top, on_profile)
+
+
+def _summary(prof: profile, steps: int, on_cuda: bool, trace_path: str | os.PathLike | None,
+             top: int, on_profile: Callable[[profile], None] | None) -> ProfileSummary:
+    """What the tuner keeps of a profile, and its trace where one is asked for."""
     if trace_path is not None:
         path = Path(trace_path)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,7 @@ class MeasureJob:
     screen_below: float | None = None
     trace: Path | None = None
     slot: int | None = None  # which of the parallel workers runs it (its share of the cores)
+    profile: bool = True  # the profiler window after the timed one (stalls, findings, trace)
 
 
 class ProbeFailed(Exception):
@@ -84,7 +85,8 @@ class ProcessRunner:
         request = TrialRequest(
             model_path=self.model_path, config=config.to_dict(), device=job.device,
             model_args=self.model_args,
-            settings={**self.settings, "screen_below": job.screen_below},
+            settings={**self.settings, "screen_below": job.screen_below,
+                      **({} if job.profile else {"profile_steps": 0})},
             memory_limit_bytes=self.memory_limit_bytes,
             trace_path=str(job.trace) if job.trace else None, inductor_cache_dir=cache,
             **self._cores(job.slot))

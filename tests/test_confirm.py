@@ -88,9 +88,12 @@ def test_rounds_are_added_until_the_speedup_is_known_and_a_disturbed_round_is_re
     the study tests): bf16 is 1.5x the baseline with 1% noise, the second round is disturbed."""
     noise = itertools.cycle([1.0, 1.01, 0.99, 1.02, 0.98])
     calls: list[tuple[str, str]] = []
+    profiled: list[str] = []
 
     def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
         calls.append((job.name, config.precision))
+        if job.profile:
+            profiled.append(job.name)
         rate = (150.0 if config.precision == "bf16" else 100.0) * next(noise)
         disturbed = len(calls) in (3, 4)
         return TrialResult("ok", "measured", {"samples_per_sec": rate, "disturbed": disturbed})
@@ -103,6 +106,8 @@ def test_rounds_are_added_until_the_speedup_is_known_and_a_disturbed_round_is_re
     assert result["winner"]["config"]["precision"] == "bf16"
     low, high = result["speedup_ci"]
     assert (high - low) / 2 / result["speedup"] <= 0.03 and low > 1.4
+    # only the first round profiles (its traces are the report's); the rest time the rate
+    assert sorted(profiled) == ["confirm-0-0", "confirm-1-0"]
 
 
 def test_a_machine_that_stays_busy_keeps_its_rounds_and_says_so(tmp_path) -> None:

@@ -20,7 +20,8 @@ METRICS = {"samples_per_sec": 1000.0, "window_samples": 800, "window_steps": 10,
 def test_stall_fraction() -> None:
     cpu = {"step_time_median_s": 0.1, "host_sync_s_per_step": 0.01, "data_wait_fraction": 0.2}
     assert stall_fraction(cpu, "cpu") == pytest.approx(0.3)
-    assert stall_fraction({**cpu, "device_idle_fraction": 0.05}, "cuda") == 0.05
+    assert stall_fraction({**cpu, "device_idle_fraction": 0.05}, "cuda") == pytest.approx(0.25)
+    assert stall_fraction({**cpu, "device_idle_fraction": 0.9}, "cuda") == 1.0
 
 
 def test_a_peak_above_the_allowed_memory_is_over_memory_and_screening_is_screened() -> None:

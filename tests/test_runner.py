@@ -18,9 +18,9 @@ SETTINGS = {"window_steps": 2, "window_seconds": 0.1, "warmup_max_seconds": 2,
             "profile_steps": 0}
 
 
-def runner(path: Path, directory: Path) -> ProcessRunner:
+def runner(path: Path, directory: Path, settings: dict = SETTINGS) -> ProcessRunner:
     phases: list[str] = []
-    made = ProcessRunner(str(path), {}, directory, SETTINGS, memory_limit_bytes=None,
+    made = ProcessRunner(str(path), {}, directory, settings, memory_limit_bytes=None,
                          core_shares=None, on_phase=lambda text, number: phases.append(text))
     made.phases = phases
     return made
@@ -31,15 +31,17 @@ def test_the_model_file_is_imported_once_for_the_probe_and_every_trial(write_mod
     imports = tmp_path / "imports.txt"
     path = write_model(f"import os\nopen({str(imports)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
                        + TINY_SOURCE)
-    made = runner(path, tmp_path / "study")
+    made = runner(path, tmp_path / "study", {**SETTINGS, "profile_steps": 1})
     try:
         report = made.probe("cpu", 120)
         results = [made.measure(TrainConfig(micro_batch_size=8),
-                                MeasureJob(f"trial-{i}", 120, "cpu")) for i in range(2)]
+                                MeasureJob(f"trial-{i}", 120, "cpu", profile=i == 0))
+                   for i in range(2)]
     finally:
         made.close()
     assert report.dataset_size == 256
     assert [r.status for r in results] == ["ok", "ok"]
+    assert [bool(r.metrics["top_operators"]) for r in results] == [True, False]
     assert len(imports.read_text().split()) == 1, "imported in the fork server only"
     assert (tmp_path / "study" / "logs" / "trial-1.log").exists()
 
