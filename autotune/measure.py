@@ -219,6 +219,8 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
 
     times = window.step_times
     median = statistics.median(times)
+    # The training's peak, before the profiler's own event storage adds to the process's.
+    memory = _peak_memory(device)
     profile, findings = None, []
     if settings.profile_steps > 0 and not screened:
         sites = sync_sites(setup, batches, report)
@@ -232,8 +234,6 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
                              window.data_wait_s / window.seconds, sites)
     mean = statistics.fmean(times)
     samples_per_sec = window.samples / window.seconds
-    # Read before the peak FLOP/s, whose fallback measurement allocates ~0.75 GiB of its own.
-    memory = _peak_memory(device)
     mfu = None
     peak = peak_flops(info, setup.config.precision)
     if flops_per_sample and peak:
