@@ -19,15 +19,14 @@ repeatability.md (the table it prints).
     python benchmarks/repeatability.py --repeats 10
     python benchmarks/repeatability.py --repeats 3 --models mlp,gpt --conditions quiet
 
-What the spread is made of, on the 2-core machine these figures come from
-(benchmarks/results/repeatability.md, 10 rounds on a quiet machine):
-- The machine's own floor is wide: the fixed matmul loop, timed in 10 fresh processes, ran at
-  64 to 86 iterations/s (31% spread) with no other process using the CPUs. The variation is
-  between processes, not within one: each trial's own median step time is known within ±2-4%.
-- Against that floor, the adaptive window narrowed the mlp baseline from 33% to 20% spread and
-  changed nothing measurable for the rgat baseline (44% and 43%), whose spread is the floor's
-  kind. The bf16 mlp (slow on this CPU) was at 7% under both protocols.
-- So no single trial here can be ranked closer than the floor; the tuner ranks its answer on
+What the spread is made of, on the 2-core machine these figures come from (10 rounds on a
+quiet machine, two runs of the command above with --models mlp,rgat --conditions quiet):
+- The machine's own floor moves: the fixed matmul loop spread 31% in one run (5a728fd) and 7%
+  a few hours later (bb694ea, nine of ten runs within 2%), so it is measured in every run.
+- Each trial knows its own median step time within ±0.7-4%: the spread is between processes.
+  In the quieter run the trials still spread 6-32% against the 7% floor, mostly through
+  single runs far from the rest; before and after differ by less than that spread.
+- So no single trial here can be ranked closer than that; the tuner ranks its answer on
   confirmation in paired rounds, whose speedup interval says how close is known.
 """
 
