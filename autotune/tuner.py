@@ -222,6 +222,7 @@ class Tuner:
             fast_corner=opts.fast_corner_first, loader_rates=self._planned_loader_rates(),
             state_bytes=lambda: self.probe.state_bytes, stop=self.stop)
         run_workers(search, self.devices, 1, deadline)
+        finish_by = deadline
         rounds = opts.confirm_max_rounds
         trial_s = trial_seconds(study)
         candidates = min(opts.confirm_top, max(1, measured_trials(study))) + 1
@@ -229,11 +230,12 @@ class Tuner:
             plan = plan_time(time_budget, self.started, time.monotonic(), trial_s, candidates,
                              opts.confirm_repeats, opts.confirm_max_rounds)
             self.view.note(plan.describe(time_budget, candidates))
+            finish_by = min(deadline, plan.search_ends_at + plan.trial_s)
             deadline = min(deadline, plan.search_ends_at)
         elif trial_s and opts.trials:
             more = max(0, opts.trials - measured_trials(study))
             self.view.note(estimate(more, trial_s, candidates, opts.confirm_repeats))
-        run_workers(search, self.devices, opts.trials, deadline)
+        run_workers(search, self.devices, opts.trials, deadline, finish_by)
         study.set_user_attr(StudyKey.TUNING_WALL_S, study.user_attrs.get(
             StudyKey.TUNING_WALL_S, 0.0) + time.monotonic() - started)
         if time_budget and trial_s:

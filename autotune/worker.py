@@ -96,25 +96,28 @@ def measured_trials(study: optuna.Study) -> int:
 
 
 def run_workers(search: Search, devices: Sequence[Any], budget: int | None,
-                deadline: float) -> None:
-    """One worker per device (or --workers on CPU), each running one trial at a time."""
+                deadline: float, finish_by: float | None = None) -> None:
+    """One worker per device (or --workers on CPU), each running one trial at a time. No
+    trial starts after `deadline`; a trial may run until `finish_by` (the deadline itself
+    unless a plan left room after it for the last trial to end)."""
+    ends = (deadline, deadline if finish_by is None else finish_by)
     heartbeat = Heartbeat(search.storage, search.heartbeat_s)
     try:
         if len(devices) == 1:
-            _work(search, heartbeat, devices[0], budget, deadline, None)
+            _work(search, heartbeat, devices[0], budget, ends, None)
         else:
-            _in_threads(search, heartbeat, devices, budget, deadline)
+            _in_threads(search, heartbeat, devices, budget, ends)
     finally:
         heartbeat.close()
 
 
 def _in_threads(search: Search, heartbeat: Heartbeat, devices: Sequence[Any],
-                budget: int | None, deadline: float) -> None:
+                budget: int | None, ends: tuple[float, float]) -> None:
     errors: list[BaseException] = []
 
     def work(device: Any, slot: int) -> None:
         try:
-            _work(search, heartbeat, device, budget, deadline, slot)
+            _work(search, heartbeat, device, budget, ends, slot)
         except BaseException as exc:
             errors.append(exc)
             search.stop.set()
@@ -137,7 +140,8 @@ def _in_threads(search: Search, heartbeat: Heartbeat, devices: Sequence[Any],
 
 
 def _work(search: Search, heartbeat: Heartbeat, device: Any, budget: int | None,
-          deadline: float, slot: int | None) -> None:
+          ends: tuple[float, float], slot: int | None) -> None:
+    deadline, finish_by = ends
     unmeasured = 0
     while not search.stop.is_set() and time.monotonic() < deadline:
         recover_orphans(search.study, search.storage, search.owner, search.view.note)
@@ -152,7 +156,7 @@ def _work(search: Search, heartbeat: Heartbeat, device: Any, budget: int | None,
             time.sleep(1.0)  # the rest of the budget is running: wait for its outcome
             continue
         try:
-            measured = run_trial(search, trial, device, deadline, slot)
+            measured = run_trial(search, trial, device, finish_by, slot)
         finally:
             heartbeat.discard(tid)
         unmeasured = 0 if measured else unmeasured + 1
@@ -180,7 +184,7 @@ def _ask(search: Search, budget: int | None) -> Trial | None:
     return trial
 
 
-def run_trial(search: Search, trial: Trial, device: Any, deadline: float,
+def run_trial(search: Search, trial: Trial, device: Any, finish_by: float,
               slot: int | None = None) -> bool:
     """Decide or measure an asked trial, and record it. True when a process was run."""
     study, role = search.study, trial.user_attrs.get(TrialKey.ROLE, Role.SEARCH)
@@ -217,7 +221,8 @@ def run_trial(search: Search, trial: Trial, device: Any, deadline: float,
     if predicted is not None:
         trial.set_user_attr(TrialKey.PREDICTED_PEAK, predicted)
     search.view.trial_started(trial.number, config, role, str(device))
-    remaining = max(1.0, deadline - time.monotonic()) if math.isfinite(deadline) else math.inf
+    remaining = (max(1.0, finish_by - time.monotonic()) if math.isfinite(finish_by)
+                 else math.inf)
     job = MeasureJob(f"trial-{trial.number}", min(search.trial_time_limit_s, remaining),
                      str(device), trial.number, screen_below(records) if shortcuts else None,
                      slot=slot)

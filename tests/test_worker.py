@@ -44,3 +44,36 @@ def test_a_compile_that_ran_out_of_time_runs_once_more(write_model, tmp_path) ->
     assert retry.user_attrs["requeued_from"] == first.number and retry.user_attrs["retry"] == 1
     assert retry.user_attrs["config"] == first.user_attrs["config"]
     assert len(jobs) == 3  # the retry was measured; nothing else
+
+
+def test_under_the_time_budget_the_last_search_trial_gets_a_trials_time_to_finish(
+        write_model, tmp_path, monkeypatch) -> None:
+    """The plan stops starting trials early enough for the last one to end; that one must be
+    given that time, not only what is left until the plan's last start (a 69 s rgat trial on
+    2 CPU cores was killed at 32 s that way)."""
+    import time
+
+    import autotune.tuner
+
+    monkeypatch.setattr(autotune.tuner, "DEFAULT_TIME_BUDGET_S", 40.0)
+    model = write_model(TINY_SOURCE)
+    jobs: list[MeasureJob] = []
+
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        jobs.append(job)
+        time.sleep(0.5)
+        result = TrialResult("ok", "measured", {**METRICS,
+                                                "samples_per_sec": 1000.0 + len(jobs)})
+        result.wall_s = 5.0  # what each trial is priced at
+        return result
+
+    tuner = Tuner(TuneOptions(model_path=str(model), device="cpu", studies_dir=str(tmp_path),
+                              confirm_repeats=0, seed=0))
+    tuner.runner.measure = measure  # the probe was real; the trials are scripted
+    try:
+        tuner.run()
+    finally:
+        tuner.close()
+    searched = [job for job in jobs if job.name.startswith("trial-") and job.number]
+    assert searched, "the plan left time for search trials"
+    assert min(job.time_limit_s for job in searched) >= 5.0 * 0.95
