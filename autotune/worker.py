@@ -100,24 +100,24 @@ def run_workers(search: Search, devices: Sequence[Any], budget: int | None,
     """One worker per device (or --workers on CPU), each running one trial at a time. No
     trial starts after `deadline`; a trial may run until `finish_by` (the deadline itself
     unless a plan left room after it for the last trial to end)."""
-    ends = (deadline, deadline if finish_by is None else finish_by)
+    finish_by = deadline if finish_by is None else finish_by
     heartbeat = Heartbeat(search.storage, search.heartbeat_s)
     try:
         if len(devices) == 1:
-            _work(search, heartbeat, devices[0], budget, ends, None)
+            _work(search, heartbeat, devices[0], budget, deadline, finish_by, None)
         else:
-            _in_threads(search, heartbeat, devices, budget, ends)
+            _in_threads(search, heartbeat, devices, budget, deadline, finish_by)
     finally:
         heartbeat.close()
 
 
 def _in_threads(search: Search, heartbeat: Heartbeat, devices: Sequence[Any],
-                budget: int | None, ends: tuple[float, float]) -> None:
+                budget: int | None, deadline: float, finish_by: float) -> None:
     errors: list[BaseException] = []
 
     def work(device: Any, slot: int) -> None:
         try:
-            _work(search, heartbeat, device, budget, ends, slot)
+            _work(search, heartbeat, device, budget, deadline, finish_by, slot)
         except BaseException as exc:
             errors.append(exc)
             search.stop.set()
@@ -140,8 +140,7 @@ def _in_threads(search: Search, heartbeat: Heartbeat, devices: Sequence[Any],
 
 
 def _work(search: Search, heartbeat: Heartbeat, device: Any, budget: int | None,
-          ends: tuple[float, float], slot: int | None) -> None:
-    deadline, finish_by = ends
+          deadline: float, finish_by: float, slot: int | None) -> None:
     unmeasured = 0
     while not search.stop.is_set() and time.monotonic() < deadline:
         recover_orphans(search.study, search.storage, search.owner, search.view.note)
