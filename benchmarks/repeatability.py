@@ -87,6 +87,9 @@ PROTOCOLS = {
                               window_max_seconds=3.0, contention_retries=0, profile_steps=0),
     "after": MeasureSettings(profile_steps=0),
 }
+# The after protocol again and again in one long-lived process per case: what is left of the
+# spread once process start, build and memory layout are the same every time.
+ONE_PROCESS = "one process"
 
 # The floor: a fixed amount of matmul work per iteration, timed in a fresh process for 3 s.
 FLOOR_CHILD = """
@@ -112,6 +115,56 @@ print(json.dumps({"rate": 1 / statistics.median(times), "steps": len(times),
                   "other_cpu_share": contention.other_cpu_share,
                   "disturbed": contention.disturbed}))
 """
+
+
+# A long-lived process that builds one case once, then measures it (first step, warm-up,
+# screening, window) each time it reads a line, answering with the figures as JSON.
+ONE_PROCESS_CHILD = """
+import json, sys
+import torch
+from autotune.hardware import describe
+from autotune.measure import MeasureSettings, build_setup, measure_setup
+from autotune.workload import load_workload
+path, model_args, config, settings = json.loads(sys.argv[1])
+workload = load_workload(path, model_args)
+device = torch.device("cpu")
+setup, _, _ = build_setup(workload, workload.train_config(config, "cpu"), device,
+                          lambda phase: None)
+for _ in sys.stdin:
+    figures = measure_setup(setup, MeasureSettings(**settings), describe(device)).to_dict()
+    print(json.dumps(figures), flush=True)
+"""
+
+
+class OneProcess:
+    """One case measured again and again in the same process (started on first use)."""
+
+    def __init__(self, reference: Reference, config: TrainConfig,
+                 settings: MeasureSettings) -> None:
+        self.argument = json.dumps([str(ROOT / reference.path), reference.model_args,
+                                    config.to_dict(), asdict(settings)])
+        self.process: subprocess.Popen | None = None
+
+    def measure(self) -> dict[str, Any]:
+        if self.process is None:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", ONE_PROCESS_CHILD, self.argument], cwd=ROOT,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                text=True)
+        started = time.monotonic()
+        self.process.stdin.write("measure\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            return {"status": "error", "message": f"exited with {self.process.wait()}",
+                    "wall_s": time.monotonic() - started}
+        return {"status": "ok", "message": "measured", "wall_s": time.monotonic() - started,
+                **json.loads(line)}
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
 
 
 @dataclass
@@ -192,7 +245,8 @@ def cases(models: list[str]) -> dict[str, tuple[Reference, TrainConfig]]:
 
 
 def one_run(key: str, protocol: str, condition: str, repeat: int,
-            chosen: dict[str, tuple[Reference, TrainConfig]], quiet_wait_s: float) -> Run:
+            chosen: dict[str, tuple[Reference, TrainConfig]], quiet_wait_s: float,
+            resident: dict[str, OneProcess]) -> Run:
     waited = share = None
     if condition == "quiet":
         waited, share = wait_for_quiet(quiet_wait_s)
@@ -203,7 +257,10 @@ def one_run(key: str, protocol: str, condition: str, repeat: int,
                    m.get("other_cpu_share"), bool(m.get("disturbed")), 0, 3.0, m.get("steps"),
                    None, m.get("wall_s", 0.0), load, waited, share)
     reference, config = chosen[key]
-    m = measure_case(reference, config, PROTOCOLS[protocol])
+    if protocol == ONE_PROCESS:
+        m = resident[key].measure()
+    else:
+        m = measure_case(reference, config, PROTOCOLS[protocol])
     return Run(key, protocol, condition, repeat, m["status"], m.get("samples_per_sec"),
                m.get("other_cpu_share"), bool(m.get("disturbed")),
                m.get("windows_remeasured", 0), m.get("window_s"), m.get("window_steps"),
@@ -273,7 +330,7 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
     floors = {r["condition"]: r["spread"] for r in rows if r["case"] == FLOOR}
     out = []
     for r in rows:
-        if r["case"] == FLOOR or r["spread"] is None:
+        if r["case"] == FLOOR or r["spread"] is None or r["protocol"] == ONE_PROCESS:
             continue
         if r["condition"] == "quiet":
             floor = floors.get("quiet") or 0.0
@@ -283,37 +340,28 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
         else:
             out.append(f"{r['case']} ({r['protocol']}, burner): {r['disturbed']} of "
                        f"{r['ok']} windows flagged as disturbed")
+    spreads = {(r["case"], r["protocol"], r["condition"]): r["spread"] for r in rows}
+    for (case, protocol, condition), alone in spreads.items():
+        fresh = spreads.get((case, "after", condition))
+        if protocol == ONE_PROCESS and alone and fresh is not None:
+            out.append(f"{case} ({condition}): fresh processes spread {_pct(fresh)}, the same "
+                       f"process measured at the same moments {_pct(alone)} "
+                       f"({fresh / alone:.1f}x)")
     return out
 
 
-def main() -> None:
-    # A kill ends the run through `finally`, so no burner outlives it.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--models", default=",".join(REFERENCES),
-                        help=f"comma-separated, of {', '.join(REFERENCES)}")
-    parser.add_argument("--protocols", default=",".join(PROTOCOLS))
-    parser.add_argument("--conditions", default="quiet,burner")
-    parser.add_argument("--quiet-wait", type=float, default=300.0, metavar="SECONDS",
-                        help="longest wait for a quiet moment before a quiet run")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--name", default="repeatability")
-    args = parser.parse_args()
-    chosen = cases(args.models.split(","))
-    protocols = args.protocols.split(",")
-    keys = [(FLOOR, "fixed")] + [(k, p) for k in chosen for p in protocols]
-    rng = random.Random(args.seed)
-    runs: list[Run] = []
-    started = time.time()
-    load_at_start = os.getloadavg()
+def measure_rounds(args: argparse.Namespace, chosen: dict[str, tuple[Reference, TrainConfig]],
+                   keys: list[tuple[str, str]], rng: random.Random,
+                   resident: dict[str, OneProcess], runs: list[Run], started: float) -> None:
+    """Every case once per round and condition, in a shuffled order; appends to `runs`."""
     for repeat in range(args.repeats):
         for condition in args.conditions.split(","):
             order = rng.sample(keys, len(keys))
             burner = start_burner() if condition == "burner" else None
             try:
                 for key, protocol in order:
-                    run = one_run(key, protocol, condition, repeat, chosen, args.quiet_wait)
+                    run = one_run(key, protocol, condition, repeat, chosen, args.quiet_wait,
+                                  resident)
                     runs.append(run)
                     print(f"round {repeat + 1}/{args.repeats} {condition}: {key} ({protocol}): "
                           f"{run.status} {run.samples_per_sec or 0:,.1f}/s, others "
@@ -324,6 +372,36 @@ def main() -> None:
                 if burner is not None:
                     burner.kill()
                     burner.wait()
+
+
+def main() -> None:
+    # A kill ends the run through `finally`, so no burner outlives it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--models", default=",".join(REFERENCES),
+                        help=f"comma-separated, of {', '.join(REFERENCES)}")
+    parser.add_argument("--protocols", default=",".join([*PROTOCOLS, ONE_PROCESS]),
+                        help="comma-separated, of the default")
+    parser.add_argument("--conditions", default="quiet,burner")
+    parser.add_argument("--quiet-wait", type=float, default=300.0, metavar="SECONDS",
+                        help="longest wait for a quiet moment before a quiet run")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--name", default="repeatability")
+    args = parser.parse_args()
+    chosen = cases(args.models.split(","))
+    protocols = args.protocols.split(",")
+    keys = [(FLOOR, "fixed")] + [(k, p) for k in chosen for p in protocols]
+    rng = random.Random(args.seed)
+    resident = {key: OneProcess(*chosen[key], PROTOCOLS["after"]) for key in chosen}
+    runs: list[Run] = []
+    started = time.time()
+    load_at_start = os.getloadavg()
+    try:
+        measure_rounds(args, chosen, keys, rng, resident, runs, started)
+    finally:
+        for process in resident.values():
+            process.close()
     rows = summarise(runs)
     text = table(rows)
     notes = verdicts(rows)
@@ -337,7 +415,8 @@ def main() -> None:
     (RESULTS / f"{args.name}.json").write_text(json.dumps({
         "command": command, "cpus": os.cpu_count(), "load_at_start": load_at_start,
         "wall_s": time.time() - started, "quiet_share": QUIET_SHARE,
-        "protocols": {p: asdict(PROTOCOLS[p]) for p in protocols},
+        "protocols": {p: asdict(PROTOCOLS["after" if p == ONE_PROCESS else p])
+                      for p in protocols},
         "references": {n: asdict(REFERENCES[n]) for n in args.models.split(",")},
         "summary": rows, "verdicts": notes, "runs": [asdict(r) for r in runs]}, indent=1))
     (RESULTS / f"{args.name}.md").write_text(f"{header}\n\n{text}\n\n" +
