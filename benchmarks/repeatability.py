@@ -11,23 +11,32 @@ Protocols, so that before and after come from one run, interleaved:
 - before: the protocol as it was (a fixed 3 s window of at least 10 steps, contention measured
   but never re-measured);
 - after: the current defaults (a window from 3 s until the median step time is known within
-  ±2% or 15 s, a disturbed window measured again twice, then flagged).
+  ±2% or 15 s, a disturbed window measured again twice, then flagged);
+- one process: the after protocol in one long-lived process per case, measured at the same
+  moments as the others: the spread that is left when process start, build and memory layout
+  are the same every time.
 
-Writes benchmarks/results/repeatability.json (every run, with the load it ran under) and
-repeatability.md (the table it prints).
+Writes benchmarks/results/<name>.json (every run, with the load it ran under) and <name>.md
+(the table it prints).
 
     python benchmarks/repeatability.py --repeats 10
-    python benchmarks/repeatability.py --repeats 3 --models mlp,gpt --conditions quiet
+    python benchmarks/repeatability.py --repeats 10 --models mlp,rgat \\
+        --protocols 'after,one process' --conditions quiet --name repeatability_one_process
 
-What the spread is made of, on the 2-core machine these figures come from (10 rounds on a
-quiet machine, two runs of the command above with --models mlp,rgat --conditions quiet):
-- The machine's own floor moves: the fixed matmul loop spread 31% in one run (5a728fd) and 7%
-  a few hours later (bb694ea, nine of ten runs within 2%), so it is measured in every run.
-- Each trial knows its own median step time within ±0.7-4%: the spread is between processes.
-  In the quieter run the trials still spread 6-32% against the 7% floor, mostly through
-  single runs far from the rest; before and after differ by less than that spread.
+What the spread is made of, on the 2-core virtual machine these figures come from (three runs
+of 10 rounds on a quiet machine, mlp and rgat):
+- The machine's own speed moves over minutes, unseen by /proc/stat (others' CPU share 0%):
+  the matmul floor spread 31%, 7% and 51% in three runs hours apart.
+- A fresh process adds nothing to that: one process measuring the same case at the same
+  moments spreads as much (fresh/one-process spread 0.8-1.1x), and in one round the two
+  figures move together (correlation +0.50 to +0.76 in three cases of four; +0.22 for the
+  bf16 mlp, whose 16 s windows average the moves out). Each window knows its own median step
+  time within ±0.7-4%; windows minutes apart in one process differ by 15-40%.
+- The floor's speed does not predict a model's (correlation -0.37 to +0.18), so no
+  calibration loop can correct a rate for the machine's state.
 - So no single trial here can be ranked closer than that; the tuner ranks its answer on
-  confirmation in paired rounds, whose speedup interval says how close is known.
+  confirmation in paired rounds (every candidate and the baseline back to back), whose
+  speedup interval says how close is known.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ import argparse
 import json
 import os
 import random
+import shlex
 import signal
 import statistics
 import subprocess
@@ -302,6 +312,10 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
+def _corr(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.2f}"
+
+
 def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1%}"
 
@@ -324,9 +338,27 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def verdicts(rows: list[dict[str, Any]]) -> list[str]:
+def same_round_correlation(runs: list[Run], case: str, protocol: str, other: str,
+                           other_protocol: str, condition: str) -> float | None:
+    """Pearson correlation, over the rounds, of two cases' rates measured in the same round:
+    near 1 when both follow the machine's speed at that moment."""
+    def rates(name: str, proto: str) -> dict[int, float]:
+        return {r.repeat: r.samples_per_sec for r in runs if r.case == name and
+                r.protocol == proto and r.condition == condition and r.samples_per_sec}
+    mine, theirs = rates(case, protocol), rates(other, other_protocol)
+    rounds = sorted(mine.keys() & theirs.keys())
+    if len(rounds) < 3:
+        return None
+    try:
+        return statistics.correlation([mine[k] for k in rounds], [theirs[k] for k in rounds])
+    except statistics.StatisticsError:  # one of them constant
+        return None
+
+
+def verdicts(rows: list[dict[str, Any]], runs: list[Run]) -> list[str]:
     """The goals: quiet spread <= 5% (or <= 1.5x the floor's where that is higher), and every
-    window beside the burner flagged."""
+    window beside the burner flagged; where one process measured the same cases, how much of
+    the spread is the process's and how much the machine's."""
     floors = {r["condition"]: r["spread"] for r in rows if r["case"] == FLOOR}
     out = []
     for r in rows:
@@ -344,9 +376,13 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
     for (case, protocol, condition), alone in spreads.items():
         fresh = spreads.get((case, "after", condition))
         if protocol == ONE_PROCESS and alone and fresh is not None:
-            out.append(f"{case} ({condition}): fresh processes spread {_pct(fresh)}, the same "
-                       f"process measured at the same moments {_pct(alone)} "
-                       f"({fresh / alone:.1f}x)")
+            together = same_round_correlation(runs, case, "after", case, ONE_PROCESS,
+                                              condition)
+            floor = same_round_correlation(runs, case, "after", FLOOR, "fixed", condition)
+            out.append(f"{case} ({condition}): fresh processes spread {_pct(fresh)}, one "
+                       f"process measured in the same rounds {_pct(alone)} "
+                       f"({fresh / alone:.1f}x); same-round correlation with it "
+                       f"{_corr(together)}, with the floor {_corr(floor)}")
     return out
 
 
@@ -404,9 +440,9 @@ def main() -> None:
             process.close()
     rows = summarise(runs)
     text = table(rows)
-    notes = verdicts(rows)
+    notes = verdicts(rows, runs)
     print(text + "\n\n" + "\n".join(notes))
-    command = "python benchmarks/repeatability.py " + " ".join(sys.argv[1:])
+    command = "python benchmarks/repeatability.py " + shlex.join(sys.argv[1:])
     loads = [r.load_before for r in runs]
     header = (f"`{command}` on {os.cpu_count()} CPUs, {args.repeats} rounds, "
               f"{time.time() - started:.0f} s; 1-minute load average before the runs: "
