@@ -140,7 +140,7 @@ def describe(device: torch.device) -> DeviceInfo:
                           cpu_count=usable_cpus(), bf16=facts.major >= 8, tf32=facts.major >= 8,
                           fused_adamw=True, cuda_graphs=True, mig=facts.mig)
     capabilities = torch.backends.cpu.get_cpu_capability()
-    return DeviceInfo(type="cpu", index=None, name=_cpu_name(capabilities),
+    return DeviceInfo(type="cpu", index=None, name=cpu_name(capabilities, _cpuinfo()),
                       total_memory_bytes=_host_memory(), cpu_count=usable_cpus(), bf16=True,
                       tf32=False, fused_adamw=True, cuda_graphs=False)
 
@@ -324,25 +324,40 @@ def _nvml_facts(index: int) -> _NvmlFacts:
         return _NvmlFacts(props.name, int(props.total_memory), props.major, "MIG" in props.name)
 
 
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes in bf16 itself (AVX512-BF16 or AMX), rather than emulating it."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return False
-    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
+# CPU flags of native bf16 arithmetic: without them bf16 is emulated, far slower.
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-def _cpu_name(capabilities: str) -> str:
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU (or the one `cpuinfo` describes) computes in bf16 itself (AVX512-BF16
+    or AMX), rather than emulating it."""
+    flags = (_cpuinfo_field(_cpuinfo() if cpuinfo is None else cpuinfo, "flags") or "").split()
+    return any(flag in flags for flag in NATIVE_BF16_FLAGS)
+
+
+def cpu_name(capabilities: str, cpuinfo: str) -> str:
+    """The CPU's model, the vector instructions torch uses on it, and whether it has native
+    bf16: virtual machines of one model name can differ in that, and so in their speed."""
+    model = _cpuinfo_field(cpuinfo, "model name") or "CPU"
+    features = [capabilities, *(["native bf16"] if cpu_has_native_bf16(cpuinfo) else [])]
+    return f"{model} ({', '.join(features)})"
+
+
+def _cpuinfo() -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return f"{line.split(':', 1)[1].strip()} ({capabilities})"
+            return f.read()
     except OSError:
-        pass
-    return f"CPU ({capabilities})"
+        return ""
+
+
+def _cpuinfo_field(cpuinfo: str, key: str) -> str | None:
+    """The first processor's value of `key` in /proc/cpuinfo's text."""
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == key:
+            return value.strip()
+    return None
 
 
 def _host_memory() -> int | None:

@@ -22,6 +22,7 @@ from autotune.trials import (
     TrialRecord,
     TrialStatus,
     rankable,
+    study_machines,
     trial_records,
 )
 
@@ -83,6 +84,7 @@ def study_summary(study: optuna.Study) -> dict[str, Any]:
         "model": identity.get("model_path"),
         "model_args": identity.get("model_args"),
         "device": attrs.get(StudyKey.DEVICE_NAME),
+        "devices": study_machines(attrs),
         "confirmed": bool(confirmation and confirmation.get("winner")),
         "best_config": None, "best_samples_per_sec": None, "best_spread": None,
         "best_trial": None, "best_peak_memory_bytes": None, "best_mfu": None,
@@ -148,6 +150,11 @@ def study_summary(study: optuna.Study) -> dict[str, Any]:
         if best_eb != base_eb:
             summary["warnings"].append(f"the effective batch changed from {base_eb} to "
                                        f"{best_eb}: the learning rate may need rescaling")
+    if len(summary["devices"]) > 1:
+        summary["warnings"].append(
+            f"trials were measured on {len(summary['devices'])} machines "
+            f"({'; '.join(summary['devices'])}): rates from different machines are not "
+            "comparable")
     if summary["best_disturbed"] and not summary["confirmed"]:
         summary["warnings"].append(
             "other processes used the CPUs while every trial that fitted was timed: the "

@@ -108,7 +108,8 @@ class StudyKey:
     """Names of the study's user attributes."""
 
     IDENTITY = "identity"                  # model file, its arguments, device type
-    DEVICE_NAME = "device_name"
+    DEVICE_NAME = "device_name"            # the machine the study was made on
+    DEVICE_NAMES = "device_names"          # every machine that has run it, in order
     BASELINE_CONFIG = "baseline_config"
     CREATED_AT = "created_at"
     SPACE = "space"
@@ -124,6 +125,12 @@ class StudyKey:
 
 # Optuna's constraint name (> 0 = violated): fits in memory and runs on this model and device.
 MEMORY_CONSTRAINT = "fits"
+
+
+def study_machines(user_attrs: dict[str, Any]) -> list[str]:
+    """Every machine that has run a study, in order (a study from before the list: its first)."""
+    first = user_attrs.get(StudyKey.DEVICE_NAME)
+    return user_attrs.get(StudyKey.DEVICE_NAMES) or ([first] if first else [])
 
 
 def config_key(config: Any) -> str:

@@ -40,7 +40,7 @@ from autotune.results import study_summary
 from autotune.runner import ProbeFailed, ProcessRunner, Runner
 from autotune.space import build_space
 from autotune.storage import JOURNAL_FILE, open_storage, study_dir, validate_study_name
-from autotune.trials import Role, StudyKey, TrialKey
+from autotune.trials import Role, StudyKey, TrialKey, study_machines
 from autotune.views import SilentView, StudyView
 from autotune.worker import Search, measured_trials, run_workers
 from autotune.workload import ContractError
@@ -116,6 +116,7 @@ class Tuner:
                     "model_args": opts.model_args, "device_type": self.device.type}
         if existing is not None:
             _check_same(existing, identity, self.space.describe())
+            self._note_another_machine(existing, info)
         sampler = optuna.samplers.TPESampler(
             seed=opts.seed, multivariate=True, group=True,
             n_startup_trials=min(10, max(3, (opts.trials or TYPICAL_TRIALS) // 3)))
@@ -182,6 +183,10 @@ class Tuner:
             study.set_user_attr(StudyKey.DEVICE_NAME, info.name)
             study.set_user_attr(StudyKey.BASELINE_CONFIG, self.baseline.to_dict())
             study.set_user_attr(StudyKey.CREATED_AT, time.time())
+        machines = study_machines(study.user_attrs)
+        if info.name not in machines:
+            machines.append(info.name)
+        study.set_user_attr(StudyKey.DEVICE_NAMES, machines)
         study.set_user_attr(StudyKey.PROBE, {"fingerprint": fingerprint,
                                              "report": self.probe.to_dict()})
         study.set_user_attr(StudyKey.SPACE, self.space.describe())
@@ -189,6 +194,16 @@ class Tuner:
         study.set_user_attr(StudyKey.MEMORY, {"capacity_bytes": self.capacity_bytes,
                                               "limit_bytes": self.memory_limit(),
                                               "headroom": self.options.memory_headroom})
+
+    def _note_another_machine(self, study: optuna.Study, info: DeviceInfo) -> None:
+        """A study resumed on another machine (a cloud VM that came back on another host, say)
+        mixes rates that cannot be compared: say so before any trial runs."""
+        machines = study_machines(study.user_attrs)
+        if machines and info.name not in machines:
+            self.view.note(f"warning: this study's trials were measured on {', '.join(machines)}"
+                           f"; this machine is {info.name}: their rates are not comparable "
+                           "with rates measured here (the confirmation measures the finalists "
+                           "again, side by side, here)")
 
     def discard_if_new(self) -> None:
         """Remove a study this run created and that holds only a rejected first trial, so that

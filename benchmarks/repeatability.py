@@ -32,8 +32,10 @@ of 10 rounds on a quiet machine, mlp and rgat):
   figures move together (correlation +0.50 to +0.76 in three cases of four; +0.22 for the
   bf16 mlp, whose 16 s windows average the moves out). Each window knows its own median step
   time within ±0.7-4%; windows minutes apart in one process differ by 15-40%.
-- The floor's speed does not predict a model's (correlation -0.37 to +0.18), so no
-  calibration loop can correct a rate for the machine's state.
+- The floor's speed does not predict a model's (correlation -0.37 to +0.18). Nor does a
+  calibration loop timed just before and after each window in the same process
+  (`machine_drift.py`): it follows a model's speed loosely, and dividing by it widens the
+  spread more often than it narrows it.
 - So no single trial here can be ranked closer than that; the tuner ranks its answer on
   confirmation in paired rounds (every candidate and the baseline back to back), whose
   speedup interval says how close is known.

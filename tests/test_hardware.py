@@ -13,6 +13,7 @@ import torch
 from autotune.hardware import (
     PEAK_TFLOPS,
     core_shares,
+    cpu_name,
     describe,
     table_peak_tflops,
     trial_device,
@@ -55,6 +56,25 @@ def test_an_unknown_device_has_no_table_peak() -> None:
     assert table_peak_tflops("NVIDIA GH200 480GB", "bf16") is None
     assert table_peak_tflops("NVIDIA RTX A4000", "bf16") is None
     assert table_peak_tflops("Tesla V100-SXM2-16GB", "bf16") is None  # no bf16 on Volta
+
+
+# --- which CPU this is ------------------------------------------------------------------------
+
+ZEN4_GUEST = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC
+flags\t\t: fpu sse2 avx2 avx512f avx512bw avx512_bf16 avx512_vnni
+"""
+
+
+def test_two_cpus_of_one_model_name_differing_in_native_bf16_are_told_apart() -> None:
+    """Virtual machines sold as one model differ in what their host exposes; emulated bf16 is
+    many times slower, so a study must not take one for the other."""
+    native = cpu_name("AVX512", ZEN4_GUEST)
+    emulated = cpu_name("AVX512", ZEN4_GUEST.replace(" avx512_bf16", ""))
+    assert native == "AMD EPYC (AVX512, native bf16)"
+    assert emulated == "AMD EPYC (AVX512)"
+    assert cpu_name("AVX2", "") == "CPU (AVX2)"
 
 
 # --- which GPU a trial sees -------------------------------------------------------------------

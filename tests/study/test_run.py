@@ -229,6 +229,27 @@ def test_a_repeat_of_a_rerun_is_not_itself_a_rerun(tmp_path) -> None:
         "samples_per_sec"]
 
 
+def test_a_study_resumed_on_another_machine_says_its_rates_are_not_comparable(tmp_path) -> None:
+    """A cloud VM that comes back on another host: the resumed run warns before any trial, and
+    `show` lists both machines with the same warning."""
+    assert run_study(tmp_path, "--trials", "1", "--confirm-repeats", "0").returncode == 0
+    study = load_study("mlp", tmp_path)
+    here = study.user_attrs["device_name"]
+    assert study.user_attrs["device_names"] == [here]
+    study.set_user_attr("device_names", ["Older CPU (AVX2)"])
+
+    resumed = run_study(tmp_path, "--trials", "2", "--confirm-repeats", "0")
+    assert resumed.returncode == 0, resumed.stderr
+    said = " ".join((resumed.stdout + resumed.stderr).split())
+    assert f"measured on Older CPU (AVX2); this machine is {here}" in said
+    shown = json.loads(run_cli("show", "mlp", "--studies-dir", str(tmp_path), "--json").stdout)
+    assert shown["devices"] == ["Older CPU (AVX2)", here]
+    assert any("measured on 2 machines" in w for w in shown["warnings"])
+
+    again = run_study(tmp_path, "--trials", "3", "--confirm-repeats", "0")
+    assert "this machine is" not in again.stdout + again.stderr, "warned once per new machine"
+
+
 @pytest.mark.slow
 def test_a_burner_started_halfway_is_flagged_and_the_speedup_keeps_its_interval(tmp_path) -> None:
     """A CPU-burning stranger starts once half the search is done: the trials it disturbs are
