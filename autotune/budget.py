@@ -45,10 +45,13 @@ def plan_time(budget_s: float, started: float, now: float, trial_s: float,
               candidates: int, min_rounds: int, max_rounds: int) -> TimePlan:
     """Leave room at the end for at least `min_rounds` confirmation rounds of `candidates`
     runs each (one round when even those do not fit), and for the last search trial to
-    finish."""
+    finish. Where those rounds would leave no search trial, fewer are kept: confirming the
+    baseline against nothing finds nothing."""
     ends = started + budget_s
     round_s = candidates * trial_s
     rounds = min(max_rounds, max(1, min(min_rounds, math.floor((ends - now) / round_s))))
+    if ends - rounds * round_s - trial_s < now:
+        rounds = max(1, math.floor((ends - now - trial_s) / round_s))
     search_ends = ends - rounds * round_s - trial_s
     search_trials = max(0, math.floor((search_ends - now) / trial_s) + 1)
     return TimePlan(trial_s, search_ends, rounds, search_trials)
