@@ -47,6 +47,9 @@ from autotune.workload import ContractError
 
 # Sets TPE's share of random start-up trials when the budget is a time, not a count.
 TYPICAL_TRIALS = 20
+# How long a tuner waits for a study that another has just created to be recorded (its
+# creator writes a few attributes right after creating it).
+RECORD_WAIT_S = 60.0
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -98,9 +101,50 @@ class Tuner:
     def _prepare(self, name: str, info: DeviceInfo) -> None:
         opts = self.options
         self.storage = open_storage(opts.storage, self.directory, retry_s=opts.storage_retry_s)
-        existing = _existing(name, self.storage)
         fingerprint = probe_fingerprint(opts.model_path, opts.model_args, info.name)
-        self.probe = self._probed(existing, fingerprint)
+        identity = {"model_path": str(Path(opts.model_path).resolve()),
+                    "model_args": opts.model_args, "device_type": self.device.type}
+        sampler = optuna.samplers.TPESampler(
+            seed=opts.seed, multivariate=True, group=True,
+            n_startup_trials=min(10, max(3, (opts.trials or TYPICAL_TRIALS) // 3)))
+        probed: ProbeReport | None = None
+        while True:
+            existing = self._recorded(name)
+            self.probe = probed = self._probed(existing, fingerprint, probed)
+            self._plan_space(info)
+            if existing is not None:
+                _check_same(existing, identity, self.space.describe())
+                self._note_another_machine(existing, info)
+                self.study = optuna.load_study(study_name=name, storage=self.storage,
+                                               sampler=sampler)
+                break
+            try:
+                self.study = optuna.create_study(study_name=name, storage=self.storage,
+                                                 sampler=sampler, direction="maximize")
+                break
+            except optuna.exceptions.DuplicatedStudyError:
+                continue  # another tuner created it while this one probed: join it
+        self._new_study = existing is None
+        self._record(identity, info, fingerprint)
+        self.scoring = Scoring(self.device.type, self.memory_limit(), opts.memory_headroom,
+                               opts.stall_penalty, opts.train_steps)
+        recover_orphans(self.study, self.storage, self.owner, self.view.note)
+
+    def _recorded(self, name: str) -> optuna.Study | None:
+        """The study of that name, or None. A study another tuner has just created is read
+        once that tuner has recorded what it is for (its identity is written last), waiting
+        at most `RECORD_WAIT_S`."""
+        deadline = time.monotonic() + RECORD_WAIT_S
+        while True:
+            study = _existing(name, self.storage)
+            if study is None or StudyKey.IDENTITY in study.user_attrs or \
+                    time.monotonic() > deadline:
+                return study
+            time.sleep(0.2)
+
+    def _plan_space(self, info: DeviceInfo) -> None:
+        """The baseline and the space from the probe's report; checks the memory limit."""
+        opts = self.options
         try:
             self.baseline = from_baseline(self.probe.baseline, self.device.type)
         except ConfigError as exc:
@@ -112,37 +156,23 @@ class Tuner:
                                  left_out=self.probe.left_out_values())
         self.capacity_bytes = opts.memory_limit_bytes or info.total_memory_bytes
         self._check_memory_limit()
-        identity = {"model_path": str(Path(opts.model_path).resolve()),
-                    "model_args": opts.model_args, "device_type": self.device.type}
-        if existing is not None:
-            _check_same(existing, identity, self.space.describe())
-            self._note_another_machine(existing, info)
-        sampler = optuna.samplers.TPESampler(
-            seed=opts.seed, multivariate=True, group=True,
-            n_startup_trials=min(10, max(3, (opts.trials or TYPICAL_TRIALS) // 3)))
-        if existing is None:
-            try:
-                self.study = optuna.create_study(study_name=name, storage=self.storage,
-                                                 sampler=sampler, direction="maximize")
-            except optuna.exceptions.DuplicatedStudyError:
-                # another tuner created it while this one probed: join it, as if it had been
-                existing = optuna.load_study(study_name=name, storage=self.storage)
-                _check_same(existing, identity, self.space.describe())
-        if existing is not None:
-            self.study = optuna.load_study(study_name=name, storage=self.storage,
-                                           sampler=sampler)
-        self._new_study = existing is None
-        self._record(identity, info, fingerprint)
-        self.scoring = Scoring(self.device.type, self.memory_limit(), opts.memory_headroom,
-                               opts.stall_penalty, opts.train_steps)
-        recover_orphans(self.study, self.storage, self.owner, self.view.note)
 
-    def _probed(self, existing: optuna.Study | None, fingerprint: str) -> ProbeReport:
-        """The probe's report: cached in the study while the model file, its arguments, the
-        device and torch are the same; otherwise probed now, in a child process."""
+    def _probed(self, existing: optuna.Study | None, fingerprint: str,
+                probed: ProbeReport | None = None) -> ProbeReport:
+        """The probe's report: the study's own while the model file, its arguments, the device
+        and torch are the same (also when this tuner probed too, while another created the
+        study: two probes of a busy machine can disagree, and a study has one space);
+        otherwise `probed`, or a probe now, in a child process."""
         cached = existing.user_attrs.get(StudyKey.PROBE) if existing is not None else None
         if cached and cached["fingerprint"] == fingerprint:
-            return ProbeReport.from_dict(cached["report"])
+            report = ProbeReport.from_dict(cached["report"])
+            if probed is not None and report.left_out != probed.left_out:
+                self.view.note("another tuner created this study while this one probed: its "
+                               "probe's findings decide the space (left out: "
+                               f"{'; '.join(i.describe() for i in report.left_out) or 'none'})")
+            return report
+        if probed is not None:
+            return probed
         self.view.note("probing what the model and this machine can do (once per study)")
         try:
             report = self.runner.probe(str(self.device), self.options.trial_time_limit_s)
@@ -176,10 +206,11 @@ class Tuner:
                 "two moments")
 
     def _record(self, identity: dict[str, Any], info: DeviceInfo, fingerprint: str) -> None:
-        """What this study is for, written once every check has passed."""
+        """What this study is for, written once every check has passed; its identity last, as
+        the sign that the rest is there (`_recorded`)."""
         study = self.study
-        if self._new_study:
-            study.set_user_attr(StudyKey.IDENTITY, identity)
+        first = self._new_study or StudyKey.IDENTITY not in study.user_attrs
+        if first:
             study.set_user_attr(StudyKey.DEVICE_NAME, info.name)
             study.set_user_attr(StudyKey.BASELINE_CONFIG, self.baseline.to_dict())
             study.set_user_attr(StudyKey.CREATED_AT, time.time())
@@ -194,6 +225,8 @@ class Tuner:
         study.set_user_attr(StudyKey.MEMORY, {"capacity_bytes": self.capacity_bytes,
                                               "limit_bytes": self.memory_limit(),
                                               "headroom": self.options.memory_headroom})
+        if first:
+            study.set_user_attr(StudyKey.IDENTITY, identity)
 
     def _note_another_machine(self, study: optuna.Study, info: DeviceInfo) -> None:
         """A study resumed on another machine (a cloud VM that came back on another host, say)

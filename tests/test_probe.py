@@ -44,6 +44,29 @@ def loss_fn(model, batch):
     return out
 '''
 
+# Steps of 2 ms in fp32; bf16 steps of 20 ms: a CPU that emulates bf16.
+BF16_SLOW = TINY_SOURCE.replace("import torch\n", "import time\nimport torch\n", 1) + '''
+
+_forward = Net.forward
+def _paced(self, x, y):
+    time.sleep(0.02 if torch.is_autocast_enabled("cpu") else 0.002)
+    return _forward(self, x, y)
+Net.forward = _paced
+'''
+
+# The machine gets busy as the bf16 run starts: from then on every step takes 20 ms.
+BUSY_FROM_BF16 = TINY_SOURCE.replace("import torch\n", "import time\nimport torch\n", 1) + '''
+
+_forward = Net.forward
+_busy = []
+def _paced(self, x, y):
+    if torch.is_autocast_enabled("cpu"):
+        _busy.append(True)
+    time.sleep(0.02 if _busy else 0.002)
+    return _forward(self, x, y)
+Net.forward = _paced
+'''
+
 
 def probe(write_model, source: str, **overrides) -> ProbeReport:
     workload = load_workload(str(write_model(source)), {})
@@ -82,6 +105,22 @@ def test_workers_that_cannot_load_batches_are_left_out(write_model) -> None:
 def test_a_precision_that_fails_on_this_model_is_left_out(write_model) -> None:
     reasons = probe(write_model, BF16_FAILS).left_out_values()["precision"]
     assert "no bf16 version" in reasons["bf16"] and "fails on this model" in reasons["bf16"]
+
+
+def test_a_precision_far_slower_than_fp32_on_this_cpu_is_left_out(write_model) -> None:
+    report = probe(write_model, BF16_SLOW)
+    reason = report.left_out_values()["precision"]["bf16"]
+    assert "x slower than fp32 on this CPU" in reason
+    assert report.step_s["bf16"] > 2 * report.step_s["fp32"]
+
+
+def test_a_machine_that_got_busy_after_the_fp32_reference_does_not_leave_bf16_out(
+        write_model) -> None:
+    """bf16 looks ten times slower against the fp32 step timed before the machine got busy;
+    fp32 timed again right after it is as slow, so bf16 stays in the space."""
+    report = probe(write_model, BUSY_FROM_BF16)
+    assert report.step_s["bf16"] > 2 * report.step_s["fp32"]  # against the first reference
+    assert "precision" not in report.left_out_values()
 
 
 def test_the_fingerprint_follows_the_file_its_arguments_and_the_machine(write_model) -> None:

@@ -4,12 +4,15 @@ everything."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -26,25 +29,71 @@ TINY_MLP = ["--model", "models/mlp.py", "--device", "cpu", "--model-arg", "featu
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL)
 
 
-def start_tuner(studies: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "autotune", "run", *TINY_MLP, *FAST,
-                             "--studies-dir", str(studies), "--confirm-top", "1",
-                             *CONFIRM_ONCE, *args],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+class TunerProcess:
+    """`autotune run` in the background, its output in files: a pipe nobody reads while the
+    test waits would fill and stop the tuner mid-write."""
+
+    def __init__(self, studies: Path, *args: str, workload: Sequence[str] = TINY_MLP,
+                 env: dict[str, str] | None = None) -> None:
+        logs = studies.with_name(f"{studies.name}-tuners")
+        logs.mkdir(exist_ok=True)
+        self.out_path, self.err_path = (logs / f"{time.monotonic_ns()}.{kind}"
+                                        for kind in ("out", "err"))
+        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "autotune", "run", *workload, *FAST, "--studies-dir",
+                 str(studies), "--confirm-top", "1", *CONFIRM_ONCE, *args],
+                cwd=ROOT, stdout=out, stderr=err, text=True, env={**os.environ, **(env or {})})
+        self.pid = self.process.pid
+
+    def send_signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def output(self) -> tuple[str, str]:
+        return self.out_path.read_text(), self.err_path.read_text()
+
+    def communicate(self, timeout: float) -> tuple[str, str]:
+        """Wait for the tuner to end; its stdout and stderr."""
+        self.process.wait(timeout=timeout)
+        return self.output()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.poll()
+
+
+def start_tuner(studies: Path, *args: str, **kwargs: Any) -> TunerProcess:
+    return TunerProcess(studies, *args, **kwargs)
 
 
 def study_of(studies: Path, storage: str | None) -> optuna.Study:
     return load_study("mlp", studies, storage)
 
 
-def wait_for(predicate, timeout: float = 300, what: str = "the condition") -> object:
+def wait_for(predicate, timeout: float = 300, what: str = "the condition",
+             tuners: tuple[TunerProcess, ...] = (), seen=lambda: None) -> object:
+    """The predicate's first true value; fails at once if one of `tuners` ends first, and at
+    the timeout with what `seen()` describes, so a failure on CI explains itself."""
     deadline = time.monotonic() + timeout
     while True:
         with_value = predicate()
         if with_value:
             return with_value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        for tuner in tuners:
+            assert tuner.returncode is None, \
+                f"tuner {tuner.pid} ended ({tuner.returncode}) before {what}: {tuner.output()}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}; saw {seen()}"
         time.sleep(0.2)
+
+
+def trial_states(studies: Path, storage: str | None) -> list[tuple]:
+    """Each trial's number, state, owner and status, as the tests' failure messages show."""
+    try:
+        trials = study_of(studies, storage).get_trials(deepcopy=False)
+    except Exception as exc:
+        return [f"no study: {exc}"]
+    return [(t.number, t.state.name, t.user_attrs.get("owner"), t.user_attrs.get("status"))
+            for t in trials]
 
 
 def running_trial_of(studies: Path, storage: str | None, pid: int, after: int = 0):
@@ -93,7 +142,8 @@ def test_tuners_share_a_study_and_rerun_a_killed_ones_trial(backend, tmp_path, r
         time.sleep(1.0)
     victim = tuners[1]
     trial = wait_for(lambda: running_trial_of(tmp_path, storage, victim.pid, after=2),
-                     what="the victim to be mid-trial")
+                     what="the victim to be mid-trial", tuners=tuple(tuners),
+                     seen=lambda: trial_states(tmp_path, storage))
     victim.send_signal(signal.SIGKILL)
     for tuner in tuners:
         out, err = tuner.communicate(timeout=600)
@@ -102,6 +152,71 @@ def test_tuners_share_a_study_and_rerun_a_killed_ones_trial(backend, tmp_path, r
     check_accounted(study_of(tmp_path, storage), budget, trial.number)
     shown = run_cli("show", "mlp", "--studies-dir", str(tmp_path), *extra)
     assert "retried" in shown.stdout
+
+
+# A model whose bf16 steps are ten times slower than fp32 where DISAGREE=1, as on a busy or
+# bf16-emulating machine, and whose dataset takes 8 s to build there: that tuner's probe ends
+# well after the other's has created the study.
+DISAGREEING_MODEL = """
+import os
+import time
+
+import torch
+from torch import nn
+
+BASELINE = {"micro_batch_size": 8}
+
+
+def slow() -> bool:
+    return os.environ.get("DISAGREE") == "1"
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(8, 8)
+
+    def forward(self, x, y):
+        half = torch.is_autocast_enabled("cpu")
+        time.sleep(0.2 if half and slow() else 0.02)
+        return nn.functional.mse_loss(self.layer(x).sum(dim=1), y)
+
+
+def build_model():
+    return Net()
+
+
+def build_dataset():
+    if slow():
+        time.sleep(8)
+    g = torch.Generator().manual_seed(0)
+    return torch.utils.data.TensorDataset(torch.randn(256, 8, generator=g),
+                                          torch.randn(256, generator=g))
+"""
+
+
+@pytest.mark.slow
+def test_tuners_whose_probes_disagree_join_one_study_with_its_creators_probe(
+        tmp_path, write_model) -> None:
+    """Two tuners started together on a new study: their probes time bf16 differently (a busy
+    machine does that). The one that finds the study created while it probed joins it with
+    the study's probe, rather than refusing the study's space as another's."""
+    model = write_model(DISAGREEING_MODEL, "disagree.py")
+    workload = ["--model", str(model), "--device", "cpu", "--fix", "compile_mode=none"]
+    studies = tmp_path / "studies"
+    tuners = [start_tuner(studies, "--trials", "2", workload=workload, env={"DISAGREE": flag})
+              for flag in ("0", "1")]
+    outputs = [" ".join(tuner.communicate(timeout=600)[0].split()) for tuner in tuners]
+    for tuner in tuners:
+        assert tuner.returncode == 0, tuner.output()
+    joined = [out for out in outputs if "another tuner created this study while" in out]
+    assert len(joined) == 1, outputs
+    creator = outputs[1 - outputs.index(joined[0])]
+    report = load_study("disagree", studies).user_attrs["probe"]["report"]
+    bf16_left_out = any(item["value"] == "bf16" for item in report["left_out"])
+    assert bf16_left_out == ("left out: precision=bf16" in creator), (report, creator)
+    assert bf16_left_out != ("left out: precision=bf16" in joined[0].split("decide the space")[0]
+                             ), "the two probes agreed: the test did not make them disagree"
 
 
 @pytest.mark.slow
