@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 import os
 
+import optuna
+
+from autotune import tuner as tuner_module
 from autotune.measure import MeasureSettings
 from autotune.options import TuneOptions
 from autotune.runner import MeasureJob
+from autotune.storage import open_storage, study_dir
 from autotune.tuner import Tuner
 
 from .conftest import TINY_SOURCE
@@ -42,3 +46,23 @@ def build_model():  # runs in each trial (the fork server imported the file once
     assert first and second and not set(first) & set(second)
     assert sorted(first + second) == everything
     assert alone == everything
+
+
+def test_a_study_whose_creator_died_before_recording_it_is_recorded_by_the_next(
+        write_model, tmp_path, monkeypatch) -> None:
+    """A tuner killed between creating a study and recording what it is for leaves a bare
+    study: the next tuner waits a moment for the record (`RECORD_WAIT_S`), then probes and
+    records the study itself."""
+    monkeypatch.setattr(tuner_module, "RECORD_WAIT_S", 1.0)
+    model = write_model(TINY_SOURCE)
+    studies = tmp_path / "studies"
+    optuna.create_study(study_name="model", storage=open_storage(None, study_dir(studies,
+                                                                                "model")))
+    tuner = Tuner(TuneOptions(model_path=str(model), device="cpu", studies_dir=str(studies)))
+    try:
+        attrs = tuner.study.user_attrs
+    finally:
+        tuner.close()
+    assert attrs["identity"]["model_path"] == str(model.resolve())
+    assert attrs["probe"]["report"]["dataset_size"] == 256
+    assert attrs["device_names"] == [attrs["device_name"]]
