@@ -239,7 +239,11 @@ def conclusion(entries: list[Candidate], reference: Candidate) -> dict[str, Any]
     if decisive is not reference and reference.runs:
         ratio = _ratio(decisive, reference, "samples_per_sec")
         result["speedup_ci"] = [ratio.low, ratio.high] if ratio.low is not None else None
-        if recommended is not reference:
+        if ratio.low is None:
+            # Too few paired rounds for an interval (one, say): the baseline is kept, and
+            # whether the contender differs from it is not known, rather than "no difference".
+            result["no_measurable_difference"] = None
+        elif recommended is not reference:
             result.update(speedup=ratio.value, no_measurable_difference=ratio.includes_one)
     return result
 

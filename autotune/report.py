@@ -285,8 +285,18 @@ def speedup_text(summary: Mapping[str, Any]) -> str:
     if not speedup:
         return "n/a"
     text = f"{speedup:.2f}x" + (f" [{interval[0]:.2f}-{interval[1]:.2f}]" if interval else "")
-    return text + (": no measurable difference" if summary.get("no_measurable_difference")
-                   else "")
+    if summary.get("no_measurable_difference"):
+        return text + ": no measurable difference"
+    if _difference_unknown(summary):
+        return text + ": not known (too few paired rounds for an interval)"
+    return text
+
+
+def _difference_unknown(summary: Mapping[str, Any]) -> bool:
+    """Confirmed, with a faster candidate than the one kept, but too few rounds to tell."""
+    return bool(summary.get("confirmed") and summary.get("no_measurable_difference") is None
+                and summary.get("fastest_config")
+                and summary.get("fastest_config") != summary.get("best_config"))
 
 
 def result_rows(summary: Mapping[str, Any]) -> list[tuple[str, str, str]]:
@@ -315,8 +325,10 @@ def result_rows(summary: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         rows.append(("fastest measured", short_config(fastest),
                      f"{summary['fastest_speedup']:.2f}x"
                      + (f" [{interval[0]:.2f}-{interval[1]:.2f}]" if interval else "")
-                     + " of the baseline, no measurable difference from the best, which "
-                     "changes fewer knobs"))
+                     + (" of the baseline, too few paired rounds to tell it from the best"
+                        if _difference_unknown(summary) else
+                        " of the baseline, no measurable difference from the best")
+                     + ", which changes fewer knobs"))
     rows += [
         ("peak memory (best)", format_bytes(summary.get("best_peak_memory_bytes")), ""),
         ("MFU (best)", format_percent(summary.get("best_mfu")), "CUDA only"),
@@ -326,7 +338,8 @@ def result_rows(summary: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         ("outcomes", ", ".join(f"{k} {v}" for k, v in sorted(summary["statuses"].items())),
          "oom and over_memory count as infeasible"),
         ("retried", str(summary.get("retried_trials", 0)),
-         "trials re-run because their tuner died (orphaned)"),
+         "trials queued to run again: their tuner died (orphaned), or their compile ran "
+         "out of time"),
         ("disturbed", _trial_numbers(summary.get("disturbed_trials") or []),
          "trials timed while other processes used the CPUs; never ranked above a clean one"),
     ]

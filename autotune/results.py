@@ -165,6 +165,16 @@ def study_summary(study: optuna.Study) -> dict[str, Any]:
 def _confirmation_warnings(confirmation: dict[str, Any]) -> list[str]:
     """What the confirmation rounds say about the answer that a reader must not miss."""
     out = []
+    fastest, winner = confirmation.get("fastest"), confirmation.get("winner")
+    if confirmation.get("no_measurable_difference") is None and fastest and winner and \
+            fastest["config"] != winner["config"]:
+        rounds = confirmation["rounds"]
+        out.append(f"the confirmation had time for {rounds} paired round"
+                   f"{'s' if rounds != 1 else ''}, too few for an interval: whether the "
+                   f"fastest measured ({fastest['speedup']:.2f}x in "
+                   f"{'it' if rounds == 1 else 'them'}) is faster than the baseline is not "
+                   "known, so the baseline is kept; give the run more time (--timeout) to "
+                   "confirm it")
     if confirmation.get("disturbed_rounds"):
         out.append(f"{confirmation['disturbed_rounds']} of {confirmation['rounds']} confirmation "
                    "rounds ran while other processes used the CPUs (the machine stayed busy): "

@@ -11,6 +11,8 @@ from autotune.config import TrainConfig
 from autotune.confirm import Candidate, Plan, conclusion, confirm, drift
 from autotune.isolation import TrialResult
 from autotune.outcome import Scoring
+from autotune.report import result_rows, speedup_text
+from autotune.results import study_summary
 from autotune.runner import MeasureJob
 from autotune.storage import open_storage
 from autotune.trials import MEMORY_CONSTRAINT
@@ -137,3 +139,28 @@ def test_a_baseline_faster_than_everything_keeps_its_closest_contenders_interval
     assert result["winner"]["config"] == BASE.to_dict() and result["speedup"] == 1.0
     low, high = result["speedup_ci"]  # fused against the baseline: how close it came
     assert 0.8 < low < high < 1.0
+
+
+def test_one_round_leaves_the_difference_unknown_not_absent(tmp_path) -> None:
+    """A slow model's budget may leave room for one paired round: no interval can come of it,
+    so the baseline is kept and `show` says the difference is not known (not that there is
+    none), with a warning naming the fastest's figure."""
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        rate = 144.0 if config.precision == "bf16" else 100.0
+        return TrialResult("ok", "measured", {"samples_per_sec": rate})
+
+    study = _study(tmp_path)
+    result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), measure, SilentView(),
+                     Plan(top=1, rounds=1, max_rounds=1, target=0.03), time_limit_s=60,
+                     device="cpu", directory=tmp_path)
+    assert result["rounds"] == 1 and result["winner"]["config"] == BASE.to_dict()
+    assert result["fastest"]["config"]["precision"] == "bf16"
+    assert result["speedup_ci"] is None and result["no_measurable_difference"] is None
+
+    summary = study_summary(study)
+    shown = " ".join(speedup_text(summary).split() + [r[2] for r in result_rows(summary)])
+    assert "1.00x: not known (too few paired rounds" in shown
+    assert "1.44x of the baseline, too few paired rounds to tell it from the best" in shown
+    assert "no measurable difference" not in shown
+    assert any("1 paired round, too few for an interval" in w and "(1.44x in it)" in w
+               for w in summary["warnings"])
