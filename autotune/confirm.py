@@ -59,6 +59,9 @@ class Plan:
     rounds: int = DEFAULT_ROUNDS          # at least this many
     max_rounds: int = DEFAULT_MAX_ROUNDS  # at most this many (disturbed ones included)
     target: float = DEFAULT_TARGET        # stop once the leader is known within ±target
+    # Under a time budget (time.monotonic()): no round starts that would end after it, going
+    # by the longest round so far, so time left after the planned rounds buys more of them.
+    ends_by: float | None = None
 
 
 @dataclass
@@ -128,13 +131,17 @@ def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measur
     entries = candidates(study, baseline, plan.top)
     reference = entries[-1]
     shuffle = random.Random(0)
-    start, rounds, kept_disturbed = time.monotonic(), 0, 0
+    start, rounds, kept_disturbed, longest_s = time.monotonic(), 0, 0, 0.0
     while rounds < plan.max_rounds:
+        if rounds and plan.ends_by is not None and time.monotonic() + longest_s > plan.ends_by:
+            break
+        began = time.monotonic()
         rounds += 1
         order = list(range(len(entries)))
         shuffle.shuffle(order)
         runs = [_run(entries[i], i, rounds, scoring, measure, view, time_limit_s, device,
                      directory, len(entries)) for i in order]
+        longest_s = max(longest_s, time.monotonic() - began)
         if any(run is not None and run.get("disturbed") for run in runs):
             # Measured again while the cap leaves room for the minimum of clean rounds; a
             # machine that stays busy gets its rounds kept (paired, so still comparable).

@@ -286,12 +286,15 @@ class Tuner:
         run_workers(search, self.devices, opts.trials, deadline, finish_by)
         study.set_user_attr(StudyKey.TUNING_WALL_S, study.user_attrs.get(
             StudyKey.TUNING_WALL_S, 0.0) + time.monotonic() - started)
+        ends_by = None
         if time_budget and trial_s:
             rounds = rounds_that_fit(time_budget, self.started, time.monotonic(), trial_s,
                                      candidates, opts.confirm_max_rounds)
+            ends_by = self.started + time_budget
         if opts.confirm_repeats >= 1 and should_confirm(study, self.owner, self.view):
             plan = Plan(top=opts.confirm_top, rounds=min(opts.confirm_repeats, rounds),
-                        max_rounds=rounds, target=opts.confirm_target)
+                        max_rounds=opts.confirm_max_rounds, target=opts.confirm_target,
+                        ends_by=ends_by)
             confirmation = confirm(study, self.baseline, self.scoring, self.runner.measure,
                                    self.view, plan, time_limit_s=opts.trial_time_limit_s,
                                    device=str(self.device), directory=self.directory)

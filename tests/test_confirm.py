@@ -4,6 +4,7 @@ is as fast as the fastest, and drift between the start and the end of a study.""
 from __future__ import annotations
 
 import itertools
+import time
 
 import optuna
 
@@ -164,3 +165,24 @@ def test_one_round_leaves_the_difference_unknown_not_absent(tmp_path) -> None:
     assert "no measurable difference" not in shown
     assert any("1 paired round, too few for an interval" in w and "(1.44x in it)" in w
                for w in summary["warnings"])
+
+
+def test_under_a_time_budget_rounds_go_on_while_the_longest_round_still_fits(tmp_path) -> None:
+    """The plan's minimum is one round, the cap ten; runs take 0.1 s and the speedup is never
+    known within ±3% (20% noise). Rounds are added past the minimum while time is left, and
+    none starts that the longest round so far says would end after the budget."""
+    noise = itertools.cycle([1.0, 1.2, 0.8, 1.1, 0.9])
+
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        time.sleep(0.1)
+        rate = (150.0 if config.precision == "bf16" else 100.0) * next(noise)
+        return TrialResult("ok", "measured", {"samples_per_sec": rate})
+
+    ends_by = time.monotonic() + 1.5
+    result = confirm(_study(tmp_path), BASE, Scoring("cpu", None, 0.1, 0.0), measure,
+                     SilentView(), Plan(top=1, rounds=1, max_rounds=10, target=0.03,
+                                        ends_by=ends_by), time_limit_s=60, device="cpu",
+                     directory=tmp_path)
+    assert 2 <= result["rounds"] < 10, result["rounds"]
+    assert time.monotonic() <= ends_by + 0.5  # at most one round's overrun on a slow machine
+    assert result["speedup_ci"] is not None
