@@ -12,7 +12,6 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import optuna
 import pytest
@@ -60,10 +59,6 @@ class TunerProcess:
     @property
     def returncode(self) -> int | None:
         return self.process.poll()
-
-
-def start_tuner(studies: Path, *args: str, **kwargs: Any) -> TunerProcess:
-    return TunerProcess(studies, *args, **kwargs)
 
 
 def study_of(studies: Path, storage: str | None) -> optuna.Study:
@@ -138,7 +133,7 @@ def test_tuners_share_a_study_and_rerun_a_killed_ones_trial(backend, tmp_path, r
     extra = ["--storage", storage] if storage else []
     tuners = []
     for _ in range(count):  # started a moment apart, as people do
-        tuners.append(start_tuner(tmp_path, "--trials", str(budget), *extra))
+        tuners.append(TunerProcess(tmp_path, "--trials", str(budget), *extra))
         time.sleep(1.0)
     victim = tuners[1]
     trial = wait_for(lambda: running_trial_of(tmp_path, storage, victim.pid, after=2),
@@ -204,7 +199,7 @@ def test_tuners_whose_probes_disagree_join_one_study_with_its_creators_probe(
     model = write_model(DISAGREEING_MODEL, "disagree.py")
     workload = ["--model", str(model), "--device", "cpu", "--fix", "compile_mode=none"]
     studies = tmp_path / "studies"
-    tuners = [start_tuner(studies, "--trials", "2", workload=workload, env={"DISAGREE": flag})
+    tuners = [TunerProcess(studies, "--trials", "2", workload=workload, env={"DISAGREE": flag})
               for flag in ("0", "1")]
     outputs = [" ".join(tuner.communicate(timeout=600)[0].split()) for tuner in tuners]
     for tuner in tuners:
@@ -224,12 +219,12 @@ def test_a_frozen_tuner_loses_its_trial_by_heartbeat(tmp_path) -> None:
     """A tuner that stops beating (SIGSTOP: as a lost node looks to the others) has its trial
     failed and re-run by the other; resumed, it learns its result was taken over."""
     beat = ["--heartbeat-interval", "0.5", "--trials", "5"]
-    frozen = start_tuner(tmp_path, *beat)
+    frozen = TunerProcess(tmp_path, *beat)
     trial = wait_for(lambda: running_trial_of(tmp_path, None, frozen.pid),
                      what="a trial of the first tuner")
     frozen.send_signal(signal.SIGSTOP)
     try:
-        other = start_tuner(tmp_path, *beat)
+        other = TunerProcess(tmp_path, *beat)
         out, err = other.communicate(timeout=600)
         assert other.returncode == 0, err
         assert "lost its tuner (no heartbeat" in " ".join(out.split())
@@ -263,7 +258,7 @@ def test_workers_option_runs_trials_at_once(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_storage_briefly_down_mid_study(postgres, tmp_path) -> None:
-    tuner = start_tuner(tmp_path, "--storage", postgres.url, "--trials", "4",
+    tuner = TunerProcess(tmp_path, "--storage", postgres.url, "--trials", "4",
                         "--study", "outage")
     wait_for(lambda: _completed(postgres.url, "outage") >= 1, what="a first trial")
     postgres.stop()
@@ -278,7 +273,7 @@ def test_storage_briefly_down_mid_study(postgres, tmp_path) -> None:
 
 @pytest.mark.slow
 def test_storage_down_too_long_is_a_clear_error(postgres, tmp_path) -> None:
-    tuner = start_tuner(tmp_path, "--storage", postgres.url, "--trials", "20",
+    tuner = TunerProcess(tmp_path, "--storage", postgres.url, "--trials", "20",
                         "--study", "lost", "--storage-retry-seconds", "2")
     wait_for(lambda: _completed(postgres.url, "lost") >= 1, what="a first trial")
     postgres.stop()
