@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from autotune.errors import ConfigError
+
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 CHECKPOINTING = ("none", "selective", "full")
 OPTIMIZER_IMPLS = ("for_loop", "foreach", "fused")
@@ -28,9 +30,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "compile_mode": COMPILE_MODES,
 }
 
-
-class ConfigError(ValueError):
-    """A configuration that is malformed or contradicts itself: bad input, not a failed trial."""
+# The value a DataLoader knob takes when num_workers == 0, where it means nothing.
+INACTIVE: dict[str, Any] = {"prefetch_factor": None, "persistent_workers": False}
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,12 @@ def read_yaml(path: str | Path, kind: str, error: type[ConfigError] = ConfigErro
         raise error(f"cannot read {kind} file {path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise error(f"{kind} file {path} is not valid YAML/JSON: {exc}") from None
+
+
+def config_with(knob: str, value: Any) -> TrainConfig:
+    """The default configuration but for `knob` (and num_workers where `knob` needs workers),
+    so that any complaint about it is about `value`."""
+    return TrainConfig(**({"num_workers": 1, knob: value} if knob in INACTIVE else {knob: value}))
 
 
 def knob_names() -> list[str]:

@@ -9,13 +9,13 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from autotune.config import CUDA_GRAPH_MODES, TrainConfig
+from autotune.config import CHOICES, CUDA_GRAPH_MODES, TrainConfig, config_with
 
 # Dense (no sparsity) peaks in TFLOP/s from the vendors' data sheets, which print the tensor-core
 # figures with 2:4 sparsity: the dense figure is half of it. A key matches whole words of the
@@ -50,6 +50,8 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 # How CUDA numbers GPUs in CUDA_VISIBLE_DEVICES and `cuda:N` unless the user says otherwise: by
 # PCI bus, as NVML and nvidia-smi do, so that NVML describes the GPU the trial runs on.
 BUS_ORDER = "PCI_BUS_ID"
+# The DataLoader prefetch factors a search tries besides the baseline's own.
+PREFETCH_FACTORS = (2, 4)
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,34 @@ def unsupported_reason(config: TrainConfig, info: DeviceInfo) -> str | None:
     if config.num_workers > info.cpu_count:
         return f"num_workers={config.num_workers} exceeds the {info.cpu_count} usable CPUs"
     return None
+
+
+def value_reason(knob: str, value: Any, info: DeviceInfo) -> str | None:
+    """Why this device cannot run `knob=value`, the other knobs at their defaults, or None."""
+    return unsupported_reason(config_with(knob, value), info)
+
+
+def device_domains(baseline: TrainConfig, info: DeviceInfo) -> dict[str, tuple]:
+    """Every value of each knob (the batch sizes aside) that this device runs, the baseline's
+    own among them: what a search offers before the user narrows it, and what the capability
+    probe tries."""
+    candidates: dict[str, Sequence[Any]] = {
+        **CHOICES,
+        "pin_memory": (False, True),
+        "persistent_workers": (False, True),
+        "num_workers": sorted({0, *powers_of_two(info.cpu_count), baseline.num_workers}),
+        # the baseline may leave prefetch_factor at None (the DataLoader's default) with workers
+        "prefetch_factor": sorted(
+            {*PREFETCH_FACTORS, *([baseline.prefetch_factor] if baseline.num_workers else [])},
+            key=lambda v: (v is not None, v or 0)),
+    }
+    return {knob: tuple(v for v in values if value_reason(knob, v, info) is None)
+            for knob, values in candidates.items()}
+
+
+def powers_of_two(limit: int) -> list[int]:
+    """1, 2, 4, ... up to `limit` inclusive."""
+    return [2**i for i in range(max(limit, 0).bit_length())]
 
 
 def peak_flops(info: DeviceInfo, precision: str) -> float | None:

@@ -1,80 +1,166 @@
-"""Run settings: `TuneOptions` is the one source of what `autotune run` can be asked to do.
+"""Every setting a command can be given, with its flag, help, default and checks: one dataclass
+per command, built from shared parts, from which `flags` generates the command line.
 
-Each field carries its flag and help text; the command line is generated from the fields
-(`add_options`) and read back through them (`options_from_args`), and every range is checked
-in one place (`__post_init__`), all problems in one `UsageError`. `WorkloadOptions` is the part
-that `bench` and `profile` share with `run`, `StorageOptions` the part every command that reads
-a study shares with it.
+The defaults live here and nowhere else: the engine imports them, and this module imports
+nothing from the engine. Each dataclass checks itself when built (`problems`), every problem
+in one `UsageError`, so a program that builds one directly gets the same checks as the CLI.
 """
 
 from __future__ import annotations
 
-import argparse
-import re
-from collections.abc import Callable
-from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
-from autotune.config import ConfigError, parse_assignments
-from autotune.confirm import DEFAULT_MAX_ROUNDS, DEFAULT_ROUNDS, DEFAULT_TARGET
-from autotune.heartbeat import DEFAULT_HEARTBEAT_S
-from autotune.measure import MeasureSettings
-from autotune.space import DEFAULT_MAX_GRAD_ACCUM, parse_batch_range
-from autotune.storage import DEFAULT_RETRY_S
-from autotune.workload import ContractError, parse_model_args
+from autotune.config import knob_names, parse_assignments
+from autotune.errors import UsageError
+from autotune.flags import flag_of, group, option, parse_bytes, parse_duration
+from autotune.hardware import parse_device
 
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6,
-          "mib": 2**20, "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12,
-          "tib": 2**40}
-
-
-class UsageError(Exception):
-    """Bad command-line input."""
-
-
-def parse_bytes(text: str) -> int:
-    """`8GiB`, `512MiB`, `8GB`, `2G` (binary), or plain bytes."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS:
-        raise UsageError(f"cannot read {text!r} as a memory size; use e.g. 8GiB, 512MiB, 8GB")
-    value = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-    if value <= 0:
-        raise UsageError(f"memory size must be positive, got {text!r}")
-    return value
+# A whole run's time budget when neither --trials nor --timeout is given.
+DEFAULT_TIME_BUDGET_S = 600.0
+DEFAULT_TRIAL_TIME_LIMIT_S = 900.0
+DEFAULT_HEARTBEAT_S = 10.0
+# How long to keep retrying while the storage is unreachable, backing off from half a second.
+DEFAULT_STORAGE_RETRY_S = 60.0
+DEFAULT_MAX_GRAD_ACCUM = 16
+# Confirmation: paired rounds at least, at most, and the half-width they aim for.
+DEFAULT_CONFIRM_ROUNDS = 3
+DEFAULT_CONFIRM_MAX_ROUNDS = 10
+DEFAULT_CONFIRM_TARGET = 0.03
+EXPORT_FORMATS = ("yaml", "json", "hf", "lightning", "torch")
 
 
-def parse_duration(text: str) -> float:
-    """`90`, `90s`, `30m`, `1h`, `1h30m` to seconds."""
-    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([hms]?)", text.strip().lower())
-    if not parts or "".join(n + u for n, u in parts) != re.sub(r"\s+", "", text.lower()):
-        raise UsageError(f"cannot read {text!r} as a duration; use e.g. 90s, 30m, 1h30m")
-    seconds = sum(float(n) * {"h": 3600, "m": 60, "s": 1, "": 1}[u] for n, u in parts)
-    if seconds <= 0:
-        raise UsageError(f"duration must be positive, got {text!r}")
-    return seconds
+def parse_model_args(items: list[str]) -> dict[str, Any]:
+    """`key=value` strings to keyword arguments: ints, floats, bools, else strings."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise UsageError(f"--model-arg expects key=value with a Python name as key, "
+                             f"got {item!r}")
+        out[key] = _scalar(text.strip())
+    return out
+
+
+def parse_batch_range(text: str) -> tuple[int, int]:
+    """`--free-batch-size MIN:MAX` -> (MIN, MAX)."""
+    low, sep, high = str(text).partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        bounds = int(low), int(high)
+    except ValueError:
+        raise UsageError(f"--free-batch-size expects MIN:MAX (two integers, e.g. 16:64), "
+                         f"got {text!r}") from None
+    if min(bounds) < 1:
+        raise UsageError(f"--free-batch-size bounds must be positive integers, got {text}")
+    if bounds[0] > bounds[1]:
+        raise UsageError(f"--free-batch-size {text}: MIN is larger than MAX")
+    return bounds
+
+
+def _scalar(text: str) -> Any:
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
 
 
 def _device_list(text: str) -> tuple[str, ...]:
     return tuple(d.strip() for d in text.split(","))
 
 
-def option(flag: str, help: str, *, default: Any = None, metavar: str | None = None,
-           kind: Callable[[str], Any] | None = None, parse: Callable[[Any], Any] | None = None,
-           repeat: bool = False, switch: bool = False, required: bool = False) -> Any:
-    """A settings field with its command-line flag: `kind` converts each word (argparse's
-    `type`), `parse` the whole value once read, `repeat` collects a repeatable flag."""
-    meta = {"flag": flag, "help": help, "metavar": metavar, "kind": kind, "parse": parse,
-            "repeat": repeat, "switch": switch, "required": required}
-    if required:
-        return field(metadata=meta)
-    if repeat or isinstance(default, (dict, list)):
-        empty = type(default) if default is not None else dict
-        return field(default_factory=empty, metadata=meta)
-    return field(default=default, metadata=meta)
+def _at_least(options: Any, limits: dict[str, float]) -> list[str]:
+    """A problem for each field below its limit (None passes: not given)."""
+    out = []
+    for name, low in limits.items():
+        value = getattr(options, name)
+        if value is not None and value < low:
+            out.append(f"{flag_of(type(options), name)} must be >= {low:g}, got {value}")
+    return out
 
 
-@dataclass
-class WorkloadOptions:
+@dataclass(kw_only=True)
+class MeasureSettings:
+    """How long to warm up and time. The defaults favour a trustworthy figure over speed."""
+
+    window_steps: int = option("--window-steps", "minimum optimizer steps in the timed window",
+                               default=10, kind=int)
+    window_seconds: float = option("--window-seconds", "minimum seconds in the timed window",
+                                   default=3.0, kind=float)
+    window_precision: float = option(
+        "--window-precision", "after the minimum, time on until the median step time is known "
+        "within ± this (95%% interval), or a cap is hit", default=0.02, metavar="FRACTION",
+        kind=float)
+    window_max_steps: int = option("--window-max-steps",
+                                   "cap of the timed window in optimizer steps", default=2000,
+                                   kind=int)
+    window_max_seconds: float = option("--window-max-seconds",
+                                       "cap of the timed window in seconds", default=15.0,
+                                       kind=float)
+    warmup_max_steps: int = 50
+    warmup_max_seconds: float = option(
+        "--warmup-max-seconds", "give up waiting for steady step times after this long",
+        default=60.0, kind=float)
+    steady_steps: int = 3
+    steady_tolerance: float = 0.10
+    profile_steps: int = option(
+        "--profile-steps", "optimizer steps under the profiler after the window, in search "
+        "trials and each candidate's first confirmation run (0: none; each step costs torch "
+        "about 0.1 ms per recorded operator to read back)", default=1, kind=int)
+    # Multi-fidelity: a short window right after warm-up; a configuration whose rate there is
+    # below `screen_below` samples/sec stops (status `screened`) without the full window.
+    screen_steps: int = 3
+    screen_below: float | None = None
+    # A window in which other processes took more than this share of the trial's CPUs is
+    # measured again, up to `contention_retries` times, after 1, 2, 4... x the back-off.
+    contention_threshold: float = option(
+        "--contention-threshold", "a window in which other processes used more than this "
+        "share of the trial's CPUs is disturbed: measured again, else flagged", default=0.05,
+        metavar="FRACTION", kind=float)
+    contention_retries: int = option(
+        "--contention-retries", "chances a disturbed window gets to be measured again: each "
+        "waits for a quiet moment (up to 1, 2, 4... s)", default=2, kind=int)
+    contention_backoff_s: float = 1.0
+
+    def problems(self) -> list[str]:
+        out = _at_least(self, {"window_steps": 1, "profile_steps": 0, "window_seconds": 0,
+                               "contention_retries": 0})
+        if self.window_max_steps < self.window_steps or \
+                self.window_max_seconds < self.window_seconds:
+            out.append("--window-max-steps and --window-max-seconds must be at least "
+                       "--window-steps and --window-seconds")
+        if not 0 <= self.window_precision < 1:
+            out.append("--window-precision must be in [0, 1)")
+        if not 0 <= self.contention_threshold <= 1:
+            out.append("--contention-threshold must be in [0, 1]")
+        return out
+
+
+@dataclass(kw_only=True)
+class CommandOptions:
+    """What every command takes; building one runs every check of its fields."""
+
+    debug: bool = option("--debug", "show tracebacks", default=False, switch=True)
+
+    def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise UsageError("; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Every reason these settings are invalid (empty when valid)."""
+        return []
+
+
+@dataclass(kw_only=True)
+class WorkloadOptions(CommandOptions):
     """A model file on a device: what `bench`, `profile` and `run` all need."""
 
     model_path: str = option("--model", "model file defining build_model and build_dataset",
@@ -88,18 +174,9 @@ class WorkloadOptions:
         "--memory-limit", "measure as if the device had only this much memory (e.g. 8GiB)",
         metavar="SIZE", parse=parse_bytes)
 
-    def __post_init__(self) -> None:
-        problems = self.problems()
-        if problems:
-            raise UsageError("; ".join(problems))
 
-    def problems(self) -> list[str]:
-        """Every reason these settings are invalid (empty when valid)."""
-        return []
-
-
-@dataclass
-class StorageOptions:
+@dataclass(kw_only=True)
+class StorageOptions(CommandOptions):
     """Where studies live: what every command that reads or writes a study needs."""
 
     studies_dir: str = option("--studies-dir", "where embedded studies live: "
@@ -109,16 +186,64 @@ class StorageOptions:
         "the embedded journal file", metavar="URL")
 
 
-@dataclass
+@dataclass(kw_only=True)
+class OneConfigOptions(WorkloadOptions):
+    """One configuration of a model file: `bench` and `profile`."""
+
+    config_file: str | None = option(
+        "--config", "YAML/JSON configuration; knobs it leaves out come from BASELINE",
+        metavar="FILE")
+    knobs: list[str] = option("--set", "set one knob (repeatable); knobs: "
+                              f"{', '.join(knob_names())}", metavar="KNOB=VALUE", repeat=True,
+                              default=[])
+
+
+@dataclass(kw_only=True)
+class BenchOptions(OneConfigOptions):
+    """`autotune bench`: measure one configuration."""
+
+    trace_dir: str | None = option("--trace", "write the profiler's Chrome trace here",
+                                   metavar="DIR")
+    json: bool = option("--json", "print one JSON object", default=False, switch=True)
+    log: str | None = option("--log", "trial log file (default: a temp file)", metavar="FILE")
+    time_limit_s: float = option("--time-limit", "kill the trial after this long",
+                                 default=DEFAULT_TRIAL_TIME_LIMIT_S, metavar="SECONDS",
+                                 kind=float)
+    settings: MeasureSettings = group(MeasureSettings)
+
+    def problems(self) -> list[str]:
+        return self.settings.problems() + _at_least(self, {"time_limit_s": 1})
+
+
+@dataclass(kw_only=True)
+class ProfileOptions(OneConfigOptions):
+    """`autotune profile`: the deeper look at one configuration."""
+
+    steps: int = option("--steps", "optimizer steps under the profiler", default=5, kind=int)
+    top: int = option("--top", "rows per operator table", default=15, kind=int)
+    out: str | None = option("--out", "output folder (default: studies/<model>/profile)",
+                             metavar="DIR")
+    warmup_max_seconds: float = option(
+        "--warmup-max-seconds", "give up waiting for steady step times after this long",
+        default=MeasureSettings().warmup_max_seconds, kind=float)
+    time_limit_s: float = option("--time-limit", "kill the profiled run after this long",
+                                 default=DEFAULT_TRIAL_TIME_LIMIT_S, metavar="SECONDS",
+                                 kind=float)
+
+    def problems(self) -> list[str]:
+        return _at_least(self, {"steps": 1, "top": 1, "time_limit_s": 1})
+
+
+@dataclass(kw_only=True)
 class TuneOptions(StorageOptions, WorkloadOptions):
-    """Everything `autotune run` was asked to do."""
+    """Everything `autotune run` can be asked to do."""
 
     study: str | None = option("--study", "study name (default: the model file's stem)",
                                metavar="NAME")
     trials: int | None = option(
         "--trials", "measured trials the study should have in all (default: as many as fit "
-        "in a 10 min budget for the whole run, confirmation included, unless --timeout is "
-        "given)", metavar="N", kind=int)
+        f"in a {DEFAULT_TIME_BUDGET_S / 60:g} min budget for the whole run, confirmation "
+        "included, unless --timeout is given)", metavar="N", kind=int)
     timeout_s: float | None = option("--timeout", "stop starting trials after this long, e.g. "
                                      "30m, 1h, 90s (confirmation follows)",
                                      metavar="DURATION", parse=parse_duration)
@@ -147,18 +272,18 @@ class TuneOptions(StorageOptions, WorkloadOptions):
     confirm_repeats: int = option(
         "--confirm-repeats", "paired rounds of fresh runs at least (each round: every "
         "confirmed configuration and the baseline once, in a shuffled order; 0 skips "
-        "confirmation)", default=DEFAULT_ROUNDS, metavar="R", kind=int)
+        "confirmation)", default=DEFAULT_CONFIRM_ROUNDS, metavar="R", kind=int)
     confirm_max_rounds: int = option(
         "--confirm-max-rounds", "paired rounds at most: rounds are added until the leader's "
-        "speedup is known within --confirm-target", default=DEFAULT_MAX_ROUNDS, metavar="N",
-        kind=int)
+        "speedup is known within --confirm-target", default=DEFAULT_CONFIRM_MAX_ROUNDS,
+        metavar="N", kind=int)
     confirm_target: float = option(
         "--confirm-target", "stop adding rounds once the leader's speedup over the baseline "
-        "is known within this share (95%% interval half-width)", default=DEFAULT_TARGET,
-        metavar="SHARE", kind=float)
+        "is known within this share (95%% interval half-width)",
+        default=DEFAULT_CONFIRM_TARGET, metavar="SHARE", kind=float)
     trial_time_limit_s: float = option("--trial-time-limit", "kill a trial after this long "
-                                       "(a timeout)", default=900.0, metavar="SECONDS",
-                                       kind=float)
+                                       "(a timeout)", default=DEFAULT_TRIAL_TIME_LIMIT_S,
+                                       metavar="SECONDS", kind=float)
     seed: int | None = option("--seed", "sampler seed, for a reproducible search", kind=int)
     workers: int = option(
         "--workers", "trials at once on a CPU --device (parallel trials share the cores and "
@@ -179,24 +304,22 @@ class TuneOptions(StorageOptions, WorkloadOptions):
     storage_retry_s: float = option(
         "--storage-retry-seconds", "keep retrying (with back-off) this long while the storage "
         "is unreachable, then stop with an error; finished trials stay safe",
-        default=DEFAULT_RETRY_S, metavar="SECONDS", kind=float)
+        default=DEFAULT_STORAGE_RETRY_S, metavar="SECONDS", kind=float)
     heartbeat_s: float = option(
         "--heartbeat-interval", "how often running trials are marked alive; a trial silent "
         "for 3 intervals lost its tuner and is re-run (once) by another",
         default=DEFAULT_HEARTBEAT_S, metavar="SECONDS", kind=float)
-    settings: MeasureSettings = field(default_factory=MeasureSettings)
+    json: bool = option("--json", "print the final summary as one JSON object", default=False,
+                        switch=True)
+    settings: MeasureSettings = group(MeasureSettings)
     # The ablation of the search-efficiency benchmark: no fast corner, the rest unchanged.
     fast_corner_first: bool = True
 
     def problems(self) -> list[str]:
-        out = []
-        at_least = {"trials": 1, "train_steps": 1, "global_batch": 1, "workers": 1,
-                    "confirm_top": 1, "confirm_repeats": 0, "confirm_max_rounds": 1,
-                    "max_grad_accum": 1, "storage_retry_s": 0}
-        for name, low in at_least.items():
-            value = getattr(self, name)
-            if value is not None and value < low:
-                out.append(f"{flag_of(TuneOptions, name)} must be >= {low}, got {value}")
+        out = self.settings.problems() + _at_least(self, {
+            "trials": 1, "train_steps": 1, "global_batch": 1, "workers": 1, "confirm_top": 1,
+            "confirm_repeats": 0, "confirm_max_rounds": 1, "max_grad_accum": 1,
+            "storage_retry_s": 0})
         if self.confirm_max_rounds < self.confirm_repeats:
             out.append("--confirm-max-rounds must be >= --confirm-repeats")
         for name in ("heartbeat_s", "trial_time_limit_s", "confirm_target"):
@@ -205,132 +328,61 @@ class TuneOptions(StorageOptions, WorkloadOptions):
         for name in ("stall_penalty", "memory_headroom"):
             if not 0 <= getattr(self, name) < 1:
                 out.append(f"{flag_of(TuneOptions, name)} must be in [0, 1)")
-        if self.devices and self.device:
-            out.append("give either --device or --devices")
-        if self.devices and self.workers != 1:
-            out.append("give either --workers or --devices (one worker per device)")
-        if self.device and self.device.startswith("cuda"):
-            out.extend(filter(None, [one_trial_per_gpu(self.workers)]))
-        if len(set(self.devices)) < len(self.devices):
-            out.append(f"--devices must be distinct devices of one kind, got "
-                       f"{', '.join(self.devices)}")
         if self.global_batch is not None and self.free_batch is not None:
             out.append("--global-batch-size and --free-batch-size contradict each other: the "
                        "first keeps the effective batch at one value, the second lets it vary")
-        return out
+        return out + self._device_problems()
 
-
-Options = TypeVar("Options")
-
-
-def one_trial_per_gpu(workers: int) -> str | None:
-    """Why `--workers` above 1 cannot share one GPU, or None for one worker."""
-    if workers <= 1:
-        return None
-    return (f"--workers {workers} would run {workers} trials on one GPU at once: they would "
-            "share its memory and compute and time each other's work; give several GPUs "
-            "with --devices cuda:0,cuda:1 (one trial each)")
-
-
-def flag_of(cls: type, name: str) -> str:
-    return next(f.metadata["flag"] for f in fields(cls) if f.name == name)
-
-
-def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
-    """One flag per field of `cls` that has one, with its help and default."""
-    for f in fields(cls):
-        meta = f.metadata
-        if "flag" not in meta:
-            continue
-        kwargs: dict[str, Any] = {"dest": f.name, "help": meta["help"]}
-        if meta["switch"]:
-            kwargs["action"] = "store_true"
-        else:
-            kwargs["metavar"] = meta["metavar"]
-            if meta["kind"]:
-                kwargs["type"] = meta["kind"]
-            if meta["repeat"]:
-                kwargs.update(action="append", default=[])
-            elif f.default is not MISSING and f.default not in (None, ()):
-                kwargs["default"] = f.default
-        if meta["required"]:
-            kwargs["required"] = True
-        parser.add_argument(meta["flag"], **kwargs)
-
-
-def add_measure_arguments(parser: argparse.ArgumentParser) -> None:
-    defaults = MeasureSettings()
-    parser.add_argument("--window-steps", type=int, default=defaults.window_steps,
-                        help="minimum optimizer steps in the timed window")
-    parser.add_argument("--window-seconds", type=float, default=defaults.window_seconds,
-                        help="minimum seconds in the timed window")
-    parser.add_argument("--window-precision", type=float, default=defaults.window_precision,
-                        metavar="FRACTION",
-                        help="after the minimum, time on until the median step time is known "
-                        "within ± this (95%% interval), or a cap is hit")
-    parser.add_argument("--window-max-steps", type=int, default=defaults.window_max_steps,
-                        help="cap of the timed window in optimizer steps")
-    parser.add_argument("--window-max-seconds", type=float,
-                        default=defaults.window_max_seconds,
-                        help="cap of the timed window in seconds")
-    parser.add_argument("--warmup-max-seconds", type=float,
-                        default=defaults.warmup_max_seconds,
-                        help="give up waiting for steady step times after this long")
-    parser.add_argument("--profile-steps", type=int, default=defaults.profile_steps,
-                        help="optimizer steps under the profiler after the window, in search "
-                        "trials and each candidate's first confirmation run (0: none; each "
-                        "step costs torch about 0.1 ms per recorded operator to read back)")
-    parser.add_argument("--contention-threshold", type=float,
-                        default=defaults.contention_threshold, metavar="FRACTION",
-                        help="a window in which other processes used more than this share of "
-                        "the trial's CPUs is disturbed: measured again, else flagged")
-    parser.add_argument("--contention-retries", type=int, default=defaults.contention_retries,
-                        help="chances a disturbed window gets to be measured again: each "
-                        "waits for a quiet moment (up to 1, 2, 4... s)")
-
-
-def measure_settings(args: argparse.Namespace) -> MeasureSettings:
-    problems = []
-    if args.window_steps < 1 or args.profile_steps < 0 or args.window_seconds < 0:
-        problems.append("--window-steps must be >= 1, --profile-steps and --window-seconds "
-                        ">= 0")
-    if args.window_max_steps < args.window_steps or \
-            args.window_max_seconds < args.window_seconds:
-        problems.append("--window-max-steps and --window-max-seconds must be at least "
-                        "--window-steps and --window-seconds")
-    if not 0 <= args.window_precision < 1 or not 0 <= args.contention_threshold <= 1:
-        problems.append("--window-precision must be in [0, 1) and --contention-threshold in "
-                        "[0, 1]")
-    if args.contention_retries < 0:
-        problems.append("--contention-retries must be >= 0")
-    if problems:
-        raise UsageError("; ".join(problems))
-    return MeasureSettings(window_steps=args.window_steps, window_seconds=args.window_seconds,
-                           window_precision=args.window_precision,
-                           window_max_steps=args.window_max_steps,
-                           window_max_seconds=args.window_max_seconds,
-                           warmup_max_seconds=args.warmup_max_seconds,
-                           profile_steps=args.profile_steps,
-                           contention_threshold=args.contention_threshold,
-                           contention_retries=args.contention_retries)
-
-
-def options_from_args(args: argparse.Namespace, cls: type[Options], **extra: Any) -> Options:
-    """The settings the flags of `cls` were given, each read by its field's parser; every
-    value that cannot be read is listed in one UsageError."""
-    values, problems = dict(extra), []
-    for f in fields(cls):
-        if "flag" not in f.metadata or not hasattr(args, f.name):
-            continue
-        raw, parse = getattr(args, f.name), f.metadata["parse"]
-        if parse is None or raw is None or raw == []:
-            if raw is not None and raw != []:
-                values[f.name] = raw
-            continue
+    def _device_problems(self) -> list[str]:
+        """One worker per device: distinct devices of one kind, and one trial per GPU."""
+        if self.devices and self.device:
+            return ["give either --device or --devices"]
+        if self.devices and self.workers != 1:
+            return ["give either --workers or --devices (one worker per device)"]
+        one_per_gpu = [f"--workers {self.workers} would run {self.workers} trials on one GPU at "
+                       "once: they would share its memory and compute and time each other's "
+                       "work; give several GPUs with --devices cuda:0,cuda:1 (one trial each)"]
+        if self.workers > 1 and (self.device or "").startswith("cuda"):
+            return one_per_gpu
         try:
-            values[f.name] = parse(raw)
-        except (UsageError, ConfigError, ContractError) as exc:
-            problems.append(str(exc))
-    if problems:
-        raise UsageError("; ".join(problems))
-    return cls(**values)
+            devices = [parse_device(name) for name in self.devices or (self.device,)]
+        except ValueError as exc:
+            return [str(exc)]
+        if len({d.type for d in devices}) > 1 or len(set(devices)) < len(devices):
+            return [f"--devices must be distinct devices of one kind, got "
+                    f"{', '.join(self.devices)}"]
+        return one_per_gpu if devices[0].type == "cuda" and self.workers > 1 else []
+
+
+@dataclass(kw_only=True)
+class StudyOptions(StorageOptions):
+    """One study of the storage, by name."""
+
+    study: str = option("study", "the study's name (see `autotune studies`)", metavar="STUDY",
+                        required=True)
+
+
+@dataclass(kw_only=True)
+class ShowOptions(StudyOptions):
+    """`autotune show`."""
+
+    json: bool = option("--json", "print one JSON object", default=False, switch=True)
+
+
+@dataclass(kw_only=True)
+class ReportOptions(StudyOptions):
+    """`autotune report`."""
+
+    output: str | None = option(("-o", "--output"), "write here (default: the study folder's "
+                                "report.html)", metavar="FILE")
+
+
+@dataclass(kw_only=True)
+class ExportOptions(StudyOptions):
+    """`autotune export`."""
+
+    format: str = option("--format", "what to write (see above)", default="yaml",
+                         choices=EXPORT_FORMATS)
+    output: str | None = option(("-o", "--output"), "write here instead of stdout",
+                                metavar="FILE")
+

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from autotune.config import parse_assignments
 from autotune.hardware import parse_device
-from autotune.isolation import TrialRequest, run_isolated
-from autotune.workload import parse_model_args
+from autotune.options import parse_model_args
+from autotune.search.isolation import run_isolated
+from autotune.trial.protocol import TrialRequest
 
 
 def main() -> None:

@@ -136,7 +136,7 @@ def environment() -> dict:
 
     from autotune.config import PRECISIONS as KNOB_PRECISIONS
     from autotune.hardware import describe
-    from autotune.training import set_matmul_precision
+    from autotune.trial.training import set_matmul_precision
 
     smi = shutil.which("nvidia-smi")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -44,10 +44,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune.hardware import describe  # noqa: E402
-from autotune.measure import MeasureSettings, build_setup, warm_up  # noqa: E402
+from autotune.options import MeasureSettings  # noqa: E402
 from autotune.stats import paired_ratio  # noqa: E402
-from autotune.training import TrainingSetup  # noqa: E402
-from autotune.workload import load_workload  # noqa: E402
+from autotune.trial.measure import build_setup, warm_up  # noqa: E402
+from autotune.trial.training import TrainingSetup  # noqa: E402
+from autotune.trial.workload import load_workload  # noqa: E402
 from benchmarks.repeatability import REFERENCES, cases, spread  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"

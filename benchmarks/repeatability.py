@@ -58,10 +58,11 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import TrainConfig, from_baseline
-from autotune.contention import cpu_ticks, other_share
-from autotune.isolation import TrialRequest, run_isolated
-from autotune.measure import MeasureSettings
-from autotune.workload import load_workload
+from autotune.options import MeasureSettings
+from autotune.search.isolation import run_isolated
+from autotune.trial.contention import cpu_ticks, other_share
+from autotune.trial.protocol import TrialRequest
+from autotune.trial.workload import load_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -107,7 +108,7 @@ ONE_PROCESS = "one process"
 FLOOR_CHILD = """
 import json, statistics, sys, time
 import torch
-from autotune.contention import ContentionProbe
+from autotune.trial.contention import ContentionProbe
 a, b = torch.randn(384, 384), torch.randn(384, 384)
 def work():
     for _ in range(16):
@@ -135,8 +136,8 @@ ONE_PROCESS_CHILD = """
 import json, sys
 import torch
 from autotune.hardware import describe
-from autotune.measure import MeasureSettings, build_setup, measure_setup
-from autotune.workload import load_workload
+from autotune.trial.measure import MeasureSettings, build_setup, measure_setup
+from autotune.trial.workload import load_workload
 path, model_args, config, settings = json.loads(sys.argv[1])
 workload = load_workload(path, model_args)
 device = torch.device("cpu")

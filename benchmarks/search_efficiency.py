@@ -49,14 +49,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune.config import TrainConfig  # noqa: E402
-from autotune.isolation import TrialRequest, TrialResult, run_isolated  # noqa: E402
-from autotune.loader_plan import LoaderRate  # noqa: E402
-from autotune.measure import MeasureSettings  # noqa: E402
-from autotune.options import TuneOptions  # noqa: E402
-from autotune.probe import ProbeReport  # noqa: E402
-from autotune.runner import MeasureJob  # noqa: E402
-from autotune.trials import COUNTS_AGAINST_BUDGET, config_key  # noqa: E402
-from autotune.tuner import Tuner  # noqa: E402
+from autotune.options import MeasureSettings, TuneOptions  # noqa: E402
+from autotune.search.isolation import run_isolated  # noqa: E402
+from autotune.search.runner import MeasureJob  # noqa: E402
+from autotune.search.tuner import Tuner  # noqa: E402
+from autotune.study.records import COUNTS_AGAINST_BUDGET, config_key  # noqa: E402
+from autotune.trial.protocol import LoaderRate, ProbeReport, TrialRequest, TrialResult  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SETTINGS = MeasureSettings(window_steps=3, window_seconds=0.5, warmup_max_seconds=4,

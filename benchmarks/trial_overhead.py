@@ -27,9 +27,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune.forkserver import ForkServer  # noqa: E402
-from autotune.isolation import TrialRequest, run_isolated  # noqa: E402
+from autotune.search.forkserver import ForkServer  # noqa: E402
+from autotune.search.isolation import run_isolated  # noqa: E402
 from autotune.stats import paired_ratio  # noqa: E402
+from autotune.trial.protocol import TrialRequest  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 MODELS = {

@@ -13,10 +13,10 @@ import pytest
 
 from autotune.cli import main
 from autotune.config import TrainConfig
-from autotune.storage import open_storage
+from autotune.study.storage import open_storage
 
 from .conftest import FAST, ROOT, TEST_MODELS, run_cli
-from .test_results import _told
+from .study.test_results import _told
 
 BENCH_KEYS = {"status", "message", "device", "config", "samples_per_sec", "step_time_median_s",
               "step_time_p90_s", "step_time_cv", "time_to_first_step_s", "peak_memory_bytes",

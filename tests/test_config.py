@@ -9,13 +9,8 @@ import pytest
 import torch
 import yaml
 
-from autotune.config import (
-    ConfigError,
-    TrainConfig,
-    from_baseline,
-    knob_names,
-    parse_assignments,
-)
+from autotune.config import TrainConfig, from_baseline, knob_names, parse_assignments
+from autotune.errors import ConfigError
 from autotune.hardware import describe, unsupported_reason
 
 ALL_KNOBS = ("micro_batch_size", "grad_accum_steps", "precision", "activation_checkpointing",

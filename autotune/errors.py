@@ -1,0 +1,36 @@
+"""Every error autotune raises derives from `AutotuneError`, in three families the command line
+turns into its exit codes (`cli.exit_code`): bad input (2), a run that cannot go on (1), and an
+interruption (130). Errors that never leave autotune (a configuration a device cannot run, a
+fork server that died) derive from the base alone."""
+
+from __future__ import annotations
+
+
+class AutotuneError(Exception):
+    """An error autotune raised on purpose, with a message meant for the user."""
+
+
+class BadInput(AutotuneError):
+    """The user's input is wrong: one clear message, exit 2, nothing written to a study."""
+
+
+class UsageError(BadInput):
+    """Bad command-line input."""
+
+
+class ConfigError(BadInput, ValueError):
+    """A configuration, a study name or a file the user named that is malformed or contradicts
+    itself: bad input, not a failed trial."""
+
+
+class ContractError(BadInput):
+    """The model file breaks the contract; the message says what to add or change."""
+
+
+class RunFailed(AutotuneError):
+    """The run cannot go on (the probe of the model file failed, the storage stayed
+    unreachable): exit 1 with the reason."""
+
+
+class Interrupted(AutotuneError):
+    """Ctrl-C: the running trial was killed and recorded; the study is intact."""

@@ -1,0 +1,290 @@
+"""Confirmation: the answer comes from paired rounds of fresh runs, with its uncertainty, not
+from the luckiest search trial.
+
+When the budget ends, the top configurations and the baseline are re-measured in rounds: each
+round runs every candidate and the baseline once, in a shuffled order, so that whatever the
+machine does drifts over all of them alike. Rounds are added until the leader's speedup over
+the baseline is known within ±`target` (a 95% interval of the paired ratios, `stats`) or the
+cap is reached. A round in which some run was disturbed by another process is measured again.
+
+The recommendation is the simplest configuration that is as fast as the fastest: among the
+candidates with no measurable difference from the fastest (their paired interval holds 1.0),
+the one with the fewest knobs changed from the baseline, so "1.04x" inside the noise is reported
+as no difference and the baseline stays. The baseline is a candidate too, so autotune never
+recommends something slower than what the user has. Of several tuners ending together on one
+study, exactly one confirms.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.config import TrainConfig
+from autotune.options import (
+    DEFAULT_CONFIRM_MAX_ROUNDS,
+    DEFAULT_CONFIRM_ROUNDS,
+    DEFAULT_CONFIRM_TARGET,
+)
+from autotune.search.events import StudyView
+from autotune.search.outcome import Scoring
+from autotune.search.runner import MeasureJob
+from autotune.search.worker import Measure
+from autotune.stats import Ratio, paired_ratio
+from autotune.study.confirmation import FAILED, CandidateSummary, Confirmation, Drift, Run
+from autotune.study.records import Role, StudyKey, TrialKey, config_key, rankable, trial_records
+from autotune.trial.measure import time_to_train_s
+from autotune.trial.protocol import TrialStatus
+
+# Tuners ending together each claim the confirmation; the claim standing after this wins.
+CLAIM_SETTLE_S = 1.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much confirming to do."""
+
+    top: int
+    rounds: int = DEFAULT_CONFIRM_ROUNDS          # at least this many
+    max_rounds: int = DEFAULT_CONFIRM_MAX_ROUNDS  # at most this many (disturbed included)
+    target: float = DEFAULT_CONFIRM_TARGET        # stop once the leader is known within it
+    # Under a time budget (time.monotonic()): no round starts that would end after it, going
+    # by the longest round so far, so time left after the planned rounds buys more of them.
+    ends_by: float | None = None
+
+
+@dataclass
+class Candidate:
+    """One configuration being confirmed, with its run in each round (None: it failed)."""
+
+    config: dict[str, Any]
+    trial: int | None
+    feasible: bool
+    search_samples_per_sec: float | None = None
+    runs: list[Run | None] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(run is not None for run in self.runs)
+
+    def values(self, key: str) -> list[float]:
+        """The figure from every round that has it."""
+        return [getattr(run, key) for run in self.runs
+                if run is not None and getattr(run, key) is not None]
+
+
+def should_confirm(study: optuna.Study, owner: str, view: StudyView) -> bool:
+    """Whether this tuner confirms: no other tuner is still running trials, nobody confirmed
+    since the last trial, and this tuner's claim stood."""
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    if any(t.user_attrs.get(TrialKey.OWNER) != owner for t in running):
+        view.note("another tuner is still running trials of this study; the last one to "
+                  "finish confirms the best")
+        return False
+    confirmed = (study.user_attrs.get(StudyKey.CONFIRMATION) or {}).get("at", 0)
+    last = max((t.datetime_complete.timestamp() for t in study.get_trials(
+        deepcopy=False, states=(TrialState.COMPLETE,)) if t.datetime_complete), default=0)
+    if confirmed > last:
+        view.note("another tuner has confirmed the best since the last trial")
+        return False
+    study.set_user_attr(StudyKey.CONFIRMATION_CLAIM, owner)
+    time.sleep(CLAIM_SETTLE_S)
+    return study.user_attrs.get(StudyKey.CONFIRMATION_CLAIM) == owner
+
+
+def candidates(study: optuna.Study, baseline: TrainConfig, top: int) -> list[Candidate]:
+    """The `top` best distinct feasible configurations, then the baseline (the reference for
+    the speedup; a winner only if it also fitted in the search)."""
+    chosen: dict[str, Candidate] = {}
+    records = trial_records(study)
+    for r in sorted(rankable(records), key=lambda r: r.value, reverse=True):
+        key = config_key(r.config)
+        if len(chosen) < top and key not in chosen:
+            chosen[key] = Candidate(r.config, r.number, True, r.samples_per_sec)
+    key = config_key(baseline)
+    if key not in chosen:
+        measured = next((r for r in records if r.role == Role.BASELINE
+                         and r.state == TrialState.COMPLETE.name), None)
+        chosen[key] = Candidate(baseline.to_dict(), measured.number if measured else None,
+                                bool(measured and measured.feasible),
+                                measured.samples_per_sec if measured else None)
+    else:  # the baseline goes last, as the reference
+        chosen[key] = chosen.pop(key)
+    return list(chosen.values())
+
+
+def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measure: Measure,
+            view: StudyView, plan: Plan, *, time_limit_s: float, device: str,
+            directory: Path) -> Confirmation:
+    """Paired rounds until the leader's speedup is known within the target or the cap; the
+    outcome is stored in the study and returned."""
+    entries = candidates(study, baseline, plan.top)
+    reference = entries[-1]
+    shuffle = random.Random(0)
+    start, rounds, kept_disturbed, longest_s = time.monotonic(), 0, 0, 0.0
+    while rounds < plan.max_rounds:
+        if rounds and plan.ends_by is not None and time.monotonic() + longest_s > plan.ends_by:
+            break
+        began = time.monotonic()
+        rounds += 1
+        order = list(range(len(entries)))
+        shuffle.shuffle(order)
+        runs = [_run(entries[i], i, rounds, scoring, measure, view, time_limit_s, device,
+                     directory, len(entries)) for i in order]
+        longest_s = max(longest_s, time.monotonic() - began)
+        if any(run is not None and run.disturbed for run in runs):
+            # Measured again while the cap leaves room for the minimum of clean rounds; a
+            # machine that stays busy gets its rounds kept (paired, so still comparable).
+            if plan.max_rounds - rounds >= plan.rounds - len(reference.runs):
+                view.note(f"confirmation round {rounds} was disturbed by another process: "
+                          "measuring it again")
+                continue
+            kept_disturbed += 1
+            view.note(f"confirmation round {rounds} was disturbed by another process: kept, "
+                      "the machine stayed busy")
+        for i, run in zip(order, runs):
+            entries[i].runs.append(run)
+        done = len(reference.runs)
+        leader = _leader(entries, reference)
+        known = leader is None or leader is reference or \
+            (_ratio(leader, reference, "objective").half_width or 1.0) <= plan.target
+        if done >= plan.rounds and known:
+            break
+    result = conclusion(entries, reference, wall_s=time.monotonic() - start, target=plan.target,
+                        disturbed_rounds=kept_disturbed)
+    study.set_user_attr(StudyKey.CONFIRMATION, result.to_json())
+    return result
+
+
+def _run(entry: Candidate, index: int, round_: int, scoring: Scoring, measure: Measure,
+         view: StudyView, time_limit_s: float, device: str, directory: Path,
+         count: int) -> Run | None:
+    """One fresh run of a candidate: its figures, or None when it did not run within memory."""
+    view.note(f"confirming: round {round_}, candidate {index + 1}/{count}")
+    # The first round profiles each candidate for the report; later ones need only the rate.
+    trace = directory / "traces" / f"candidate-{index}.json" if round_ == 1 else None
+    job = MeasureJob(f"confirm-{index}-{round_ - 1}", time_limit_s, device, trace=trace,
+                     profile=trace is not None)
+    result = measure(TrainConfig.from_dict(entry.config), job)
+    if scoring.classify(result)[0] != TrialStatus.OK:
+        return None
+    metrics = result.metrics
+    return Run(status=TrialStatus.OK.value, samples_per_sec=metrics["samples_per_sec"],
+               objective=scoring.objective_rate(metrics),
+               peak_memory_bytes=metrics.get("peak_memory_bytes"), mfu=metrics.get("mfu"),
+               step_time_median_s=metrics.get("step_time_median_s"),
+               time_to_train_s=time_to_train_s(metrics, scoring.train_steps)
+               if scoring.train_steps else None,
+               disturbed=bool(metrics.get("disturbed")), trace=metrics.get("trace_path"))
+
+
+def _ratio(entry: Candidate, reference: Candidate, key: str) -> Ratio:
+    """entry / reference, paired by round over the rounds both ran."""
+    pairs = [(getattr(a, key), getattr(b, key)) for a, b in zip(entry.runs, reference.runs)
+             if a is not None and b is not None]
+    if not pairs:
+        return Ratio(float("nan"), None, None, 0)
+    return paired_ratio([a for a, _ in pairs], [b for _, b in pairs])
+
+
+def _leader(entries: Sequence[Candidate], reference: Candidate) -> Candidate | None:
+    """The fastest candidate that fitted every round (by the objective, paired with the
+    baseline; the baseline itself when it is fastest), or None when none did."""
+    ranked = [e for e in entries if e.ok and e.feasible and e.runs]
+    if not ranked:
+        return None
+    if not reference.ok or not reference.runs:
+        return max(ranked, key=lambda e: statistics.median(e.values("objective")))
+    return max(ranked, key=lambda e: 1.0 if e is reference else
+               _ratio(e, reference, "objective").value)
+
+
+def _changes(entry: Candidate, reference: Candidate) -> int:
+    return sum(entry.config[k] != v for k, v in reference.config.items())
+
+
+def conclusion(entries: list[Candidate], reference: Candidate, *, wall_s: float = 0.0,
+               target: float = 0.0, disturbed_rounds: int = 0) -> Confirmation:
+    """The fastest, the recommendation (the simplest as fast as the fastest) and the speedup
+    of the recommendation over the baseline with its interval."""
+    fastest = _leader(entries, reference)
+    summaries = [_summary(e, reference) for e in entries]
+    outcome = Confirmation(
+        candidates=tuple(summaries), winner=None, fastest=None, baseline=summaries[-1],
+        speedup=None, speedup_ci=None, no_measurable_difference=None,
+        rounds=len(reference.runs), wall_s=wall_s, at=time.time(), target=target,
+        drift=drift(reference), disturbed_rounds=disturbed_rounds)
+    if fastest is None:
+        return outcome
+    tied = [e for e in entries if e.ok and e.feasible and e.runs and
+            (e is fastest or _ratio(e, fastest, "objective").includes_one)]
+    recommended = min(tied, key=lambda e: (_changes(e, reference),
+                                           -_ratio(e, fastest, "objective").value
+                                           if e is not fastest else -1.0))
+    index = entries.index
+    speedup, speedup_ci = (1.0 if reference.runs else None), None
+    no_difference: bool | None = recommended is not fastest
+    # The interval of the comparison that decided: the recommendation against the baseline,
+    # or, when the baseline is recommended, the fastest against it; when the baseline is the
+    # fastest too, its closest contender's (how much faster an alternative could be).
+    decisive = fastest if recommended is reference else recommended
+    if decisive is reference:
+        contenders = [e for e in entries if e is not reference and e.feasible
+                      and _ratio(e, reference, "samples_per_sec").low is not None]
+        decisive = max(contenders, key=lambda e: _ratio(e, reference, "samples_per_sec").value,
+                       default=reference)
+    if decisive is not reference and reference.runs:
+        ratio = _ratio(decisive, reference, "samples_per_sec")
+        speedup_ci = (ratio.low, ratio.high) if ratio.low is not None else None
+        if ratio.low is None:
+            # Too few paired rounds for an interval (one, say): the baseline is kept, and
+            # whether the contender differs from it is not known, rather than "no difference".
+            no_difference = None
+        elif recommended is not reference:
+            speedup, no_difference = ratio.value, ratio.includes_one
+    return replace(outcome, winner=summaries[index(recommended)],
+                   fastest=summaries[index(fastest)], speedup=speedup, speedup_ci=speedup_ci,
+                   no_measurable_difference=no_difference)
+
+
+def _summary(entry: Candidate, reference: Candidate) -> CandidateSummary:
+    """What the study stores of one candidate: its runs and their medians."""
+    rates = entry.values("samples_per_sec")
+    ratio = _ratio(entry, reference, "samples_per_sec") if entry is not reference else None
+    return CandidateSummary(
+        config=entry.config, trial=entry.trial, feasible=entry.feasible, ok=entry.ok,
+        runs=tuple(r if r is not None else Run(FAILED) for r in entry.runs),
+        median=statistics.median(rates) if rates else None,
+        spread=(max(rates) - min(rates)) / 2 if rates else None,
+        objective=_median(entry.values("objective")),
+        time_to_train_s=_median(entry.values("time_to_train_s")),
+        search_samples_per_sec=entry.search_samples_per_sec,
+        speedup=ratio.value if ratio else 1.0,
+        speedup_ci=(ratio.low, ratio.high) if ratio and ratio.low is not None else None,
+        trace=next((r.trace for r in entry.runs if r and r.trace), None))
+
+
+def drift(reference: Candidate) -> Drift | None:
+    """The baseline at the start of the search against the end (the confirmation rounds):
+    a drift beyond the rounds' own spread is the machine changing under the study."""
+    rates = reference.values("samples_per_sec")
+    start = reference.search_samples_per_sec
+    if not rates or not start:
+        return None
+    low, high = min(rates), max(rates)
+    noise = max((high - low) / 2, 0.02 * statistics.median(rates))
+    outside = start < low - noise or start > high + noise
+    return Drift(start_samples_per_sec=start, end_samples_per_sec=statistics.median(rates),
+                 end_range=(low, high), beyond_noise=outside)
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None

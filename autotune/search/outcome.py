@@ -1,0 +1,169 @@
+"""From a trial's result to what the study records: its status, its score and its constraint.
+
+Objective: score = samples/sec x (1 - stall_penalty x stall fraction); with `--train-steps S`
+the samples/sec is over a whole run of S steps, build, compile and warm-up included
+(`measure.time_to_train_s`). Out-of-memory (or peak memory above the capacity less the
+headroom) and configurations the model or device cannot run are COMPLETE trials with score 0
+and a violated constraint, so TPE learns where the wall is; a trial that crashed, raised or
+timed out is FAIL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, Trial, TrialState
+
+from autotune.errors import ContractError
+from autotune.search.memory_model import MemoryVerdict
+from autotune.search.shortcuts import SCREEN_FRACTION
+from autotune.study.records import (
+    BOOKKEEPING,
+    FEASIBLE,
+    INFEASIBLE,
+    MEMORY_CONSTRAINT,
+    TrialKey,
+    TrialRecord,
+)
+from autotune.trial.measure import FIRST_STEP, time_to_train_s
+from autotune.trial.protocol import TrialResult, TrialStatus
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """How a measurement becomes a status and a score in this study."""
+
+    device_type: str
+    memory_limit_bytes: int | None
+    memory_headroom: float
+    stall_penalty: float
+    train_steps: int | None = None
+
+    def classify(self, result: TrialResult) -> tuple[str, str]:
+        """The trial's status and message: a measured peak above the allowed memory is
+        `over_memory`, a run stopped after its screening window `screened`."""
+        limit = self.memory_limit_bytes
+        peak = result.metrics.get("peak_memory_bytes")
+        if result.status == TrialStatus.OK and limit and peak and peak > limit:
+            return TrialStatus.OVER_MEMORY, (
+                f"peak memory {peak / 2**30:.2f} GiB is above the {limit / 2**30:.2f} GiB "
+                f"allowed (capacity less {self.memory_headroom:.0%} headroom)")
+        if result.status == TrialStatus.OK and result.metrics.get("screened"):
+            return TrialStatus.SCREENED, (
+                f"stopped after screening: {result.metrics['samples_per_sec']:,.0f} "
+                f"samples/sec is below {SCREEN_FRACTION:.0%} of the best so far")
+        return result.status, result.message
+
+    def objective_rate(self, metrics: dict[str, Any]) -> float:
+        """Samples/sec in the timed window, or over a whole run of --train-steps steps."""
+        if not self.train_steps:
+            return float(metrics["samples_per_sec"])
+        per_step = metrics["window_samples"] / metrics["window_steps"]
+        return self.train_steps * per_step / time_to_train_s(metrics, self.train_steps)
+
+    def score(self, metrics: dict[str, Any]) -> float:
+        return self.objective_rate(metrics) * (
+            1 - self.stall_penalty * stall_fraction(metrics, self.device_type))
+
+
+def stall_fraction(metrics: dict[str, Any], device_type: str) -> float:
+    """The step's own stalls plus the loader's waits in the timed window: device idle on CUDA,
+    host syncs (per step time) on CPU. The profiler window that measures the first runs on
+    prefetched micro-batches, so the loader's waits are counted once."""
+    loader = metrics.get("data_wait_fraction") or 0.0
+    if device_type == "cuda" and metrics.get("device_idle_fraction") is not None:
+        return min(1.0, float(metrics["device_idle_fraction"]) + loader)
+    step = metrics.get("step_time_median_s") or 0.0
+    sync = metrics.get("host_sync_s_per_step") or 0.0
+    return min(1.0, (sync / step if step else 0.0) + loader)
+
+
+def record_measurement(study: optuna.Study, trial: Trial, result: TrialResult,
+                       scoring: Scoring) -> None:
+    """Every figure as user attributes, then the state, score and constraint. A result that
+    says the user's input is bad raises ContractError after it is recorded."""
+    metrics = dict(result.metrics)
+    for name, value in metrics.items():
+        trial.set_user_attr(name, value)
+    trial.set_user_attr(TrialKey.LOG_PATH, result.log_path)
+    trial.set_user_attr(TrialKey.WALL_S, result.wall_s)
+    status, message = scoring.classify(result)
+    if status == TrialStatus.TIMEOUT and compile_ran_out_of_time(trial, result):
+        status = TrialStatus.COMPILE_TIMEOUT
+        message += ("; it was compiling, which the compile cache makes faster the next time: "
+                    "it runs once more")
+    trial.set_user_attr(TrialKey.STATUS, str(status))
+    trial.set_user_attr(TrialKey.MESSAGE, message)
+    if status in INFEASIBLE:
+        tell_complete(study, trial, 0.0, feasible=False)
+    elif status in FEASIBLE:
+        if scoring.train_steps:
+            trial.set_user_attr(TrialKey.TIME_TO_TRAIN,
+                                time_to_train_s(metrics, scoring.train_steps))
+        trial.set_user_attr(TrialKey.STALL, stall_fraction(metrics, scoring.device_type))
+        tell_complete(study, trial, scoring.score(metrics), feasible=True)
+    else:
+        study.tell(trial, state=TrialState.FAIL)
+        if result.bad_input:
+            raise ContractError(result.message)
+
+
+def compile_ran_out_of_time(trial: Trial, result: TrialResult) -> bool:
+    """A compiled configuration killed at its limit in its first step, and not yet retried."""
+    compiled = trial.user_attrs.get(TrialKey.CONFIG, {}).get("compile_mode", "none") != "none"
+    return compiled and result.phase == FIRST_STEP and not trial.user_attrs.get(TrialKey.RETRY)
+
+
+def tell_complete(study: optuna.Study, trial: Trial, score: float, feasible: bool) -> None:
+    """A COMPLETE trial: its score, and the constraint TPE learns the memory wall from."""
+    constraint = 0.0 if feasible else 1.0
+    trial.set_user_attr(TrialKey.CONSTRAINT, constraint)
+    trial.set_user_attr(TrialKey.SCORE, score)
+    trial.set_constraint(MEMORY_CONSTRAINT, constraint)
+    study.tell(trial, score)
+
+
+def record_repeat(study: optuna.Study, trial: Trial, previous: FrozenTrial) -> None:
+    """A configuration measured before: its outcome copied, its bookkeeping not."""
+    for name, value in previous.user_attrs.items():
+        if name not in BOOKKEEPING:
+            trial.set_user_attr(name, value)
+    trial.set_user_attr(TrialKey.DUPLICATE_OF, previous.number)
+    trial.set_constraint(MEMORY_CONSTRAINT, previous.user_attrs[TrialKey.CONSTRAINT])
+    study.tell(trial, previous.value)
+
+
+def record_skipped(study: optuna.Study, trial: Trial, previous: FrozenTrial) -> None:
+    """A configuration that crashed, raised or timed out before is not run again."""
+    trial.set_user_attr(TrialKey.STATUS, str(TrialStatus.SKIPPED))
+    trial.set_user_attr(TrialKey.MESSAGE, f"failed before as trial {previous.number}: "
+                                          f"{previous.user_attrs.get(TrialKey.MESSAGE, '')}")
+    study.tell(trial, state=TrialState.FAIL)
+
+
+def record_predicted_oom(study: optuna.Study, trial: Trial, verdict: MemoryVerdict) -> None:
+    """Not run: the memory model says it cannot fit."""
+    trial.set_user_attr(TrialKey.STATUS, str(TrialStatus.OOM_PREDICTED))
+    trial.set_user_attr(TrialKey.MESSAGE, f"not run: {verdict.message}")
+    if verdict.predicted_peak_bytes:
+        trial.set_user_attr(TrialKey.PREDICTED_PEAK, verdict.predicted_peak_bytes)
+    tell_complete(study, trial, 0.0, feasible=False)
+
+
+def record_unsupported(study: optuna.Study, trial: Trial, known: TrialRecord) -> None:
+    """Not run: an earlier trial found one of its settings unsupported on this model."""
+    knob, value = known.get(TrialKey.UNSUPPORTED_KNOB), known.get(TrialKey.UNSUPPORTED_VALUE)
+    trial.set_user_attr(TrialKey.STATUS, str(TrialStatus.UNSUPPORTED))
+    trial.set_user_attr(TrialKey.MESSAGE, f"not run: {knob}={value} is unsupported on this "
+                                          f"model (trial {known.number}: {known.message})")
+    trial.set_user_attr(TrialKey.UNSUPPORTED_KNOB, knob)
+    trial.set_user_attr(TrialKey.UNSUPPORTED_VALUE, value)
+    tell_complete(study, trial, 0.0, feasible=False)
+
+
+def record_interrupted(study: optuna.Study, trial: Trial) -> None:
+    trial.set_user_attr(TrialKey.STATUS, str(TrialStatus.INTERRUPTED))
+    trial.set_user_attr(TrialKey.MESSAGE, "interrupted by the user; re-queued")
+    study.tell(trial, state=TrialState.FAIL)

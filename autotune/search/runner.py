@@ -1,0 +1,125 @@
+"""Where the model file's code runs: in child processes, never in the tuner's own.
+
+A `ProcessRunner` starts a fork server for the model file (torch and the file imported once;
+`forkserver`) and runs the capability probe and every trial through `isolation.run_isolated`,
+forked from it, or as fresh interpreters when no server can start. The tuner only sees plain
+results; a benchmark can hand it another `Runner` that answers from recorded runs.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from autotune.config import TrainConfig
+from autotune.errors import ContractError, RunFailed
+from autotune.search.forkserver import ForkServer, ForkServerUnavailable
+from autotune.search.isolation import run_isolated
+from autotune.trial.protocol import ProbeReport, TrialRequest, TrialResult
+
+
+@dataclass(frozen=True)
+class MeasureJob:
+    """One run of a configuration: its log name, time limit and device, and what it is for."""
+
+    name: str
+    time_limit_s: float
+    device: str
+    number: int | None = None
+    screen_below: float | None = None
+    trace: Path | None = None
+    slot: int | None = None  # which of the parallel workers runs it (its share of the cores)
+    profile: bool = True  # the profiler window after the timed one (stalls, findings, trace)
+
+
+class ProbeFailed(RunFailed):
+    """The probe did not finish (a crash, a timeout, an error in the user's code)."""
+
+
+class Runner(Protocol):
+    """Runs the model file's code: the probe once, then trials."""
+
+    def probe(self, device: str, time_limit_s: float) -> ProbeReport: ...
+    def measure(self, config: TrainConfig, job: MeasureJob) -> TrialResult: ...
+    def close(self) -> None: ...
+
+
+class ProcessRunner:
+    """The probe and the trials in child processes forked from one fork server."""
+
+    def __init__(self, model_path: str, model_args: dict, directory: Path,
+                 settings: dict, *, memory_limit_bytes: int | None,
+                 core_shares: list[list[int]] | None,
+                 on_phase: Callable[[str, int | None], None],
+                 stop: threading.Event | None = None) -> None:
+        self.model_path, self.model_args, self.directory = model_path, model_args, directory
+        self.settings, self.memory_limit_bytes = settings, memory_limit_bytes
+        self.core_shares = core_shares
+        self.on_phase, self.stop = on_phase, stop
+        self._server: ForkServer | None = None
+        self._started = False
+
+    def probe(self, device: str, time_limit_s: float) -> ProbeReport:
+        """The ProbeReport of the model file on `device`; ContractError for bad input,
+        ProbeFailed when the probe could not finish. It runs without the memory limit: it
+        measures what works, not what fits."""
+        server = self._fork_server(time_limit_s)
+        request = TrialRequest(model_path=self.model_path, config={}, device=device,
+                               model_args=self.model_args, job="probe")
+        result = run_isolated(request, time_limit_s, self.directory / "logs" / "probe.log",
+                              on_phase=lambda text: self.on_phase(text, None), server=server)
+        if result.bad_input:
+            raise ContractError(result.message)
+        if result.status != "ok":
+            raise ProbeFailed(f"the model file's probe ended as {result.status}: "
+                              f"{result.message} (log: {result.log_path})")
+        return ProbeReport.from_dict(result.metrics)
+
+    def measure(self, config: TrainConfig, job: MeasureJob) -> TrialResult:
+        # Compiled graphs are cached under the study, so each (mode, shapes) compiles once.
+        cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(self.directory / "inductor")
+        request = TrialRequest(
+            model_path=self.model_path, config=config.to_dict(), device=job.device,
+            model_args=self.model_args,
+            settings={**self.settings, "screen_below": job.screen_below,
+                      **({} if job.profile else {"profile_steps": 0})},
+            memory_limit_bytes=self.memory_limit_bytes,
+            trace_path=str(job.trace) if job.trace else None, inductor_cache_dir=cache,
+            **self._cores(job.slot))
+        return run_isolated(request, job.time_limit_s,
+                            self.directory / "logs" / f"{job.name}.log",
+                            on_phase=lambda text: self.on_phase(text, job.number),
+                            stop=self.stop, server=self._fork_server(job.time_limit_s))
+
+    def _cores(self, slot: int | None) -> dict[str, Any]:
+        """The cores of a parallel worker's trial (and as many intra-op threads); none for a
+        trial that runs alone (a single worker, or confirmation)."""
+        if slot is None or not self.core_shares:
+            return {}
+        cpus = self.core_shares[slot]
+        return {"cpus": cpus, "threads": len(cpus)}
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def _fork_server(self, start_timeout_s: float) -> ForkServer | None:
+        """The fork server, started on first use; None when it cannot start (trials then start
+        as fresh interpreters)."""
+        if not self._started:
+            self._started = True
+            self.on_phase("importing torch and the model file", None)
+            try:
+                self._server = ForkServer(self.model_path, self.directory / "logs" /
+                                          "forkserver.log", start_timeout_s)
+            except ForkServerUnavailable as exc:
+                if exc.timed_out:
+                    raise ProbeFailed(f"importing {self.model_path} did not finish within "
+                                      f"{start_timeout_s:g} s (see the log in "
+                                      f"{self.directory / 'logs'})") from None
+        return self._server

@@ -1,0 +1,277 @@
+"""The search loop: workers ask the study for trials until the budget is spent, and each trial
+is decided (a repeat, a known failure, a predicted OOM) or measured, then recorded.
+
+Every trial is one configuration measured in its own process (`isolation`, through the
+tuner's `runner.Runner`). What a trial learns goes into the study storage before the next
+one starts, so a tuner killed at any moment loses nothing but the trial it was running.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.storages import BaseStorage
+from optuna.trial import FrozenTrial, Trial, TrialState
+
+from autotune.config import TrainConfig
+from autotune.errors import Interrupted
+from autotune.search.events import StudyView
+from autotune.search.heartbeat import Heartbeat, recover_orphans, requeue
+from autotune.search.loader_plan import apply_loader
+from autotune.search.memory_model import MemoryModel
+from autotune.search.outcome import (
+    Scoring,
+    record_interrupted,
+    record_measurement,
+    record_predicted_oom,
+    record_repeat,
+    record_skipped,
+    record_unsupported,
+)
+from autotune.search.runner import MeasureJob
+from autotune.search.shortcuts import next_corner, planned_loader, screen_below
+from autotune.search.space import SearchSpace
+from autotune.study.records import (
+    COUNTS_AGAINST_BUDGET,
+    DETERMINISTIC,
+    FINISHED,
+    Role,
+    TrialKey,
+    TrialRecord,
+    config_key,
+    fresh_records,
+)
+from autotune.study.storage import trial_id
+from autotune.trial.protocol import LoaderRate, TrialResult, TrialStatus
+
+# Trials a tuner proposes that are not measured (repeats, known failures) before it concludes
+# the space is exhausted.
+MAX_UNMEASURED_IN_A_ROW = 50
+
+
+# Measures a configuration in a fresh process (`Runner.measure`).
+Measure = Callable[[TrainConfig, MeasureJob], TrialResult]
+
+
+@dataclass
+class Search:
+    """What the workers of one tuner share: the study and how to propose, measure and record
+    a trial."""
+
+    study: optuna.Study
+    storage: BaseStorage
+    space: SearchSpace
+    baseline: TrainConfig
+    scoring: Scoring
+    measure: Measure
+    view: StudyView
+    owner: str
+    trial_time_limit_s: float
+    heartbeat_s: float
+    shortcuts: bool = True             # memory model, loader plan, screening
+    fast_corner: bool = True
+    loader_rates: Sequence[LoaderRate] = ()
+    state_bytes: Callable[[], int] = lambda: 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+def measured_trials(study: optuna.Study) -> int:
+    """Trials that ran a process to its end, failed ones included: the budget. Repeats,
+    predicted OOMs and known failures are free; interrupted and orphaned trials run again."""
+    return sum(1 for t in study.get_trials(deepcopy=False, states=FINISHED)
+               if TrialKey.DUPLICATE_OF not in t.user_attrs
+               and t.user_attrs.get(TrialKey.STATUS) in COUNTS_AGAINST_BUDGET)
+
+
+def run_workers(search: Search, devices: Sequence[Any], budget: int | None,
+                deadline: float, finish_by: float | None = None) -> None:
+    """One worker per device (or --workers on CPU), each running one trial at a time. No
+    trial starts after `deadline`; a trial may run until `finish_by` (the deadline itself
+    unless a plan left room after it for the last trial to end)."""
+    finish_by = deadline if finish_by is None else finish_by
+    heartbeat = Heartbeat(search.storage, search.heartbeat_s)
+    try:
+        if len(devices) == 1:
+            _work(search, heartbeat, devices[0], budget, deadline, finish_by, None)
+        else:
+            _in_threads(search, heartbeat, devices, budget, deadline, finish_by)
+    finally:
+        heartbeat.close()
+
+
+def _in_threads(search: Search, heartbeat: Heartbeat, devices: Sequence[Any],
+                budget: int | None, deadline: float, finish_by: float) -> None:
+    errors: list[BaseException] = []
+
+    def work(device: Any, slot: int) -> None:
+        try:
+            _work(search, heartbeat, device, budget, deadline, finish_by, slot)
+        except BaseException as exc:
+            errors.append(exc)
+            search.stop.set()
+
+    threads = [threading.Thread(target=work, args=(d, i), name=f"autotune-worker-{i}")
+               for i, d in enumerate(devices)]
+    for thread in threads:
+        thread.start()
+    try:
+        while any(t.is_alive() for t in threads):
+            for thread in threads:
+                thread.join(0.2)
+    except KeyboardInterrupt:
+        search.stop.set()
+        for thread in threads:
+            thread.join()
+        raise Interrupted from None
+    if errors:
+        raise next((e for e in errors if not isinstance(e, Interrupted)), errors[0])
+
+
+def _work(search: Search, heartbeat: Heartbeat, device: Any, budget: int | None,
+          deadline: float, finish_by: float, slot: int | None) -> None:
+    unmeasured = 0
+    while not search.stop.is_set() and time.monotonic() < deadline:
+        recover_orphans(search.study, search.storage, search.owner, search.view.note)
+        with search.lock:
+            if budget is not None and measured_trials(search.study) >= budget:
+                return
+            trial = _ask(search, budget)
+            if trial is not None:
+                tid = trial_id(search.storage, search.study.study_name, trial.number)
+                heartbeat.add(tid)
+        if trial is None:
+            time.sleep(1.0)  # the rest of the budget is running: wait for its outcome
+            continue
+        try:
+            measured = run_trial(search, trial, device, finish_by, slot)
+        finally:
+            heartbeat.discard(tid)
+        unmeasured = 0 if measured else unmeasured + 1
+        if unmeasured >= MAX_UNMEASURED_IN_A_ROW:
+            search.view.note("every configuration the sampler proposes was already measured "
+                             "or failed before: the space is exhausted")
+            return
+
+
+def _ask(search: Search, budget: int | None) -> Trial | None:
+    """The next trial (the fast corner first when due), or None while the rest of the budget
+    is running elsewhere."""
+    running = len(search.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+    if budget is not None and measured_trials(search.study) + running >= budget:
+        return None
+    if search.shortcuts and search.fast_corner:
+        corner = next_corner([TrialRecord.of(t) for t in search.study.get_trials(deepcopy=False)],
+                             search.space, search.scoring.memory_limit_bytes,
+                             search.state_bytes)
+        if corner is not None:
+            search.study.enqueue_trial(corner, user_attrs={TrialKey.ROLE: Role.FAST_CORNER})
+    trial = search.study.ask()
+    trial.set_user_attr(TrialKey.OWNER, search.owner)
+    trial.set_user_attr(TrialKey.HEARTBEAT_S, search.heartbeat_s)
+    return trial
+
+
+def run_trial(search: Search, trial: Trial, device: Any, finish_by: float,
+              slot: int | None = None) -> bool:
+    """Decide or measure an asked trial, and record it. True when a process was run."""
+    study, role = search.study, trial.user_attrs.get(TrialKey.ROLE, Role.SEARCH)
+    baseline = role == Role.BASELINE
+    config = (search.baseline if baseline and not search.space.contains(search.baseline)
+              else search.space.suggest(trial))
+    shortcuts = search.shortcuts and not baseline
+    # What the shortcuts learn from: the study read once for this trial.
+    records = fresh_records(study) if shortcuts else []
+    if shortcuts and len(search.loader_rates) > 1:
+        config = _plan_loader(search, trial, config, records)
+    trial.set_user_attr(TrialKey.CONFIG, config.to_dict())
+    previous = _previous(study, config_key(config))
+    if previous is not None and previous.state == TrialState.FAIL:
+        record_skipped(study, trial, previous)
+        return False
+    if previous is not None:
+        record_repeat(study, trial, previous)
+        search.view.trial_finished(_record(study, trial))
+        return False
+    known = _known_unsupported(records or fresh_records(study), config)
+    if known is not None:
+        record_unsupported(study, trial, known)
+        search.view.trial_finished(_record(study, trial))
+        return False
+    memory = MemoryModel(records) if shortcuts else None
+    limit = search.scoring.memory_limit_bytes
+    verdict = memory.verdict(config.to_dict(), limit) if memory else None
+    if verdict is not None:
+        record_predicted_oom(study, trial, verdict)
+        search.view.trial_finished(_record(study, trial))
+        return False
+    predicted = memory.predict(config.to_dict()) if memory else None
+    if predicted is not None:
+        trial.set_user_attr(TrialKey.PREDICTED_PEAK, predicted)
+    search.view.trial_started(trial.number, config, role, str(device))
+    remaining = (max(1.0, finish_by - time.monotonic()) if math.isfinite(finish_by)
+                 else math.inf)
+    job = MeasureJob(f"trial-{trial.number}", min(search.trial_time_limit_s, remaining),
+                     str(device), trial.number, screen_below(records) if shortcuts else None,
+                     slot=slot)
+    try:
+        result = search.measure(config, job)
+    except KeyboardInterrupt:
+        record_interrupted(study, trial)
+        requeue(study, study.trials[trial.number], trial.user_attrs.get(TrialKey.RETRY, 0))
+        raise Interrupted from None
+    try:
+        record_measurement(study, trial, result, search.scoring)
+    except UpdateFinishedTrialError:
+        search.view.note(f"trial {trial.number} was taken over by another tuner (this one "
+                         "missed its heartbeats); its result is dropped")
+        return True
+    record = _record(study, trial)
+    if record.status == TrialStatus.COMPILE_TIMEOUT:
+        requeue(study, study.trials[trial.number], record.retry + 1)
+    search.view.trial_finished(record)
+    return True
+
+
+def _known_unsupported(records: Sequence[TrialRecord],
+                       config: TrainConfig) -> TrialRecord | None:
+    """An earlier trial that found a setting of `config` unsupported on this model: the same
+    value cannot run now either, so no process is spent on it."""
+    return next((r for r in records if r.status == TrialStatus.UNSUPPORTED
+                 and r.get(TrialKey.UNSUPPORTED_KNOB) is not None
+                 and getattr(config, r.get(TrialKey.UNSUPPORTED_KNOB))
+                 == r.get(TrialKey.UNSUPPORTED_VALUE)), None)
+
+
+def _record(study: optuna.Study, trial: Trial) -> TrialRecord:
+    return TrialRecord.of(study.trials[trial.number])
+
+
+def _plan_loader(search: Search, trial: Trial, config: TrainConfig,
+                 records: Sequence[TrialRecord]) -> TrainConfig:
+    """The cheapest DataLoader setting that feeds the fastest model measured so far."""
+    plan = planned_loader(records, search.loader_rates,
+                          workers_share_cores=search.scoring.device_type == "cpu")
+    if plan is None:
+        return config  # loader-bound: the proposal is measured as it is
+    chosen, consumption = plan
+    trial.set_user_attr(TrialKey.LOADER_PLAN, {**chosen.to_dict(),
+                                               "consumption_samples_per_sec": consumption})
+    return apply_loader(config, chosen)
+
+
+def _previous(study: optuna.Study, key: str) -> FrozenTrial | None:
+    """A finished trial of the same configuration whose outcome will not change."""
+    for t in study.get_trials(deepcopy=False, states=FINISHED):
+        if config_key(t.user_attrs.get(TrialKey.CONFIG, {})) != key:
+            continue
+        if t.state == TrialState.COMPLETE or t.user_attrs.get(TrialKey.STATUS) in DETERMINISTIC:
+            return t
+    return None

@@ -1,0 +1,416 @@
+"""What people see in the terminal: rich tables of one measurement, a profile, a study's summary
+and its trials, and the same summary as markdown for the study folder."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from autotune.config import TrainConfig
+from autotune.formatting import (
+    format_bytes,
+    format_disturbance,
+    format_percent,
+    format_rate,
+    format_seconds,
+    short_config,
+)
+from autotune.study.records import TrialRecord
+from autotune.study.summary import StudySummary
+from autotune.trial.profiling import OperatorStat
+
+if TYPE_CHECKING:
+    from autotune.trial.deep_profile import ProfileReport
+
+# The keys `autotune bench --json` always carries (None where not measurable).
+BENCH_KEYS = ("samples_per_sec", "step_time_median_s", "step_time_p90_s", "step_time_cv",
+              "step_time_precision", "time_to_first_step_s", "peak_memory_bytes",
+              "data_wait_fraction", "host_syncs_per_step", "device_idle_fraction", "mfu",
+              "other_cpu_share", "disturbed", "cpu_threads", "cpu_affinity")
+
+
+def bench_record(result: Mapping[str, Any], device: str, config: Mapping[str, Any]) -> dict:
+    """The flat JSON of one bench: status, config and every figure (None when absent)."""
+    metrics = result.get("metrics") or {}
+    record: dict[str, Any] = {"status": result["status"], "message": result.get("message", ""),
+                              "device": device, "config": dict(config)}
+    record.update({key: metrics.get(key) for key in BENCH_KEYS})
+    record.update({k: v for k, v in metrics.items() if k not in record})
+    record.update({"log_path": result.get("log_path"), "wall_s": result.get("wall_s")})
+    return record
+
+
+def bench_tables(record: Mapping[str, Any], title: str) -> Group:
+    """The figures of one measurement, then its top operators."""
+    figures = Table(title=title, show_header=False, title_justify="left")
+    figures.add_column("figure", style="bold")
+    figures.add_column("value", justify="right")
+    figures.add_column("how it was measured", style="dim")
+    steady = "steady" if record.get("steady") else "not steady: bound reached"
+    rows = [
+        ("samples/sec", f"{record['samples_per_sec']:.1f}",
+         f"{record.get('window_samples')} samples over a {record.get('window_s', 0):.2f} s "
+         f"window of {record.get('window_steps')} steps, data loading included"),
+        ("step time median", format_seconds(record["step_time_median_s"]), "per optimizer step"),
+        ("step time p90", format_seconds(record["step_time_p90_s"]), ""),
+        ("step time CV", format_percent(record["step_time_cv"]), "spread of step times"),
+        ("median known within", _fmt(record["step_time_precision"], "±{:.1%}"),
+         "95% interval of the median step time (order statistics)"),
+        ("time to first step", format_seconds(record["time_to_first_step_s"]),
+         "compile and loader start-up included"),
+        ("set-up", format_seconds(record.get("setup_s")), "model and loader build"),
+        ("warm-up steps", str(record.get("warmup_steps")), steady),
+        ("peak memory", format_bytes(record["peak_memory_bytes"]),
+         "max reserved by the CUDA allocator" if str(record["device"]).startswith("cuda")
+         else "peak RSS of the trial process"),
+        ("data wait", format_percent(record["data_wait_fraction"]),
+         "of the window blocked on loader"),
+        ("host syncs/step", _fmt(record["host_syncs_per_step"], "{:.1f}"),
+         "profiler window after the timed one"),
+        ("device idle", format_percent(record["device_idle_fraction"]), "CUDA only"),
+        ("MFU", format_percent(record["mfu"]), "model FLOPs over the precision's peak (CUDA only)"),
+        ("CPU threads", _fmt(record["cpu_threads"], "{}"),
+         f"intra-op threads, on CPUs {_cpu_list(record['cpu_affinity'])}"),
+        ("other processes", format_percent(record["other_cpu_share"]),
+         _contention_how(record)),
+    ]
+    for row in rows:
+        figures.add_row(*row)
+    parts: list[Any] = [figures]
+    operators = record.get("top_operators") or []
+    if operators:
+        ops = Table(title="top operators (profiler window)", title_justify="left")
+        for name, justify in (("operator", "left"), ("calls", "right"), ("self", "right"),
+                              ("total", "right"), ("share", "right")):
+            ops.add_column(name, justify=justify)
+        for op in operators:
+            ops.add_row(op["name"], str(op["calls"]), format_seconds(op["self_time_s"]),
+                        format_seconds(op["total_time_s"]), format_percent(op["share"]))
+        parts.append(ops)
+    findings = record.get("findings") or []
+    if findings:
+        parts.append(findings_text(findings))
+    return Group(*parts)
+
+
+def findings_text(findings: Sequence[Mapping[str, Any]]) -> Text:
+    """Numbered findings, the costliest first: what, what to do, and where in the code."""
+    text = Text("findings (what to fix first)\n", style="bold")
+    for i, finding in enumerate(findings, 1):
+        text.append(f"{i}. {finding['title']}", style="bold yellow")
+        text.append(f"  ({finding['share']:.0%} of the window)\n", style="dim")
+        text.append(f"   {finding['advice']}\n")
+        for line in finding["where"]:
+            text.append(f"   {line}\n", style="cyan")
+    return text
+
+
+def print_profile(result: ProfileReport, console: Console, title: str) -> None:
+    """Everything `autotune profile` found, in the order a performance engineer reads it."""
+    console.print(config_table(result.config))
+    figures = Table(title=title, show_header=False, title_justify="left")
+    figures.add_column("figure", style="bold")
+    figures.add_column("value", justify="right")
+    figures.add_column("how it was measured", style="dim")
+    window = f"{result.steps} steps, {result.window_s:.3f} s under the profiler"
+    for row in (
+        ("samples/sec", f"{result.samples_per_sec:.1f}", f"{window} (its overhead included)"),
+        ("self CPU total", format_seconds(result.self_cpu_total_s), "all operators"),
+        ("self device total", format_seconds(result.self_device_total_s), "CUDA kernels"),
+        ("host syncs/step", f"{result.host_syncs_per_step:.1f}", "outside loader/optimizer"),
+        ("device idle", format_percent(result.device_idle_fraction), "CUDA only"),
+        ("data wait", format_percent(result.data_wait_fraction), "of the window"),
+    ):
+        figures.add_row(*row)
+    console.print(figures)
+    for kind, stats in result.tables.items():
+        console.print(stats_table(stats, OPERATOR_TABLE_TITLES[kind]))
+    if result.findings:
+        console.print(findings_text([f.to_dict() for f in result.findings]))
+    else:
+        console.print("no finding: nothing above its threshold")
+    for name, path in result.files.items():
+        console.print(Text(f"{name}: {path}", style="dim"))
+
+
+def device_line(info: Any) -> str:
+    """The first line of a run: where it measures, and on CPU that its numbers are CPU ones."""
+    if info.type == "cpu":
+        return (f"autotune on cpu: {info.name}, {info.cpu_count} cores, no GPU: these are CPU "
+                "numbers (on a GPU the best configuration and its speedup differ)")
+    return (f"autotune on {info.torch_device}: {info.name}, "
+            f"{format_bytes(info.total_memory_bytes)}")
+
+
+def config_table(config: Mapping[str, Any]) -> Table:
+    table = Table(title="configuration", show_header=False, title_justify="left")
+    table.add_column("knob", style="bold")
+    table.add_column("value")
+    for knob, value in config.items():
+        table.add_row(knob, str(value))
+    return table
+
+
+def print_bench(record: Mapping[str, Any], console: Console, title: str) -> None:
+    console.print(config_table(record["config"]))
+    if record["status"] == "ok":
+        console.print(bench_tables(record, title))
+        if record.get("trace_path"):
+            console.print(f"trace: {record['trace_path']} (open in https://ui.perfetto.dev)")
+    else:
+        console.print(Text.assemble((record["status"], "bold red"), ": ", record["message"]))
+    console.print(Text(f"log: {record.get('log_path')}", style="dim"))
+
+
+def _fmt(value: float | None, pattern: str) -> str:
+    return "n/a" if value is None else pattern.format(value)
+
+
+def _cpu_list(cpus: Sequence[int] | None) -> str:
+    """0-3,6 for [0, 1, 2, 3, 6]."""
+    if not cpus:
+        return "n/a"
+    runs: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][-1] + 1:
+            runs[-1].append(cpu)
+        else:
+            runs.append([cpu])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def _contention_how(record: Mapping[str, Any]) -> str:
+    """Whether the window was disturbed, and how often it was measured again."""
+    again = record.get("windows_remeasured") or 0
+    retried = f"; re-measured {again} time{'s' if again != 1 else ''}" if again else ""
+    if record.get("disturbed"):
+        slow = record.get("device_slowdowns") or []
+        others = record.get("device_other_processes")
+        extra = (f", {others} other process(es) on the device" if others else "") + \
+            (f", device clocks held back ({', '.join(slow)})" if slow else "")
+        return f"DISTURBED: share of the trial's CPUs{extra}{retried}; the rate is low"
+    return f"share of the trial's CPUs in the window{retried}"
+
+
+OPERATOR_TABLE_TITLES = {"device": "Top operators by self device time",
+                         "cpu": "Top operators by self CPU time",
+                         "input shape": "Top operators by input shape"}
+
+
+def stats_table(stats: Sequence[OperatorStat], title: str) -> Table:
+    """Operator statistics as a rich table."""
+    table = Table(title=title)
+    table.add_column("Operator", overflow="fold")
+    table.add_column("Calls", justify="right")
+    table.add_column("Self (ms)", justify="right")
+    table.add_column("Total (ms)", justify="right")
+    table.add_column("Share (%)", justify="right")
+    for stat in stats:
+        table.add_row(stat.name, str(stat.calls), f"{stat.self_time_s * 1e3:.3f}",
+                      f"{stat.total_time_s * 1e3:.3f}", f"{stat.share * 100:.1f}")
+    return table
+
+
+# -- studies -------------------------------------------------------------------------------
+
+def trial_row(record: TrialRecord) -> tuple[str, ...]:
+    """One trial in a line: number, configuration, samples/sec, peak memory, status, reason."""
+    ok = record.status == "ok"
+    message = "" if ok else record.message
+    if record.disturbed and not message:
+        message = format_disturbance(record.other_cpu_share)
+    status = f"repeat of #{record.duplicate_of}" if record.duplicate else record.status
+    sps = record.samples_per_sec
+    return (str(record.number), short_config(record.config) if record.config else "",
+            f"{sps:.1f}" if sps and ok else "",
+            format_bytes(record.peak_memory_bytes) if record.peak_memory_bytes else "",
+            status, message.splitlines()[0][:60] if message else "")
+
+
+def trials_table(records: Iterable[TrialRecord], title: str = "recent trials") -> Table:
+    table = Table(title=title, title_justify="left", expand=True)
+    for name, justify in (("#", "right"), ("configuration", "left"), ("samples/s", "right"),
+                          ("peak mem", "right"), ("status", "left"), ("reason", "left")):
+        table.add_column(name, justify=justify, overflow="fold")
+    for record in records:
+        table.add_row(*trial_row(record))
+    return table
+
+
+def studies_table(rows: Sequence[Mapping[str, Any]]) -> Table:
+    """`autotune studies`: one row per study."""
+    table = Table(title="studies", title_justify="left")
+    columns = ("study", "trials", "created", "confirmed", "model")
+    for name in columns:
+        table.add_column(name)
+    for row in rows:
+        if row.get("error"):
+            table.add_row(row["study"], "-", "-", "-",
+                          Text(f"cannot be read: {row['error']}", style="red"))
+        else:
+            table.add_row(*(str(row[k]) for k in columns))
+    return table
+
+
+def summary_tables(summary: StudySummary) -> Group:
+    """Best beside baseline knob by knob, then the figures and the trial counts."""
+    title = f"study {summary.study}: {summary.model} on {summary.device}"
+    knobs = Table(title=title, title_justify="left")
+    knobs.add_column("knob", style="bold")
+    knobs.add_column("baseline")
+    knobs.add_column("best")
+    best, base = summary.best_config or {}, summary.baseline_config or {}
+    for knob in base or best:
+        a, b = base.get(knob), best.get(knob)
+        knobs.add_row(knob, str(a), Text(str(b), style="bold green" if a != b else ""))
+    figures = Table(show_header=False, title="result", title_justify="left")
+    figures.add_column("figure", style="bold")
+    figures.add_column("value", justify="right")
+    figures.add_column("how", style="dim")
+    for row in result_rows(summary):
+        figures.add_row(*row)
+    parts: list[Any] = [knobs, figures]
+    for line in left_out_lines(summary):
+        parts.append(Text(line, style="dim"))
+    for warning in summary.warnings:
+        parts.append(Text(f"warning: {warning}", style="bold yellow"))
+    return Group(*parts)
+
+
+def speedup_text(summary: StudySummary) -> str:
+    """The speedup with its interval, and whether it is a difference at all."""
+    confirmed = summary.confirmation
+    interval = confirmed.speedup_ci if confirmed else None
+    if not summary.speedup:
+        return "n/a"
+    text = f"{summary.speedup:.2f}x" + (f" [{interval[0]:.2f}-{interval[1]:.2f}]"
+                                        if interval else "")
+    if confirmed and confirmed.no_measurable_difference:
+        return text + ": no measurable difference"
+    if summary.difference_unknown:
+        return text + ": not known (too few paired rounds for an interval)"
+    return text
+
+
+def result_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
+    """(figure, value, how it was measured): the answer, then how the study went."""
+    confirmed = summary.confirmation
+    how = (f"median of {confirmed.confirmation_repeats} paired rounds of fresh runs, ± half "
+           "the range" if confirmed else "single trial, not confirmed")
+    rows = [
+        ("best samples/sec", format_rate(summary.best_samples_per_sec, summary.best_spread),
+         how),
+        ("baseline samples/sec", format_rate(summary.baseline_samples_per_sec,
+                                             confirmed.baseline_spread if confirmed else None),
+         how),
+        ("speedup", speedup_text(summary),
+         "best / baseline, paired by round, 95% interval" if confirmed else "best / baseline"),
+    ]
+    search = confirmed.best_search_samples_per_sec if confirmed else None
+    if search and summary.best_samples_per_sec:
+        gap = summary.best_samples_per_sec / search - 1
+        rows.append(("in the search", format_rate(search),
+                     f"the same configuration's search trial; confirmed {gap:+.0%} (the "
+                     "search keeps its luckiest figures)"))
+    fastest = confirmed.fastest_config if confirmed else None
+    if confirmed and fastest and fastest != summary.best_config:
+        interval = confirmed.fastest_speedup_ci
+        rows.append(("fastest measured", short_config(fastest),
+                     f"{confirmed.fastest_speedup:.2f}x"
+                     + (f" [{interval[0]:.2f}-{interval[1]:.2f}]" if interval else "")
+                     + (" of the baseline, too few paired rounds to tell it from the best"
+                        if summary.difference_unknown else
+                        " of the baseline, no measurable difference from the best")
+                     + ", which changes fewer knobs"))
+    rows += [
+        ("peak memory (best)", format_bytes(summary.best_peak_memory_bytes), ""),
+        ("MFU (best)", format_percent(summary.best_mfu), "CUDA only"),
+        ("tuning wall time", format_seconds(summary.tuning_wall_s), "trials only"),
+        ("trials", ", ".join(f"{k.lower()} {v}" for k, v in sorted(summary.trials.items())),
+         "by Optuna state"),
+        ("outcomes", ", ".join(f"{k} {v}" for k, v in sorted(summary.statuses.items())),
+         "oom and over_memory count as infeasible"),
+        ("retried", str(summary.retried_trials),
+         "trials queued to run again: their tuner died (orphaned), or their compile ran "
+         "out of time"),
+        ("disturbed", _trial_numbers(summary.disturbed_trials),
+         "trials timed while other processes used the CPUs; never ranked above a clean one"),
+    ]
+    return rows + search_rows(summary)
+
+
+def left_out_lines(summary: StudySummary) -> list[str]:
+    """The knob values the capability probe kept out of the search, each with its reason."""
+    return [f"left out: {item.describe()}" for item in summary.left_out]
+
+
+def _trial_numbers(numbers: Sequence[int]) -> str:
+    if not numbers:
+        return "none"
+    shown = ", ".join(f"#{n}" for n in numbers[:8])
+    return f"{len(numbers)}: {shown}" + (", ..." if len(numbers) > 8 else "")
+
+
+def search_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
+    """Time to train, compile payoff, memory-model accuracy and the DataLoader's own rates."""
+    rows = []
+    steps, confirmed = summary.train_steps, summary.confirmation
+    if steps and confirmed and confirmed.best_time_to_train_s:
+        rows.append((f"time for {steps:,} steps",
+                     f"{format_seconds(confirmed.best_time_to_train_s)} vs "
+                     f"{format_seconds(confirmed.baseline_time_to_train_s)}",
+                     "best vs baseline, build, compile and warm-up included"))
+    payoff = summary.compile_payoff
+    if payoff:
+        even = payoff.break_even_steps
+        rows.append(("compile break-even",
+                     f"{even:,.0f} steps" if even is not None else "never",
+                     f"trial {payoff.trial}: {payoff.compile_s:.1f} s at start-up for "
+                     f"{payoff.gain:+.0%} per step vs {payoff.reference}"))
+    memory = summary.memory_predictions
+    if memory:
+        rows.append(("memory model error", f"{memory.median_abs_error:.1%}",
+                     f"median |measured - predicted| / measured over {memory.checked} "
+                     f"trials (max {memory.max_abs_error:.1%})"))
+    if summary.loader_rates:
+        rows.append(("DataLoader alone", ", ".join(
+            f"{r.num_workers}w {r.samples_per_sec:,.0f}/s" for r in summary.loader_rates),
+            "samples/sec per workers setting, no model"))
+    return rows
+
+
+def summary_markdown(summary: StudySummary) -> str:
+    """The same summary as a markdown file for the study folder."""
+    best, base = summary.best_config or {}, summary.baseline_config or {}
+    lines = [f"# autotune study `{summary.study}`", "",
+             f"- model: `{summary.model}` {summary.model_args or ''}",
+             f"- device: {summary.device}"]
+    lines += [f"- {name}: {value}" + (f" ({how})" if how else "")
+              for name, value, how in result_rows(summary)]
+    lines += [f"- {line}" for line in left_out_lines(summary)]
+    lines.append("")
+    lines += [f"> warning: {w}" for w in summary.warnings]
+    lines += ["", "| knob | baseline | best |", "|---|---|---|"]
+    for knob in base or best:
+        a, b = base.get(knob), best.get(knob)
+        lines.append(f"| {knob} | {a} | {'**' + str(b) + '**' if a != b else b} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_study_files(summary: StudySummary, directory: Path) -> StudySummary:
+    """best.yaml, best.json and summary.md in the study folder; returns the summary naming
+    every file of the study there (best-trace.json too, when the confirmation kept one)."""
+    if summary.best_config:
+        best = TrainConfig.from_dict(summary.best_config)
+        best.save(directory / "best.yaml")
+        best.save(directory / "best.json")
+    (directory / "summary.md").write_text(summary_markdown(summary))
+    return replace(summary, files={name: str(directory / name) for name in
+                                   ("best.yaml", "best.json", "summary.md", "best-trace.json")
+                                   if (directory / name).exists()})

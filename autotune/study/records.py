@@ -1,0 +1,216 @@
+"""What a trial is in the study: its status, the names of what it stores, and one plain record
+of it, built in one place from an Optuna trial, that every reader of a study uses.
+
+A trial's figures and bookkeeping are Optuna user attributes; the names below are the only
+spelling of those keys. Statuses are strings in the storage, and `TrialStatus` compares and
+hashes as its value: `"oom" in RAN_OUT` and `TrialStatus.OOM in RAN_OUT` agree.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.trial.protocol import TrialStatus
+
+S = TrialStatus
+# Measured and within memory: the trials the search ranks.
+FEASIBLE = frozenset({S.OK, S.SCREENED})
+# COMPLETE with a violated constraint, so TPE learns where the wall is.
+INFEASIBLE = frozenset({S.OOM, S.OVER_MEMORY, S.OOM_PREDICTED, S.UNSUPPORTED})
+# Peak memory was measured (a run that fitted, or one over the limit).
+MEASURED_PEAK = frozenset({S.OK, S.OVER_MEMORY, S.SCREENED})
+RAN_OUT = frozenset({S.OOM, S.OVER_MEMORY})
+# Outcomes that send the fast corner down to the next smaller micro-batch.
+TOO_BIG = RAN_OUT | {S.OOM_PREDICTED}
+# Failures that would happen again with the same configuration: not retried. A compile that
+# ran out of time is not one of them: the compile cache keeps what it finished, so the second
+# try (`worker` queues it at once) gets further; if that one runs out of time too, it is a
+# plain TIMEOUT.
+DETERMINISTIC = frozenset({S.ERROR, S.CRASH, S.TIMEOUT})
+RAN_A_PROCESS = FEASIBLE | RAN_OUT | DETERMINISTIC | {S.UNSUPPORTED, S.COMPILE_TIMEOUT}
+# What `--trials` counts: trials that ran a process to its end, failed ones included; one
+# that found its configuration unsupported measured nothing and is free.
+COUNTS_AGAINST_BUDGET = RAN_A_PROCESS - {S.UNSUPPORTED}
+FINISHED = (TrialState.COMPLETE, TrialState.FAIL)
+
+
+class Role:
+    """Why a trial was run."""
+
+    BASELINE = "baseline"        # the model file's BASELINE, always first
+    FAST_CORNER = "fast-corner"  # the configuration an expert tries first
+    SEARCH = "search"            # proposed by the sampler
+
+
+class TrialKey:
+    """Names of a trial's user attributes besides its measured figures (`Measurement`)."""
+
+    CONFIG = "config"
+    ROLE = "role"
+    STATUS = "status"
+    MESSAGE = "message"
+    SCORE = "score"
+    CONSTRAINT = "constraint"
+    DUPLICATE_OF = "duplicate_of"
+    PREDICTED_PEAK = "predicted_peak_bytes"
+    LOADER_PLAN = "loader_plan"
+    STALL = "stall_fraction"
+    TIME_TO_TRAIN = "time_to_train_s"
+    LOG_PATH = "log_path"
+    WALL_S = "wall_s"
+    OWNER = "owner"
+    HEARTBEAT = "heartbeat"
+    HEARTBEAT_S = "heartbeat_s"
+    REQUEUED_FROM = "requeued_from"
+    RETRY = "retry"
+    UNSUPPORTED_KNOB = "unsupported_knob"    # the setting a trial found it cannot run
+    UNSUPPORTED_VALUE = "unsupported_value"
+
+
+# About a trial rather than its configuration's outcome: a repeat does not copy them (a repeat
+# of a re-run is not itself a re-run).
+BOOKKEEPING = frozenset({TrialKey.CONFIG, TrialKey.ROLE, TrialKey.OWNER, TrialKey.HEARTBEAT,
+                         TrialKey.HEARTBEAT_S, TrialKey.REQUEUED_FROM, TrialKey.RETRY,
+                         TrialKey.LOADER_PLAN})
+
+
+class StudyKey:
+    """Names of the study's user attributes."""
+
+    IDENTITY = "identity"                  # model file, its arguments, device type
+    DEVICE_NAME = "device_name"            # the machine the study was made on
+    DEVICE_NAMES = "device_names"          # every machine that has run it, in order
+    BASELINE_CONFIG = "baseline_config"
+    CREATED_AT = "created_at"
+    SPACE = "space"
+    FREE_BATCH = "free_batch"
+    MEMORY = "memory"                      # capacity, allowed limit, headroom
+    OBJECTIVE = "objective"                # train_steps, plain_tpe
+    LOADER_RATES = "loader_rates"          # the DataLoader plan's rates, when it is on
+    PROBE = "probe"                        # the capability probe's report and fingerprint
+    TUNING_WALL_S = "tuning_wall_s"
+    CONFIRMATION = "confirmation"
+    CONFIRMATION_CLAIM = "confirmation_claim"
+
+
+# Optuna's constraint name (> 0 = violated): fits in memory and runs on this model and device.
+MEMORY_CONSTRAINT = "fits"
+
+
+def study_machines(user_attrs: dict[str, Any]) -> list[str]:
+    """Every machine that has run a study, in order (a study from before the list: its first)."""
+    first = user_attrs.get(StudyKey.DEVICE_NAME)
+    return user_attrs.get(StudyKey.DEVICE_NAMES) or ([first] if first else [])
+
+
+def config_key(config: Any) -> str:
+    """One string per configuration (a TrainConfig or its dict), for finding repeats."""
+    data = config.to_dict() if hasattr(config, "to_dict") else config
+    return json.dumps(data, sort_keys=True)
+
+
+@dataclass
+class TrialRecord:
+    """One trial as every reader of a study sees it (`TrialRecord.of`)."""
+
+    number: int
+    status: str
+    config: dict[str, Any] | None = None
+    state: str = "COMPLETE"
+    role: str = Role.SEARCH
+    message: str = ""
+    value: float | None = None
+    constraint: float | None = None
+    samples_per_sec: float | None = None
+    peak_memory_bytes: float | None = None
+    predicted_peak_bytes: float | None = None
+    time_to_first_step_s: float | None = None
+    step_time_median_s: float | None = None
+    data_wait_fraction: float | None = None
+    other_cpu_share: float | None = None
+    disturbed: bool = False
+    duplicate_of: int | None = None
+    retry: int = 0
+    requeued_from: int | None = None
+    owner: str = ""
+    start: float | None = None
+    end: float | None = None
+    attrs: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, trial: FrozenTrial) -> TrialRecord:
+        a = trial.user_attrs
+        return cls(
+            number=trial.number, status=a.get(TrialKey.STATUS, trial.state.name.lower()),
+            config=a.get(TrialKey.CONFIG), state=trial.state.name,
+            role=a.get(TrialKey.ROLE, Role.SEARCH), message=a.get(TrialKey.MESSAGE, ""),
+            value=trial.value if trial.state == TrialState.COMPLETE else None,
+            constraint=a.get(TrialKey.CONSTRAINT), samples_per_sec=a.get("samples_per_sec"),
+            peak_memory_bytes=a.get("peak_memory_bytes"),
+            predicted_peak_bytes=a.get(TrialKey.PREDICTED_PEAK),
+            time_to_first_step_s=a.get("time_to_first_step_s"),
+            step_time_median_s=a.get("step_time_median_s"),
+            data_wait_fraction=a.get("data_wait_fraction"),
+            other_cpu_share=a.get("other_cpu_share"), disturbed=bool(a.get("disturbed")),
+            duplicate_of=a.get(TrialKey.DUPLICATE_OF), retry=a.get(TrialKey.RETRY, 0),
+            requeued_from=a.get(TrialKey.REQUEUED_FROM), owner=a.get(TrialKey.OWNER, ""),
+            start=trial.datetime_start.timestamp() if trial.datetime_start else None,
+            end=trial.datetime_complete.timestamp() if trial.datetime_complete else None,
+            attrs=dict(a))
+
+    @property
+    def duplicate(self) -> bool:
+        """A repeat of an earlier trial's configuration, its outcome copied, not measured."""
+        return self.duplicate_of is not None
+
+    @property
+    def feasible(self) -> bool:
+        return self.state == TrialState.COMPLETE.name and self.constraint == 0.0
+
+    @property
+    def score(self) -> float | None:
+        """The objective, for trials that fitted."""
+        return self.value if self.feasible else None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (TrialState.COMPLETE.name, TrialState.FAIL.name)
+
+    @property
+    def under_way(self) -> bool:
+        return self.state in (TrialState.WAITING.name, TrialState.RUNNING.name)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Any stored figure by name (`top_operators`, `mfu`, ...)."""
+        return self.attrs.get(key, default)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for plots and tables: every field, `score` and `duplicate` included."""
+        data = asdict(self)
+        del data["attrs"]
+        return {**data, "score": self.score, "duplicate": self.duplicate}
+
+
+def trial_records(study: optuna.Study) -> list[TrialRecord]:
+    """Every trial of the study, in trial order."""
+    return [TrialRecord.of(t) for t in study.get_trials(deepcopy=False)]
+
+
+def rankable(records: Iterable[TrialRecord]) -> list[TrialRecord]:
+    """The trials a ranking may compare: those that fitted and were measured on a quiet
+    machine, or, when other processes disturbed every one of them, all that fitted. A disturbed
+    rate is never ranked above a clean one."""
+    fitted = [r for r in records if r.score is not None]
+    return [r for r in fitted if not r.disturbed] or fitted
+
+
+def fresh_records(study: optuna.Study) -> list[TrialRecord]:
+    """Finished trials that were measured or decided on, not repeats of earlier ones."""
+    return [r for r in trial_records(study) if r.state == TrialState.COMPLETE.name
+            and not r.duplicate]

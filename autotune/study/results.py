@@ -1,0 +1,293 @@
+"""A study's results, read from its storage alone: what `show`, `export`, `studies` and the
+report print. Nothing here runs a trial or needs the tuner."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune.errors import ConfigError
+from autotune.formatting import format_disturbance, short_config
+from autotune.study.confirmation import Confirmation
+from autotune.study.records import (
+    MEASURED_PEAK,
+    RAN_OUT,
+    Role,
+    StudyKey,
+    TrialRecord,
+    rankable,
+    study_machines,
+    trial_records,
+)
+from autotune.study.storage import JOURNAL_FILE, open_storage, study_dir
+from autotune.study.summary import (
+    BaselineTrial,
+    CompilePayoff,
+    ConfirmedFigures,
+    MemoryPredictions,
+    StudySummary,
+)
+from autotune.trial.protocol import LeftOut, LoaderRate, TrialStatus
+
+
+def load_study(name: str, studies_dir: str | Path = "studies",
+               storage: str | None = None) -> optuna.Study:
+    """An existing study, read from the storage alone."""
+    backend = open_storage(storage, study_dir(studies_dir, name), create=False)
+    try:
+        return optuna.load_study(study_name=name, storage=backend)
+    except KeyError:
+        raise ConfigError(f"no study named {name!r} in this storage") from None
+
+
+def list_studies(studies_dir: str | Path = "studies",
+                 storage: str | None = None) -> list[dict[str, Any]]:
+    """The studies in a storage URL, or in every study folder of the embedded storage. A study
+    folder that cannot be read is listed with the reason (`error`), the others as usual."""
+    if storage:
+        return _study_rows(open_storage(storage, Path(studies_dir)))
+    rows = []
+    for journal in sorted(Path(studies_dir).glob(f"*/{JOURNAL_FILE}")):
+        try:
+            rows += _study_rows(open_storage(None, journal.parent, create=False))
+        except Exception as exc:  # one unreadable study never hides the others
+            rows.append({"study": journal.parent.name, "trials": None, "created": None,
+                         "model": None, "confirmed": None,
+                         "error": str(exc) or type(exc).__name__})
+    return rows
+
+
+def _study_rows(backend: optuna.storages.BaseStorage) -> list[dict[str, Any]]:
+    rows = []
+    for s in optuna.get_all_study_summaries(backend, include_best_trial=False):
+        rows.append({"study": s.study_name, "trials": s.n_trials,
+                     "created": s.datetime_start.isoformat(timespec="seconds")
+                     if s.datetime_start else None,
+                     "model": s.user_attrs.get(StudyKey.IDENTITY, {}).get("model_path"),
+                     "confirmed": bool((s.user_attrs.get(StudyKey.CONFIRMATION) or {})
+                                       .get("winner"))})
+    return rows
+
+
+def study_summary(study: optuna.Study) -> StudySummary:
+    """Everything `show` prints, from the storage alone."""
+    records = trial_records(study)
+    statuses = Counter(r.status for r in records)
+    attrs = study.user_attrs
+    stored = attrs.get(StudyKey.CONFIRMATION)
+    confirmation = Confirmation.from_json(stored) if stored and stored.get("winner") else None
+    baseline_config = attrs.get(StudyKey.BASELINE_CONFIG)
+    identity = attrs.get(StudyKey.IDENTITY, {})
+    best = max(rankable(records), key=lambda r: r.value, default=None)
+    baseline_trial = next((r for r in records if r.role == Role.BASELINE and r.finished), None)
+    probe = (attrs.get(StudyKey.PROBE) or {}).get("report") or {}
+    rates = attrs.get(StudyKey.LOADER_RATES)
+    warnings: list[str] = []
+    if confirmation is not None:
+        figures = _confirmed_figures(confirmation)
+        warnings += _confirmation_warnings(confirmation)
+    else:
+        figures = _search_figures(records, best, warnings)
+    best_config = figures.pop("best_config")
+    best_trial = figures["best_trial"]
+    if attrs.get(StudyKey.FREE_BATCH, False) and best_config and baseline_config:
+        best_eb = best_config["micro_batch_size"] * best_config["grad_accum_steps"]
+        base_eb = baseline_config["micro_batch_size"] * baseline_config["grad_accum_steps"]
+        if best_eb != base_eb:
+            warnings.append(f"the effective batch changed from {base_eb} to {best_eb}: the "
+                            "learning rate may need rescaling")
+    devices = study_machines(attrs)
+    if len(devices) > 1:
+        warnings.append(f"trials were measured on {len(devices)} machines "
+                        f"({'; '.join(devices)}): rates from different machines are not "
+                        "comparable")
+    best_disturbed = bool(best and best.disturbed)
+    if best_disturbed and confirmation is None:
+        warnings.append(
+            "other processes used the CPUs while every trial that fitted was timed: the "
+            "figures are low and their ranking uncertain; measure again on a quiet machine")
+    return StudySummary(
+        study=study.study_name, model=identity.get("model_path"),
+        model_args=identity.get("model_args"), device=attrs.get(StudyKey.DEVICE_NAME),
+        devices=tuple(devices), best_config=best_config, baseline_config=baseline_config,
+        trials=dict(Counter(r.state for r in records)), statuses=dict(statuses),
+        oom_trials=sum(statuses.get(s, 0) for s in RAN_OUT),
+        retried_trials=sum(1 for r in records if r.retry > 0),
+        tuning_wall_s=attrs.get(StudyKey.TUNING_WALL_S),
+        free_batch=attrs.get(StudyKey.FREE_BATCH, False),
+        train_steps=(attrs.get(StudyKey.OBJECTIVE) or {}).get("train_steps"),
+        memory_predictions=prediction_errors(r for r in records if not r.duplicate),
+        loader_rates=tuple(LoaderRate(**r) for r in rates) if rates is not None else None,
+        baseline_trial=BaselineTrial(baseline_trial.number, baseline_trial.status,
+                                     baseline_trial.message) if baseline_trial else None,
+        # knob values the capability probe found failing or pointless here, with the reason
+        left_out=tuple(LeftOut(**x) for x in probe.get("left_out", [])),
+        warnings=tuple(warnings),
+        disturbed_trials=tuple(r.number for r in records if r.disturbed and not r.duplicate),
+        best_disturbed=best_disturbed, compile_payoff=compile_payoff(records, best_trial),
+        **figures)
+
+
+def _confirmed_figures(confirmation: Confirmation) -> dict[str, Any]:
+    """The recommendation's and the baseline's figures from the paired rounds."""
+    winner, baseline = confirmation.winner, confirmation.baseline
+    fastest = confirmation.fastest or winner
+    ok_runs = winner.ok_runs()
+    return {
+        "best_config": winner.config, "best_samples_per_sec": winner.median,
+        "best_spread": winner.spread, "best_trial": winner.trial,
+        "best_peak_memory_bytes": max((r.peak_memory_bytes or 0) for r in ok_runs) or None,
+        "best_mfu": median_or_none([r.mfu for r in ok_runs]),
+        "baseline_samples_per_sec": baseline.median, "speedup": confirmation.speedup,
+        "confirmation": ConfirmedFigures(
+            best_runs=tuple(r.samples_per_sec for r in ok_runs),
+            baseline_spread=baseline.spread, speedup_ci=confirmation.speedup_ci,
+            no_measurable_difference=confirmation.no_measurable_difference,
+            confirmation_repeats=confirmation.rounds,
+            # the search's figure for the recommendation beside the confirmed one: the gap is
+            # the winner's curse (the search keeps the luckiest measurement)
+            best_search_samples_per_sec=winner.search_samples_per_sec,
+            fastest_config=fastest.config, fastest_speedup=fastest.speedup,
+            fastest_speedup_ci=fastest.speedup_ci, best_time_to_train_s=winner.time_to_train_s,
+            baseline_time_to_train_s=baseline.time_to_train_s)}
+
+
+def _search_figures(records: Sequence[TrialRecord], best: TrialRecord | None,
+                    warnings: list[str]) -> dict[str, Any]:
+    """The best search trial's figures against the baseline's trial, unconfirmed."""
+    figures: dict[str, Any] = {
+        "best_config": None, "best_samples_per_sec": None, "best_spread": None,
+        "best_trial": None, "best_peak_memory_bytes": None, "best_mfu": None,
+        "baseline_samples_per_sec": None, "speedup": None}
+    if best is None:
+        return figures
+    baseline = next((r for r in records if r.role == Role.BASELINE
+                     and r.status == TrialStatus.OK), None)
+    best_sps = best.samples_per_sec
+    base_sps = baseline.samples_per_sec if baseline else None
+    figures.update(
+        best_config=best.config, best_samples_per_sec=best_sps, best_trial=best.number,
+        best_peak_memory_bytes=best.peak_memory_bytes, best_mfu=best.get("mfu"),
+        baseline_samples_per_sec=base_sps,
+        speedup=best_sps / base_sps if best_sps and base_sps else None)
+    if baseline is not None and baseline.disturbed and not best.disturbed:
+        warnings.append(
+            f"baseline trial #{baseline.number} {format_disturbance(baseline.other_cpu_share)}"
+            "; its rate is low and the speedup overstated")
+    return figures
+
+
+def _confirmation_warnings(confirmation: Confirmation) -> list[str]:
+    """What the confirmation rounds say about the answer that a reader must not miss."""
+    out = []
+    fastest, rounds = confirmation.fastest, confirmation.rounds
+    if confirmation.difference_unknown:
+        out.append(f"the confirmation had time for {rounds} paired round"
+                   f"{'s' if rounds != 1 else ''}, too few for an interval: whether the "
+                   f"fastest measured ({fastest.speedup:.2f}x in "
+                   f"{'it' if rounds == 1 else 'them'}) is faster than the baseline is not "
+                   "known, so the baseline is kept; give the run more time (--timeout) to "
+                   "confirm it")
+    if confirmation.disturbed_rounds:
+        out.append(f"{confirmation.disturbed_rounds} of {rounds} confirmation "
+                   "rounds ran while other processes used the CPUs (the machine stayed busy): "
+                   "the figures are low; the speedup compares runs of the same rounds")
+    drift = confirmation.drift
+    if drift and drift.beyond_noise:
+        change = drift.end_samples_per_sec / drift.start_samples_per_sec - 1
+        low, high = drift.end_range
+        out.append(f"the machine drifted: the baseline measured "
+                   f"{drift.start_samples_per_sec:,.0f} samples/s at the start of the search "
+                   f"and {drift.end_samples_per_sec:,.0f} ({low:,.0f}-{high:,.0f}) in the "
+                   f"confirmation rounds ({change:+.0%}, beyond their spread); the speedup "
+                   "compares runs of the same rounds")
+    return out
+
+
+def prediction_errors(trials: Iterable[TrialRecord]) -> MemoryPredictions | None:
+    """How far the predictions made before trials ran were from the peaks they measured."""
+    errors = [(t.peak_memory_bytes - t.predicted_peak_bytes) / t.peak_memory_bytes
+              for t in trials if t.predicted_peak_bytes and t.peak_memory_bytes
+              and t.status in MEASURED_PEAK]
+    if not errors:
+        return None
+    absolute = [abs(e) for e in errors]
+    return MemoryPredictions(checked=len(errors), median_abs_error=statistics.median(absolute),
+                             max_abs_error=max(absolute), median_error=statistics.median(errors))
+
+
+def compile_payoff(records: Sequence[TrialRecord],
+                   best_trial: int | None) -> CompilePayoff | None:
+    """What compiling cost and gained, and after how many steps it pays for itself: for the
+    best configuration when it is compiled, else for the compiled one that gained most."""
+    rows = compile_rows(records)
+    row = next((r for r in rows if r["trial"] == best_trial), None) or \
+        max(rows, key=lambda r: r["gain"], default=None)
+    if row is None:
+        return None
+    return CompilePayoff(**{k: row[k] for k in ("trial", "reference", "compile_s", "gain",
+                                                 "break_even_steps")})
+
+
+def compile_rows(records: Sequence[TrialRecord]) -> list[dict[str, Any]]:
+    """For each measured compiled configuration: what compiling cost at start-up, what it
+    gains per step, and the training steps after which it has paid for itself.
+
+    The reference is the same configuration uncompiled when it was measured, else the fastest
+    uncompiled one with the same precision and micro-batch, else with the same precision; a
+    compiled trial with none of these is left out rather than credited with precision's gain.
+    """
+    ok = [r for r in records if r.status == TrialStatus.OK and not r.duplicate and r.config
+          and r.samples_per_sec and r.time_to_first_step_s is not None]
+    plain = [r for r in ok if r.config["compile_mode"] == "none"]
+    rows = []
+    for rec in ok:
+        config = rec.config
+        if config["compile_mode"] == "none":
+            continue
+        ref, how = _reference(rec, plain)
+        if ref is None:
+            continue
+        compile_s = rec.time_to_first_step_s - ref.time_to_first_step_s
+        gain = rec.samples_per_sec / ref.samples_per_sec - 1
+        per_step = config["micro_batch_size"] * config["grad_accum_steps"]
+        saved = per_step * (1 / ref.samples_per_sec - 1 / rec.samples_per_sec)
+        rows.append({
+            "label": f"#{rec.number} {config['compile_mode']}", "trial": rec.number,
+            "config": short_config(config), "reference": f"#{ref.number} ({how})",
+            "compile_s": compile_s, "gain": gain,
+            "break_even_steps": max(0.0, compile_s) / saved if saved > 0 else None})
+    return rows
+
+
+def _twin_key(config: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(v for k, v in sorted(config.items()) if k != "compile_mode")
+
+
+def _reference(rec: TrialRecord,
+               plain: Sequence[TrialRecord]) -> tuple[TrialRecord | None, str]:
+    config = rec.config
+
+    def fastest(candidates: list[TrialRecord]) -> TrialRecord:
+        return max(candidates, key=lambda r: r.samples_per_sec)
+
+    twin = [r for r in plain if _twin_key(r.config) == _twin_key(config)]
+    if twin:
+        return fastest(twin), "same knobs, uncompiled"
+    same = [r for r in plain if r.config["precision"] == config["precision"]]
+    near = [r for r in same if r.config["micro_batch_size"] == config["micro_batch_size"]]
+    if near:
+        return fastest(near), "same precision and micro-batch"
+    if same:
+        return fastest(same), "same precision"
+    return None, ""
+
+
+def median_or_none(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None

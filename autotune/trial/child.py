@@ -1,0 +1,168 @@
+"""The trial's side of one trial = one process: run the job asked for, classify how it ended,
+write the result, exit.
+
+The process is a new interpreter (`child_main`) or a fork of the fork server
+(`autotune.trial.server`); either way it runs `run_child`. It exits by itself within a couple of
+seconds when the tuner that started it is gone, so it never keeps holding a GPU. The model file
+is imported here, never in the tuner.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import resource
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from autotune.trial.protocol import TrialRequest, TrialResult, TrialStatus
+
+OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory",
+               "failed to allocate memory",
+               # cuBLAS and cuDNN report their own failed allocations by status name
+               "cublas_status_alloc_failed", "cudnn_status_alloc_failed")
+# Marker pairs that mean out of memory only together: cublasCreate fails with NOT_INITIALIZED
+# when there is no memory left for its handle and workspace (torch's message names the call).
+OOM_MARKER_PAIRS = (("cublas_status_not_initialized", "cublascreate"),)
+
+
+# What a child can be asked to do: module and function, each called as
+# fn(workload, config, device, settings, trace_path, progress) -> figures (plain JSON data).
+JOBS = {"measure": ("autotune.trial.measure", "measure_job"),
+        "probe": ("autotune.trial.probe", "probe_job"),
+        "profile": ("autotune.trial.deep_profile", "profile_job")}
+
+
+def child_main() -> None:
+    """Entry point of a trial process started as a new interpreter."""
+    run_child(Path(sys.argv[1]), Path(sys.argv[2]))
+
+
+def run_child(request_file: Path, result_file: Path) -> None:
+    """In the trial process: run the job, classify, write the result, exit."""
+    raw = json.loads(request_file.read_text())
+    _watch_parent(raw.pop("parent_pid"))
+    phase_file = Path(raw.pop("phase_file"))
+    request = TrialRequest(**raw)
+    if request.inductor_cache_dir:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = request.inductor_cache_dir
+    if request.cpus:
+        # Before torch starts its threads: they, DataLoader workers and compile workers inherit it.
+        os.sched_setaffinity(0, request.cpus)
+    try:
+        result = _run_job(request, lambda phase: _note_phase(phase_file, phase))
+    except MemoryError:
+        _lift_memory_limit()
+        result = TrialResult(TrialStatus.OOM, "MemoryError (the process ran out of memory while "
+                                    "reporting a failure)")
+    tmp = result_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result.to_dict()))
+    tmp.replace(result_file)
+    sys.stdout.flush()
+    # Skip interpreter teardown: DataLoader workers and compile pools can hang it.
+    os._exit(0)
+
+
+def _run_job(request: TrialRequest, on_phase: Callable[[str], None]) -> TrialResult:
+    import torch
+
+    from autotune.errors import ConfigError, ContractError
+    from autotune.hardware import describe, unsupported_reason
+    from autotune.trial.training import Unsupported
+    from autotune.trial.workload import load_workload
+
+    try:
+        device = torch.device(request.device)
+        if request.threads:
+            torch.set_num_threads(request.threads)
+        if request.memory_limit_bytes:
+            limit_memory(device, request.memory_limit_bytes)
+        module, name = JOBS[request.job]
+        job = getattr(importlib.import_module(module), name)
+        on_phase("loading the model file")
+        workload = load_workload(request.model_path, request.model_args)
+        config = workload.train_config(request.config, device.type)
+        print(f"autotune {request.job}: {config.to_dict()} on {device}", flush=True)
+        reason = unsupported_reason(config, describe(device))
+        if reason and request.job != "probe":  # the probe finds what the baseline can do
+            raise Unsupported(reason)
+        figures = job(workload, config, device, request.settings, request.trace_path, on_phase)
+        return TrialResult(TrialStatus.OK, "measured", figures, config=config.to_dict())
+    except (ContractError, ConfigError) as exc:
+        return _failed(TrialStatus.ERROR, exc, bad_input=True)
+    except Unsupported as exc:
+        result = _failed(TrialStatus.UNSUPPORTED, exc)
+        if exc.knob is not None:  # the setting that cannot run, so no trial tries it again
+            result.metrics = {"unsupported_knob": exc.knob, "unsupported_value": exc.value}
+        return result
+    except BaseException as exc:
+        _lift_memory_limit()
+        if is_oom(exc):
+            return _failed(TrialStatus.OOM, exc)
+        return _failed(TrialStatus.ERROR, exc)
+
+
+def is_oom(exc: BaseException) -> bool:
+    """OOM on any device, also when wrapped (torch.compile re-raises with a cause)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+            return True
+        text = str(exc).lower()
+        if any(marker in text for marker in OOM_MARKERS) or \
+                any(all(m in text for m in pair) for pair in OOM_MARKER_PAIRS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def limit_memory(device: Any, limit_bytes: int) -> None:
+    """Make memory really this small: a per-process fraction on CUDA, an rlimit on CPU.
+
+    On CPU the limit is RLIMIT_DATA (heap and private mappings, the whole process including
+    the ~0.2 GiB that importing torch takes), so an allocation beyond it fails as it would on a
+    machine that small.
+    """
+    import torch
+
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, limit_bytes / total), device)
+    else:
+        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        resource.setrlimit(resource.RLIMIT_DATA, (limit_bytes, hard))
+
+
+def _lift_memory_limit() -> None:
+    """Room to report an out-of-memory failure: only the soft limit was lowered."""
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
+
+
+def _failed(status: TrialStatus, exc: BaseException, bad_input: bool = False) -> TrialResult:
+    traceback.print_exception(exc)
+    message = str(exc) if bad_input else f"{type(exc).__name__}: {exc}"
+    return TrialResult(status, message.strip()[:4000], bad_input=bad_input)
+
+
+def _note_phase(phase_file: Path, phase: str) -> None:
+    print(f"autotune trial: {phase}", flush=True)
+    phase_file.write_text(phase)
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit as soon as the process that started this trial is gone."""
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(3)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="autotune-parent-watch", daemon=True).start()

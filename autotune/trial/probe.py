@@ -1,0 +1,288 @@
+"""What the user's model and this machine can do, found in one short child process before the
+baseline, so that the search only ever proposes what works here and is worth trying.
+
+The probe (`probe_job`, run in a child process like a trial) reads the workload's facts (the
+file's BASELINE, the dataset's size, the model's training state) and tries, on the user's model
+and this machine, each knob value that can fail or be pointless:
+
+- precision: bf16 (and fp16 on CUDA) for one short timed run against the baseline's precision;
+  a value that fails is left out, and on CPU one more than `SLOWER` times slower than fp32 too
+  (a CPU without native bf16 emulates it: it cannot pay back what it costs), against fp32
+  timed both before and after it (a machine that got busy in between slows both);
+- activation checkpointing: each mode for one step on the dataset's first samples, whose loss
+  and gradients must equal the plain model's (a wrapper that changes the model is worse than
+  none);
+- the AdamW implementations: one optimizer step each;
+- torch.compile: the toolchain inductor needs (a C++ compiler on CPU, Triton on CUDA);
+- DataLoader workers: a worker process loading two batches (datasets and collate functions
+  that cannot be pickled fail here), then every workers/prefetch setting's own rate.
+
+The tuner caches the report in the study under a fingerprint of the model file, its arguments,
+the device and torch, and probes again when one of them changes.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from autotune.config import TrainConfig, from_baseline
+from autotune.hardware import cpu_has_native_bf16, describe, device_domains, unsupported_reason
+from autotune.trial.child import is_oom
+from autotune.trial.loader_rates import loader_settings, measure_loader_rates
+from autotune.trial.protocol import LeftOut, ProbeReport
+from autotune.trial.training import (
+    CHECK_SAMPLES,
+    Unsupported,
+    checkpointing_problem,
+    make_loader,
+    move_to_device,
+    sample_batch,
+    setup_from_workload,
+)
+from autotune.trial.workload import Workload, check_loss
+
+# A precision this many times slower than fp32 on CPU is left out.
+SLOWER = 2.0
+# How long each precision is timed for (after one warm-up step), at most.
+TIMING_S = 2.0
+TIMED_STEPS = 3
+
+Progress = Callable[[str], None]
+
+
+def training_state_bytes(model: Any) -> int:
+    """What training the model costs before any activation: fp32 weights, their gradients and
+    AdamW's two moments."""
+    return 4 * sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
+              settings: Mapping[str, Any], trace_path: str | None,
+              progress: Progress) -> dict[str, Any]:
+    """A child process's job (`child.JOBS`): the ProbeReport of `workload` on `device`,
+    `config` being its baseline."""
+    progress("building the dataset")
+    dataset = workload.build_dataset()
+    progress("building the model")
+    model = workload.build_model()
+    report = ProbeReport(baseline=workload.baseline, dataset_size=len(dataset),
+                         state_bytes=training_state_bytes(model),
+                         parameters=sum(p.numel() for p in model.parameters()))
+    del model
+    info = describe(device)
+    if unsupported_reason(config, info):  # a BASELINE this device cannot run: its defaults
+        config = from_baseline({"micro_batch_size": config.micro_batch_size,
+                                "grad_accum_steps": config.grad_accum_steps}, device.type)
+    # The values the search would offer here: those worth a try.
+    offered = device_domains(config, info)
+    trials = _Trials(workload, dataset, device, progress)
+    progress("one baseline step (the reference)")
+    try:
+        reference = trials.run(config, timed=True)
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        # The baseline's micro-batch does not fit (the search will find one that does): what
+        # works does not depend on it.
+        config = config.replace(micro_batch_size=1, grad_accum_steps=1)
+        reference = trials.run(config, timed=True)
+    report.step_s[config.precision] = reference.step_s
+    for check in (_precisions, _checkpointing, _optimizers):
+        report.left_out += check(trials, config, reference, offered)
+    report.step_s.update(trials.step_s)
+    report.left_out += _compile_toolchain(device, offered["compile_mode"])
+    workers = [n for n in offered["num_workers"] if n > 0]
+    report.left_out += _workers(workload, dataset, config, device, progress, workers)
+    usable = {(w, p) for w, p in loader_settings(offered)
+              if not any(x.knob == "num_workers" and x.value == w for x in report.left_out)}
+    progress("timing the DataLoader alone")
+    report.loader_rates = measure_loader_rates(dataset, workload.hook("collate_fn"),
+                                               config.micro_batch_size, sorted(usable, key=str))
+    return report.to_dict()
+
+
+@dataclass
+class _Run:
+    first_step_s: float
+    step_s: float
+
+    def pace(self, timed: bool) -> float:
+        """The step time to compare: the timed steps' median, or the first step's."""
+        return self.step_s if timed else self.first_step_s
+
+
+class _Trials:
+    """Short runs of one configuration each, on a freshly built model."""
+
+    def __init__(self, workload: Workload, dataset: Any, device: torch.device,
+                 progress: Progress) -> None:
+        self.workload, self.dataset, self.device, self.progress = \
+            workload, dataset, device, progress
+        self.step_s: dict[str, float] = {}
+
+    def run(self, config: TrainConfig, timed: bool = False,
+            first_step_bound_s: float = math.inf) -> _Run:
+        """The first step's time; with `timed`, the median of a few more steps (the first
+        step's instead when it took longer than `first_step_bound_s`: a step that slow has
+        answered already)."""
+        setup = setup_from_workload(self.workload, config, self.device, dataset=self.dataset)
+        batches = setup.batches()
+        begun = time.perf_counter()
+        setup.step(batches)
+        self._sync()
+        first_s = time.perf_counter() - begun
+        times: list[float] = []
+        start = time.perf_counter()
+        timed = timed and first_s <= first_step_bound_s
+        while timed and len(times) < TIMED_STEPS and time.perf_counter() - start < TIMING_S:
+            begun = time.perf_counter()
+            setup.step(batches)
+            self._sync()
+            times.append(time.perf_counter() - begun)
+        return _Run(first_s, statistics.median(times) if times else first_s)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def _try(trials: _Trials, knob: str, value: Any, config: TrainConfig, timed: bool = False,
+         first_step_bound_s: float = math.inf) -> _Run | LeftOut | None:
+    """One short run of `config`: its figures, the value left out with the reason it fails,
+    or None when it ran out of memory (a memory question, which the search answers)."""
+    trials.progress(f"trying {knob}={value}")
+    try:
+        return trials.run(config, timed=timed, first_step_bound_s=first_step_bound_s)
+    except Unsupported as exc:
+        return LeftOut(knob, value, str(exc))
+    except Exception as exc:  # noqa: BLE001 - any other failure leaves the value out
+        if is_oom(exc):
+            return None
+        return LeftOut(knob, value, f"fails on this model: {_one_line(exc)}")
+
+
+def _precisions(trials: _Trials, config: TrainConfig, reference: _Run,
+                offered: Mapping[str, tuple]) -> list[LeftOut]:
+    """Half precisions that fail here, or that are much slower than fp32 on a CPU."""
+    out = []
+    for precision in offered["precision"]:
+        if precision not in ("bf16", "fp16") or precision == config.precision:
+            continue
+        run = _try(trials, "precision", precision, config.replace(precision=precision),
+                   timed=True, first_step_bound_s=2 * SLOWER * reference.first_step_s)
+        if not isinstance(run, _Run):
+            out += [run] if run else []
+            continue
+        trials.step_s[precision] = run.step_s
+        timed = run.step_s != run.first_step_s
+        ratio = run.step_s / reference.pace(timed)
+        if trials.device.type != "cpu" or config.precision != "fp32" or ratio <= SLOWER:
+            continue
+        # fp32 timed again right after: a machine that got busy since the reference slowed
+        # this run too, and a value left out is never tried again in the study.
+        again = trials.run(config, timed=timed)
+        ratio = run.step_s / max(reference.pace(timed), again.pace(timed))
+        if ratio > SLOWER:
+            native = "" if cpu_has_native_bf16() else " (no native bf16)"
+            out.append(LeftOut("precision", precision,
+                               f"{ratio:.1f}x slower than fp32 on this CPU{native}"))
+    return out
+
+
+def _checkpointing(trials: _Trials, config: TrainConfig, reference: _Run,
+                   offered: Mapping[str, tuple]) -> list[LeftOut]:
+    """Checkpointing modes that fail on this model or change what it learns: one step with
+    and without on the dataset's first samples (`training.checkpointing_problem`)."""
+    workload, device = trials.workload, trials.device
+    move = workload.hook("to_device") or move_to_device
+    batch = move(sample_batch(trials.dataset, workload.hook("collate_fn"), CHECK_SAMPLES),
+                 device)
+    loss_fn = workload.loss_fn()
+
+    def checked_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        return check_loss(loss_fn(model, batch), workload.path)
+
+    out = []
+    for mode in offered["activation_checkpointing"]:
+        if mode == "none":
+            continue
+        trials.progress(f"trying activation_checkpointing={mode}")
+        try:
+            problem = checkpointing_problem(
+                workload.build_model, batch, checked_loss, mode,
+                workload.hook("checkpoint_modules"), device, precision=config.precision)
+        except Exception as exc:  # noqa: BLE001 - out of memory, or the model's own failure
+            if is_oom(exc):
+                continue
+            raise
+        if problem:
+            out.append(LeftOut("activation_checkpointing", mode, problem))
+    return out
+
+
+def _optimizers(trials: _Trials, config: TrainConfig, reference: _Run,
+                offered: Mapping[str, tuple]) -> list[LeftOut]:
+    """AdamW implementations the file's optimizer does not take, or that fail a step."""
+    out = []
+    for impl in offered["optimizer_impl"]:
+        if impl == config.optimizer_impl:
+            continue
+        run = _try(trials, "optimizer_impl", impl, config.replace(optimizer_impl=impl))
+        out += [run] if isinstance(run, LeftOut) else []
+    return out
+
+
+def _compile_toolchain(device: torch.device, modes: tuple) -> list[LeftOut]:
+    """torch.compile needs a C++ compiler for inductor's CPU kernels, Triton for CUDA ones."""
+    reason = None
+    if device.type == "cuda":
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            reason = "Triton is not installed, which inductor needs for CUDA kernels"
+    else:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        try:
+            get_cpp_compiler()
+        except Exception as exc:  # noqa: BLE001 - no compiler, whatever the message
+            reason = f"no C++ compiler for inductor's CPU kernels ({exc})"
+    if reason is None:
+        return []
+    return [LeftOut("compile_mode", mode, reason) for mode in modes if mode != "none"]
+
+
+def _workers(workload: Workload, dataset: Any, config: TrainConfig, device: torch.device,
+             progress: Progress, workers: list[int]) -> list[LeftOut]:
+    """Worker processes must be able to take the dataset and the collate function."""
+    if not workers:
+        return []
+    progress("trying a DataLoader worker")
+    try:
+        loader = make_loader(dataset, TrainConfig(micro_batch_size=config.micro_batch_size,
+                                                  num_workers=1), device,
+                             workload.hook("collate_fn"))
+        batches = iter(loader)
+        for _ in range(min(2, len(loader))):
+            next(batches)
+        del batches
+    except Exception as exc:  # noqa: BLE001 - any failure leaves workers out
+        reason = f"a worker process cannot load batches: {_one_line(exc)}"
+        return [LeftOut("num_workers", n, reason) for n in workers]
+    return []
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception in one line: its last, for one re-raised with a traceback in its message
+    (a DataLoader worker's)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    text = last if len(lines) > 1 and ":" in last else f"{type(exc).__name__}: {last}"
+    return text[:300]

@@ -1,0 +1,111 @@
+"""Real users' models tune end to end on CPU: the Hugging Face GPT-2 and the PyTorch Geometric
+RGAT of `models/` through `autotune run`, and a held-out Hugging Face ViT through `autotune
+bench` in every checkpointing mode and precision. No trial ends `error`; activation
+checkpointing is either measured or `unsupported` with its reason."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from itertools import product
+from pathlib import Path
+
+import pytest
+
+from autotune.study.records import FEASIBLE, trial_records
+from autotune.study.results import load_study
+from autotune.trial.protocol import TrialStatus
+
+from ..conftest import FAST, need, run_cli
+
+
+def model_args(**kw: int) -> list[str]:
+    return [arg for key, value in kw.items() for arg in ("--model-arg", f"{key}={value}")]
+
+
+REAL_LIBRARY_MODELS = {
+    "hf_gpt2": ("transformers", model_args(n_layer=2, n_embd=32, n_head=2, block_size=32,
+                                           vocab_size=128, num_samples=512)),
+    "pyg_rgat": ("torch_geometric", model_args(feature_dim=8, hidden=16, heads=2, layers=2,
+                                               num_relations=4, max_nodes=8, num_samples=512)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(REAL_LIBRARY_MODELS))
+def test_real_library_model_tunes_to_a_confirmed_result(name: str, tmp_path: Path) -> None:
+    library, args = REAL_LIBRARY_MODELS[name]
+    need(library)
+    # Every searched trial checkpoints, so the study shows what checkpointing does here.
+    space = tmp_path / "space.yaml"
+    space.write_text("activation_checkpointing: [selective, full]\n")
+    done = run_cli("run", "--model", f"models/{name}.py", "--device", "cpu", *args,
+                   "--trials", "4", "--confirm-top", "1", "--confirm-repeats", "1",
+                   "--fix", "compile_mode=none", "--space", str(space),
+                   "--studies-dir", str(tmp_path), "--json", *FAST, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["confirmed"]
+    assert summary["best_samples_per_sec"] > 0 and summary["speedup"] >= 1.0
+
+    records = trial_records(load_study(name, tmp_path))
+    failed = [(r.number, r.status, r.message) for r in records
+              if r.status not in FEASIBLE | {TrialStatus.UNSUPPORTED}]
+    assert not failed
+    checkpointed = [r for r in records if r.config["activation_checkpointing"] != "none"]
+    assert checkpointed
+    for record in checkpointed:
+        assert record.status in FEASIBLE or record.message, (record.number, record.status)
+    # both models checkpoint correctly, so here it is measured
+    assert any(record.status in FEASIBLE for record in checkpointed)
+
+
+VIT_SOURCE = '''
+"""A held-out Hugging Face model: ViTForImageClassification from a tiny ViTConfig."""
+import torch
+from torch.utils.data import Dataset
+from transformers import ViTConfig, ViTForImageClassification
+
+BASELINE = {"micro_batch_size": 8}
+
+
+class Images(Dataset):
+    """Noise images whose label shifts their mean, as dicts with pixel_values and labels."""
+
+    def __len__(self):
+        return 256
+
+    def __getitem__(self, i):
+        pixels = torch.randn(3, 32, 32, generator=torch.Generator().manual_seed(i)) + i % 4
+        return {"pixel_values": pixels, "labels": torch.tensor(i % 4)}
+
+
+def build_model():
+    return ViTForImageClassification(ViTConfig(
+        image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=4,
+        num_attention_heads=2, intermediate_size=64, num_labels=4))
+
+
+def build_dataset():
+    return Images()
+'''
+
+
+@pytest.mark.slow
+def test_held_out_vit_benches_in_every_checkpointing_mode_and_precision(write_model) -> None:
+    need("transformers")
+    path = write_model(VIT_SOURCE, "hf_vit.py")
+
+    def bench(knobs: tuple[str, str]) -> tuple[int, dict]:
+        precision, mode = knobs
+        done = run_cli("bench", "--model", str(path), "--device", "cpu", "--set",
+                       f"precision={precision}", "--set", f"activation_checkpointing={mode}",
+                       "--json", *FAST, timeout=600)
+        return done.returncode, json.loads(done.stdout)
+
+    knobs = list(product(("fp32", "bf16"), ("none", "selective", "full")))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = dict(zip(knobs, pool.map(bench, knobs)))
+    for (precision, mode), (returncode, record) in results.items():
+        assert (returncode, record["status"]) == (0, "ok"), (precision, mode, record["message"])
+        assert record["samples_per_sec"] > 0

@@ -1,0 +1,260 @@
+"""A trial in its own process: every way it can end comes back classified, the parent survives.
+
+Each fault runs twice: in a new interpreter, and forked from a fork server that has imported
+torch and the model file (what the tuner uses); both must end the same way."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+from autotune.config import TrainConfig
+from autotune.search.forkserver import ForkServer
+from autotune.search.isolation import run_isolated
+from autotune.trial.measure import FIRST_STEP
+from autotune.trial.protocol import TrialRequest, TrialResult
+
+from ..conftest import FAST, ROOT, TINY_SOURCE
+
+LAUNCHERS = ["fresh", "forked"]
+
+SETTINGS = {"window_steps": 3, "window_seconds": 0.2, "window_max_seconds": 1,
+            "warmup_max_seconds": 5, "profile_steps": 0}
+
+
+def request(path: Path, **overrides) -> TrialRequest:
+    fields = {"config": TrainConfig(micro_batch_size=8).to_dict(), "settings": SETTINGS,
+              **overrides}
+    return TrialRequest(model_path=str(path), device="cpu", **fields)
+
+
+def isolated(launcher: str, request: TrialRequest, limit: float,
+             log: Path | None = None, **kwargs) -> TrialResult:
+    """`run_isolated` in a new interpreter, or forked from a fork server of the model file."""
+    if launcher == "fresh":
+        return run_isolated(request, limit, log, **kwargs)
+    server_log = Path(request.model_path).with_suffix(".forkserver.log")
+    with ForkServer(request.model_path, server_log, 120) as server:
+        return run_isolated(request, limit, log, server=server, **kwargs)
+
+
+def with_loss(body: str) -> str:
+    return TINY_SOURCE + "\n\ndef loss_fn(model, batch):\n" + \
+        "".join(f"    {line}\n" for line in body.splitlines())
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_ok_trial_reports_metrics_and_keeps_its_log(launcher, write_model, tmp_path) -> None:
+    log = tmp_path / "logs" / "trial.log"
+    result = isolated(launcher, request(write_model(TINY_SOURCE)), 120, log)
+    assert result.status == "ok", result.message
+    assert result.metrics["samples_per_sec"] > 0
+    assert result.log_path == str(log) and "autotune trial: timing" in log.read_text()
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_exception_in_loss_is_error_with_the_users_message(launcher, write_model) -> None:
+    path = write_model(with_loss("raise ValueError('labels out of range: 12 >= 10')"))
+    result = isolated(launcher, request(path), 120)
+    assert result.status == "error"
+    assert not result.bad_input
+    assert "ValueError: labels out of range: 12 >= 10" in result.message
+    assert "Traceback" in Path(result.log_path).read_text()
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_segfault_is_crash(launcher, write_model) -> None:
+    path = write_model(with_loss("import ctypes\nctypes.string_at(0)"))
+    result = isolated(launcher, request(path), 120)
+    assert result.status == "crash"
+    assert "SIGSEGV" in result.message
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_hang_is_timeout_and_its_workers_die_too(launcher, write_model) -> None:
+    path = write_model(with_loss("import time\ntime.sleep(600)"))
+    config = TrainConfig(micro_batch_size=8, num_workers=1).to_dict()
+    start = time.monotonic()
+    result = isolated(launcher, request(path, config=config), 6)
+    assert result.status == "timeout"
+    assert time.monotonic() - start < 20
+    leftovers = subprocess.run(["pgrep", "-f", str(path.parent)], capture_output=True,
+                               text=True).stdout.split()
+    assert leftovers == []
+
+
+def test_the_result_says_in_which_phase_the_trial_ended(write_model) -> None:
+    result = run_isolated(request(write_model(with_loss("raise ValueError('boom')"))), 120)
+    assert result.status == "error" and result.phase == FIRST_STEP
+
+
+@pytest.mark.slow
+def test_a_timeout_says_where_it_struck(write_model) -> None:
+    """A compile in the first step that outlasts the limit is worth a second try, so the
+    timeout says it struck there (the limit leaves a loaded machine time to get there)."""
+    path = write_model(with_loss("import time\ntime.sleep(600)"))
+    result = run_isolated(request(path), 40)
+    assert result.status == "timeout"
+    assert result.phase == FIRST_STEP
+    assert FIRST_STEP in result.message
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_killed_from_outside_is_crash(launcher, write_model, tmp_path) -> None:
+    """As the kernel's OOM killer does: SIGKILL with no chance to write a result."""
+    pid_file = tmp_path / "pid"
+    path = write_model(with_loss(f"import os, pathlib, time\n"
+                                 f"pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()))\n"
+                                 "time.sleep(600)"))
+
+    def kill_when_started(phase: str) -> None:
+        if phase.startswith("first step"):
+            deadline = time.monotonic() + 30
+            while not pid_file.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+    result = isolated(launcher, request(path), 120, on_phase=kill_when_started)
+    assert result.status == "crash"
+    assert "SIGKILL" in result.message
+
+
+OOM_SOURCE = '''
+import torch
+from torch import nn
+
+def build_model(width=2048):
+    return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(4)])
+
+def build_dataset(width=2048):
+    return torch.utils.data.TensorDataset(torch.zeros(16384, 1, dtype=torch.int8))
+
+def loss_fn(model, batch):
+    x = torch.randn(batch[0].shape[0], model[0][0].in_features)
+    return model(x).square().mean()
+'''
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_memory_limit_makes_large_batches_oom(launcher, write_model) -> None:
+    """800 MiB fits torch, 64 MiB of weights and their Adam state, not 1 GiB of activations."""
+    path = write_model(OOM_SOURCE)
+    limit = 800 * 2**20
+    small = isolated(launcher, request(path, config=TrainConfig(micro_batch_size=4).to_dict(),
+                                       memory_limit_bytes=limit), 120)
+    assert small.status == "ok", small.message
+    big = isolated(launcher, request(path, config=TrainConfig(micro_batch_size=16384).to_dict(),
+                                     memory_limit_bytes=limit), 120)
+    assert big.status == "oom", big.message
+    assert "allocate" in big.message
+
+
+CUBLAS_CREATE = "`cublasCreate(handle)`"
+
+
+
+
+def test_a_cublas_allocation_failure_in_a_trial_is_an_oom_result(write_model) -> None:
+    path = write_model(with_loss(
+        f"raise RuntimeError('CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling "
+        f"{CUBLAS_CREATE}')"))
+    result = run_isolated(request(path), 120)
+    assert result.status == "oom", result.message
+
+
+ENV_SOURCE = TINY_SOURCE + """
+import os
+print("visible", os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("CUDA_DEVICE_ORDER"),
+      flush=True)
+"""
+
+
+def test_a_cuda_trial_is_started_seeing_its_gpu_alone(write_model, monkeypatch) -> None:
+    """`--devices cuda:1` under CUDA_VISIBLE_DEVICES=<uuid>,<uuid>: the child sees the second
+    GPU alone, by its UUID, and is told to use cuda:0. (Without CUDA here the trial then
+    fails; what matters is how it was started.)"""
+    second = "GPU-66666666-7777-8888-9999-000000000000"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"GPU-11111111-2222-3333-4444-555555555555,"
+                                               f"{second}")
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    path = write_model(ENV_SOURCE)
+    result = run_isolated(TrialRequest(model_path=str(path), device="cuda:1",
+                                       config=TrainConfig(micro_batch_size=8).to_dict()), 120)
+    log = Path(result.log_path).read_text()
+    assert f"visible {second} PCI_BUS_ID" in log
+    assert "on cuda:0" in log
+
+
+def test_cli_exit_codes_for_failed_trials(write_model, capsys) -> None:
+    path = write_model(with_loss("raise ValueError('boom')"))
+    assert main(["bench", "--model", str(path), "--device", "cpu", "--json", *FAST]) == 1
+    record = json.loads(capsys.readouterr().out)
+    assert record["status"] == "error" and "boom" in record["message"]
+    assert record["samples_per_sec"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_trial_stops_when_its_tuner_dies(launcher, write_model, tmp_path) -> None:
+    """A trial must never outlive the process that started it (it would hold the GPU)."""
+    pid_file = tmp_path / "pid"
+    path = write_model(with_loss(f"import os, pathlib, time\n"
+                                 f"pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()))\n"
+                                 "time.sleep(600)"))
+    script = ("from tests.search.test_isolation import isolated; "
+              "from autotune.trial.protocol import TrialRequest; "
+              f"isolated({launcher!r}, TrialRequest(model_path={str(path)!r}, "
+              "config={'micro_batch_size': 8}, device='cpu'), 600)")
+    tuner = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    trial_pid = int(pid_file.read_text())
+    tuner.kill()
+    tuner.wait()
+    deadline = time.monotonic() + 5
+    while _alive(trial_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(trial_pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def test_cpu_thread_share_reaches_the_trial(tmp_path) -> None:
+    """Parallel trials get their share of the cores, pinned, and as many intra-op threads; the
+    measurement records both."""
+    model = tmp_path / "threads.py"
+    model.write_text(
+        "import torch\nfrom torch import nn\n"
+        "def build_model():\n    return nn.Linear(2, 1)\n"
+        "def build_dataset():\n"
+        "    print('threads', torch.get_num_threads(), flush=True)\n"
+        "    import os\n"
+        "    print('cores', sorted(os.sched_getaffinity(0)), flush=True)\n"
+        "    return torch.utils.data.TensorDataset(torch.randn(64, 2), torch.randn(64, 1))\n"
+        "def loss_fn(model, batch):\n"
+        "    return nn.functional.mse_loss(model(batch[0]), batch[1])\n")
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    request = TrialRequest(model_path=str(model), config={"micro_batch_size": 8},
+                           device="cpu", settings={"window_steps": 1, "window_seconds": 0,
+                                                   "profile_steps": 0}, threads=1, cpus=[cpu])
+    result = run_isolated(request, 120, tmp_path / "trial.log")
+    assert result.status == "ok", result.message
+    assert "threads 1" in Path(result.log_path).read_text()
+    assert f"cores [{cpu}]" in Path(result.log_path).read_text()
+    assert result.metrics["cpu_threads"] == 1 and result.metrics["cpu_affinity"] == [cpu]

@@ -1,0 +1,80 @@
+"""The model file's code runs only in child processes: the probe and trials through one fork
+server, a file that hangs or breaks ends within the limit with one message."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.config import TrainConfig
+from autotune.errors import ContractError
+from autotune.search.runner import MeasureJob, ProbeFailed, ProcessRunner
+
+from ..conftest import TINY_SOURCE
+
+SETTINGS = {"window_steps": 2, "window_seconds": 0.1, "warmup_max_seconds": 2,
+            "profile_steps": 0}
+
+
+def runner(path: Path, directory: Path, settings: dict = SETTINGS) -> ProcessRunner:
+    phases: list[str] = []
+    made = ProcessRunner(str(path), {}, directory, settings, memory_limit_bytes=None,
+                         core_shares=None, on_phase=lambda text, number: phases.append(text))
+    made.phases = phases
+    return made
+
+
+def test_the_model_file_is_imported_once_for_the_probe_and_every_trial(write_model,
+                                                                      tmp_path) -> None:
+    imports = tmp_path / "imports.txt"
+    path = write_model(f"import os\nopen({str(imports)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+                       + TINY_SOURCE)
+    made = runner(path, tmp_path / "study", {**SETTINGS, "profile_steps": 1})
+    try:
+        report = made.probe("cpu", 120)
+        results = [made.measure(TrainConfig(micro_batch_size=8),
+                                MeasureJob(f"trial-{i}", 120, "cpu", profile=i == 0))
+                   for i in range(2)]
+    finally:
+        made.close()
+    assert report.dataset_size == 256
+    assert [r.status for r in results] == ["ok", "ok"]
+    assert [bool(r.metrics["top_operators"]) for r in results] == [True, False]
+    assert len(imports.read_text().split()) == 1, "imported in the fork server only"
+    assert (tmp_path / "study" / "logs" / "trial-1.log").exists()
+
+
+def test_a_build_dataset_that_never_returns_ends_within_the_limit(write_model, tmp_path) -> None:
+    path = write_model(TINY_SOURCE.replace(
+        "def build_dataset(dim=8, size=256):", "def build_dataset(dim=8, size=256):\n"
+        "    while True:\n        pass"))
+    made = runner(path, tmp_path)
+    start = time.monotonic()
+    try:
+        with pytest.raises(ProbeFailed, match=r"timeout.*in: building the dataset"):
+            made.probe("cpu", 20)
+    finally:
+        made.close()
+    assert time.monotonic() - start < 60  # the limit, and importing torch in the fork server
+
+
+def test_a_model_file_whose_import_hangs_is_named(write_model, tmp_path) -> None:
+    path = write_model("import time\ntime.sleep(3600)\n" + TINY_SOURCE)
+    made = runner(path, tmp_path)
+    try:
+        with pytest.raises(ProbeFailed, match="did not finish within 6 s"):
+            made.probe("cpu", 6)
+    finally:
+        made.close()
+
+
+def test_a_contract_violation_in_the_probe_is_bad_input(write_model, tmp_path) -> None:
+    path = write_model(TINY_SOURCE.replace("return Net(dim)", "return 'not a module'"))
+    made = runner(path, tmp_path)
+    try:
+        with pytest.raises(ContractError, match="must return a torch.nn.Module"):
+            made.probe("cpu", 120)
+    finally:
+        made.close()

@@ -1,0 +1,77 @@
+"""`Tuner`: what one run hands its trials."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import optuna
+
+from autotune.options import MeasureSettings, TuneOptions
+from autotune.search import tuner as tuner_module
+from autotune.search.runner import MeasureJob
+from autotune.search.tuner import Tuner, probe_fingerprint
+from autotune.study.storage import open_storage, study_dir
+
+from ..conftest import TINY_SOURCE
+
+
+def test_parallel_trials_run_on_their_own_share_of_the_cores(write_model, tmp_path) -> None:
+    """Each parallel worker's trial (threads and DataLoader workers alike) keeps to its own
+    cores; a trial that runs alone, as confirmation does, has them all."""
+    seen = tmp_path / "cores.jsonl"
+    model = write_model(TINY_SOURCE + f'''
+import os, json
+_build_model = build_model
+def build_model():  # runs in each trial (the fork server imported the file once)
+    with open({str(seen)!r}, "a") as f:
+        f.write(json.dumps(sorted(os.sched_getaffinity(0))) + "\\n")
+    return _build_model()
+''')
+    tuner = Tuner(TuneOptions(model_path=str(model), device="cpu", workers=2,
+                              studies_dir=str(tmp_path / "studies"),
+                              settings=MeasureSettings(window_steps=2, window_seconds=0.1,
+                                                       profile_steps=0)))
+    seen.unlink()  # the probe built the model too
+    try:
+        for slot in (0, 1, None):
+            result = tuner.runner.measure(tuner.baseline,
+                                          MeasureJob("trial", 120, "cpu", slot=slot))
+            assert result.status == "ok", result.message
+    finally:
+        tuner.close()
+    first, second, alone = (json.loads(line) for line in seen.read_text().splitlines())
+    everything = sorted(os.sched_getaffinity(0))
+    assert first and second and not set(first) & set(second)
+    assert sorted(first + second) == everything
+    assert alone == everything
+
+
+def test_a_study_whose_creator_died_before_recording_it_is_recorded_by_the_next(
+        write_model, tmp_path, monkeypatch) -> None:
+    """A tuner killed between creating a study and recording what it is for leaves a bare
+    study: the next tuner waits a moment for the record (`RECORD_WAIT_S`), then probes and
+    records the study itself."""
+    monkeypatch.setattr(tuner_module, "RECORD_WAIT_S", 1.0)
+    model = write_model(TINY_SOURCE)
+    studies = tmp_path / "studies"
+    optuna.create_study(study_name="model", storage=open_storage(None, study_dir(studies,
+                                                                                "model")))
+    tuner = Tuner(TuneOptions(model_path=str(model), device="cpu", studies_dir=str(studies)))
+    try:
+        attrs = tuner.study.user_attrs
+    finally:
+        tuner.close()
+    assert attrs["identity"]["model_path"] == str(model.resolve())
+    assert attrs["probe"]["report"]["dataset_size"] == 256
+    assert attrs["device_names"] == [attrs["device_name"]]
+
+
+def test_the_fingerprint_follows_the_file_its_arguments_and_the_machine(write_model) -> None:
+    path = write_model(TINY_SOURCE)
+    first = probe_fingerprint(path, {}, "cpu A")
+    assert probe_fingerprint(path, {}, "cpu A") == first
+    assert probe_fingerprint(path, {"dim": 4}, "cpu A") != first
+    assert probe_fingerprint(path, {}, "cpu B") != first
+    path.write_text(TINY_SOURCE + "\n# edited\n")
+    assert probe_fingerprint(path, {}, "cpu A") != first

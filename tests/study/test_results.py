@@ -1,0 +1,131 @@
+"""A study's results from its storage alone: the summary `show` prints, the studies listing, and
+what compiling paid for itself."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from autotune.config import TrainConfig
+from autotune.errors import ConfigError
+from autotune.study.records import MEMORY_CONSTRAINT, StudyKey, TrialRecord
+from autotune.study.results import (
+    compile_rows,
+    list_studies,
+    load_study,
+    prediction_errors,
+    study_summary,
+)
+from autotune.study.storage import open_storage
+
+
+def _told(study: optuna.Study, config: TrainConfig, status: str, rate: float | None,
+          role: str = "search", other_cpu_share: float | None = None) -> None:
+    """A finished trial, recorded as the tuner records one; with `other_cpu_share` above the
+    threshold, its window was disturbed."""
+    trial = study.ask()
+    if other_cpu_share is not None:
+        trial.set_user_attr("other_cpu_share", other_cpu_share)
+        trial.set_user_attr("disturbed", other_cpu_share > 0.05)
+    trial.set_user_attr("config", config.to_dict())
+    trial.set_user_attr("role", role)
+    trial.set_user_attr("status", status)
+    feasible = status == "ok"
+    if rate is not None:
+        trial.set_user_attr("samples_per_sec", rate)
+    trial.set_user_attr("constraint", 0.0 if feasible else 1.0)
+    trial.set_constraint(MEMORY_CONSTRAINT, 0.0 if feasible else 1.0)
+    study.tell(trial, rate if feasible else 0.0)
+
+
+def test_summary_of_an_unconfirmed_study_compares_the_best_trial_with_the_baseline(
+        tmp_path) -> None:
+    study = optuna.create_study(study_name="s", storage=open_storage(None, tmp_path / "s"),
+                                direction="maximize")
+    base = TrainConfig(micro_batch_size=8)
+    study.set_user_attr(StudyKey.BASELINE_CONFIG, base.to_dict())
+    _told(study, base, "ok", 100.0, role="baseline")
+    _told(study, base.replace(precision="bf16"), "ok", 150.0)
+    _told(study, base.replace(micro_batch_size=64), "oom", None)
+    _told(study, base.replace(micro_batch_size=32), "over_memory", 400.0)
+    summary = study_summary(load_study("s", tmp_path))
+    assert not summary.confirmed
+    assert summary.best_config["precision"] == "bf16"
+    assert summary.speedup == pytest.approx(1.5)
+    assert summary.oom_trials == 2
+    assert summary.statuses == {"ok": 2, "oom": 1, "over_memory": 1}
+    assert [row["study"] for row in list_studies(tmp_path)] == ["s"]
+
+
+def test_a_disturbed_trial_is_not_the_best_while_a_clean_one_exists(tmp_path) -> None:
+    study = optuna.create_study(study_name="s", storage=open_storage(None, tmp_path / "s"),
+                                direction="maximize")
+    base = TrainConfig(micro_batch_size=8)
+    study.set_user_attr(StudyKey.BASELINE_CONFIG, base.to_dict())
+    _told(study, base, "ok", 100.0, role="baseline", other_cpu_share=0.45)
+    _told(study, base.replace(precision="bf16"), "ok", 150.0, other_cpu_share=0.01)
+    # Disturbed windows are usually slower; this one measured high, and still does not win.
+    _told(study, base.replace(micro_batch_size=16), "ok", 400.0, other_cpu_share=0.30)
+    summary = study_summary(load_study("s", tmp_path))
+    assert summary.best_trial == 1 and not summary.best_disturbed
+    assert summary.disturbed_trials == (0, 2)
+    assert any("baseline trial #0 disturbed (other processes used 45% of the CPUs)" in w
+               for w in summary.warnings)
+
+
+def test_when_every_trial_was_disturbed_the_best_says_so(tmp_path) -> None:
+    study = optuna.create_study(study_name="s", storage=open_storage(None, tmp_path / "s"),
+                                direction="maximize")
+    base = TrainConfig(micro_batch_size=8)
+    _told(study, base, "ok", 100.0, role="baseline", other_cpu_share=0.5)
+    _told(study, base.replace(precision="bf16"), "ok", 150.0, other_cpu_share=0.4)
+    summary = study_summary(load_study("s", tmp_path))
+    assert summary.best_trial == 1 and summary.best_disturbed
+    assert any("measure again on a quiet machine" in w for w in summary.warnings)
+
+
+def test_a_missing_study_is_bad_input(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="no study"):
+        load_study("nope", tmp_path)
+
+
+def _record(number: int, compile_mode: str, sps: float, first_step_s: float,
+            precision: str = "fp32", micro: int = 64) -> TrialRecord:
+    return TrialRecord(number=number, status="ok", samples_per_sec=sps,
+                       time_to_first_step_s=first_step_s,
+                       config=TrainConfig(micro_batch_size=micro, grad_accum_steps=2,
+                                          precision=precision,
+                                          compile_mode=compile_mode).to_dict())
+
+
+def test_compile_break_even_from_its_uncompiled_twin() -> None:
+    plain = _record(0, "none", sps=1000.0, first_step_s=1.0)
+    compiled = _record(1, "default", sps=2000.0, first_step_s=31.0)
+    slower = _record(2, "max-autotune", sps=900.0, first_step_s=11.0)
+    rows = {r["trial"]: r for r in compile_rows([plain, compiled, slower])}
+    # 128 samples a step: 0.128 s uncompiled, 0.064 s compiled; 30 s of compile pays off after
+    # 30 / 0.064 steps.
+    assert rows[1]["compile_s"] == pytest.approx(30.0)
+    assert rows[1]["gain"] == pytest.approx(1.0)
+    assert rows[1]["break_even_steps"] == pytest.approx(30 / 0.064)
+    assert "same knobs" in rows[1]["reference"]
+    assert rows[2]["break_even_steps"] is None  # slower when compiled: never pays off
+
+
+def test_compile_gain_is_not_credited_with_another_precision() -> None:
+    rows = compile_rows([_record(0, "none", 1000.0, 1.0, precision="fp32"),
+                         _record(1, "default", 3000.0, 20.0, precision="bf16")])
+    assert rows == []
+
+
+def test_memory_model_reports_its_error() -> None:
+    mib = 2**20
+    config = TrainConfig(micro_batch_size=8).to_dict()
+    errors = prediction_errors([
+        TrialRecord(number=4, status="ok", config=config, peak_memory_bytes=400 * mib,
+                    predicted_peak_bytes=360 * mib),
+        TrialRecord(number=5, status="ok", config=config, peak_memory_bytes=300 * mib,
+                    predicted_peak_bytes=330 * mib)])
+    assert errors.checked == 2
+    assert errors.max_abs_error == pytest.approx(0.1)
+    assert errors.median_abs_error == pytest.approx(0.1)

@@ -1,0 +1,80 @@
+"""The study summary as a typed record: what `show --json` prints keeps its keys, unconfirmed
+and confirmed alike."""
+
+from __future__ import annotations
+
+import json
+
+import optuna
+
+from autotune.config import TrainConfig
+from autotune.search.confirm import Candidate, conclusion
+from autotune.study.confirmation import Confirmation, Run
+from autotune.study.records import StudyKey
+from autotune.study.results import load_study, study_summary
+from autotune.study.storage import open_storage
+
+from .test_results import _told
+
+# What `autotune show --json` has printed for a study with a search and no confirmation.
+SEARCH_KEYS = {
+    "study", "model", "model_args", "device", "devices", "confirmed", "best_config",
+    "best_samples_per_sec", "best_spread", "best_trial", "best_peak_memory_bytes", "best_mfu",
+    "baseline_config", "baseline_samples_per_sec", "speedup", "trials", "statuses",
+    "oom_trials", "retried_trials", "tuning_wall_s", "free_batch", "train_steps",
+    "memory_predictions", "loader_rates", "baseline_trial", "left_out", "warnings",
+    "disturbed_trials", "best_disturbed", "compile_payoff"}
+# ... and the keys the paired rounds add.
+CONFIRMED_KEYS = {
+    "best_runs", "baseline_spread", "speedup_ci", "no_measurable_difference",
+    "confirmation_repeats", "best_search_samples_per_sec", "fastest_config", "fastest_speedup",
+    "fastest_speedup_ci", "best_time_to_train_s", "baseline_time_to_train_s"}
+
+BASE = TrainConfig(micro_batch_size=8)
+
+
+def _study(tmp_path) -> optuna.Study:
+    study = optuna.create_study(study_name="s", storage=open_storage(None, tmp_path / "s"),
+                                direction="maximize")
+    study.set_user_attr(StudyKey.BASELINE_CONFIG, BASE.to_dict())
+    _told(study, BASE, "ok", 100.0, role="baseline")
+    _told(study, BASE.replace(precision="bf16"), "ok", 150.0)
+    return study
+
+
+def _confirmation() -> Confirmation:
+    def runs(*rates: float | None) -> list[Run | None]:
+        return [Run("ok", samples_per_sec=r, objective=r) if r else None for r in rates]
+
+    baseline = Candidate(BASE.to_dict(), 0, True, 100.0, runs(100, 104, 98))
+    faster = Candidate(BASE.replace(precision="bf16").to_dict(), 1, True, 150.0,
+                       runs(151, 160, 149))
+    flaky = Candidate(BASE.replace(optimizer_impl="foreach").to_dict(), 2, True, 120.0,
+                      runs(120, None, 121))
+    return conclusion([faster, flaky, baseline], baseline, wall_s=12.0, target=0.03)
+
+
+def test_an_unconfirmed_summary_prints_the_keys_it_always_has(tmp_path) -> None:
+    summary = study_summary(_study(tmp_path))
+    data = summary.to_json()
+    assert set(data) == SEARCH_KEYS
+    assert data["confirmed"] is False and data["left_out"] == []
+    json.dumps(data)  # plain data all the way down
+
+
+def test_a_confirmed_summary_adds_the_rounds_keys_and_reads_from_storage_alone(
+        tmp_path) -> None:
+    study = _study(tmp_path)
+    study.set_user_attr(StudyKey.CONFIRMATION, _confirmation().to_json())
+    summary = study_summary(load_study("s", tmp_path))
+    data = summary.to_json()
+    assert set(data) == SEARCH_KEYS | CONFIRMED_KEYS
+    assert summary.confirmed and data["confirmed"] is True
+    assert summary.best_config["precision"] == "bf16"
+    assert summary.confirmation.confirmation_repeats == 3
+    low, high = data["speedup_ci"]
+    assert low < data["speedup"] < high
+    assert data["best_runs"] == [151, 160, 149]
+    json.dumps(data)
+
+

@@ -1,0 +1,34 @@
+"""Human units: one spelling for every figure a user reads."""
+
+from __future__ import annotations
+
+from autotune.config import TrainConfig
+from autotune.formatting import (
+    format_bytes,
+    format_disturbance,
+    format_percent,
+    format_rate,
+    format_seconds,
+    short_config,
+)
+
+
+def test_figures_read_in_the_unit_that_suits_them() -> None:
+    assert format_bytes(512) == "512 B" and format_bytes(3 * 2**30) == "3.00 GiB"
+    assert format_seconds(0.0042) == "4.20 ms" and format_seconds(90) == "90.00 s"
+    assert format_seconds(600) == "10.0 min"
+    assert format_percent(0.125) == "12.5%" and format_rate(1234.56, 7.0) == "1,234.6 ± 7.0"
+    assert [f(None) for f in (format_bytes, format_seconds, format_percent, format_rate)] == \
+        ["n/a"] * 4
+    assert format_disturbance(0.47) == "disturbed (other processes used 47% of the CPUs)"
+
+
+def test_a_configuration_in_one_line_names_only_what_differs_from_pytorch() -> None:
+    plain = TrainConfig(micro_batch_size=8).to_dict()
+    assert short_config(plain) == "mb=8x1 fp32 for_loop"
+    tuned = TrainConfig(micro_batch_size=8, grad_accum_steps=4, precision="bf16",
+                        activation_checkpointing="selective", optimizer_impl="fused",
+                        num_workers=2, prefetch_factor=4, persistent_workers=True,
+                        compile_mode="default").to_dict()
+    assert short_config(tuned) == ("mb=8x4 bf16 ckpt=selective fused workers=2/pf=4/persist "
+                                   "compile=default")

@@ -1,0 +1,99 @@
+"""Findings in words: host syncs named by line, copies and hot operators named by function."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import torch
+
+from autotune.config import TrainConfig, from_baseline
+from autotune.options import MeasureSettings
+from autotune.trial.deep_profile import profile_config
+from autotune.trial.diagnosis import SYNC_METHODS, trace_host_syncs
+from autotune.trial.workload import load_workload
+
+from ..conftest import TEST_MODELS
+
+SYNC_MODEL = TEST_MODELS / "sync_loss.py"
+ATTENTION_MODEL = TEST_MODELS / "naive_attention.py"
+
+
+def _line_of(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def test_sync_tracer_names_the_users_lines_and_restores_torch() -> None:
+    originals = {name: getattr(torch.Tensor, name) for name in SYNC_METHODS}
+    x = torch.ones(3)
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.ones(2))], foreach=False)
+
+    def step() -> None:
+        value = x.sum().item()
+        print(x, end="", file=io.StringIO())  # repr reads every element: one site, not three
+        if x.sum() > value:
+            pass
+        x.cpu()  # a CPU tensor: no copy, no sync
+        opt.step()  # the optimizer's own .item() calls are torch's, not the user's
+
+    sites = trace_host_syncs(step, steps=2)
+    found = {(s.call, s.line): s.calls_per_step for s in sites}
+    here = Path(__file__)
+    assert found == {
+        (".item()", _line_of(here, "value = x.sum().item()")): 1.0,
+        ("print(tensor)", _line_of(here, 'print(x, end=""')): 1.0,
+        ("bool(tensor) / if tensor", _line_of(here, "if x.sum() > value")): 1.0,
+    }
+    assert all(s.file == str(here) and s.function == "step" for s in sites)
+    assert {name: getattr(torch.Tensor, name) for name in SYNC_METHODS} == originals
+
+
+class _Items(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.tensor(float(torch.tensor(index)))  # a host read while loading data
+
+
+def test_sync_tracer_leaves_data_loading_and_host_tensors_out() -> None:
+    loader = iter(torch.utils.data.DataLoader(_Items(), batch_size=4))
+    sites = trace_host_syncs(lambda: next(loader).sum().item())
+    assert [s.call for s in sites] == [".item()"]  # the read in data loading is not a sync
+    loader = iter(torch.utils.data.DataLoader(_Items(), batch_size=4))
+    # On a GPU run, reading a tensor that lives on the host waits for nothing.
+    assert trace_host_syncs(lambda: next(loader).sum().item(), device_type="cuda") == []
+
+
+def _profile(model: Path, tmp_path: Path, **knobs: object):
+    workload = load_workload(model, {})
+    config = TrainConfig.from_dict(knobs, base=from_baseline(workload.baseline, "cpu"))
+    # One intra-op thread: on a busy machine OpenMP's spinning threads would inflate the
+    # matmuls' share and blur what each test looks for.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return profile_config(workload, config, torch.device("cpu"), tmp_path, steps=2,
+                              settings=MeasureSettings(warmup_max_steps=3))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_item_in_a_loop_gets_a_sync_finding_naming_that_line(tmp_path) -> None:
+    report = _profile(SYNC_MODEL, tmp_path)
+    syncs = [f for f in report.findings if f.kind == "host_sync"]
+    assert len(syncs) == 1
+    line = _line_of(SYNC_MODEL, ".abs().item()")
+    assert any(f"sync_loss.py:{line} in loss_fn" in where and "16 per step" in where
+               for where in syncs[0].where), syncs[0].where
+    assert report.host_syncs_per_step >= 16  # the profiler counted them as well
+
+
+def test_naive_attention_is_blamed_on_its_forward(tmp_path) -> None:
+    report = _profile(ATTENTION_MODEL, tmp_path)
+    blamed = [f for f in report.findings if f.kind in ("copies", "hot_operator")]
+    assert blamed, [f.title for f in report.findings]
+    forward = _line_of(ATTENTION_MODEL, "def forward(self, x: torch.Tensor)")
+    assert any(f"naive_attention.py:{forward}" in where for f in blamed for where in f.where)
+    assert report.tables["cpu"] and report.tables["input shape"]
+    assert all(not op.name.startswith("<") for op in report.tables["cpu"])  # operators only

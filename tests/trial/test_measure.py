@@ -1,0 +1,257 @@
+"""The measurement protocol: the figures mean what the table says they mean."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from autotune.config import TrainConfig
+from autotune.hardware import describe
+from autotune.options import MeasureSettings
+from autotune.trial.measure import (
+    count_flops_per_sample,
+    measure_config,
+    measure_setup,
+    time_to_train_s,
+    warm_up,
+)
+from autotune.trial.training import setup_training
+from autotune.trial.workload import load_workload
+
+from ..conftest import ROOT, TINY_SOURCE
+
+SETTINGS = MeasureSettings(window_steps=5, window_seconds=0.5, window_max_seconds=1.5,
+                           warmup_max_seconds=5, profile_steps=2)
+
+
+class SlowDataset(torch.utils.data.Dataset):
+    """Each sample costs `delay` seconds of loader time, like decoding or augmentation."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return 1024
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.delay:
+            time.sleep(self.delay)
+        return torch.full((16,), float(i % 7)), torch.tensor(float(i % 3))
+
+
+def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    x, y = batch
+    return nn.functional.mse_loss(model(x).squeeze(1), y)
+
+
+def measure(delay: float, config: TrainConfig, settings: MeasureSettings = SETTINGS) -> dict:
+    setup = setup_training(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)),
+                           SlowDataset(delay), config, "cpu", loss_fn=loss_fn)
+    return measure_setup(setup, settings, describe(torch.device("cpu"))).to_dict()
+
+
+def test_samples_per_sec_is_samples_over_window_time() -> None:
+    m = measure(0.0, TrainConfig(micro_batch_size=8, grad_accum_steps=2))
+    assert m["window_steps"] >= SETTINGS.window_steps
+    assert m["window_s"] >= SETTINGS.window_seconds
+    assert m["window_samples"] == m["window_steps"] * 16
+    assert m["samples_per_sec"] == m["window_samples"] / m["window_s"]
+    # Step times partition the window; a loaded machine skews them, so only bounds hold.
+    assert 0 < m["step_time_median_s"] <= m["step_time_p90_s"] <= m["window_s"]
+    assert m["step_time_median_s"] <= m["step_time_p90_s"]
+    assert m["time_to_first_step_s"] > 0 and m["peak_memory_bytes"] > 0
+    assert m["mfu"] is None and m["device_idle_fraction"] is None
+    assert m["host_syncs_per_step"] == 0
+    assert m["top_operators"] and m["final_loss"] is not None
+
+
+def test_the_window_goes_on_until_the_median_step_time_is_known_or_a_cap() -> None:
+    """A loader that sleeps 1 ms per sample gives steady ~8 ms steps: their median is known
+    within ±5% long before the cap. Asking for an exact median runs to the step cap."""
+    config = TrainConfig(micro_batch_size=8)
+    settings = replace(SETTINGS, window_steps=6, window_seconds=0.0, window_precision=0.05,
+                       window_max_steps=1000, window_max_seconds=20, profile_steps=0,
+                       contention_retries=0)
+    known = measure(0.001, config, settings)
+    assert known["step_time_precision"] <= 0.05 and 6 <= known["window_steps"] < 1000
+    capped = measure(0.001, config, replace(settings, window_precision=0.0,
+                                            window_max_steps=40))
+    assert capped["window_steps"] == 40 and capped["step_time_precision"] > 0
+    assert capped["cpu_threads"] == torch.get_num_threads()
+    assert capped["cpu_affinity"] == sorted(os.sched_getaffinity(0))
+
+
+def test_data_loading_is_in_the_figure() -> None:
+    """A loader that needs 2 ms per sample caps throughput near 500 samples/sec."""
+    fast = measure(0.0, TrainConfig(micro_batch_size=8))
+    slow = measure(0.002, TrainConfig(micro_batch_size=8))
+    assert slow["samples_per_sec"] < 500
+    loader_s = slow["window_steps"] * 8 * 0.002
+    assert slow["data_wait_fraction"] * slow["window_s"] >= 0.9 * loader_s
+    assert fast["data_wait_fraction"] < slow["data_wait_fraction"]
+
+
+def test_workers_hide_a_slow_loader() -> None:
+    inline = measure(0.002, TrainConfig(micro_batch_size=8))
+    workers = measure(0.002, TrainConfig(micro_batch_size=8, num_workers=2, prefetch_factor=4,
+                                         persistent_workers=True))
+    # Both stay loader-bound (the model is tiny); what workers cut is the wait per sample.
+    def wait_per_sample(m: dict) -> float:
+        return m["data_wait_fraction"] / m["samples_per_sec"]
+
+    assert wait_per_sample(workers) < 0.8 * wait_per_sample(inline)
+    assert workers["samples_per_sec"] > 1.3 * inline["samples_per_sec"]
+
+
+def test_a_new_epochs_sampler_seed_is_not_a_host_sync_of_the_model() -> None:
+    """With the whole dataset in one micro-batch every step starts an epoch, whose sampler
+    reads its seed with .item(): data loading, not a sync in the user's step."""
+    m = measure(0.0, TrainConfig(micro_batch_size=1024))
+    assert m["host_syncs_per_step"] == 0
+
+
+def tiny_workload(write_model) -> object:
+    return load_workload(str(write_model(TINY_SOURCE)), {})
+
+
+def test_screening_stops_a_slow_configuration_after_its_short_window(write_model) -> None:
+    workload = tiny_workload(write_model)
+    config = TrainConfig(micro_batch_size=8)
+    settings = MeasureSettings(window_steps=20, window_seconds=0.5, warmup_max_seconds=2,
+                               profile_steps=1, screen_steps=3)
+    full = measure_config(workload, config, torch.device("cpu"), settings)
+    assert not full.screened and full.window_steps >= 20 and full.top_operators
+    screened = measure_config(workload, config, torch.device("cpu"), MeasureSettings(
+        **{**vars(settings), "screen_below": full.samples_per_sec * 100}))
+    assert screened.screened and screened.window_steps == 3 and not screened.top_operators
+    assert screened.samples_per_sec == screened.screen_samples_per_sec
+    assert screened.screen_done_s > 0
+
+
+def test_time_to_train_counts_start_up_so_compile_pays_only_on_long_runs() -> None:
+    plain = {"setup_s": 1.0, "time_to_first_step_s": 0.5, "warmup_steps": 3, "warmup_s": 0.3,
+             "window_s": 1.0, "window_steps": 10}
+    compiled = {**plain, "time_to_first_step_s": 30.0, "window_s": 0.5}
+    assert time_to_train_s(plain, 1) == pytest.approx(1.5)
+    assert time_to_train_s(plain, 104) == pytest.approx(1.5 + 0.3 + 100 * 0.1)
+    assert time_to_train_s(plain, 100) < time_to_train_s(compiled, 100)
+    assert time_to_train_s(plain, 10_000) > time_to_train_s(compiled, 10_000)
+
+
+# --- FLOPs -------------------------------------------------------------------------------------
+
+REFERENCE_MODELS = [
+    ("models/mlp.py", {"feature_dim": 32, "hidden": 64, "num_samples": 64}, 8),
+    ("models/gpt.py", {"n_layer": 2, "n_embd": 64, "n_head": 2, "block_size": 32,
+                       "vocab_size": 128, "num_samples": 64}, 4),
+    ("models/rgat.py", {"hidden": 32, "heads": 2, "graph_layers": 2, "text_layers": 1,
+                        "vocab_size": 256, "num_samples": 64}, 8),
+    ("tests/models/naive_attention.py", {}, 4),
+    ("tests/models/tiny_dict.py", {}, 4),
+]
+
+
+def flops_of_a_real_batch(workload, micro_batch_size: int) -> float:
+    """The count as it was made before: a whole micro-batch through the real model (attention
+    through its plain math, whose FLOPs the counter sees on CPU too)."""
+    dataset = workload.build_dataset()
+    collate = workload.hook("collate_fn") or torch.utils.data.default_collate
+    batch = collate([dataset[i] for i in range(micro_batch_size)])
+    counter = FlopCounterMode(display=False)
+    with sdpa_kernel(SDPBackend.MATH), counter:
+        workload.loss_fn()(workload.build_model(), batch).backward()
+    return counter.get_total_flops() / micro_batch_size
+
+
+@pytest.mark.parametrize(("path", "args", "micro_batch_size"), REFERENCE_MODELS)
+def test_flops_are_counted_on_the_meta_device_as_a_real_batch_counts_them(
+        path, args, micro_batch_size) -> None:
+    """Counting used to run a whole micro-batch for real on the trial's GPU, in fp32, before
+    the trial: its memory then stood in every trial's peak. On meta it costs none."""
+    workload = load_workload(ROOT / path, args)
+    model = workload.build_model()
+    calls = []
+    model.register_forward_hook(lambda *a: calls.append(1))
+    counted = count_flops_per_sample(workload, TrainConfig(micro_batch_size=micro_batch_size),
+                                     model, torch.device("cpu"))
+    assert counted == flops_of_a_real_batch(workload, micro_batch_size)
+    assert calls == []  # the trial's own model never ran
+    if workload.flops_per_sample() and path.endswith("gpt.py"):
+        assert counted == workload.flops_per_sample()  # the file's own estimate, exactly
+
+
+def test_a_model_that_cannot_run_on_meta_is_counted_with_two_samples() -> None:
+    """sync_loss reads values back with .item(), which meta tensors do not have."""
+    workload = load_workload(ROOT / "tests/models/sync_loss.py")
+    model = workload.build_model()
+    sizes = []
+    model.register_forward_hook(lambda m, args, out: sizes.append(len(args[0])))
+    counted = count_flops_per_sample(workload, TrainConfig(micro_batch_size=16), model,
+                                     torch.device("cpu"))
+    assert sizes == [2]
+    assert counted == flops_of_a_real_batch(workload, 16)
+    assert all(p.grad is None for p in model.parameters())
+
+
+# --- compiles during warm-up and the window ----------------------------------------------------
+
+class Ragged(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 256
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((16,), float(i % 5))
+
+
+def padded_batches(lengths: list[int]):
+    """A collate_fn that pads each batch to the next length in `lengths`, then to the last."""
+    calls = iter(lengths)
+
+    def collate(samples: list[torch.Tensor]) -> torch.Tensor:
+        length = next(calls, lengths[-1])
+        return torch.stack(samples).unsqueeze(1).expand(-1, length, -1).contiguous()
+
+    return collate
+
+
+def compiled_setup(lengths: list[int]):
+    """A model compiled for static shapes (a new length compiles again) with the cheap eager
+    backend: what is counted is dynamo's compiling, which is the same for every backend."""
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
+    setup = setup_training(model, Ragged(), TrainConfig(micro_batch_size=4), "cpu",
+                           loss_fn=lambda m, x: m(x).square().mean(),
+                           collate_fn=padded_batches(lengths))
+    return dataclasses.replace(setup, model=torch.compile(model, backend="eager",
+                                                          dynamic=False))
+
+
+def test_warm_up_is_not_steady_while_the_model_recompiles() -> None:
+    setup = compiled_setup([4, 5, 6, 7, 8])
+    lenient = MeasureSettings(steady_steps=2, steady_tolerance=100.0, warmup_max_steps=20)
+    steps, steady = warm_up(setup, setup.batches(), lenient)
+    # five new shapes compile in the first five steps; then two quiet ones are steady
+    assert (steps, steady) == (7, True)
+
+
+def test_compiles_in_warm_up_and_in_the_window_are_counted() -> None:
+    settings = MeasureSettings(window_steps=3, window_max_steps=3, window_seconds=0.0,
+                               steady_steps=2, steady_tolerance=100.0, profile_steps=0,
+                               screen_steps=0)
+    quiet = measure_setup(compiled_setup([4, 5, 6]), settings, describe(torch.device("cpu")))
+    assert (quiet.graphs_compiled, quiet.graphs_compiled_in_window) == (3, 0)
+    assert quiet.steady
+    ragged = measure_setup(compiled_setup(list(range(4, 40))),
+                           dataclasses.replace(settings, warmup_max_steps=3),
+                           describe(torch.device("cpu")))
+    assert not ragged.steady
+    assert ragged.graphs_compiled_in_window == ragged.window_steps
+    assert ragged.cudagraph_recordings_in_window == 0  # CPU records no CUDA graphs

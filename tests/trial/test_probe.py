@@ -1,0 +1,144 @@
+"""The capability probe on real tiny models: the workload's facts, and knob values that fail
+or cannot help here left out with their reason."""
+
+from __future__ import annotations
+
+import torch
+
+from autotune.config import TrainConfig
+from autotune.trial.probe import probe_job
+from autotune.trial.protocol import ProbeReport
+from autotune.trial.workload import load_workload
+
+from ..conftest import TINY_SOURCE
+
+CPU = torch.device("cpu")
+
+NO_BLOCKS = TINY_SOURCE.replace(
+    "self.blocks = nn.ModuleList(nn.Linear(dim, dim) for _ in range(2))",
+    "self.blocks = (nn.Linear(dim, dim),)\n        self.only = self.blocks[0]")
+
+WORKERS_FAIL = TINY_SOURCE + '''
+
+class _MainProcessOnly(torch.utils.data.Dataset):
+    def __init__(self, inner):
+        self.inner = inner
+    def __len__(self):
+        return len(self.inner)
+    def __getitem__(self, i):
+        if torch.utils.data.get_worker_info() is not None:
+            raise RuntimeError("this dataset holds a handle only the main process has")
+        return self.inner[i]
+
+_build = build_dataset
+def build_dataset(dim=8, size=256):
+    return _MainProcessOnly(_build(dim, size))
+'''
+
+BF16_FAILS = TINY_SOURCE + '''
+
+def loss_fn(model, batch):
+    x, y = batch
+    out = model(x, y)
+    if torch.is_autocast_enabled("cpu"):
+        raise NotImplementedError("this model's custom kernel has no bf16 version")
+    return out
+'''
+
+# Steps of 2 ms in fp32; bf16 steps of 20 ms: a CPU that emulates bf16.
+BF16_SLOW = TINY_SOURCE.replace("import torch\n", "import time\nimport torch\n", 1) + '''
+
+_forward = Net.forward
+def _paced(self, x, y):
+    time.sleep(0.02 if torch.is_autocast_enabled("cpu") else 0.002)
+    return _forward(self, x, y)
+Net.forward = _paced
+'''
+
+# The machine gets busy as the bf16 run starts: from then on every step takes 20 ms.
+BUSY_FROM_BF16 = TINY_SOURCE.replace("import torch\n", "import time\nimport torch\n", 1) + '''
+
+_forward = Net.forward
+_busy = []
+def _paced(self, x, y):
+    if torch.is_autocast_enabled("cpu"):
+        _busy.append(True)
+    time.sleep(0.02 if _busy else 0.002)
+    return _forward(self, x, y)
+Net.forward = _paced
+'''
+
+
+def probe(write_model, source: str, **overrides) -> ProbeReport:
+    workload = load_workload(str(write_model(source)), {})
+    config = workload.train_config(overrides, "cpu")
+    return ProbeReport.from_dict(probe_job(workload, config, CPU, {}, None, lambda p: None))
+
+
+def test_the_workloads_facts_and_the_loader_rates(write_model) -> None:
+    report = probe(write_model, TINY_SOURCE)
+    assert report.baseline == {"micro_batch_size": 8}
+    assert report.dataset_size == 256
+    params = 2 * (8 * 8 + 8)
+    assert report.parameters == params and report.state_bytes == 4 * 4 * params
+    left = report.left_out_values()
+    assert "activation_checkpointing" not in left and "num_workers" not in left
+    settings = {(r.num_workers, r.prefetch_factor) for r in report.loader_rates}
+    assert (0, None) in settings and (1, 2) in settings
+    assert all(r.samples_per_sec > 0 for r in report.loader_rates)
+    assert report.step_s["fp32"] > 0
+    assert ProbeReport.from_dict(report.to_dict()) == report
+
+
+def test_checkpointing_without_blocks_is_left_out_with_the_reason(write_model) -> None:
+    left = probe(write_model, NO_BLOCKS).left_out_values()["activation_checkpointing"]
+    assert set(left) == {"selective", "full"}
+    assert "no nn.ModuleList" in left["full"]
+
+
+def test_workers_that_cannot_load_batches_are_left_out(write_model) -> None:
+    report = probe(write_model, WORKERS_FAIL)
+    reasons = report.left_out_values()["num_workers"]
+    assert set(reasons) == {1, 2} and "only the main process has" in reasons[1]
+    assert {r.num_workers for r in report.loader_rates} == {0}
+
+
+def test_a_precision_that_fails_on_this_model_is_left_out(write_model) -> None:
+    reasons = probe(write_model, BF16_FAILS).left_out_values()["precision"]
+    assert "no bf16 version" in reasons["bf16"] and "fails on this model" in reasons["bf16"]
+
+
+def test_a_precision_far_slower_than_fp32_on_this_cpu_is_left_out(write_model) -> None:
+    report = probe(write_model, BF16_SLOW)
+    reason = report.left_out_values()["precision"]["bf16"]
+    assert "x slower than fp32 on this CPU" in reason
+    assert report.step_s["bf16"] > 2 * report.step_s["fp32"]
+
+
+def test_a_machine_that_got_busy_after_the_fp32_reference_does_not_leave_bf16_out(
+        write_model) -> None:
+    """bf16 looks ten times slower against the fp32 step timed before the machine got busy;
+    fp32 timed again right after it is as slow, so bf16 stays in the space."""
+    report = probe(write_model, BUSY_FROM_BF16)
+    assert report.step_s["bf16"] > 2 * report.step_s["fp32"]  # against the first reference
+    assert "precision" not in report.left_out_values()
+
+
+
+
+def test_left_out_values_narrow_the_space_and_refuse_a_fix() -> None:
+    import pytest
+
+    from autotune.hardware import describe
+    from autotune.search.space import SpaceError, build_space
+
+    left = {"precision": {"bf16": "20.0x slower than fp32 on this CPU"}}
+    space = build_space(TrainConfig(micro_batch_size=8), describe(CPU), 64, left_out=left)
+    assert space.domains["precision"] == ("fp32",)
+    with pytest.raises(SpaceError, match="20.0x slower"):
+        build_space(TrainConfig(micro_batch_size=8), describe(CPU), 64, left_out=left,
+                    fixes={"precision": "bf16"})
+    # the baseline's own value is never left out: it is the reference
+    own = build_space(TrainConfig(micro_batch_size=8, precision="bf16"), describe(CPU), 64,
+                      left_out=left)
+    assert "bf16" in own.domains["precision"]

@@ -1,0 +1,125 @@
+"""Each way a model file breaks the contract gets its own clear message and exit 2."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from autotune.cli import main
+from autotune.errors import ContractError
+from autotune.trial.workload import check_loss, load_workload
+
+from ..conftest import FAST, TEST_MODELS, TINY_SOURCE, run_cli
+
+
+def test_model_args_reach_both_builders(write_model) -> None:
+    path = write_model(TINY_SOURCE)
+    workload = load_workload(path, {"dim": 5, "size": 10})
+    assert workload.build_model().blocks[0].in_features == 5
+    assert len(workload.build_dataset()) == 10
+
+
+LOAD_TIME = {
+    "syntax": ("import torch\n\ndef build_model(:\n    pass\n", r"model\.py:3: syntax error"),
+    "no_build_model": ("def build_dataset():\n    return [1]\n", r"must define build_model"),
+    "no_build_dataset": ("def build_model():\n    return None\n", r"must define build_dataset"),
+    "import_raises": ("x = 1\nraise RuntimeError('no GPU driver here')\n",
+                      r"model\.py:2: importing the model file raised RuntimeError: no GPU"),
+    "bad_baseline": (TINY_SOURCE.replace('"micro_batch_size": 8', '"micro_batch_sise": 8'),
+                     r"BASELINE: .*unknown knob\(s\) micro_batch_sise"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LOAD_TIME))
+def test_load_time_violations_exit_2_without_traceback(case: str, write_model, capsys) -> None:
+    source, pattern = LOAD_TIME[case]
+    path = write_model(source)
+    assert main(["bench", "--model", str(path), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert re.search(pattern, " ".join(err.split())), err
+
+
+def test_missing_file_and_unknown_model_arg(write_model, capsys) -> None:
+    assert main(["bench", "--model", "nowhere/model.py", "--device", "cpu"]) == 2
+    assert "model file not found: nowhere/model.py" in capsys.readouterr().err
+    path = write_model(TINY_SOURCE)
+    assert main(["bench", "--model", str(path), "--device", "cpu", "--model-arg",
+                 "dimm=3"]) == 2
+    assert "--model-arg dimm: neither build_model nor build_dataset" in capsys.readouterr().err
+
+
+def test_debug_shows_the_traceback(write_model) -> None:
+    path = write_model("def build_dataset():\n    return [1]\n")
+    with pytest.raises(ContractError):
+        main(["bench", "--model", str(path), "--device", "cpu", "--debug"])
+
+
+# Violations only a built model and a real batch reveal: found in the trial process.
+TRIAL_TIME = {
+    "model_not_module": (TINY_SOURCE.replace("return Net(dim)", "return [Net(dim)]"),
+                         "build_model() must return a torch.nn.Module, got list"),
+    "dataset_not_map_style": (
+        TINY_SOURCE.replace("def build_dataset(dim=8, size=256):",
+                            "def build_dataset(dim=8, size=256):\n    return 42\n"
+                            "\ndef unused(dim=8, size=256):"),
+        "build_dataset() must return a map-style Dataset"),
+    "empty_dataset": (TINY_SOURCE.replace("size=256", "size=0"), "returned an empty dataset"),
+    "batch_not_movable": (
+        TINY_SOURCE + "\n\ndef collate_fn(samples):\n    return {'x': object()}\n",
+        "batch['x'] is a object, which cannot be moved to cpu"),
+    "loss_not_scalar": (
+        TINY_SOURCE + "\n\ndef loss_fn(model, batch):\n"
+                      "    return model.blocks[0](batch[0])\n",
+        "the loss must be a scalar, got a tensor of shape (8, 8)"),
+    "loss_without_grad": (
+        TINY_SOURCE + "\n\ndef loss_fn(model, batch):\n    return model(*batch).detach()\n",
+        "the loss does not require grad"),
+    "output_without_loss": (
+        TINY_SOURCE.replace("return nn.functional.mse_loss(x.sum(dim=1), y)", "return x"),
+        "the model's output (a tensor of shape (8, 8)) has no loss. Define "
+        "`def loss_fn(model, batch): ...`"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TRIAL_TIME))
+def test_trial_time_violations_exit_2_with_their_message(case: str, write_model) -> None:
+    source, message = TRIAL_TIME[case]
+    path = write_model(source)
+    done = run_cli("bench", "--model", str(path), "--device", "cpu", *FAST)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in " ".join(done.stderr.split()), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("model", ["tiny_dict.py", "tiny_tuple.py"])
+def test_users_own_files_run_unchanged(model: str) -> None:
+    """Dict batches with an output `.loss`, and tuple batches with a `loss_fn`."""
+    done = run_cli("bench", "--model", str(TEST_MODELS / model), "--device", "cpu", *FAST)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "samples/sec" in done.stdout
+
+
+@pytest.mark.parametrize("shape", [(1,), (1, 1)])
+def test_a_one_element_loss_is_a_scalar_as_backward_takes_it(shape) -> None:
+    loss = check_loss(torch.full(shape, 2.0, requires_grad=True).mul(3), "model.py")
+    assert loss.shape == ()
+    assert loss.item() == 6.0
+    loss.backward()
+
+
+def test_a_trial_trains_on_a_loss_of_shape_1(write_model) -> None:
+    """Hand-written losses often end in shape (1,); backward() takes them, so the tool does."""
+    path = write_model(TINY_SOURCE + "\n\ndef loss_fn(model, batch):\n"
+                                     "    loss = model(*batch).reshape(1)\n"
+                                     "    assert loss.shape == (1,)\n"
+                                     "    return loss\n")
+    done = run_cli("bench", "--model", str(path), "--device", "cpu", "--set",
+                   "grad_accum_steps=2", "--json", *FAST)
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = json.loads(done.stdout)
+    assert record["status"] == "ok"
+    assert record["samples_per_sec"] > 0 and record["final_loss"] > 0
