@@ -20,7 +20,14 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from autotune.config import TrainConfig, knob_names, parse_assignments, read_yaml, value_problems
+from autotune.config import (
+    TrainConfig,
+    knob_names,
+    knobs_in,
+    parse_assignments,
+    read_yaml,
+    value_problems,
+)
 from autotune.errors import (
     AutotuneError,
     BadInput,
@@ -41,9 +48,11 @@ from autotune.options import (
     ShowOptions,
     StorageOptions,
     TuneOptions,
+    VerifyOptions,
 )
 from autotune.search.isolation import run_isolated
 from autotune.search.tuner import Tuner
+from autotune.search.verify import verify_study
 from autotune.show.export import export_config
 from autotune.show.report import (
     bench_record,
@@ -97,7 +106,7 @@ def _target(options: OneConfigOptions) -> tuple[DeviceInfo, dict[str, Any]]:
         raise ContractError(f"model file not found: {options.model_path}")
     knobs: dict[str, Any] = {}
     if options.config_file:
-        data = read_yaml(options.config_file, "config") or {}
+        data = knobs_in(read_yaml(options.config_file, "config") or {})
         if not isinstance(data, Mapping):
             raise ConfigError(f"config file {options.config_file} must be a mapping of knob: "
                               "value")
@@ -167,7 +176,8 @@ def cmd_run(options: TuneOptions, console: Console) -> int:
                        ("; CPU trials disturb each other's timings" if tuner.device.type == "cpu"
                         else ""))
         view = (LiveView(view_console, tuner.study, options.trials,
-                         options.timeout_s or tuner.time_budget_s, tuner.measured_trials)
+                         lambda: options.timeout_s or tuner.time_budget_s,
+                         tuner.measured_trials)
                 if view_console.is_terminal else plain)
         tuner.view = view
         with view:
@@ -306,6 +316,15 @@ def cmd_export(options: ExportOptions, console: Console) -> int:
     return EXIT_OK
 
 
+def cmd_verify(options: VerifyOptions, console: Console) -> int:
+    study = load_study(options.study, options.studies_dir, options.storage)
+    with PlainView(Console(stderr=True)) as view:
+        verification = verify_study(study, options,
+                                    study_dir(options.studies_dir, study.study_name), view)
+    console.print(f"verified {verification.describe()}", markup=False, highlight=False)
+    return EXIT_FAILED if verification.holds is False else EXIT_OK
+
+
 def write_output(path: Path, content: str | bytes) -> None:
     """Write a file the user named (its folder made if missing); a path that cannot be written
     is bad input."""
@@ -382,6 +401,15 @@ COMMANDS = {
     "show": Command(ShowOptions, cmd_show, "print a study's summary from its storage",
                     "Print a study's summary (the recommendation beside the baseline, how the "
                     "study went, what to watch out for) from its storage alone."),
+    "verify": Command(
+        VerifyOptions, cmd_verify, "measure a study's answer against your settings again, now",
+        "Re-measure the study's answer (its recommendation, or the closest contender where "
+        "your settings were kept) against your settings in fresh paired rounds, which of the "
+        "two runs first alternating, and say whether the claimed speedup still holds: the "
+        "fresh figure inside the claimed interval, or by how much it moved. Recorded in the "
+        "study; `show` and the report list it. Run it before you change your training, and on "
+        "the target machine when the study ran elsewhere. Exit 0 when the claim holds (or "
+        "cannot be checked), 1 when it moved, 2 for bad input."),
     "export": Command(
         ExportOptions, cmd_export, "write a study's recommended configuration for your trainer",
         "Formats: yaml/json (TrainConfig, loadable with --config and TrainConfig.load), hf "

@@ -30,6 +30,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "compile_mode": COMPILE_MODES,
 }
 
+# What a configuration file autotune wrote may say beside the knobs (best.json's sentence on
+# what the study found): not a knob, and left out when the file is read.
+VERDICT = "verdict"
 # The value a DataLoader knob takes when num_workers == 0, where it means nothing.
 INACTIVE: dict[str, Any] = {"prefetch_factor": None, "persistent_workers": False}
 
@@ -108,7 +111,7 @@ class TrainConfig:
     @classmethod
     def load(cls, path: str | Path, base: TrainConfig | None = None) -> TrainConfig:
         """Read a YAML or JSON file (JSON is YAML, so one parser serves both)."""
-        return cls.from_dict(read_yaml(path, "config") or {}, base)
+        return cls.from_dict(knobs_in(read_yaml(path, "config") or {}), base)
 
 
 def value_problems(values: Mapping[str, Any]) -> list[str]:
@@ -156,6 +159,11 @@ def config_with(knob: str, value: Any) -> TrainConfig:
     """The default configuration but for `knob` (and num_workers where `knob` needs workers),
     so that any complaint about it is about `value`."""
     return TrainConfig(**({"num_workers": 1, knob: value} if knob in INACTIVE else {knob: value}))
+
+
+def knobs_in(data: Any) -> Any:
+    """A configuration file's mapping less what autotune wrote beside the knobs."""
+    return {k: v for k, v in data.items() if k != VERDICT} if isinstance(data, Mapping) else data
 
 
 def knob_names() -> list[str]:

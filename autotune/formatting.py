@@ -58,3 +58,41 @@ def short_config(config: Mapping[str, Any]) -> str:
     if config["compile_mode"] != "none":
         parts.append(f"compile={config['compile_mode']}")
     return " ".join(str(p) for p in parts)
+
+
+def describe_changes(config: Mapping[str, Any], baseline: Mapping[str, Any]) -> str:
+    """What `config` changes from the baseline, in words: `bf16 + fused AdamW`. The batch and
+    the loader are one phrase each (micro-batch with its accumulation, workers with prefetch)."""
+    words = []
+    for knob, value in config.items():
+        if knob in _PARTNERS.values():
+            continue
+        partner = _PARTNERS.get(knob)
+        if baseline.get(knob) == value and \
+                (partner is None or baseline.get(partner) == config[partner]):
+            continue
+        words.append(_knob_words(knob, value, config))
+    return " + ".join(words) or "your settings"
+
+
+# Knobs said together with another: the second means nothing without the first.
+_PARTNERS = {"micro_batch_size": "grad_accum_steps", "num_workers": "prefetch_factor"}
+
+
+def _knob_words(knob: str, value: Any, config: Mapping[str, Any]) -> str:
+    if knob == "micro_batch_size":
+        return f"micro-batch {value} x {config['grad_accum_steps']}"
+    if knob == "optimizer_impl":
+        return {"for_loop": "for-loop", "foreach": "foreach", "fused": "fused"}[value] + " AdamW"
+    if knob == "activation_checkpointing":
+        return "no checkpointing" if value == "none" else f"{value} checkpointing"
+    if knob == "compile_mode":
+        return "no compile" if value == "none" else \
+            "torch.compile" + ("" if value == "default" else f" {value}")
+    if knob == "num_workers":
+        return "in-process loading" if value == 0 else \
+            f"{value} loader worker{'s' if value != 1 else ''}" + \
+            (f", prefetch {config['prefetch_factor']}" if config.get("prefetch_factor") else "")
+    if knob in ("pin_memory", "persistent_workers"):
+        return ("" if value else "no ") + knob.replace("_", " ")
+    return str(value)

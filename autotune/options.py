@@ -27,6 +27,9 @@ DEFAULT_MAX_GRAD_ACCUM = 16
 DEFAULT_CONFIRM_ROUNDS = 3
 DEFAULT_CONFIRM_MAX_ROUNDS = 10
 DEFAULT_CONFIRM_TARGET = 0.03
+# ... and the share of the study's wall time it may take.
+DEFAULT_CONFIRM_SHARE = 0.3
+DEFAULT_VERIFY_ROUNDS = 5
 EXPORT_FORMATS = ("yaml", "json", "hf", "lightning", "torch")
 
 
@@ -281,6 +284,11 @@ class TuneOptions(StorageOptions, WorkloadOptions):
         "--confirm-target", "stop adding rounds once the leader's speedup over the baseline "
         "is known within this share (95%% interval half-width)",
         default=DEFAULT_CONFIRM_TARGET, metavar="SHARE", kind=float)
+    confirm_share: float = option(
+        "--confirm-share", "the confirmation takes at most this share of the study's wall "
+        "time: no round starts that would end past it (the first always runs)",
+        default=DEFAULT_CONFIRM_SHARE,
+        metavar="SHARE", kind=float)
     trial_time_limit_s: float = option("--trial-time-limit", "kill a trial after this long "
                                        "(a timeout)", default=DEFAULT_TRIAL_TIME_LIMIT_S,
                                        metavar="SECONDS", kind=float)
@@ -328,6 +336,8 @@ class TuneOptions(StorageOptions, WorkloadOptions):
         for name in ("stall_penalty", "memory_headroom"):
             if not 0 <= getattr(self, name) < 1:
                 out.append(f"{flag_of(TuneOptions, name)} must be in [0, 1)")
+        if not 0 < self.confirm_share < 1:
+            out.append("--confirm-share must be in (0, 1)")
         if self.global_batch is not None and self.free_batch is not None:
             out.append("--global-batch-size and --free-batch-size contradict each other: the "
                        "first keeps the effective batch at one value, the second lets it vary")
@@ -375,6 +385,23 @@ class ReportOptions(StudyOptions):
 
     output: str | None = option(("-o", "--output"), "write here (default: the study folder's "
                                 "report.html)", metavar="FILE")
+
+
+@dataclass(kw_only=True)
+class VerifyOptions(StudyOptions):
+    """`autotune verify`: the study's answer measured again against the baseline."""
+
+    rounds: int = option("--rounds", "fresh paired rounds of the answer and your settings",
+                         default=DEFAULT_VERIFY_ROUNDS, metavar="N", kind=int)
+    device: str | None = option("--device", "where to measure: cpu, cuda or cuda:N (default: "
+                                "the study's kind of device)", metavar="DEVICE")
+    time_limit_s: float = option("--time-limit", "kill a run after this long",
+                                 default=DEFAULT_TRIAL_TIME_LIMIT_S, metavar="SECONDS",
+                                 kind=float)
+    settings: MeasureSettings = group(MeasureSettings)
+
+    def problems(self) -> list[str]:
+        return self.settings.problems() + _at_least(self, {"rounds": 2, "time_limit_s": 1})
 
 
 @dataclass(kw_only=True)

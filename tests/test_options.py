@@ -41,7 +41,7 @@ def test_every_setting_with_a_flag_is_on_the_command_line_with_its_default(name)
         assert f.metadata["help"].split()[0] in text
     required = {"run": ["--model", "m.py"], "bench": ["--model", "m.py"],
                 "profile": ["--model", "m.py"], "report": ["s"], "show": ["s"],
-                "export": ["s"], "studies": []}[name]
+                "export": ["s"], "verify": ["s"], "studies": []}[name]
     assert from_args(parser.parse_args(required), options) == options(
         **({"model_path": "m.py"} if "--model" in required else
            {"study": "s"} if required else {}))

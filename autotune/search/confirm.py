@@ -1,11 +1,15 @@
 """Confirmation: the answer comes from paired rounds of fresh runs, with its uncertainty, not
 from the luckiest search trial.
 
-When the budget ends, the top configurations and the baseline are re-measured in rounds: each
-round runs every candidate and the baseline once, in a shuffled order, so that whatever the
-machine does drifts over all of them alike. Rounds are added until the leader's speedup over
-the baseline is known within ±`target` (a 95% interval of the paired ratios, `stats`) or the
-cap is reached. A round in which some run was disturbed by another process is measured again.
+When the budget ends, the top configurations measured in full and the baseline are re-measured
+in rounds: each round runs every candidate still in the race and the baseline once, in a
+shuffled order, so that whatever the machine does drifts over all of them alike. The rounds are
+a race (successive elimination, as in F-race): after each one, a candidate whose paired interval
+against the leader lies below 1 is dropped, and says so; only those that could still win are
+measured again. Rounds are added until one candidate is left besides the baseline and its
+speedup over the baseline is known within ±`target` (a 95% interval of the paired ratios,
+`stats`), or the cap is reached (rounds, or time: `Plan.ends_by`, by default 30% of the study's
+wall time). A round in which some run was disturbed by another process is measured again.
 
 The recommendation is the simplest configuration that is as fast as the fastest: among the
 candidates with no measurable difference from the fastest (their paired interval holds 1.0),
@@ -29,6 +33,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.config import TrainConfig
+from autotune.formatting import describe_changes, format_seconds
 from autotune.options import (
     DEFAULT_CONFIRM_MAX_ROUNDS,
     DEFAULT_CONFIRM_ROUNDS,
@@ -42,7 +47,7 @@ from autotune.stats import Ratio, paired_ratio
 from autotune.study.confirmation import FAILED, CandidateSummary, Confirmation, Drift, Run
 from autotune.study.records import Role, StudyKey, TrialKey, config_key, rankable, trial_records
 from autotune.trial.measure import time_to_train_s
-from autotune.trial.protocol import TrialStatus
+from autotune.trial.protocol import TrialResult, TrialStatus
 
 # Tuners ending together each claim the confirmation; the claim standing after this wins.
 CLAIM_SETTLE_S = 1.0
@@ -70,6 +75,7 @@ class Candidate:
     feasible: bool
     search_samples_per_sec: float | None = None
     runs: list[Run | None] = field(default_factory=list)
+    search_precision: float | None = None  # the search trial's median known within ±this
 
     @property
     def ok(self) -> bool:
@@ -101,21 +107,26 @@ def should_confirm(study: optuna.Study, owner: str, view: StudyView) -> bool:
 
 
 def candidates(study: optuna.Study, baseline: TrainConfig, top: int) -> list[Candidate]:
-    """The `top` best distinct feasible configurations, then the baseline (the reference for
-    the speedup; a winner only if it also fitted in the search)."""
+    """The `top` best distinct feasible configurations measured in full (a screened trial was
+    too slow to finish its window), then the baseline (the reference for the speedup; a winner
+    only if it also fitted in the search)."""
     chosen: dict[str, Candidate] = {}
     records = trial_records(study)
-    for r in sorted(rankable(records), key=lambda r: r.value, reverse=True):
+    measured = [r for r in rankable(records) if r.status != TrialStatus.SCREENED]
+    for r in sorted(measured, key=lambda r: r.value, reverse=True):
         key = config_key(r.config)
         if len(chosen) < top and key not in chosen:
-            chosen[key] = Candidate(r.config, r.number, True, r.samples_per_sec)
+            chosen[key] = Candidate(r.config, r.number, True, r.samples_per_sec,
+                                    search_precision=r.get("step_time_precision"))
     key = config_key(baseline)
     if key not in chosen:
         measured = next((r for r in records if r.role == Role.BASELINE
                          and r.state == TrialState.COMPLETE.name), None)
         chosen[key] = Candidate(baseline.to_dict(), measured.number if measured else None,
                                 bool(measured and measured.feasible),
-                                measured.samples_per_sec if measured else None)
+                                measured.samples_per_sec if measured else None,
+                                search_precision=measured.get("step_time_precision")
+                                if measured else None)
     else:  # the baseline goes last, as the reference
         chosen[key] = chosen.pop(key)
     return list(chosen.values())
@@ -124,10 +135,14 @@ def candidates(study: optuna.Study, baseline: TrainConfig, top: int) -> list[Can
 def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measure: Measure,
             view: StudyView, plan: Plan, *, time_limit_s: float, device: str,
             directory: Path) -> Confirmation:
-    """Paired rounds until the leader's speedup is known within the target or the cap; the
-    outcome is stored in the study and returned."""
+    """Paired rounds as a race: after each round, a candidate measurably slower than the leader
+    (its paired interval against the leader below 1) is dropped, and only those that could
+    still win are measured again. It ends when one candidate is left besides the baseline and
+    its speedup is known within the target, or at the cap; the outcome is stored in the study
+    and returned."""
     entries = candidates(study, baseline, plan.top)
     reference = entries[-1]
+    racing = list(range(len(entries)))
     shuffle = random.Random(0)
     start, rounds, kept_disturbed, longest_s = time.monotonic(), 0, 0, 0.0
     while rounds < plan.max_rounds:
@@ -135,7 +150,7 @@ def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measur
             break
         began = time.monotonic()
         rounds += 1
-        order = list(range(len(entries)))
+        order = list(racing)
         shuffle.shuffle(order)
         runs = [_run(entries[i], i, rounds, scoring, measure, view, time_limit_s, device,
                      directory, len(entries)) for i in order]
@@ -152,16 +167,50 @@ def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measur
                       "the machine stayed busy")
         for i, run in zip(order, runs):
             entries[i].runs.append(run)
-        done = len(reference.runs)
+        for i, why in _eliminated(entries, racing, reference):
+            racing.remove(i)
+            view.note(f"confirmation: candidate {i + 1} "
+                      f"({describe_changes(entries[i].config, reference.config)}) is out of "
+                      f"the race after round {len(reference.runs)}: {why}")
         leader = _leader(entries, reference)
         known = leader is None or leader is reference or \
-            (_ratio(leader, reference, "objective").half_width or 1.0) <= plan.target
-        if done >= plan.rounds and known:
+            (paired(leader, reference, "objective").half_width or 1.0) <= plan.target
+        one_left = sum(entries[i] is not reference for i in racing) <= 1
+        if len(reference.runs) >= plan.rounds and one_left and known:
             break
+        left_s = (plan.max_rounds - rounds) * longest_s * len(racing) / len(order)
+        if plan.ends_by is not None:
+            left_s = min(left_s, max(0.0, plan.ends_by - time.monotonic()))
+        view.time_left(f"confirmation round {len(reference.runs)} done, {len(racing)} "
+                       f"configurations racing: at most about {format_seconds(left_s)} more")
     result = conclusion(entries, reference, wall_s=time.monotonic() - start, target=plan.target,
                         disturbed_rounds=kept_disturbed)
     study.set_user_attr(StudyKey.CONFIRMATION, result.to_json())
     return result
+
+
+def _eliminated(entries: Sequence[Candidate], racing: Sequence[int],
+                reference: Candidate) -> list[tuple[int, str]]:
+    """The candidates still racing that cannot win any more, and why: one that failed a run,
+    and one whose paired interval against the leader lies below 1. The baseline stays: it is
+    the reference."""
+    alive = [entries[i] for i in racing]
+    leader = _leader(alive, reference)
+    out = []
+    for i in racing:
+        entry = entries[i]
+        if entry is reference or entry is leader:
+            continue
+        if not entry.ok:
+            out.append((i, "it did not run within memory in every round"))
+            continue
+        if leader is None:
+            continue
+        ratio = paired(entry, leader, "objective")
+        if ratio.high is not None and ratio.high < 1.0:
+            out.append((i, f"{ratio.value:.2f}x [{ratio.low:.2f}-{ratio.high:.2f}] of the "
+                           "leader's speed"))
+    return out
 
 
 def _run(entry: Candidate, index: int, round_: int, scoring: Scoring, measure: Measure,
@@ -173,7 +222,11 @@ def _run(entry: Candidate, index: int, round_: int, scoring: Scoring, measure: M
     trace = directory / "traces" / f"candidate-{index}.json" if round_ == 1 else None
     job = MeasureJob(f"confirm-{index}-{round_ - 1}", time_limit_s, device, trace=trace,
                      profile=trace is not None)
-    result = measure(TrainConfig.from_dict(entry.config), job)
+    return run_of(measure(TrainConfig.from_dict(entry.config), job), scoring)
+
+
+def run_of(result: TrialResult, scoring: Scoring) -> Run | None:
+    """A fresh run's figures, or None when it did not run within memory (or diverged)."""
     if scoring.classify(result)[0] != TrialStatus.OK:
         return None
     metrics = result.metrics
@@ -186,7 +239,7 @@ def _run(entry: Candidate, index: int, round_: int, scoring: Scoring, measure: M
                disturbed=bool(metrics.get("disturbed")), trace=metrics.get("trace_path"))
 
 
-def _ratio(entry: Candidate, reference: Candidate, key: str) -> Ratio:
+def paired(entry: Candidate, reference: Candidate, key: str) -> Ratio:
     """entry / reference, paired by round over the rounds both ran."""
     pairs = [(getattr(a, key), getattr(b, key)) for a, b in zip(entry.runs, reference.runs)
              if a is not None and b is not None]
@@ -204,7 +257,7 @@ def _leader(entries: Sequence[Candidate], reference: Candidate) -> Candidate | N
     if not reference.ok or not reference.runs:
         return max(ranked, key=lambda e: statistics.median(e.values("objective")))
     return max(ranked, key=lambda e: 1.0 if e is reference else
-               _ratio(e, reference, "objective").value)
+               paired(e, reference, "objective").value)
 
 
 def _changes(entry: Candidate, reference: Candidate) -> int:
@@ -219,15 +272,16 @@ def conclusion(entries: list[Candidate], reference: Candidate, *, wall_s: float 
     summaries = [_summary(e, reference) for e in entries]
     outcome = Confirmation(
         candidates=tuple(summaries), winner=None, fastest=None, baseline=summaries[-1],
-        speedup=None, speedup_ci=None, no_measurable_difference=None,
+        contender=None, speedup=None, speedup_ci=None, no_measurable_difference=None,
+        search_speedup=None, widened=False,
         rounds=len(reference.runs), wall_s=wall_s, at=time.time(), target=target,
         drift=drift(reference), disturbed_rounds=disturbed_rounds)
     if fastest is None:
         return outcome
     tied = [e for e in entries if e.ok and e.feasible and e.runs and
-            (e is fastest or _ratio(e, fastest, "objective").includes_one)]
+            (e is fastest or paired(e, fastest, "objective").includes_one)]
     recommended = min(tied, key=lambda e: (_changes(e, reference),
-                                           -_ratio(e, fastest, "objective").value
+                                           -paired(e, fastest, "objective").value
                                            if e is not fastest else -1.0))
     index = entries.index
     speedup, speedup_ci = (1.0 if reference.runs else None), None
@@ -238,27 +292,51 @@ def conclusion(entries: list[Candidate], reference: Candidate, *, wall_s: float 
     decisive = fastest if recommended is reference else recommended
     if decisive is reference:
         contenders = [e for e in entries if e is not reference and e.feasible
-                      and _ratio(e, reference, "samples_per_sec").low is not None]
-        decisive = max(contenders, key=lambda e: _ratio(e, reference, "samples_per_sec").value,
+                      and paired(e, reference, "samples_per_sec").low is not None]
+        decisive = max(contenders, key=lambda e: paired(e, reference, "samples_per_sec").value,
                        default=reference)
+    search, widened = None, False
     if decisive is not reference and reference.runs:
-        ratio = _ratio(decisive, reference, "samples_per_sec")
+        ratio = paired(decisive, reference, "samples_per_sec")
         speedup_ci = (ratio.low, ratio.high) if ratio.low is not None else None
+        search = _search_ratio(decisive, reference)
+        if speedup_ci is not None and search is not None and \
+                (search[2] < speedup_ci[0] or search[1] > speedup_ci[1]):
+            # The search measured the two at other moments and found another ratio: the
+            # machine moved between them, and the rounds alone do not show it.
+            speedup_ci = (min(speedup_ci[0], search[1]), max(speedup_ci[1], search[2]))
+            widened = True
+        holds_one = speedup_ci is not None and speedup_ci[0] <= 1.0 <= speedup_ci[1]
         if ratio.low is None:
             # Too few paired rounds for an interval (one, say): the baseline is kept, and
             # whether the contender differs from it is not known, rather than "no difference".
             no_difference = None
+        elif recommended is not reference and holds_one and widened:
+            recommended, no_difference = reference, True  # inside the widened noise: kept
         elif recommended is not reference:
-            speedup, no_difference = ratio.value, ratio.includes_one
+            speedup, no_difference = ratio.value, holds_one
     return replace(outcome, winner=summaries[index(recommended)],
-                   fastest=summaries[index(fastest)], speedup=speedup, speedup_ci=speedup_ci,
-                   no_measurable_difference=no_difference)
+                   fastest=summaries[index(fastest)],
+                   contender=summaries[index(decisive)] if decisive is not reference else None,
+                   speedup=speedup, speedup_ci=speedup_ci,
+                   no_measurable_difference=no_difference,
+                   search_speedup=search[0] if search else None, widened=widened)
+
+
+def _search_ratio(entry: Candidate, reference: Candidate) -> tuple[float, float, float] | None:
+    """entry / reference as the search measured them, one trial each at its own moment, with
+    the interval their own precisions give (±2% each where unknown)."""
+    if not entry.search_samples_per_sec or not reference.search_samples_per_sec:
+        return None
+    value = entry.search_samples_per_sec / reference.search_samples_per_sec
+    spread = (entry.search_precision or 0.02) + (reference.search_precision or 0.02)
+    return value, value * (1 - spread), value * (1 + spread)
 
 
 def _summary(entry: Candidate, reference: Candidate) -> CandidateSummary:
     """What the study stores of one candidate: its runs and their medians."""
     rates = entry.values("samples_per_sec")
-    ratio = _ratio(entry, reference, "samples_per_sec") if entry is not reference else None
+    ratio = paired(entry, reference, "samples_per_sec") if entry is not reference else None
     return CandidateSummary(
         config=entry.config, trial=entry.trial, feasible=entry.feasible, ok=entry.ok,
         runs=tuple(r if r is not None else Run(FAILED) for r in entry.runs),

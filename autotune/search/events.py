@@ -16,6 +16,7 @@ class StudyView(Protocol):
     def phase(self, text: str, number: int | None = None) -> None: ...
     def trial_finished(self, record: TrialRecord) -> None: ...
     def note(self, text: str) -> None: ...
+    def time_left(self, text: str) -> None: ...
 
 
 class SilentView:
@@ -31,4 +32,7 @@ class SilentView:
         """Nobody is watching."""
 
     def note(self, text: str) -> None:
+        """Nobody is watching."""
+
+    def time_left(self, text: str) -> None:
         """Nobody is watching."""

@@ -40,12 +40,20 @@ class Scoring:
     memory_headroom: float
     stall_penalty: float
     train_steps: int | None = None
+    # The user's settings: a diverged trial names the knobs it changed from them.
+    baseline: dict[str, Any] | None = None
 
     def classify(self, result: TrialResult) -> tuple[str, str]:
-        """The trial's status and message: a measured peak above the allowed memory is
-        `over_memory`, a run stopped after its screening window `screened`."""
+        """The trial's status and message: a loss that became NaN or inf is `diverged`, a
+        measured peak above the allowed memory `over_memory`, a run stopped after its screening
+        window `screened`."""
         limit = self.memory_limit_bytes
         peak = result.metrics.get("peak_memory_bytes")
+        if result.status == TrialStatus.OK and result.metrics.get("loss_finite") is False:
+            return TrialStatus.DIVERGED, (
+                f"the loss became {result.metrics.get('final_loss')} in the timed window, "
+                f"{changed_knobs(result.config or {}, self.baseline)}: never ranked nor "
+                "recommended")
         if result.status == TrialStatus.OK and limit and peak and peak > limit:
             return TrialStatus.OVER_MEMORY, (
                 f"peak memory {peak / 2**30:.2f} GiB is above the {limit / 2**30:.2f} GiB "
@@ -66,6 +74,14 @@ class Scoring:
     def score(self, metrics: dict[str, Any]) -> float:
         return self.objective_rate(metrics) * (
             1 - self.stall_penalty * stall_fraction(metrics, self.device_type))
+
+
+def changed_knobs(config: dict[str, Any], baseline: dict[str, Any] | None) -> str:
+    """The knob values of `config` that differ from the baseline's, in words."""
+    if baseline is None:
+        return "with " + ", ".join(f"{k}={v}" for k, v in config.items())
+    changed = [f"{k}={v}" for k, v in config.items() if baseline.get(k) != v]
+    return "with " + ", ".join(changed) if changed else "with your own settings (the baseline's)"
 
 
 def stall_fraction(metrics: dict[str, Any], device_type: str) -> float:

@@ -25,9 +25,18 @@ from optuna.trial import TrialState
 
 from autotune.config import from_baseline
 from autotune.errors import ConfigError, ContractError
+from autotune.formatting import format_seconds
 from autotune.hardware import DeviceInfo, core_shares, describe, parse_device
 from autotune.options import DEFAULT_TIME_BUDGET_S, TuneOptions
-from autotune.search.budget import estimate, plan_time, rounds_that_fit, trial_seconds
+from autotune.search.budget import (
+    Forecast,
+    answer_budget_s,
+    candidates_that_fit,
+    forecast,
+    plan_time,
+    rounds_that_fit,
+    trial_seconds,
+)
 from autotune.search.confirm import Plan, confirm, should_confirm
 from autotune.search.events import SilentView, StudyView
 from autotune.search.heartbeat import recover_orphans, tuner_name
@@ -72,6 +81,9 @@ class Tuner:
         # DataLoader workers and compile workers alike); one trial alone has them all.
         self.core_shares = core_shares(len(self.devices)) if len(self.devices) > 1 else None
         self.started = time.monotonic()
+        # The whole run's time budget when neither --trials nor --timeout was given (it grows
+        # for a model whose trials are slow: `_plan_an_answer`).
+        self.time_budget_s = None if opts.trials or opts.timeout_s else DEFAULT_TIME_BUDGET_S
         self.owner = tuner_name()
         self.stop = threading.Event()  # set by a worker that failed: the others end too
         model = Path(opts.model_path)
@@ -124,7 +136,7 @@ class Tuner:
         self._new_study = existing is None
         self._record(identity, info, fingerprint)
         self.scoring = Scoring(self.device.type, self.memory_limit(), opts.memory_headroom,
-                               opts.stall_penalty, opts.train_steps)
+                               opts.stall_penalty, opts.train_steps, self.baseline.to_dict())
         recover_orphans(self.study, self.storage, self.owner, self.view.note)
 
     def _recorded(self, name: str) -> optuna.Study | None:
@@ -245,61 +257,110 @@ class Tuner:
         """Trials until the budget is spent, then confirmation; returns the summary. The
         baseline runs first and prices a trial: the rest is planned from it."""
         opts, study = self.options, self.study
-        time_budget = None if opts.trials or opts.timeout_s else DEFAULT_TIME_BUDGET_S
-        deadline = (time.monotonic() + opts.timeout_s if opts.timeout_s else
-                    self.started + time_budget if time_budget else math.inf)
+        deadline = time.monotonic() + opts.timeout_s if opts.timeout_s else math.inf
         started = time.monotonic()
-        if not any(t.user_attrs.get(TrialKey.ROLE) == Role.BASELINE for t in study.get_trials(
-                deepcopy=False, states=(TrialState.COMPLETE, TrialState.WAITING,
-                                        TrialState.RUNNING))):
-            study.enqueue_trial(self.space.params_for(self.baseline) or {},
-                                user_attrs={TrialKey.ROLE: Role.BASELINE}, skip_if_exists=True)
-        study.set_user_attr(StudyKey.OBJECTIVE, {"train_steps": opts.train_steps,
-                                                 "plain_tpe": opts.plain_tpe})
-        search = Search(
-            study=study, storage=self.storage, space=self.space, baseline=self.baseline,
+        self._queue_baseline()
+        search = self._search()
+        run_workers(search, self.devices, 1, min(deadline, self._budget_ends()))
+        trial_s = trial_seconds(study)
+        top = opts.confirm_top
+        deadline = finish_by = min(deadline, self._budget_ends())
+        if trial_s and self.time_budget_s:
+            if opts.confirm_repeats >= 1:
+                top = self._plan_an_answer(trial_s)
+            candidates = min(top, max(1, measured_trials(study))) + 1
+            plan = plan_time(self.time_budget_s, self.started, time.monotonic(), trial_s,
+                             candidates, opts.confirm_share, opts.confirm_max_rounds)
+            self.view.note(plan.describe(self.time_budget_s, candidates))
+            finish_by, deadline = plan.search_ends_at + plan.trial_s, plan.search_ends_at
+
+        def tell_time_left() -> None:
+            trial_s = trial_seconds(study)
+            if trial_s:
+                self.view.time_left(self._forecast(trial_s, deadline, top).describe())
+
+        search.after_trial = tell_time_left
+        tell_time_left()
+        run_workers(search, self.devices, opts.trials, deadline, finish_by)
+        study.set_user_attr(StudyKey.TUNING_WALL_S, study.user_attrs.get(
+            StudyKey.TUNING_WALL_S, 0.0) + time.monotonic() - started)
+        if opts.confirm_repeats >= 1 and should_confirm(study, self.owner, self.view):
+            self._confirm(top, trial_s)
+        return study_summary(study)
+
+    def _queue_baseline(self) -> None:
+        """The file's BASELINE first, unless the study has it (done, waiting or running)."""
+        if not any(t.user_attrs.get(TrialKey.ROLE) == Role.BASELINE for t in
+                   self.study.get_trials(deepcopy=False, states=(
+                       TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING))):
+            self.study.enqueue_trial(self.space.params_for(self.baseline) or {},
+                                     user_attrs={TrialKey.ROLE: Role.BASELINE},
+                                     skip_if_exists=True)
+
+    def _search(self) -> Search:
+        opts = self.options
+        self.study.set_user_attr(StudyKey.OBJECTIVE, {"train_steps": opts.train_steps,
+                                                      "plain_tpe": opts.plain_tpe})
+        return Search(
+            study=self.study, storage=self.storage, space=self.space, baseline=self.baseline,
             scoring=self.scoring, measure=self.runner.measure, view=self.view,
             owner=self.owner, trial_time_limit_s=opts.trial_time_limit_s,
             heartbeat_s=opts.heartbeat_s, shortcuts=not opts.plain_tpe,
             fast_corner=opts.fast_corner_first, loader_rates=self._planned_loader_rates(),
             state_bytes=lambda: self.probe.state_bytes, stop=self.stop)
-        run_workers(search, self.devices, 1, deadline)
-        finish_by = deadline
-        rounds = opts.confirm_max_rounds
-        trial_s = trial_seconds(study)
-        candidates = min(opts.confirm_top, max(1, measured_trials(study))) + 1
-        if trial_s and time_budget:
-            plan = plan_time(time_budget, self.started, time.monotonic(), trial_s, candidates,
-                             opts.confirm_repeats, opts.confirm_max_rounds)
-            self.view.note(plan.describe(time_budget, candidates))
-            finish_by = min(deadline, plan.search_ends_at + plan.trial_s)
-            deadline = min(deadline, plan.search_ends_at)
-        elif trial_s and opts.trials:
-            more = max(0, opts.trials - measured_trials(study))
-            self.view.note(estimate(more, trial_s, candidates, opts.confirm_repeats))
-        run_workers(search, self.devices, opts.trials, deadline, finish_by)
-        study.set_user_attr(StudyKey.TUNING_WALL_S, study.user_attrs.get(
-            StudyKey.TUNING_WALL_S, 0.0) + time.monotonic() - started)
-        ends_by = None
-        if time_budget and trial_s:
-            rounds = rounds_that_fit(time_budget, self.started, time.monotonic(), trial_s,
-                                     candidates, opts.confirm_max_rounds)
-            ends_by = self.started + time_budget
-        if opts.confirm_repeats >= 1 and should_confirm(study, self.owner, self.view):
-            plan = Plan(top=opts.confirm_top, rounds=min(opts.confirm_repeats, rounds),
-                        max_rounds=opts.confirm_max_rounds, target=opts.confirm_target,
-                        ends_by=ends_by)
-            confirmation = confirm(study, self.baseline, self.scoring, self.runner.measure,
-                                   self.view, plan, time_limit_s=opts.trial_time_limit_s,
-                                   device=str(self.device), directory=self.directory)
-            if confirmation.winner and confirmation.winner.trace:
-                shutil.copyfile(confirmation.winner.trace, self.directory / "best-trace.json")
-        return study_summary(study)
 
-    @property
-    def time_budget_s(self) -> float | None:
-        """The whole run's time budget when neither --trials nor --timeout was given."""
-        return None if self.options.trials or self.options.timeout_s else DEFAULT_TIME_BUDGET_S
+    def _plan_an_answer(self, trial_s: float) -> int:
+        """Under the default time budget: grow it where a trial is so slow that the
+        confirmation's share could not hold an answer with an interval, and say so; returns
+        how many candidates the confirmation can take besides the baseline."""
+        opts = self.options
+        needed = answer_budget_s(trial_s, opts.confirm_share)
+        if needed > self.time_budget_s:
+            grown = math.ceil(needed / 60) * 60
+            self.view.note(
+                f"a trial takes about {format_seconds(trial_s)} here: the default budget grows "
+                f"from {format_seconds(self.time_budget_s)} to {format_seconds(grown)}, so "
+                f"that the confirmation ({opts.confirm_share:.0%} of the study at most) has "
+                "room for two paired rounds of the best and your settings, an answer with an "
+                "interval")
+            self.time_budget_s = grown
+        return candidates_that_fit(self.time_budget_s, trial_s, opts.confirm_share,
+                                   opts.confirm_top)
+
+    def _budget_ends(self) -> float:
+        return self.started + self.time_budget_s if self.time_budget_s else math.inf
+
+    def _confirm(self, top: int, trial_s: float | None) -> None:
+        """The paired rounds, within the confirmation's share of the study's wall time (the
+        search so far prices it) and the time budget."""
+        opts, study, now = self.options, self.study, time.monotonic()
+        searched_s = max(now - self.started, study.user_attrs.get(StudyKey.TUNING_WALL_S, 0.0))
+        ends_by = min(self._budget_ends(),
+                      now + searched_s * opts.confirm_share / (1 - opts.confirm_share))
+        rounds = opts.confirm_repeats
+        if trial_s and self.time_budget_s:
+            rounds = min(rounds, rounds_that_fit(self.time_budget_s, self.started, now, trial_s,
+                                                 top + 1, opts.confirm_max_rounds))
+        plan = Plan(top=top, rounds=rounds, max_rounds=opts.confirm_max_rounds,
+                    target=opts.confirm_target, ends_by=ends_by)
+        confirmation = confirm(study, self.baseline, self.scoring, self.runner.measure,
+                               self.view, plan, time_limit_s=opts.trial_time_limit_s,
+                               device=str(self.device), directory=self.directory)
+        if confirmation.winner and confirmation.winner.trace:
+            shutil.copyfile(confirmation.winner.trace, self.directory / "best-trace.json")
+
+    def _forecast(self, trial_s: float, deadline: float, top: int) -> Forecast:
+        """What is left of this run, as planned now."""
+        opts, study = self.options, self.study
+        measured, now = measured_trials(study), time.monotonic()
+        return forecast(
+            now=now, deadline=deadline,
+            trials_left=max(0, opts.trials - measured) if opts.trials else None,
+            trial_s=trial_s, workers=len(self.devices),
+            candidates=min(top, max(1, measured)) + 1,
+            rounds=opts.confirm_max_rounds if opts.confirm_repeats else 0,
+            share=opts.confirm_share, ends_by=self._budget_ends(),
+            searched_s=max(now - self.started, study.user_attrs.get(StudyKey.TUNING_WALL_S, 0.0)))
 
     def _planned_loader_rates(self) -> list[LoaderRate]:
         """The probe's DataLoader rates for the settings of this space, when the plan is on."""

@@ -21,7 +21,7 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from autotune.config import TrainConfig
-from autotune.errors import Interrupted
+from autotune.errors import Interrupted, RunFailed
 from autotune.search.events import StudyView
 from autotune.search.heartbeat import Heartbeat, recover_orphans, requeue
 from autotune.search.loader_plan import apply_loader
@@ -79,6 +79,7 @@ class Search:
     fast_corner: bool = True
     loader_rates: Sequence[LoaderRate] = ()
     state_bytes: Callable[[], int] = lambda: 0
+    after_trial: Callable[[], None] = lambda: None  # tells the time left, say
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -154,6 +155,8 @@ def _work(search: Search, heartbeat: Heartbeat, device: Any, budget: int | None,
             measured = run_trial(search, trial, device, finish_by, slot)
         finally:
             heartbeat.discard(tid)
+        if measured:
+            search.after_trial()
         unmeasured = 0 if measured else unmeasured + 1
         if unmeasured >= MAX_UNMEASURED_IN_A_ROW:
             search.view.note("every configuration the sampler proposes was already measured "
@@ -237,6 +240,10 @@ def run_trial(search: Search, trial: Trial, device: Any, finish_by: float,
     if record.status == TrialStatus.COMPILE_TIMEOUT:
         requeue(study, study.trials[trial.number], record.retry + 1)
     search.view.trial_finished(record)
+    if baseline and record.status == TrialStatus.DIVERGED:
+        raise RunFailed(f"the baseline (the model file's BASELINE) diverged: {record.message}; "
+                        "a speedup over a run that does not train means nothing, so the study "
+                        "stops here")
     return True
 
 

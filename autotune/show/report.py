@@ -3,6 +3,7 @@ and its trials, and the same summary as markdown for the study folder."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -12,7 +13,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from autotune.config import TrainConfig
+from autotune.config import VERDICT, TrainConfig
 from autotune.formatting import (
     format_bytes,
     format_disturbance,
@@ -275,11 +276,14 @@ def summary_tables(summary: StudySummary) -> Group:
     figures.add_column("how", style="dim")
     for row in result_rows(summary):
         figures.add_row(*row)
-    parts: list[Any] = [knobs, figures]
+    parts: list[Any] = [Text(summary.verdict, style="bold"), knobs, figures]
     for line in left_out_lines(summary):
         parts.append(Text(line, style="dim"))
     for warning in summary.warnings:
         parts.append(Text(f"warning: {warning}", style="bold yellow"))
+    for verification in summary.verifications:
+        parts.append(Text(f"verified {verification.describe()}",
+                          style="green" if verification.holds else "bold yellow"))
     return Group(*parts)
 
 
@@ -388,12 +392,13 @@ def search_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
 def summary_markdown(summary: StudySummary) -> str:
     """The same summary as a markdown file for the study folder."""
     best, base = summary.best_config or {}, summary.baseline_config or {}
-    lines = [f"# autotune study `{summary.study}`", "",
+    lines = [f"# autotune study `{summary.study}`", "", f"**{summary.verdict}**", "",
              f"- model: `{summary.model}` {summary.model_args or ''}",
              f"- device: {summary.device}"]
     lines += [f"- {name}: {value}" + (f" ({how})" if how else "")
               for name, value, how in result_rows(summary)]
     lines += [f"- {line}" for line in left_out_lines(summary)]
+    lines += [f"- verified {v.describe()}" for v in summary.verifications]
     lines.append("")
     lines += [f"> warning: {w}" for w in summary.warnings]
     lines += ["", "| knob | baseline | best |", "|---|---|---|"]
@@ -409,7 +414,8 @@ def write_study_files(summary: StudySummary, directory: Path) -> StudySummary:
     if summary.best_config:
         best = TrainConfig.from_dict(summary.best_config)
         best.save(directory / "best.yaml")
-        best.save(directory / "best.json")
+        (directory / "best.json").write_text(json.dumps(
+            {**best.to_dict(), VERDICT: summary.verdict}, indent=2) + "\n")
     (directory / "summary.md").write_text(summary_markdown(summary))
     return replace(summary, files={name: str(directory / name) for name in
                                    ("best.yaml", "best.json", "summary.md", "best-trace.json")

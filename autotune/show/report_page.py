@@ -109,17 +109,15 @@ def _confirmed(entry: CandidateSummary | None, key: str) -> float | None:
 
 
 def _headline(summary: StudySummary) -> str:
+    """The verdict, then where the best's figure comes from."""
     if not summary.best_config:
-        return "No configuration fitted yet: every measured trial failed or ran out of memory."
+        return f"<b>{_e(summary.verdict)}</b>."
     how = "confirmed by paired rounds of fresh runs" if summary.confirmed else \
         "single trial, not confirmed"
-    return (f"Best: <b>{_e(short_config(summary.best_config))}</b> at "
-            f"<b>{format_rate(summary.best_samples_per_sec)}</b> samples/sec ({how}), "
-            f"<b>{_e(speedup_text(summary))}</b> the baseline's "
-            f"{format_rate(summary.baseline_samples_per_sec)}."
-            if summary.speedup else
-            f"Best: <b>{_e(short_config(summary.best_config))}</b> at "
-            f"{format_rate(summary.best_samples_per_sec)} samples/sec ({how}).")
+    return (f"<b>{_e(summary.verdict)}</b>.<br>Best: {_e(short_config(summary.best_config))} "
+            f"at {format_rate(summary.best_samples_per_sec)} samples/sec ({how}) against the "
+            f"baseline's {format_rate(summary.baseline_samples_per_sec)}: "
+            f"{_e(speedup_text(summary))}.")
 
 
 def _best_vs_baseline(study: optuna.Study, summary: StudySummary) -> str:
@@ -150,7 +148,8 @@ def _best_vs_baseline(study: optuna.Study, summary: StudySummary) -> str:
          format_seconds(_confirmed(winner, "step_time_median_s"))),
     ], numeric=(1, 2))
     warnings = "".join(f'<p class="muted">{_e(line)}</p>' for line in [
-        *(f"warning: {w}" for w in summary.warnings), *left_out_lines(summary)])
+        *(f"warning: {w}" for w in summary.warnings), *left_out_lines(summary),
+        *(f"verified {v.describe()}" for v in summary.verifications)])
     return f"{knobs}{figures}<p class='muted'>{_e(how)}. MFU needs CUDA.</p>{warnings}"
 
 

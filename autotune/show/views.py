@@ -16,7 +16,6 @@ from rich.progress import (
     SpinnerColumn,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
 from rich.text import Text
 
@@ -50,6 +49,9 @@ class PlainView:
     def note(self, text: str) -> None:
         self.console.print(text, markup=False, highlight=False)
 
+    def time_left(self, text: str) -> None:
+        self.note(text)
+
     def __enter__(self) -> PlainView:
         return self
 
@@ -58,29 +60,30 @@ class PlainView:
 
 
 class LiveView(PlainView):
-    """A live panel: progress with ETA, the last trials, the best so far."""
+    """A live panel: progress, the time left (the tuner's forecast: search and confirmation),
+    the last trials, the best so far."""
 
     def __init__(self, console: Console, study: Any, budget: int | None,
-                 timeout_s: float | None, measured: Callable[[], int]) -> None:
+                 time_budget: Callable[[], float | None], measured: Callable[[], int]) -> None:
         super().__init__(console)
-        self.study, self.measured = study, measured
+        self.study, self.measured, self.time_budget = study, measured, time_budget
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                                  MofNCompleteColumn() if budget else TextColumn(""),
-                                 TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                                 console=console)
-        self.by_time = budget is None and timeout_s is not None
-        total = timeout_s if self.by_time else budget
+                                 TimeElapsedColumn(), console=console)
+        self.by_time = budget is None and time_budget() is not None
+        total = time_budget() if self.by_time else budget
         self.task = self.progress.add_task("tuning", total=total,
                                            completed=0 if self.by_time else measured())
         self.started = time.monotonic()
-        self.current = ""
+        self.current = self.left = ""
         self.running: dict[int, str] = {}
         self.live = Live(self._render(), console=console, refresh_per_second=4,
                          transient=False)
 
     def _render(self) -> Group:
-        if self.by_time:
-            self.progress.update(self.task, completed=time.monotonic() - self.started)
+        if self.by_time:  # the budget may grow (a slow model's answer needs room)
+            self.progress.update(self.task, completed=time.monotonic() - self.started,
+                                 total=self.time_budget())
         else:
             self.progress.update(self.task, completed=self.measured())
         finished = [r for r in trial_records(self.study) if r.finished]
@@ -89,8 +92,8 @@ class LiveView(PlainView):
                           f"samples/s, {short_config(best.config)}")
                      if best else Text("best so far: none yet"))
         running = [Text(line, style="dim") for _, line in sorted(self.running.items())]
-        return Group(self.progress, trials_table(finished[-8:]), best_line, *running,
-                     Text(self.current, style="dim"))
+        return Group(self.progress, Text(self.left), trials_table(finished[-8:]), best_line,
+                     *running, Text(self.current, style="dim"))
 
     def trial_started(self, number: int, config: Any, role: str, device: str = "") -> None:
         where = f" on {device}" if device else ""
@@ -111,6 +114,10 @@ class LiveView(PlainView):
 
     def note(self, text: str) -> None:
         self.current = text
+        self.live.update(self._render())
+
+    def time_left(self, text: str) -> None:
+        self.left = text
         self.live.update(self._render())
 
     def __enter__(self) -> LiveView:

@@ -91,15 +91,22 @@ class Confirmation:
     as fast as the fastest), the fastest, the baseline, and the speedup with its interval.
 
     `no_measurable_difference` is True when the recommendation's interval holds 1.0, False when
-    it does not, and None when too few rounds ran for an interval at all."""
+    it does not, and None when too few rounds ran for an interval at all. `contender` is the
+    candidate whose interval against the baseline `speedup_ci` is: the recommendation, or, when
+    the baseline is kept, the fastest other (the closest, when the baseline is the fastest)."""
 
     candidates: tuple[CandidateSummary, ...]
     winner: CandidateSummary | None
     fastest: CandidateSummary | None
     baseline: CandidateSummary
+    contender: CandidateSummary | None
     speedup: float | None
     speedup_ci: tuple[float, float] | None
     no_measurable_difference: bool | None
+    # The search's own ratio of the contender to the baseline (trials at other moments), and
+    # whether `speedup_ci` was widened to hold it: the machine moved between search and rounds.
+    search_speedup: float | None
+    widened: bool
     rounds: int
     wall_s: float
     at: float
@@ -120,9 +127,11 @@ class Confirmation:
 
         return {"candidates": [c.to_json() for c in self.candidates],
                 "winner": one(self.winner), "fastest": one(self.fastest),
-                "baseline": one(self.baseline), "speedup": self.speedup,
+                "baseline": one(self.baseline), "contender": one(self.contender),
+                "speedup": self.speedup,
                 "speedup_ci": list(self.speedup_ci) if self.speedup_ci else None,
                 "no_measurable_difference": self.no_measurable_difference,
+                "search_speedup": self.search_speedup, "widened": self.widened,
                 "rounds": self.rounds, "repeats": self.rounds, "wall_s": self.wall_s,
                 "at": self.at, "target": self.target,
                 "drift": self.drift.to_json() if self.drift else None,
@@ -137,8 +146,11 @@ class Confirmation:
         return cls(candidates=tuple(CandidateSummary.from_json(c) for c in data["candidates"]),
                    winner=one(data.get("winner")), fastest=one(data.get("fastest")),
                    baseline=CandidateSummary.from_json(data["baseline"]),
+                   contender=one(data.get("contender")),
                    speedup=data.get("speedup"), speedup_ci=tuple(ci) if ci else None,
                    no_measurable_difference=data.get("no_measurable_difference"),
+                   search_speedup=data.get("search_speedup"),
+                   widened=data.get("widened", False),
                    rounds=data.get("rounds", data.get("repeats", 0)),
                    wall_s=data.get("wall_s", 0.0), at=data.get("at", 0.0),
                    target=data.get("target", 0.0),

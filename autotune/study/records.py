@@ -22,7 +22,8 @@ S = TrialStatus
 # Measured and within memory: the trials the search ranks.
 FEASIBLE = frozenset({S.OK, S.SCREENED})
 # COMPLETE with a violated constraint, so TPE learns where the wall is.
-INFEASIBLE = frozenset({S.OOM, S.OVER_MEMORY, S.OOM_PREDICTED, S.UNSUPPORTED})
+# A diverged configuration is one too: it must never be proposed again, let alone recommended.
+INFEASIBLE = frozenset({S.OOM, S.OVER_MEMORY, S.OOM_PREDICTED, S.UNSUPPORTED, S.DIVERGED})
 # Peak memory was measured (a run that fitted, or one over the limit).
 MEASURED_PEAK = frozenset({S.OK, S.OVER_MEMORY, S.SCREENED})
 RAN_OUT = frozenset({S.OOM, S.OVER_MEMORY})
@@ -33,7 +34,8 @@ TOO_BIG = RAN_OUT | {S.OOM_PREDICTED}
 # try (`worker` queues it at once) gets further; if that one runs out of time too, it is a
 # plain TIMEOUT.
 DETERMINISTIC = frozenset({S.ERROR, S.CRASH, S.TIMEOUT})
-RAN_A_PROCESS = FEASIBLE | RAN_OUT | DETERMINISTIC | {S.UNSUPPORTED, S.COMPILE_TIMEOUT}
+RAN_A_PROCESS = FEASIBLE | RAN_OUT | DETERMINISTIC | {S.UNSUPPORTED, S.COMPILE_TIMEOUT,
+                                                      S.DIVERGED}
 # What `--trials` counts: trials that ran a process to its end, failed ones included; one
 # that found its configuration unsupported measured nothing and is free.
 COUNTS_AGAINST_BUDGET = RAN_A_PROCESS - {S.UNSUPPORTED}
@@ -97,6 +99,7 @@ class StudyKey:
     TUNING_WALL_S = "tuning_wall_s"
     CONFIRMATION = "confirmation"
     CONFIRMATION_CLAIM = "confirmation_claim"
+    VERIFICATIONS = "verifications"        # `autotune verify`'s checks of the answer, in order
 
 
 # Optuna's constraint name (> 0 = violated): fits in memory and runs on this model and device.

@@ -32,6 +32,8 @@ from autotune.study.summary import (
     MemoryPredictions,
     StudySummary,
 )
+from autotune.study.verdict import confirmed_verdict, search_verdict
+from autotune.study.verification import Verification
 from autotune.trial.protocol import LeftOut, LoaderRate, TrialStatus
 
 
@@ -94,6 +96,9 @@ def study_summary(study: optuna.Study) -> StudySummary:
     else:
         figures = _search_figures(records, best, warnings)
     best_config = figures.pop("best_config")
+    verdict = confirmed_verdict(confirmation, baseline_config or confirmation.baseline.config) \
+        if confirmation is not None else \
+        search_verdict(best_config, figures["speedup"], baseline_config)
     best_trial = figures["best_trial"]
     if attrs.get(StudyKey.FREE_BATCH, False) and best_config and baseline_config:
         best_eb = best_config["micro_batch_size"] * best_config["grad_accum_steps"]
@@ -115,6 +120,7 @@ def study_summary(study: optuna.Study) -> StudySummary:
         study=study.study_name, model=identity.get("model_path"),
         model_args=identity.get("model_args"), device=attrs.get(StudyKey.DEVICE_NAME),
         devices=tuple(devices), best_config=best_config, baseline_config=baseline_config,
+        verdict=verdict,
         trials=dict(Counter(r.state for r in records)), statuses=dict(statuses),
         oom_trials=sum(statuses.get(s, 0) for s in RAN_OUT),
         retried_trials=sum(1 for r in records if r.retry > 0),
@@ -130,6 +136,8 @@ def study_summary(study: optuna.Study) -> StudySummary:
         warnings=tuple(warnings),
         disturbed_trials=tuple(r.number for r in records if r.disturbed and not r.duplicate),
         best_disturbed=best_disturbed, compile_payoff=compile_payoff(records, best_trial),
+        verifications=tuple(Verification.from_json(v)
+                            for v in attrs.get(StudyKey.VERIFICATIONS, [])),
         **figures)
 
 
@@ -197,6 +205,12 @@ def _confirmation_warnings(confirmation: Confirmation) -> list[str]:
         out.append(f"{confirmation.disturbed_rounds} of {rounds} confirmation "
                    "rounds ran while other processes used the CPUs (the machine stayed busy): "
                    "the figures are low; the speedup compares runs of the same rounds")
+    if confirmation.widened and confirmation.contender is not None:
+        low, high = confirmation.speedup_ci
+        out.append(f"the search measured the contender at {confirmation.search_speedup:.2f}x "
+                   "your settings, outside the interval of the rounds: the machine's speed "
+                   "moved between the search and the rounds, so the interval is widened to "
+                   f"[{low:.2f}-{high:.2f}] to hold both")
     drift = confirmation.drift
     if drift and drift.beyond_noise:
         change = drift.end_samples_per_sec / drift.start_samples_per_sec - 1

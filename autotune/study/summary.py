@@ -2,7 +2,7 @@
 summary.md): one typed record, built from the storage alone by `results.study_summary`.
 
 `to_json()` is what `--json` prints; the keys about the confirmation appear only once one ran,
-and `files` only when the run wrote them.
+`verifications` once `autotune verify` has run, and `files` only when the run wrote them.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from autotune.study.verification import Verification
 from autotune.trial.protocol import LeftOut, LoaderRate
 
 
@@ -79,6 +80,8 @@ class StudySummary:
     baseline_config: dict[str, Any] | None
     baseline_samples_per_sec: float | None
     speedup: float | None
+    # The answer in one sentence (`verdict`): what to change and by how much, or why not.
+    verdict: str
     trials: dict[str, int]
     statuses: dict[str, int]
     oom_trials: int
@@ -95,6 +98,7 @@ class StudySummary:
     best_disturbed: bool
     compile_payoff: CompilePayoff | None
     confirmation: ConfirmedFigures | None = None
+    verifications: tuple[Verification, ...] = ()
     files: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -112,10 +116,12 @@ class StudySummary:
     def to_json(self) -> dict[str, Any]:
         """Plain data, the keys `autotune show --json` has always printed."""
         data = {f.name: _plain(getattr(self, f.name)) for f in fields(self)
-                if f.name not in ("confirmation", "files")}
+                if f.name not in ("confirmation", "verifications", "files")}
         data["confirmed"] = self.confirmed
         if self.confirmation is not None:
             data.update(_plain(self.confirmation))
+        if self.verifications:
+            data["verifications"] = [v.to_json() for v in self.verifications]
         if self.files:
             data["files"] = dict(self.files)
         return data

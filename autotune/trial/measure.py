@@ -80,6 +80,8 @@ class Measurement:
     peak_reserved_bytes: int | None = None
     device_memory_used_bytes: int | None = None
     final_loss: float | None = None
+    # Every step's loss in the timed window was finite (checked on the device, read once).
+    loss_finite: bool = True
     top_operators: list[dict[str, Any]] = field(default_factory=list)
     findings: list[dict[str, Any]] = field(default_factory=list)
     trace_path: str | None = None
@@ -233,7 +235,7 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
         device_idle_fraction=profile.device_idle_fraction if profile else None,
         flops_per_sample=flops_per_sample,
         mfu=mfu,
-        final_loss=window.final_loss,
+        final_loss=window.final_loss, loss_finite=window.loss_finite,
         top_operators=[asdict(op) for op in profile.top_operators] if profile else [],
         findings=[f.to_dict() for f in findings],
         trace_path=profile.trace_path if profile else None,
@@ -306,6 +308,7 @@ class _Window:
     data_wait_s: float
     step_times: list[float]
     final_loss: float
+    loss_finite: bool
     contention: Contention
 
 
@@ -396,12 +399,14 @@ def _timed_window(setup: TrainingSetup, batches: Iterator[Any], settings: Measur
     samples, data_wait, steps = 0, 0.0, 0
     lengthening = False
     check_at = settings.window_steps  # precision is checked after ~10% more steps each time
+    finite = torch.ones((), dtype=torch.bool, device=device)  # all losses so far, no sync
     synchronize(device)
     probe.start()
     start = time.perf_counter()
     clock.mark()
     while True:
         result = setup.step(batches)
+        finite &= torch.isfinite(result.loss)
         samples += result.samples
         data_wait += result.data_wait_s
         clock.mark()
@@ -423,7 +428,8 @@ def _timed_window(setup: TrainingSetup, batches: Iterator[Any], settings: Measur
     synchronize(device)
     seconds = time.perf_counter() - start
     contention = probe.stop()
-    return _Window(seconds, samples, data_wait, clock.times(), float(result.loss), contention)
+    return _Window(seconds, samples, data_wait, clock.times(), float(result.loss), bool(finite),
+                   contention)
 
 
 def count_flops_per_sample(workload: Workload, config: TrainConfig, model: nn.Module,

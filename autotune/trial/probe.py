@@ -43,6 +43,7 @@ from autotune.trial.training import (
     checkpointing_problem,
     make_loader,
     move_to_device,
+    nonfinite_problem,
     sample_batch,
     setup_from_workload,
 )
@@ -148,6 +149,20 @@ class _Trials:
             times.append(time.perf_counter() - begun)
         return _Run(first_s, statistics.median(times) if times else first_s)
 
+    def nonfinite(self, precision: str) -> str | None:
+        """Whether one step under `precision` on the dataset's first samples goes non-finite
+        (`training.nonfinite_problem`), in words, or None."""
+        self.progress(f"checking the loss under {precision}")
+        workload = self.workload
+        move = workload.hook("to_device") or move_to_device
+        batch = move(sample_batch(self.dataset, workload.hook("collate_fn"), CHECK_SAMPLES),
+                     self.device)
+        try:
+            return nonfinite_problem(workload.build_model, batch, workload.loss_fn(),
+                                     precision, self.device)
+        except Exception:  # noqa: BLE001 - a failure is the timed run's to report
+            return None
+
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -170,10 +185,15 @@ def _try(trials: _Trials, knob: str, value: Any, config: TrainConfig, timed: boo
 
 def _precisions(trials: _Trials, config: TrainConfig, reference: _Run,
                 offered: Mapping[str, tuple]) -> list[LeftOut]:
-    """Half precisions that fail here, or that are much slower than fp32 on a CPU."""
+    """Half precisions that fail here, whose loss or gradients are not finite on the dataset's
+    first samples, or that are much slower than fp32 on a CPU."""
     out = []
     for precision in offered["precision"]:
         if precision not in ("bf16", "fp16") or precision == config.precision:
+            continue
+        problem = trials.nonfinite(precision)
+        if problem:
+            out.append(LeftOut("precision", precision, f"{problem}: training would diverge"))
             continue
         run = _try(trials, "precision", precision, config.replace(precision=precision),
                    timed=True, first_step_bound_s=2 * SLOWER * reference.first_step_s)

@@ -31,6 +31,7 @@ class TrialStatus(str, Enum):
     ORPHANED = "orphaned"             # its tuner died while it ran
     INTERRUPTED = "interrupted"       # Ctrl-C
     SKIPPED = "skipped"               # not run: the same configuration failed before
+    DIVERGED = "diverged"             # measured, but its loss became NaN or inf
 
     def __str__(self) -> str:
         return self.value

@@ -380,6 +380,23 @@ def checkpointing_problem(build_model: Callable[[], nn.Module], batch: Any, loss
     return None
 
 
+def nonfinite_problem(build_model: Callable[[], nn.Module], batch: Any, loss_fn: LossFn,
+                      precision: str, device: str | torch.device = "cpu") -> str | None:
+    """Why training under `precision` goes non-finite at once on this model (its loss or a
+    gradient NaN or inf after one forward and backward on `batch`, already on `device`), or
+    None when both are finite."""
+    model = build_model().to(device).train()
+    step = _loss_and_gradients(model, batch, loss_fn, precision, torch.device(device))
+    if not math.isfinite(step.loss):
+        return f"the loss is {step.loss} under {precision} on the dataset's first samples"
+    bad = next((name for name, g in step.gradients.items()
+                if g is not None and not bool(torch.isfinite(g).all())), None)
+    if bad is not None:
+        return (f"the gradient of {bad} is not finite under {precision} on the dataset's first "
+                "samples")
+    return None
+
+
 @dataclass
 class _OneStep:
     loss: float

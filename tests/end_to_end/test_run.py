@@ -68,6 +68,20 @@ def test_study_finds_a_configuration_at_least_as_fast_and_continues(tmp_path) ->
                 "oom_trials"):
         assert again[key] == summary[key], key
 
+    # The verdict first, in words, in --json and in best.json (which still loads as a config)
+    assert summary["verdict"] and again["verdict"] == summary["verdict"]
+    best_json = tmp_path / "mlp" / "best.json"
+    assert json.loads(best_json.read_text())["verdict"] == summary["verdict"]
+    assert TrainConfig.load(best_json).to_dict() == summary["best_config"]
+    verified = run_cli("verify", "mlp", "--studies-dir", str(tmp_path), "--rounds", "2", *FAST)
+    assert verified.returncode in (0, 1), verified.stderr
+    assert verified.stdout.startswith("verified ") and "fresh paired rounds" in verified.stdout
+    assert "verifying: round 2 of 2, " in verified.stderr
+    checked = json.loads(run_cli("show", "mlp", "--studies-dir", str(tmp_path),
+                                 "--json").stdout)["verifications"]
+    assert len(checked) == 1 and checked[0]["rounds"] == 2
+    assert (checked[0]["holds"] is False) == (verified.returncode == 1)
+
     exported = tmp_path / "best-export.yaml"
     done = run_cli("export", "mlp", "--studies-dir", str(tmp_path), "--format", "yaml", "-o",
                    str(exported))
@@ -292,3 +306,32 @@ def test_a_burner_started_halfway_is_flagged_and_the_speedup_keeps_its_interval(
     # the recommendation's interval, or, when the baseline is recommended (1.0), its closest
     # contender's, which need not include 1.0
     assert low <= high and (summary["speedup"] == 1.0 or low <= summary["speedup"] <= high)
+
+
+def _seconds(text: str) -> float:
+    """A duration as `formatting.format_seconds` writes it."""
+    number, unit = text.split()
+    return float(number) * {"ms": 0.001, "s": 1.0, "min": 60.0}[unit]
+
+
+@pytest.mark.slow
+def test_the_time_left_told_after_the_baseline_is_within_half_again_of_the_real_end(
+        tmp_path) -> None:
+    """The first forecast, right after the baseline, against the moment the run ended: search
+    trials, confirmation rounds and the rest of the run all priced at the baseline's trial."""
+    command = [sys.executable, "-m", "autotune", "run", *TINY_MLP, "--studies-dir",
+               str(tmp_path), *NO_COMPILE, *FAST, "--trials", "5", "--seed", "3",
+               "--confirm-top", "2", "--confirm-repeats", "2", "--confirm-max-rounds", "3"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, cwd=ROOT)
+    told: list[tuple[float, float]] = []
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("about ") and " left: " in line:
+            told.append((time.monotonic(), _seconds(line.split(" left: ")[0][6:])))
+    assert process.wait(timeout=600) == 0, "".join(lines)
+    ended = time.monotonic()
+    assert len(told) >= 4, "".join(lines)  # after the baseline, then after every trial
+    at, forecast = told[0]
+    assert forecast / 1.5 <= ended - at <= forecast * 1.5, (forecast, ended - at, lines)

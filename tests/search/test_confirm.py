@@ -7,17 +7,20 @@ import itertools
 import time
 
 import optuna
+import pytest
 
 from autotune.config import TrainConfig
 from autotune.search.confirm import Candidate, Plan, conclusion, confirm, drift
 from autotune.search.events import SilentView
 from autotune.search.outcome import Scoring
 from autotune.search.runner import MeasureJob
+from autotune.search.verify import verify
 from autotune.show.report import result_rows, speedup_text
 from autotune.study.confirmation import Run
-from autotune.study.records import MEMORY_CONSTRAINT
+from autotune.study.records import MEMORY_CONSTRAINT, StudyKey
 from autotune.study.results import study_summary
 from autotune.study.storage import open_storage
+from autotune.study.verdict import confirmed_verdict
 from autotune.trial.protocol import TrialResult
 
 BASE = TrainConfig(micro_batch_size=64)
@@ -187,3 +190,110 @@ def test_under_a_time_budget_rounds_go_on_while_the_longest_round_still_fits(tmp
     assert 2 <= result.rounds < 10, result.rounds
     assert time.monotonic() <= ends_by + 0.5  # at most one round's overrun on a slow machine
     assert result.speedup_ci is not None
+
+
+class _Notes(SilentView):
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def note(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def test_the_race_drops_a_clearly_slower_candidate_and_keeps_two_close_ones(tmp_path) -> None:
+    """Recorded rates with 2% noise: fused AdamW and foreach are within 1% of each other, 1.5x
+    the baseline; checkpointing is 0.7x. The slow one is out after the first rounds and never
+    measured again; the close two race on to the cap; a screened trial never enters."""
+    rates = {"fused": 150.0, "foreach": 149.0, "selective": 70.0, "base": 100.0}
+    noise = itertools.cycle([1.0, 1.02, 0.98, 1.01, 0.99, 1.015, 0.985])
+
+    def kind(config: TrainConfig) -> str:
+        if config.activation_checkpointing == "selective":
+            return "selective"
+        return "base" if config.optimizer_impl == "for_loop" else config.optimizer_impl
+
+    calls: list[str] = []
+
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        calls.append(kind(config))
+        return TrialResult("ok", "measured", {"samples_per_sec": rates[kind(config)]
+                                              * next(noise)})
+
+    study = _study_of(tmp_path, [
+        (BASE, 100.0, "ok"), (BASE.replace(optimizer_impl="fused"), 150.0, "ok"),
+        (BASE.replace(optimizer_impl="foreach"), 149.0, "ok"),
+        (BASE.replace(activation_checkpointing="selective"), 90.0, "ok"),
+        (BASE.replace(precision="bf16"), 200.0, "screened")])
+    view = _Notes()
+    result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), measure, view,
+                     Plan(top=4, rounds=2, max_rounds=8, target=0.005), time_limit_s=60,
+                     device="cpu", directory=tmp_path)
+    assert "bf16" not in {c.config["precision"] for c in result.candidates}
+    dropped_after = calls.count("selective")
+    assert 2 <= dropped_after <= 4 and result.rounds == 8
+    assert calls.count("fused") == calls.count("foreach") == calls.count("base") == 8
+    assert any("out of the race" in line and "selective checkpointing" in line
+               and "of the leader's speed" in line for line in view.lines)
+    assert result.winner.config["optimizer_impl"] in ("fused", "foreach")
+
+
+def _study_of(tmp_path, trials: list[tuple[TrainConfig, float, str]]) -> optuna.Study:
+    """A study whose first trial is the baseline, with the given rates and statuses."""
+    study = optuna.create_study(study_name="s", storage=open_storage(None, tmp_path),
+                                direction="maximize")
+    for number, (config, rate, status) in enumerate(trials):
+        trial = study.ask()
+        for key, value in {"config": config.to_dict(), "status": status,
+                           "role": "baseline" if number == 0 else "search",
+                           "samples_per_sec": rate, "constraint": 0.0}.items():
+            trial.set_user_attr(key, value)
+        trial.set_constraint(MEMORY_CONSTRAINT, 0.0)
+        study.tell(trial, rate)
+    return study
+
+
+def test_verify_measures_the_answer_against_the_baseline_in_alternating_rounds(
+        tmp_path) -> None:
+    """After confirmation, `verify` re-measures the recommendation against the baseline, which
+    runs first alternating round by round, and records the check in the study."""
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        calls.append((job.name, config.precision))
+        return TrialResult("ok", "measured", {"samples_per_sec": rate[config.precision]})
+
+    calls: list[tuple[str, str]] = []
+    rate = {"bf16": 150.0, "fp32": 100.0}
+    study = _study(tmp_path)
+    study.set_user_attr(StudyKey.BASELINE_CONFIG, BASE.to_dict())
+    confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), measure, SilentView(),
+            Plan(top=1, rounds=2, max_rounds=2, target=0.03), time_limit_s=60, device="cpu",
+            directory=tmp_path)
+    calls.clear()
+    rate["bf16"] = 120.0  # the machine changed since: the claim of 1.5x moved
+    check = verify(study, measure, Scoring("cpu", None, 0.1, 0.0), SilentView(), rounds=3,
+                   time_limit_s=60, device="cpu", machine="cpu B")
+    assert [precision for _, precision in calls] == ["bf16", "fp32", "fp32", "bf16", "bf16",
+                                                     "fp32"]
+    assert check.speedup == pytest.approx(1.2) and check.claimed == pytest.approx(1.5)
+    assert check.holds is False
+    summary = study_summary(study)
+    assert summary.verifications == (check,)
+    assert "moved by -20%" in summary.verifications[0].describe()
+
+
+def test_a_search_that_disagrees_with_the_rounds_widens_the_interval_and_says_so() -> None:
+    """The rounds say 1.2x, tightly; the search trials, measured minutes apart, said 0.9x: the
+    machine moved between them. The interval is widened to hold both, and once it holds 1 the
+    user's settings are kept, with the reason."""
+    baseline = candidate(BASE, [100, 101, 99, 100], search=100)
+    tight = candidate(BASE.replace(precision="bf16"), [120, 121, 119, 120], search=90)
+    result = conclusion([tight, baseline], baseline)
+    assert result.widened and result.search_speedup == pytest.approx(0.9)
+    low, high = result.speedup_ci
+    assert low == pytest.approx(0.9 * 0.96) and high > 1.2
+    assert result.winner.config == BASE.to_dict() and result.no_measurable_difference
+    assert result.contender.config["precision"] == "bf16"
+    verdict = confirmed_verdict(result, BASE.to_dict())
+    assert verdict.startswith("not known: bf16 is 1.20x [0.86-")
+    assert verdict.endswith("inside the noise; your settings kept")
+    agreeing = candidate(BASE.replace(precision="bf16"), [120, 121, 119, 120], search=121)
+    assert not conclusion([agreeing, baseline], baseline).widened

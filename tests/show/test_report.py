@@ -55,7 +55,8 @@ def test_a_trial_line_names_its_outcome() -> None:
 def _summary(**figures) -> StudySummary:
     """A summary with nothing in it but what a test gives."""
     empty = {f.name: None for f in fields(StudySummary) if f.default is MISSING}
-    return StudySummary(**{**empty, "devices": (), "trials": {}, "statuses": {},
+    return StudySummary(**{**empty, "verdict": "a verdict", "devices": (), "trials": {},
+                           "statuses": {},
                            "oom_trials": 0, "retried_trials": 0, "free_batch": False,
                            "left_out": (), "warnings": (), "disturbed_trials": (),
                            "best_disturbed": False, **figures})

@@ -45,12 +45,13 @@ def test_live_view_shows_the_best_so_far_and_the_running_trials(tmp_path) -> Non
     _told(study, config, "ok", 100.0, role="baseline")
     _told(study, config.replace(precision="bf16"), "ok", 150.0)
     console = _console()
-    view = LiveView(console, study, budget=4, timeout_s=None, measured=lambda: 2)
+    view = LiveView(console, study, budget=4, time_budget=lambda: None, measured=lambda: 2)
     with view:
         view.trial_started(2, config.replace(optimizer_impl="fused"), "search", "cpu")
         view.phase("warming up", 2)
+        view.time_left("about 2.0 min left: 2 more search trials")
         console.print(view._render())
     text = console.file.getvalue()
     assert "best so far: trial 1, 150.0 samples/s, mb=8x1 bf16 for_loop" in text
     assert "trial 2 (search) on cpu: mb=8x1 fp32 fused — warming up" in text
-    assert "2/4" in text
+    assert "2/4" in text and "about 2.0 min left: 2 more search trials" in text

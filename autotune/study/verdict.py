@@ -1,0 +1,67 @@
+"""A study's answer in words, first: what to change and how much faster it is, with its interval
+and the rounds behind it, or why the user's settings are kept. `show`, the report, `--json`,
+summary.md and best.json all print this one sentence."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.formatting import describe_changes
+from autotune.study.confirmation import CandidateSummary, Confirmation
+
+
+def confirmed_verdict(confirmation: Confirmation, baseline: dict[str, Any]) -> str:
+    """The verdict of the paired rounds: the recommendation with its speedup over the user's
+    settings, or the user's settings kept, with the closest contender's figure."""
+    winner, contender = confirmation.winner, confirmation.contender
+    rounds = confirmation.rounds
+    in_rounds = f"{rounds} paired round{'s' if rounds != 1 else ''}"
+    if winner is None:
+        return "not known: no configuration ran in every confirmation round"
+    if winner.config != baseline:
+        changes = describe_changes(winner.config, baseline)
+        if confirmation.no_measurable_difference is False and confirmation.speedup_ci:
+            return (f"{changes}: {confirmation.speedup:.2f}x faster than your settings "
+                    f"{_interval(confirmation.speedup_ci)}, 95% interval, {in_rounds}")
+        return (f"{changes}: {confirmation.speedup:.2f}x your settings "
+                f"{_interval(confirmation.speedup_ci)}, {in_rounds}")
+    if contender is None:
+        fastest = confirmation.fastest
+        if fastest is not None and fastest.config != baseline:
+            return f"not known: {_figure(fastest, baseline)} in {in_rounds}, too few for an " \
+                "interval; your settings kept"
+        return f"kept your settings: they measured fastest in {in_rounds}"
+    named = describe_changes(contender.config, baseline)
+    interval = confirmation.speedup_ci  # the contender's, widened where the search disagreed
+    if interval is None:
+        return (f"not known: {named} is {contender.speedup:.2f}x in {in_rounds}, too few for an "
+                "interval; your settings kept")
+    low, high = interval
+    if low <= 1.0 <= high:
+        return (f"not known: {named} is {contender.speedup:.2f}x {_interval(interval)}, inside "
+                "the noise; your settings kept")
+    if high < 1.0:
+        return (f"kept your settings: the closest contender, {named}, is "
+                f"{contender.speedup:.2f}x {_interval(interval)}")
+    return (f"kept your settings: as fast as {named} ({contender.speedup:.2f}x "
+            f"{_interval(interval)}) by the objective, with fewer changes")
+
+
+def search_verdict(best: dict[str, Any] | None, speedup: float | None,
+                   baseline: dict[str, Any] | None) -> str:
+    """The verdict of a study with no confirmation: the search's single trials."""
+    if best is None:
+        return "no answer: no configuration was measured within memory"
+    if baseline is None or best == baseline:
+        return "kept your settings: no configuration measured faster in the search"
+    figure = f" {speedup:.2f}x your settings" if speedup else ""
+    return (f"not confirmed: {describe_changes(best, baseline)} measured{figure} in single "
+            "search trials; confirm it (--confirm-repeats) before you change your training")
+
+
+def _figure(candidate: CandidateSummary, baseline: dict[str, Any]) -> str:
+    return f"{describe_changes(candidate.config, baseline)} is {candidate.speedup:.2f}x"
+
+
+def _interval(interval: tuple[float, float] | None) -> str:
+    return f"[{interval[0]:.2f}-{interval[1]:.2f}]" if interval else "(no interval)"

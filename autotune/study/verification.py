@@ -1,0 +1,72 @@
+"""A claim checked again later: `autotune verify` re-measures the study's answer against the
+baseline in fresh paired rounds and records here whether the claimed speedup still holds."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from autotune.formatting import describe_changes
+
+
+@dataclass(frozen=True)
+class Verification:
+    """One verification: the configuration re-measured against the baseline, what the study
+    claimed for it and what the fresh rounds found."""
+
+    at: float                                  # time.time() when it ended
+    machine: str
+    subject: dict[str, Any]                    # the configuration measured against the baseline
+    baseline: dict[str, Any]
+    rounds: int
+    speedup: float | None                      # subject / baseline, paired by round
+    speedup_ci: tuple[float, float] | None
+    claimed: float | None
+    claimed_ci: tuple[float, float] | None
+
+    @property
+    def holds(self) -> bool | None:
+        """The fresh figure inside the claimed interval (or, with no claimed interval, the
+        claimed figure inside the fresh one); None when either side has no figure."""
+        if self.speedup is None or self.claimed is None:
+            return None
+        if self.claimed_ci is not None:
+            return self.claimed_ci[0] <= self.speedup <= self.claimed_ci[1]
+        if self.speedup_ci is not None:
+            return self.speedup_ci[0] <= self.claimed <= self.speedup_ci[1]
+        return None
+
+    def describe(self) -> str:
+        """What was found, in one line: the figure, the claim, and whether it holds."""
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.at))
+        what = describe_changes(self.subject, self.baseline)
+        if self.speedup is None:
+            return f"{when} on {self.machine}: {what} did not run in every round; nothing to say"
+        found = f"{what} is {self.speedup:.2f}x{_interval(self.speedup_ci)} in {self.rounds} " \
+            f"fresh paired round{'s' if self.rounds != 1 else ''}"
+        claim = f"{self.claimed:.2f}x{_interval(self.claimed_ci)}" if self.claimed else "none"
+        if self.holds is None:
+            verdict = f"the claim ({claim}) cannot be checked"
+        elif self.holds:
+            verdict = f"the claim holds ({claim})"
+        else:
+            verdict = f"the claim ({claim}) moved by {self.speedup / self.claimed - 1:+.0%}"
+        return f"{when} on {self.machine}: {found}; {verdict}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "holds": self.holds,
+                "speedup_ci": list(self.speedup_ci) if self.speedup_ci else None,
+                "claimed_ci": list(self.claimed_ci) if self.claimed_ci else None}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Verification:
+        values = {k: v for k, v in data.items() if k != "holds"}
+        for key in ("speedup_ci", "claimed_ci"):
+            values[key] = tuple(values[key]) if values.get(key) else None
+        return cls(**values)
+
+
+def _interval(interval: tuple[float, float] | None) -> str:
+    return f" [{interval[0]:.2f}-{interval[1]:.2f}]" if interval else ""

@@ -1,0 +1,42 @@
+"""A verification says whether the claim holds: the fresh figure inside the claimed interval,
+or by how much it moved."""
+
+from __future__ import annotations
+
+import json
+
+from autotune.config import TrainConfig
+from autotune.study.verification import Verification
+
+BASE = TrainConfig(micro_batch_size=8).to_dict()
+BF16 = TrainConfig(micro_batch_size=8, precision="bf16").to_dict()
+
+
+def _checked(speedup: float | None, interval: tuple[float, float] | None,
+             claimed: float | None = 1.22,
+             claimed_ci: tuple[float, float] | None = (1.12, 1.33)) -> Verification:
+    return Verification(at=0.0, machine="cpu A", subject=BF16, baseline=BASE, rounds=5,
+                        speedup=speedup, speedup_ci=interval, claimed=claimed,
+                        claimed_ci=claimed_ci)
+
+
+def test_a_fresh_figure_inside_the_claimed_interval_holds() -> None:
+    held = _checked(1.18, (1.10, 1.27))
+    assert held.holds
+    assert held.describe().endswith("on cpu A: bf16 is 1.18x [1.10-1.27] in 5 fresh paired "
+                                    "rounds; the claim holds (1.22x [1.12-1.33])")
+
+
+def test_a_fresh_figure_outside_it_says_how_far_it_moved() -> None:
+    moved = _checked(1.05, (0.98, 1.12))
+    assert moved.holds is False
+    assert moved.describe().endswith("the claim (1.22x [1.12-1.33]) moved by -14%")
+
+
+def test_without_a_claimed_interval_the_fresh_one_decides_and_it_reads_back() -> None:
+    assert _checked(1.40, (1.30, 1.50), claimed=1.44, claimed_ci=None).holds
+    assert _checked(1.40, None, claimed=1.44, claimed_ci=None).holds is None
+    assert _checked(None, None).holds is None
+    check = _checked(1.18, (1.10, 1.27))
+    stored = json.loads(json.dumps(check.to_json()))
+    assert stored["holds"] is True and Verification.from_json(stored) == check
