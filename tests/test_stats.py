@@ -7,7 +7,13 @@ import random
 
 import pytest
 
-from autotune.stats import median_interval, median_precision, paired_ratio, t975
+from autotune.stats import (
+    lag1_correlation,
+    median_interval,
+    median_precision,
+    paired_ratio,
+    t975,
+)
 
 
 def test_t_quantiles_match_the_table_and_the_normal_limit() -> None:
@@ -50,3 +56,17 @@ def test_a_paired_speedup_and_whether_it_is_a_difference_at_all() -> None:
     swapped = paired_ratio([100, 110, 95, 105], [110, 121, 105, 116])
     assert swapped.high == pytest.approx(1 / faster.low) and math.isclose(
         swapped.value * faster.value, 1.0)
+
+
+def test_a_ratio_that_drifts_over_the_rounds_gets_a_wider_interval() -> None:
+    """The same ten round ratios, once drifting from 1.10 to 1.30 over time and once shuffled:
+    the drift's consecutive rounds agree more than chance, so they count as fewer rounds."""
+    drifting = [1.10 + 0.02 * i for i in range(10)]
+    shuffled = [drifting[i] for i in (3, 8, 0, 6, 2, 9, 4, 1, 7, 5)]
+    base = [100.0] * 10
+    trend = paired_ratio([100 * r for r in drifting], base)
+    scattered = paired_ratio([100 * r for r in shuffled], base)
+    assert trend.value == pytest.approx(scattered.value)
+    assert trend.half_width > 1.5 * scattered.half_width
+    assert lag1_correlation(drifting) > 0.5 and lag1_correlation(shuffled) == 0.0
+    assert lag1_correlation([1.0, 2.0, 3.0]) == 0.0  # too few rounds to tell

@@ -156,9 +156,11 @@ def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measur
                      directory, len(entries)) for i in order]
         longest_s = max(longest_s, time.monotonic() - began)
         if any(run is not None and run.disturbed for run in runs):
-            # Measured again while the cap leaves room for the minimum of clean rounds; a
-            # machine that stays busy gets its rounds kept (paired, so still comparable).
-            if plan.max_rounds - rounds >= plan.rounds - len(reference.runs):
+            # Measured again while the caps leave room (the minimum of clean rounds within the
+            # rounds' cap, another round within the time's); a machine that stays busy gets its
+            # rounds kept (paired, so still comparable).
+            in_time = plan.ends_by is None or time.monotonic() + longest_s <= plan.ends_by
+            if in_time and plan.max_rounds - rounds >= plan.rounds - len(reference.runs):
                 view.note(f"confirmation round {rounds} was disturbed by another process: "
                           "measuring it again")
                 continue

@@ -334,9 +334,8 @@ class Tuner:
         """The paired rounds, within the confirmation's share of the study's wall time (the
         search so far prices it) and the time budget."""
         opts, study, now = self.options, self.study, time.monotonic()
-        searched_s = max(now - self.started, study.user_attrs.get(StudyKey.TUNING_WALL_S, 0.0))
         ends_by = min(self._budget_ends(),
-                      now + searched_s * opts.confirm_share / (1 - opts.confirm_share))
+                      now + self._searched_s() * opts.confirm_share / (1 - opts.confirm_share))
         rounds = opts.confirm_repeats
         if trial_s and self.time_budget_s:
             rounds = min(rounds, rounds_that_fit(self.time_budget_s, self.started, now, trial_s,
@@ -359,8 +358,12 @@ class Tuner:
             trial_s=trial_s, workers=len(self.devices),
             candidates=min(top, max(1, measured)) + 1,
             rounds=opts.confirm_max_rounds if opts.confirm_repeats else 0,
-            share=opts.confirm_share, ends_by=self._budget_ends(),
-            searched_s=max(now - self.started, study.user_attrs.get(StudyKey.TUNING_WALL_S, 0.0)))
+            share=opts.confirm_share, ends_by=self._budget_ends(), searched_s=self._searched_s())
+
+    def _searched_s(self) -> float:
+        """The study's wall time so far: this run's, or all its runs' trials where more."""
+        return max(time.monotonic() - self.started,
+                   self.study.user_attrs.get(StudyKey.TUNING_WALL_S, 0.0))
 
     def _planned_loader_rates(self) -> list[LoaderRate]:
         """The probe's DataLoader rates for the settings of this space, when the plan is on."""

@@ -297,3 +297,19 @@ def test_a_search_that_disagrees_with_the_rounds_widens_the_interval_and_says_so
     assert verdict.endswith("inside the noise; your settings kept")
     agreeing = candidate(BASE.replace(precision="bf16"), [120, 121, 119, 120], search=121)
     assert not conclusion([agreeing, baseline], baseline).widened
+
+
+def test_a_busy_machine_keeps_its_round_when_time_allows_no_other(tmp_path) -> None:
+    """Every run disturbed and the time cap already reached after the first round: measuring
+    it again would leave no round at all, so it is kept, with its warning."""
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        time.sleep(0.05)
+        rate = 150.0 if config.precision == "bf16" else 100.0
+        return TrialResult("ok", "measured", {"samples_per_sec": rate, "disturbed": True})
+
+    result = confirm(_study(tmp_path), BASE, Scoring("cpu", None, 0.1, 0.0), measure,
+                     SilentView(), Plan(top=1, rounds=2, max_rounds=5, target=0.03,
+                                        ends_by=time.monotonic() + 0.01),
+                     time_limit_s=60, device="cpu", directory=tmp_path)
+    assert result.rounds == 1 and result.disturbed_rounds == 1
+    assert result.winner is not None
