@@ -285,8 +285,9 @@ class TuneOptions(StorageOptions, WorkloadOptions):
         "is known within this share (95%% interval half-width)",
         default=DEFAULT_CONFIRM_TARGET, metavar="SHARE", kind=float)
     confirm_share: float = option(
-        "--confirm-share", "the confirmation takes at most this share of the study's wall "
-        "time: no round starts that would end past it (the first always runs)",
+        "--confirm-share", "rounds beyond --confirm-repeats take at most this share of the "
+        "study's wall time: none starts that would end past it (the least rounds always run, "
+        "within a time budget)",
         default=DEFAULT_CONFIRM_SHARE,
         metavar="SHARE", kind=float)
     trial_time_limit_s: float = option("--trial-time-limit", "kill a trial after this long "

@@ -11,18 +11,65 @@ from dataclasses import dataclass
 import optuna
 
 from autotune.formatting import format_seconds
-from autotune.study.records import COUNTS_AGAINST_BUDGET, TrialKey
+from autotune.options import MeasureSettings
+from autotune.search.runner import ROUND_WINDOW_STEPS
+from autotune.study.records import COUNTS_AGAINST_BUDGET, Role, TrialKey
+from autotune.trial.protocol import TrialStatus
 
-# Paired rounds that give a speedup an interval at all.
-MIN_ROUNDS = 2
+# Paired rounds an answer needs: with two, a 95% interval spans t = 12.7 standard errors, with
+# three 4.3.
+MIN_ROUNDS = 3
 
 
 def trial_seconds(study: optuna.Study) -> float | None:
     """A trial's wall time, process start to result: the median over the trials that ran."""
-    walls = [t.user_attrs[TrialKey.WALL_S] for t in study.get_trials(deepcopy=False)
-             if t.user_attrs.get(TrialKey.STATUS) in COUNTS_AGAINST_BUDGET
-             and TrialKey.DUPLICATE_OF not in t.user_attrs and t.user_attrs.get(TrialKey.WALL_S)]
+    walls = [t.user_attrs[TrialKey.WALL_S] for t in _measured(study)]
     return statistics.median(walls) if walls else None
+
+
+def search_trial_seconds(study: optuna.Study, screening: bool) -> float | None:
+    """What the next search trial will take: a full trial's wall time, or, where screening is
+    on, a mix of it and a screened trial's (stopped after its screening window), in the share
+    of search trials screened so far (a half before any: Laplace's rule)."""
+    measured = _measured(study)
+    full = [t.user_attrs[TrialKey.WALL_S] for t in measured
+            if t.user_attrs.get(TrialKey.STATUS) != TrialStatus.SCREENED]
+    if not full:
+        return trial_seconds(study)
+    if not screening:
+        return statistics.median(full)
+    searched = [t for t in measured if t.user_attrs.get(TrialKey.ROLE) != Role.BASELINE]
+    screened = [t.user_attrs[TrialKey.WALL_S] for t in searched
+                if t.user_attrs.get(TrialKey.STATUS) == TrialStatus.SCREENED]
+    # before one is seen: a full trial's wall less what follows its screening window
+    cut = statistics.median(screened) if screened else statistics.median(
+        t.user_attrs[TrialKey.WALL_S] - t.user_attrs.get("window_s", 0.0) for t in measured
+        if t.user_attrs.get(TrialKey.STATUS) != TrialStatus.SCREENED)
+    share = (len(screened) + 1) / (len(searched) + 2)
+    return share * cut + (1 - share) * statistics.median(full)
+
+
+def round_run_seconds(study: optuna.Study, settings: MeasureSettings) -> float | None:
+    """A confirmation run's wall time, from the trials that ran: theirs less the timed window
+    and the screening, plus the round run's own window (`runner.ROUND_WINDOW_STEPS` steps, or
+    the window's minimum seconds where those are longer)."""
+    runs = []
+    for trial in _measured(study):
+        a = trial.user_attrs
+        step = a.get("step_time_median_s")
+        if step is None or a.get("window_s") is None:
+            continue
+        window = max(settings.window_seconds, ROUND_WINDOW_STEPS * step)
+        screen = settings.screen_steps * step
+        runs.append(max(window, a[TrialKey.WALL_S] - a["window_s"] - screen + window))
+    return statistics.median(runs) if runs else None
+
+
+def _measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The trials that ran a process to its end and were not repeats, with their wall time."""
+    return [t for t in study.get_trials(deepcopy=False)
+            if t.user_attrs.get(TrialKey.STATUS) in COUNTS_AGAINST_BUDGET
+            and TrialKey.DUPLICATE_OF not in t.user_attrs and t.user_attrs.get(TrialKey.WALL_S)]
 
 
 @dataclass(frozen=True)
@@ -41,39 +88,45 @@ class TimePlan:
                 f"{candidates} runs)")
 
 
-def plan_time(budget_s: float, started: float, now: float, trial_s: float,
+def confirmation_seconds(candidates: int, run_s: float, rounds: int = MIN_ROUNDS) -> float:
+    """A confirmation of `rounds` rounds: the first of every candidate, then the race's two
+    (the best and the baseline)."""
+    return (candidates + 2 * (rounds - 1)) * run_s
+
+
+def plan_time(budget_s: float, started: float, now: float, trial_s: float, run_s: float,
               candidates: int, share: float, max_rounds: int) -> TimePlan:
-    """Leave the confirmation its share of the budget (at least its first round of
-    `candidates` runs and a second of the best and the baseline, the least that gives an
-    interval), and the last search trial room to finish."""
+    """Leave the confirmation its share of the budget (at least the rounds an answer with an
+    interval needs; none with no share: no confirmation), and the last search trial room to
+    finish."""
     ends = started + budget_s
-    confirm_s = max(share * budget_s, (candidates + 2) * trial_s)
-    room = min(confirm_s, ends - now) - candidates * trial_s  # after the first round
-    rounds = max(1, min(max_rounds, 1 + math.floor(room / (2 * trial_s))))
+    confirm_s = max(share * budget_s, confirmation_seconds(candidates, run_s)) if share else 0.0
+    room = min(confirm_s, ends - now) - candidates * run_s  # after the first round
+    rounds = max(1, min(max_rounds, 1 + math.floor(room / (2 * run_s))))
     search_ends = ends - confirm_s - trial_s
     search_trials = max(0, math.floor((search_ends - now) / trial_s) + 1)
     return TimePlan(trial_s, search_ends, rounds, search_trials)
 
 
-def answer_budget_s(trial_s: float, share: float) -> float:
-    """The least wall time a study needs for an answer with an interval: two paired rounds of
-    one candidate and the baseline, within the confirmation's share."""
-    return 2 * MIN_ROUNDS * trial_s / share
+def answer_budget_s(run_s: float, share: float) -> float:
+    """The least wall time a study needs for an answer with an interval: `MIN_ROUNDS` paired
+    rounds of one candidate and the baseline, within the confirmation's share."""
+    return confirmation_seconds(2, run_s) / share
 
 
-def candidates_that_fit(budget_s: float, trial_s: float, share: float, top: int) -> int:
+def candidates_that_fit(budget_s: float, run_s: float, share: float, top: int) -> int:
     """How many candidates besides the baseline the confirmation can take (at most `top`, at
-    least one) so that its first round leaves room, within its share, for a second round of
-    the best and the baseline."""
-    runs = math.floor(share * budget_s / trial_s)
-    return max(1, min(top, runs - 2 - 1))
+    least one) so that its first round leaves room, within its share, for the race's rounds of
+    the best and the baseline that an answer needs."""
+    runs = math.floor(share * budget_s / run_s)
+    return max(1, min(top, runs - 2 * (MIN_ROUNDS - 1) - 1))
 
 
-def rounds_that_fit(budget_s: float, started: float, now: float, trial_s: float,
+def rounds_that_fit(budget_s: float, started: float, now: float, run_s: float,
                     candidates: int, max_rounds: int) -> int:
     """Confirmation rounds that end before the budget does (at least one)."""
     left = started + budget_s - now
-    return max(1, min(max_rounds, math.floor(left / (candidates * trial_s))))
+    return max(1, min(max_rounds, 1 + math.floor((left - candidates * run_s) / (2 * run_s))))
 
 
 @dataclass(frozen=True)
@@ -94,23 +147,28 @@ class Forecast:
     def describe(self) -> str:
         trials = (f"{self.trials} more search trial{'s' if self.trials != 1 else ''}"
                   if self.trials is not None else "search")
-        return (f"about {format_seconds(self.seconds)} left: {trials} "
-                f"({format_seconds(self.search_s)}), then up to {self.rounds} confirmation "
-                f"round{'s' if self.rounds != 1 else ''} of {self.candidates} runs "
+        search = f"{trials} ({format_seconds(self.search_s)})" if self.search_s > 0 else \
+            "the search done"
+        return (f"about {format_seconds(self.seconds)} left: {search}, then about "
+                f"{self.rounds} confirmation "
+                f"round{'s' if self.rounds != 1 else ''}, the first of {self.candidates} runs "
                 f"({format_seconds(self.confirm_s)})")
 
 
 def forecast(*, now: float, deadline: float, trials_left: int | None, trial_s: float,
-             workers: int, candidates: int, rounds: int, share: float, searched_s: float,
-             ends_by: float = math.inf) -> Forecast:
+             run_s: float, workers: int, candidates: int, rounds: int, max_rounds: int,
+             share: float, searched_s: float, ends_by: float = math.inf) -> Forecast:
     """The rest of a run from now: the search until its trials are done or its deadline, then
-    `rounds` rounds of `candidates` runs, at most `share` of the study's wall time, and all of
-    it by `ends_by` (a time budget's end)."""
+    the confirmation: its least `rounds` always, more (to `max_rounds`) while they fit in
+    `share` of the study's wall time, and all of it by `ends_by` (a time budget's end)."""
     search_s = max(0.0, deadline - now)
     if trials_left is not None:
         search_s = min(search_s, math.ceil(trials_left / workers) * trial_s)
-    round_s = candidates * trial_s  # the first round always runs, the rest within the share
-    confirm_s = min(rounds * round_s,
-                    max(round_s, (searched_s + search_s) * share / (1 - share)),
-                    max(0.0, ends_by - now - search_s))
-    return Forecast(search_s, trials_left, confirm_s if rounds else 0.0, rounds, candidates)
+    least_s = confirmation_seconds(candidates, run_s, rounds)
+    within_share = min(confirmation_seconds(candidates, run_s, max_rounds),
+                       (searched_s + search_s) * share / (1 - share))
+    confirm_s = min(max(least_s, within_share), max(0.0, ends_by - now - search_s))
+    # after the first round, the race goes on with the best and the baseline
+    fit = 1 + math.floor(max(0.0, confirm_s - candidates * run_s) / (2 * run_s) + 1e-9)
+    return Forecast(search_s, trials_left, confirm_s if rounds else 0.0,
+                    min(max_rounds, fit) if rounds else 0, candidates)

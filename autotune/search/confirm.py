@@ -61,8 +61,8 @@ class Plan:
     rounds: int = DEFAULT_CONFIRM_ROUNDS          # at least this many
     max_rounds: int = DEFAULT_CONFIRM_MAX_ROUNDS  # at most this many (disturbed included)
     target: float = DEFAULT_CONFIRM_TARGET        # stop once the leader is known within it
-    # Under a time budget (time.monotonic()): no round starts that would end after it, going
-    # by the longest round so far, so time left after the planned rounds buys more of them.
+    # The confirmation's time cap (time.monotonic()): beyond the least rounds, no round starts
+    # that would end after it, going by the longest round so far.
     ends_by: float | None = None
 
 
@@ -134,19 +134,25 @@ def candidates(study: optuna.Study, baseline: TrainConfig, top: int) -> list[Can
 
 def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measure: Measure,
             view: StudyView, plan: Plan, *, time_limit_s: float, device: str,
-            directory: Path) -> Confirmation:
+            directory: Path) -> Confirmation | None:
     """Paired rounds as a race: after each round, a candidate measurably slower than the leader
     (its paired interval against the leader below 1) is dropped, and only those that could
     still win are measured again. It ends when one candidate is left besides the baseline and
     its speedup is known within the target, or at the cap; the outcome is stored in the study
-    and returned."""
+    and returned. None, with nothing run, when the search measured no candidate besides the
+    baseline in full: there is nothing to race it against."""
     entries = candidates(study, baseline, plan.top)
+    if len(entries) == 1:
+        view.note("no configuration besides your settings was measured in full (the others "
+                  "were stopped at screening, slower, or failed): nothing to confirm")
+        return None
     reference = entries[-1]
     racing = list(range(len(entries)))
     shuffle = random.Random(0)
     start, rounds, kept_disturbed, longest_s = time.monotonic(), 0, 0, 0.0
     while rounds < plan.max_rounds:
-        if rounds and plan.ends_by is not None and time.monotonic() + longest_s > plan.ends_by:
+        if len(reference.runs) >= plan.rounds and plan.ends_by is not None and \
+                time.monotonic() + longest_s > plan.ends_by:
             break
         began = time.monotonic()
         rounds += 1
@@ -223,7 +229,7 @@ def _run(entry: Candidate, index: int, round_: int, scoring: Scoring, measure: M
     # The first round profiles each candidate for the report; later ones need only the rate.
     trace = directory / "traces" / f"candidate-{index}.json" if round_ == 1 else None
     job = MeasureJob(f"confirm-{index}-{round_ - 1}", time_limit_s, device, trace=trace,
-                     profile=trace is not None)
+                     profile=trace is not None, round_run=True)
     return run_of(measure(TrainConfig.from_dict(entry.config), job), scoring)
 
 

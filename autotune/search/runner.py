@@ -34,6 +34,13 @@ class MeasureJob:
     trace: Path | None = None
     slot: int | None = None  # which of the parallel workers runs it (its share of the cores)
     profile: bool = True  # the profiler window after the timed one (stalls, findings, trace)
+    # A run of a paired round (confirmation, verify): the rounds give the figure its precision,
+    # so the run times the shortest window that still times steps, and screens nothing.
+    round_run: bool = False
+
+
+# A round run's timed window, in optimizer steps (at least the window's seconds still).
+ROUND_WINDOW_STEPS = 3
 
 
 class ProbeFailed(RunFailed):
@@ -86,7 +93,8 @@ class ProcessRunner:
             model_path=self.model_path, config=config.to_dict(), device=job.device,
             model_args=self.model_args,
             settings={**self.settings, "screen_below": job.screen_below,
-                      **({} if job.profile else {"profile_steps": 0})},
+                      **({} if job.profile else {"profile_steps": 0}),
+                      **(self._round_window() if job.round_run else {})},
             memory_limit_bytes=self.memory_limit_bytes,
             trace_path=str(job.trace) if job.trace else None, inductor_cache_dir=cache,
             **self._cores(job.slot))
@@ -94,6 +102,10 @@ class ProcessRunner:
                             self.directory / "logs" / f"{job.name}.log",
                             on_phase=lambda text: self.on_phase(text, job.number),
                             stop=self.stop, server=self._fork_server(job.time_limit_s))
+
+    def _round_window(self) -> dict[str, Any]:
+        steps = min(ROUND_WINDOW_STEPS, self.settings.get("window_steps", ROUND_WINDOW_STEPS))
+        return {"screen_steps": 0, "window_steps": steps, "window_max_steps": steps}
 
     def _cores(self, slot: int | None) -> dict[str, Any]:
         """The cores of a parallel worker's trial (and as many intra-op threads); none for a

@@ -29,12 +29,15 @@ from autotune.formatting import format_seconds
 from autotune.hardware import DeviceInfo, core_shares, describe, parse_device
 from autotune.options import DEFAULT_TIME_BUDGET_S, TuneOptions
 from autotune.search.budget import (
+    MIN_ROUNDS,
     Forecast,
     answer_budget_s,
     candidates_that_fit,
     forecast,
     plan_time,
+    round_run_seconds,
     rounds_that_fit,
+    search_trial_seconds,
     trial_seconds,
 )
 from autotune.search.confirm import Plan, confirm, should_confirm
@@ -263,21 +266,24 @@ class Tuner:
         search = self._search()
         run_workers(search, self.devices, 1, min(deadline, self._budget_ends()))
         trial_s = trial_seconds(study)
+        run_s = round_run_seconds(study, opts.settings) or trial_s
         top = opts.confirm_top
         deadline = finish_by = min(deadline, self._budget_ends())
         if trial_s and self.time_budget_s:
             if opts.confirm_repeats >= 1:
-                top = self._plan_an_answer(trial_s)
+                top = self._plan_an_answer(run_s)
             candidates = min(top, max(1, measured_trials(study))) + 1
             plan = plan_time(self.time_budget_s, self.started, time.monotonic(), trial_s,
-                             candidates, opts.confirm_share, opts.confirm_max_rounds)
+                             run_s, candidates, opts.confirm_share if opts.confirm_repeats
+                             else 0.0, opts.confirm_max_rounds)
             self.view.note(plan.describe(self.time_budget_s, candidates))
             finish_by, deadline = plan.search_ends_at + plan.trial_s, plan.search_ends_at
 
         def tell_time_left() -> None:
-            trial_s = trial_seconds(study)
+            trial_s = search_trial_seconds(study, screening=not opts.plain_tpe)
             if trial_s:
-                self.view.time_left(self._forecast(trial_s, deadline, top).describe())
+                run_s = round_run_seconds(study, opts.settings) or trial_s
+                self.view.time_left(self._forecast(trial_s, run_s, deadline, top).describe())
 
         search.after_trial = tell_time_left
         tell_time_left()
@@ -285,7 +291,7 @@ class Tuner:
         study.set_user_attr(StudyKey.TUNING_WALL_S, study.user_attrs.get(
             StudyKey.TUNING_WALL_S, 0.0) + time.monotonic() - started)
         if opts.confirm_repeats >= 1 and should_confirm(study, self.owner, self.view):
-            self._confirm(top, trial_s)
+            self._confirm(top, round_run_seconds(study, opts.settings) or trial_seconds(study))
         return study_summary(study)
 
     def _queue_baseline(self) -> None:
@@ -309,55 +315,55 @@ class Tuner:
             fast_corner=opts.fast_corner_first, loader_rates=self._planned_loader_rates(),
             state_bytes=lambda: self.probe.state_bytes, stop=self.stop)
 
-    def _plan_an_answer(self, trial_s: float) -> int:
-        """Under the default time budget: grow it where a trial is so slow that the
+    def _plan_an_answer(self, run_s: float) -> int:
+        """Under the default time budget: grow it where runs are so slow that the
         confirmation's share could not hold an answer with an interval, and say so; returns
         how many candidates the confirmation can take besides the baseline."""
         opts = self.options
-        needed = answer_budget_s(trial_s, opts.confirm_share)
+        needed = answer_budget_s(run_s, opts.confirm_share)
         if needed > self.time_budget_s:
             grown = math.ceil(needed / 60) * 60
             self.view.note(
-                f"a trial takes about {format_seconds(trial_s)} here: the default budget grows "
-                f"from {format_seconds(self.time_budget_s)} to {format_seconds(grown)}, so "
-                f"that the confirmation ({opts.confirm_share:.0%} of the study at most) has "
-                "room for two paired rounds of the best and your settings, an answer with an "
-                "interval")
+                f"a confirmation run takes about {format_seconds(run_s)} here: the default "
+                f"budget grows from {format_seconds(self.time_budget_s)} to "
+                f"{format_seconds(grown)}, so that the confirmation ({opts.confirm_share:.0%} "
+                f"of the study at most) has room for {MIN_ROUNDS} paired rounds of the best "
+                "and your settings, the least that gives an answer an interval")
             self.time_budget_s = grown
-        return candidates_that_fit(self.time_budget_s, trial_s, opts.confirm_share,
+        return candidates_that_fit(self.time_budget_s, run_s, opts.confirm_share,
                                    opts.confirm_top)
 
     def _budget_ends(self) -> float:
         return self.started + self.time_budget_s if self.time_budget_s else math.inf
 
-    def _confirm(self, top: int, trial_s: float | None) -> None:
+    def _confirm(self, top: int, run_s: float | None) -> None:
         """The paired rounds, within the confirmation's share of the study's wall time (the
         search so far prices it) and the time budget."""
         opts, study, now = self.options, self.study, time.monotonic()
         ends_by = min(self._budget_ends(),
                       now + self._searched_s() * opts.confirm_share / (1 - opts.confirm_share))
         rounds = opts.confirm_repeats
-        if trial_s and self.time_budget_s:
-            rounds = min(rounds, rounds_that_fit(self.time_budget_s, self.started, now, trial_s,
+        if run_s and self.time_budget_s:
+            rounds = min(rounds, rounds_that_fit(self.time_budget_s, self.started, now, run_s,
                                                  top + 1, opts.confirm_max_rounds))
         plan = Plan(top=top, rounds=rounds, max_rounds=opts.confirm_max_rounds,
                     target=opts.confirm_target, ends_by=ends_by)
         confirmation = confirm(study, self.baseline, self.scoring, self.runner.measure,
                                self.view, plan, time_limit_s=opts.trial_time_limit_s,
                                device=str(self.device), directory=self.directory)
-        if confirmation.winner and confirmation.winner.trace:
+        if confirmation and confirmation.winner and confirmation.winner.trace:
             shutil.copyfile(confirmation.winner.trace, self.directory / "best-trace.json")
 
-    def _forecast(self, trial_s: float, deadline: float, top: int) -> Forecast:
+    def _forecast(self, trial_s: float, run_s: float, deadline: float, top: int) -> Forecast:
         """What is left of this run, as planned now."""
         opts, study = self.options, self.study
         measured, now = measured_trials(study), time.monotonic()
         return forecast(
             now=now, deadline=deadline,
             trials_left=max(0, opts.trials - measured) if opts.trials else None,
-            trial_s=trial_s, workers=len(self.devices),
+            trial_s=trial_s, run_s=run_s, workers=len(self.devices),
             candidates=min(top, max(1, measured)) + 1,
-            rounds=opts.confirm_max_rounds if opts.confirm_repeats else 0,
+            rounds=opts.confirm_repeats, max_rounds=opts.confirm_max_rounds,
             share=opts.confirm_share, ends_by=self._budget_ends(), searched_s=self._searched_s())
 
     def _searched_s(self) -> float:

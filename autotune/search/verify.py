@@ -56,7 +56,8 @@ def verify(study: optuna.Study, measure: Measure, scoring: Scoring, view: StudyV
         for index in (0, 1) if round_ % 2 == 0 else (1, 0):
             view.note(f"verifying: round {round_ + 1} of {rounds}, "
                       f"{'the answer' if index == 0 else 'your settings'}")
-            job = MeasureJob(f"verify-{index}-{round_}", time_limit_s, device, profile=False)
+            job = MeasureJob(f"verify-{index}-{round_}", time_limit_s, device, profile=False,
+                             round_run=True)
             pair[index].runs.append(
                 run_of(measure(TrainConfig.from_dict(pair[index].config), job), scoring))
     ratio = paired(*pair, "samples_per_sec")

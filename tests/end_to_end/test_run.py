@@ -40,7 +40,10 @@ def test_study_finds_a_configuration_at_least_as_fast_and_continues(tmp_path) ->
                      "--confirm-repeats", "2", "--confirm-max-rounds", "2", "--json")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
-    assert summary["confirmed"]
+    # Unconfirmed only where every searched trial was stopped at screening (a slow stretch of
+    # the machine): then nothing raced the baseline, which is kept.
+    assert summary["confirmed"] or summary["verdict"] == \
+        "kept your settings: no configuration measured faster in the search", done.stderr
     assert summary["best_samples_per_sec"] >= summary["baseline_samples_per_sec"]
     assert summary["speedup"] >= 1.0
     assert summary["trials"]["COMPLETE"] >= 6
@@ -74,13 +77,10 @@ def test_study_finds_a_configuration_at_least_as_fast_and_continues(tmp_path) ->
     assert json.loads(best_json.read_text())["verdict"] == summary["verdict"]
     assert TrainConfig.load(best_json).to_dict() == summary["best_config"]
     verified = run_cli("verify", "mlp", "--studies-dir", str(tmp_path), "--rounds", "2", *FAST)
-    assert verified.returncode in (0, 1), verified.stderr
-    assert verified.stdout.startswith("verified ") and "fresh paired rounds" in verified.stdout
-    assert "verifying: round 2 of 2, " in verified.stderr
-    checked = json.loads(run_cli("show", "mlp", "--studies-dir", str(tmp_path),
-                                 "--json").stdout)["verifications"]
-    assert len(checked) == 1 and checked[0]["rounds"] == 2
-    assert (checked[0]["holds"] is False) == (verified.returncode == 1)
+    if summary["confirmed"]:
+        _verified_and_recorded(verified, tmp_path)
+    else:
+        assert verified.returncode == 2 and "nothing to verify" in verified.stderr
 
     exported = tmp_path / "best-export.yaml"
     done = run_cli("export", "mlp", "--studies-dir", str(tmp_path), "--format", "yaml", "-o",
@@ -105,6 +105,17 @@ def test_study_finds_a_configuration_at_least_as_fast_and_continues(tmp_path) ->
                 and "duplicate_of" not in t.user_attrs]
     assert len(measured) >= 7
     assert sum(t.user_attrs.get("role") == "baseline" for t in trials_of(tmp_path)) == 1
+
+
+def _verified_and_recorded(verified: subprocess.CompletedProcess, tmp_path: Path) -> None:
+    """`autotune verify` ran its rounds, said whether the claim holds, and recorded it."""
+    assert verified.returncode in (0, 1), verified.stderr
+    assert verified.stdout.startswith("verified ") and "fresh paired rounds" in verified.stdout
+    assert "verifying: round 2 of 2, " in verified.stderr
+    checked = json.loads(run_cli("show", "mlp", "--studies-dir", str(tmp_path),
+                                 "--json").stdout)["verifications"]
+    assert len(checked) == 1 and checked[0]["rounds"] == 2
+    assert (checked[0]["holds"] is False) == (verified.returncode == 1)
 
 
 @pytest.mark.slow
@@ -323,7 +334,7 @@ def test_the_time_left_told_after_the_baseline_is_within_half_again_of_the_real_
     trials, confirmation rounds and the rest of the run all priced at the baseline's trial."""
     command = [sys.executable, "-m", "autotune", "run", *TINY_MLP, "--studies-dir",
                str(tmp_path), *NO_COMPILE, *FAST, "--trials", "5", "--seed", "3",
-               "--confirm-top", "2", "--confirm-repeats", "2", "--confirm-max-rounds", "3"]
+               "--confirm-top", "2", "--confirm-repeats", "2", "--confirm-max-rounds", "2"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, cwd=ROOT)
     told: list[tuple[float, float]] = []

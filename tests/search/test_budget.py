@@ -1,49 +1,113 @@
 """`budget`: under the default ten minutes, how the time left is split between search trials
-and confirmation rounds, when the budget must grow for an answer, and what is left."""
+and confirmation rounds, what a confirmation run costs, when the budget must grow for an
+answer, and what is left."""
 
 from __future__ import annotations
 
+import optuna
 import pytest
 
-from autotune.search.budget import answer_budget_s, candidates_that_fit, forecast, plan_time
+from autotune.options import MeasureSettings
+from autotune.search.budget import (
+    answer_budget_s,
+    candidates_that_fit,
+    forecast,
+    plan_time,
+    round_run_seconds,
+    search_trial_seconds,
+)
+from autotune.study.storage import open_storage
 
 
 def test_a_slow_model_grows_the_budget_to_hold_an_answer_and_still_searches() -> None:
-    """The full-size rgat on a 2-core CPU: 69 s a trial. Two paired rounds of the best and the
-    baseline (276 s) within the confirmation's 30% need a 920 s study, not 600 s; then one
+    """The full-size rgat on a 2-core CPU without native bf16: 112 s a trial, 75 s a
+    confirmation run (a short window, no screening). Three paired rounds of the best and the
+    baseline (450 s) within the confirmation's 30% need a 1500 s study, not 600 s; then one
     candidate besides the baseline fits, and search trials run before the confirmation."""
-    assert answer_budget_s(69, 0.3) == pytest.approx(920)
-    assert candidates_that_fit(960, 69, 0.3, 3) == 1
-    plan = plan_time(960, started=0, now=130, trial_s=69, candidates=2, share=0.3,
-                     max_rounds=10)
-    assert plan.confirm_rounds == 2
-    assert plan.search_trials >= 5
-    last_search_trial_ends = plan.search_ends_at + plan.trial_s
-    assert last_search_trial_ends + 2 * 2 * plan.trial_s <= 960 + 1e-9
+    assert answer_budget_s(75, 0.3) == pytest.approx(1500)
+    assert candidates_that_fit(1500, 75, 0.3, 3) == 1
+    plan = plan_time(1500, started=0, now=230, trial_s=112, run_s=75, candidates=2,
+                     share=0.3, max_rounds=10)
+    assert plan.confirm_rounds == 3
+    assert plan.search_trials == 7
+    assert plan.search_ends_at + plan.trial_s + 6 * 75 <= 1500 + 1e-9
 
 
 def test_with_time_to_spare_the_confirmation_gets_its_share() -> None:
-    plan = plan_time(600, started=0, now=20, trial_s=10, candidates=4, share=0.3,
+    plan = plan_time(600, started=0, now=20, trial_s=10, run_s=6, candidates=4, share=0.3,
                      max_rounds=10)
     assert plan.search_ends_at == 600 - 180 - 10
-    assert plan.confirm_rounds == 1 + (180 - 40) // 20  # a first round of 4, then pairs
+    assert plan.confirm_rounds == 10  # a first round of 4 runs, then pairs, to the cap
     assert plan.search_trials == 40  # starting at 20, 30, ... 410 s
-    assert candidates_that_fit(600, 10, 0.3, 3) == 3
+    assert candidates_that_fit(600, 6, 0.3, 3) == 3
 
 
 def test_when_not_even_one_trial_fits_no_search_trial_is_planned() -> None:
-    plan = plan_time(600, started=0, now=500, trial_s=94, candidates=2, share=0.3,
+    plan = plan_time(600, started=0, now=500, trial_s=94, run_s=60, candidates=2, share=0.3,
                      max_rounds=10)
     assert plan.search_trials == 0 and plan.confirm_rounds == 1
 
 
 def test_the_time_left_counts_the_search_and_the_confirmation_within_its_share() -> None:
-    left = forecast(now=100, deadline=float("inf"), trials_left=4, trial_s=10, workers=1,
-                    candidates=3, rounds=10, share=0.3, searched_s=100)
+    left = forecast(now=100, deadline=float("inf"), trials_left=4, trial_s=10, run_s=10,
+                    workers=1, candidates=3, rounds=3, max_rounds=10, share=0.3,
+                    searched_s=100)
     assert left.search_s == 40
-    # ten rounds of 3 would take 300 s; the share of a 140 s search holds 60 s of them
-    assert left.confirm_s == pytest.approx(140 * 0.3 / 0.7)
-    assert left.describe().startswith("about 100.00 s left: 4 more search trials (40.00 s)")
-    by_time = forecast(now=100, deadline=130, trials_left=None, trial_s=10, workers=1,
-                       candidates=2, rounds=3, share=0.3, searched_s=100, ends_by=150)
+    # the least 3 rounds (3 runs, then the best and the baseline twice: 70 s) are above the
+    # share of a 140 s search (60 s), and always run
+    assert left.confirm_s == 70
+    assert left.rounds == 3
+    assert left.describe() == ("about 110.00 s left: 4 more search trials (40.00 s), then "
+                               "about 3 confirmation rounds, the first of 3 runs (70.00 s)")
+    longer = forecast(now=100, deadline=float("inf"), trials_left=4, trial_s=10, run_s=10,
+                      workers=1, candidates=3, rounds=3, max_rounds=10, share=0.3,
+                      searched_s=400)
+    # the share of a 440 s search (about 189 s) holds more rounds, up to the cap of 10
+    assert longer.confirm_s == pytest.approx(440 * 0.3 / 0.7) and longer.rounds == 8
+    by_time = forecast(now=100, deadline=130, trials_left=None, trial_s=10, run_s=5,
+                       workers=1, candidates=2, rounds=3, max_rounds=3, share=0.3,
+                       searched_s=100, ends_by=150)
     assert by_time.search_s == 30 and by_time.confirm_s == 20
+    assert forecast(now=100, deadline=100, trials_left=0, trial_s=10, run_s=5, workers=1,
+                    candidates=2, rounds=3, max_rounds=3, share=0.3,
+                    searched_s=100).describe().startswith(
+        "about 30.00 s left: the search done, then about 3 confirmation rounds")
+
+
+def test_a_confirmation_run_is_priced_from_the_trials_less_their_long_window(tmp_path) -> None:
+    """A trial of 112 s timed a 54 s window of 10 steps (5.4 s each) after screening 3 steps:
+    a round run times 3 steps (16.2 s) and screens nothing."""
+    study = optuna.create_study(storage=open_storage(None, tmp_path), study_name="s")
+    for wall in (112.0, 120.0):
+        trial = study.ask()
+        for key, value in {"status": "ok", "wall_s": wall, "window_s": 54.0,
+                           "step_time_median_s": 5.4}.items():
+            trial.set_user_attr(key, value)
+        study.tell(trial, 1.0)
+    expected = 116.0 - 54.0 - 3 * 5.4 + 3 * 5.4
+    assert round_run_seconds(study, MeasureSettings()) == pytest.approx(expected)
+    # a fast model's window keeps its minimum seconds
+    fast = round_run_seconds(study, MeasureSettings(window_seconds=20.0))
+    assert fast == pytest.approx(116.0 - 54.0 - 3 * 5.4 + 20.0)
+
+
+def test_a_search_trial_is_priced_between_a_full_and_a_screened_one(tmp_path) -> None:
+    """Before any search trial, half are taken to be screened (their wall less the window);
+    then the share screened so far; with screening off, full trials alone."""
+    study = optuna.create_study(storage=open_storage(None, tmp_path), study_name="s")
+
+    def told(status: str, wall: float, role: str = "search") -> None:
+        trial = study.ask()
+        for key, value in {"status": status, "wall_s": wall, "window_s": 6.0,
+                           "role": role}.items():
+            trial.set_user_attr(key, value)
+        study.tell(trial, 1.0)
+
+    told("ok", 10.0, role="baseline")
+    assert search_trial_seconds(study, screening=True) == pytest.approx(0.5 * 4 + 0.5 * 10)
+    assert search_trial_seconds(study, screening=False) == 10.0
+    told("screened", 3.0)
+    told("screened", 3.0)
+    told("ok", 10.0)
+    # 2 of 3 search trials screened: (2 + 1) / (3 + 2) of them at 3 s, the rest at 10 s
+    assert search_trial_seconds(study, screening=True) == pytest.approx(0.6 * 3 + 0.4 * 10)

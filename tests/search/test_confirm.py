@@ -300,8 +300,9 @@ def test_a_search_that_disagrees_with_the_rounds_widens_the_interval_and_says_so
 
 
 def test_a_busy_machine_keeps_its_round_when_time_allows_no_other(tmp_path) -> None:
-    """Every run disturbed and the time cap already reached after the first round: measuring
-    it again would leave no round at all, so it is kept, with its warning."""
+    """Every run disturbed and the time cap already reached after the first round: the least
+    rounds still run, and measuring them again would leave none, so each is kept, with its
+    warning."""
     def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
         time.sleep(0.05)
         rate = 150.0 if config.precision == "bf16" else 100.0
@@ -311,5 +312,26 @@ def test_a_busy_machine_keeps_its_round_when_time_allows_no_other(tmp_path) -> N
                      SilentView(), Plan(top=1, rounds=2, max_rounds=5, target=0.03,
                                         ends_by=time.monotonic() + 0.01),
                      time_limit_s=60, device="cpu", directory=tmp_path)
-    assert result.rounds == 1 and result.disturbed_rounds == 1
+    assert result.rounds == 2 and result.disturbed_rounds == 2
     assert result.winner is not None
+
+
+def test_a_baseline_with_no_candidate_beside_it_is_not_confirmed(tmp_path) -> None:
+    """Every searched trial stopped at screening: no round runs, and the study keeps the
+    baseline as the search's answer, with no confirmation stored."""
+    calls: list[TrainConfig] = []
+
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        calls.append(config)
+        return TrialResult("ok", "measured", {"samples_per_sec": 100.0})
+
+    study = _study_of(tmp_path, [(BASE, 100.0, "ok"),
+                                 (BASE.replace(precision="bf16"), 40.0, "screened")])
+    view = _Notes()
+    assert confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), measure, view,
+                   Plan(top=3, rounds=3), time_limit_s=60, device="cpu",
+                   directory=tmp_path) is None
+    assert calls == [] and StudyKey.CONFIRMATION not in study.user_attrs
+    assert any("nothing to confirm" in line for line in view.lines)
+    assert study_summary(study).verdict == \
+        "kept your settings: no configuration measured faster in the search"
