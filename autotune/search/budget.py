@@ -50,15 +50,18 @@ def search_trial_seconds(study: optuna.Study, screening: bool) -> float | None:
 
 
 def round_run_seconds(study: optuna.Study, settings: MeasureSettings) -> float | None:
-    """A confirmation run's wall time, from the trials that ran: theirs less the timed window
-    and the screening, plus the round run's own window (`runner.ROUND_WINDOW_STEPS` steps, or
-    the window's minimum seconds where those are longer)."""
+    """A confirmation run's wall time, priced at the baseline's trial (the baseline runs in
+    every round; a compiled trial's start-up would price every run at its own): its wall less
+    the timed window and the screening, plus the round run's own window
+    (`runner.ROUND_WINDOW_STEPS` steps, or the window's minimum seconds where those are
+    longer). Before the baseline has run, the median of the trials that have."""
+    measured = [t for t in _measured(study)
+                if t.user_attrs.get("step_time_median_s") and t.user_attrs.get("window_s")]
+    baseline = [t for t in measured if t.user_attrs.get(TrialKey.ROLE) == Role.BASELINE]
     runs = []
-    for trial in _measured(study):
+    for trial in baseline or measured:
         a = trial.user_attrs
-        step = a.get("step_time_median_s")
-        if step is None or a.get("window_s") is None:
-            continue
+        step = a["step_time_median_s"]
         window = max(settings.window_seconds, ROUND_WINDOW_STEPS * step)
         screen = settings.screen_steps * step
         runs.append(max(window, a[TrialKey.WALL_S] - a["window_s"] - screen + window))
@@ -120,13 +123,6 @@ def candidates_that_fit(budget_s: float, run_s: float, share: float, top: int) -
     the best and the baseline that an answer needs."""
     runs = math.floor(share * budget_s / run_s)
     return max(1, min(top, runs - 2 * (MIN_ROUNDS - 1) - 1))
-
-
-def rounds_that_fit(budget_s: float, started: float, now: float, run_s: float,
-                    candidates: int, max_rounds: int) -> int:
-    """Confirmation rounds that end before the budget does (at least one)."""
-    left = started + budget_s - now
-    return max(1, min(max_rounds, 1 + math.floor((left - candidates * run_s) / (2 * run_s))))
 
 
 @dataclass(frozen=True)

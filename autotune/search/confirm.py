@@ -8,8 +8,9 @@ a race (successive elimination, as in F-race): after each one, a candidate whose
 against the leader lies below 1 is dropped, and says so; only those that could still win are
 measured again. Rounds are added until one candidate is left besides the baseline and its
 speedup over the baseline is known within ±`target` (a 95% interval of the paired ratios,
-`stats`), or the cap is reached (rounds, or time: `Plan.ends_by`, by default 30% of the study's
-wall time). A round in which some run was disturbed by another process is measured again.
+`stats`), or the cap is reached (rounds, or time: beyond the least rounds, 30% of the study's
+wall time by default, and a time budget's end). A round in which some run was disturbed by
+another process is measured again.
 
 The recommendation is the simplest configuration that is as fast as the fastest: among the
 candidates with no measurable difference from the fastest (their paired interval holds 1.0),
@@ -61,9 +62,12 @@ class Plan:
     rounds: int = DEFAULT_CONFIRM_ROUNDS          # at least this many
     max_rounds: int = DEFAULT_CONFIRM_MAX_ROUNDS  # at most this many (disturbed included)
     target: float = DEFAULT_CONFIRM_TARGET        # stop once the leader is known within it
-    # The confirmation's time cap (time.monotonic()): beyond the least rounds, no round starts
-    # that would end after it, going by the longest round so far.
+    # Time caps (time.monotonic()), each going by the slowest run so far times the runs of the
+    # next round: beyond the least rounds, none starts that would end after `ends_by` (the
+    # confirmation's share of the study); after the first, none that would end after
+    # `budget_ends` (a time budget's end), the least rounds included.
     ends_by: float | None = None
+    budget_ends: float | None = None
 
 
 @dataclass
@@ -149,10 +153,13 @@ def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measur
     reference = entries[-1]
     racing = list(range(len(entries)))
     shuffle = random.Random(0)
-    start, rounds, kept_disturbed, longest_s = time.monotonic(), 0, 0, 0.0
+    start, rounds, kept_disturbed, run_s = time.monotonic(), 0, 0, 0.0
     while rounds < plan.max_rounds:
+        next_ends = time.monotonic() + run_s * len(racing)
+        if rounds and plan.budget_ends is not None and next_ends > plan.budget_ends:
+            break
         if len(reference.runs) >= plan.rounds and plan.ends_by is not None and \
-                time.monotonic() + longest_s > plan.ends_by:
+                next_ends > plan.ends_by:
             break
         began = time.monotonic()
         rounds += 1
@@ -160,12 +167,13 @@ def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measur
         shuffle.shuffle(order)
         runs = [_run(entries[i], i, rounds, scoring, measure, view, time_limit_s, device,
                      directory, len(entries)) for i in order]
-        longest_s = max(longest_s, time.monotonic() - began)
+        run_s = max(run_s, (time.monotonic() - began) / len(order))
         if any(run is not None and run.disturbed for run in runs):
             # Measured again while the caps leave room (the minimum of clean rounds within the
             # rounds' cap, another round within the time's); a machine that stays busy gets its
             # rounds kept (paired, so still comparable).
-            in_time = plan.ends_by is None or time.monotonic() + longest_s <= plan.ends_by
+            in_time = plan.ends_by is None or \
+                time.monotonic() + run_s * len(order) <= plan.ends_by
             if in_time and plan.max_rounds - rounds >= plan.rounds - len(reference.runs):
                 view.note(f"confirmation round {rounds} was disturbed by another process: "
                           "measuring it again")
@@ -186,7 +194,7 @@ def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measur
         one_left = sum(entries[i] is not reference for i in racing) <= 1
         if len(reference.runs) >= plan.rounds and one_left and known:
             break
-        left_s = (plan.max_rounds - rounds) * longest_s * len(racing) / len(order)
+        left_s = (plan.max_rounds - rounds) * run_s * len(racing)
         if plan.ends_by is not None:
             left_s = min(left_s, max(0.0, plan.ends_by - time.monotonic()))
         view.time_left(f"confirmation round {len(reference.runs)} done, {len(racing)} "

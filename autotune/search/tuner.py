@@ -36,7 +36,6 @@ from autotune.search.budget import (
     forecast,
     plan_time,
     round_run_seconds,
-    rounds_that_fit,
     search_trial_seconds,
     trial_seconds,
 )
@@ -291,7 +290,7 @@ class Tuner:
         study.set_user_attr(StudyKey.TUNING_WALL_S, study.user_attrs.get(
             StudyKey.TUNING_WALL_S, 0.0) + time.monotonic() - started)
         if opts.confirm_repeats >= 1 and should_confirm(study, self.owner, self.view):
-            self._confirm(top, round_run_seconds(study, opts.settings) or trial_seconds(study))
+            self._confirm(top)
         return study_summary(study)
 
     def _queue_baseline(self) -> None:
@@ -336,18 +335,15 @@ class Tuner:
     def _budget_ends(self) -> float:
         return self.started + self.time_budget_s if self.time_budget_s else math.inf
 
-    def _confirm(self, top: int, run_s: float | None) -> None:
-        """The paired rounds, within the confirmation's share of the study's wall time (the
-        search so far prices it) and the time budget."""
-        opts, study, now = self.options, self.study, time.monotonic()
-        ends_by = min(self._budget_ends(),
-                      now + self._searched_s() * opts.confirm_share / (1 - opts.confirm_share))
-        rounds = opts.confirm_repeats
-        if run_s and self.time_budget_s:
-            rounds = min(rounds, rounds_that_fit(self.time_budget_s, self.started, now, run_s,
-                                                 top + 1, opts.confirm_max_rounds))
-        plan = Plan(top=top, rounds=rounds, max_rounds=opts.confirm_max_rounds,
-                    target=opts.confirm_target, ends_by=ends_by)
+    def _confirm(self, top: int) -> None:
+        """The paired rounds: beyond the least, within the confirmation's share of the study's
+        wall time (the search so far prices it); all within the time budget."""
+        opts, study, budget_ends = self.options, self.study, self._budget_ends()
+        share = opts.confirm_share
+        plan = Plan(top=top, rounds=opts.confirm_repeats, max_rounds=opts.confirm_max_rounds,
+                    target=opts.confirm_target,
+                    ends_by=time.monotonic() + self._searched_s() * share / (1 - share),
+                    budget_ends=budget_ends if math.isfinite(budget_ends) else None)
         confirmation = confirm(study, self.baseline, self.scoring, self.runner.measure,
                                self.view, plan, time_limit_s=opts.trial_time_limit_s,
                                device=str(self.device), directory=self.directory)

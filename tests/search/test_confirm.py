@@ -76,17 +76,9 @@ def test_drift_beyond_the_rounds_spread_is_reported() -> None:
 
 
 def _study(tmp_path) -> optuna.Study:
-    study = optuna.create_study(study_name="s", storage=open_storage(None, tmp_path),
-                                direction="maximize")
-    for config, rate, role in ((BASE, 100.0, "baseline"),
-                               (BASE.replace(precision="bf16"), 150.0, "search")):
-        trial = study.ask()
-        for key, value in {"config": config.to_dict(), "role": role, "status": "ok",
-                           "samples_per_sec": rate, "constraint": 0.0}.items():
-            trial.set_user_attr(key, value)
-        trial.set_constraint(MEMORY_CONSTRAINT, 0.0)
-        study.tell(trial, rate)
-    return study
+    """The baseline at 100 samples/s and bf16 at 150."""
+    return _study_of(tmp_path, [(BASE, 100.0, "ok"), (BASE.replace(precision="bf16"), 150.0,
+                                                      "ok")])
 
 
 def test_rounds_are_added_until_the_speedup_is_known_and_a_disturbed_round_is_redone(
@@ -191,6 +183,23 @@ def test_under_a_time_budget_rounds_go_on_while_the_longest_round_still_fits(tmp
     assert time.monotonic() <= ends_by + 0.5  # at most one round's overrun on a slow machine
     assert result.speedup_ci is not None
 
+
+
+def test_a_time_budget_ends_the_least_rounds_too(tmp_path) -> None:
+    """Five rounds at least, but the budget holds about three rounds of 0.1 s runs: the
+    rounds stop before the budget's end rather than at the least."""
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        time.sleep(0.1)
+        return TrialResult("ok", "measured", {
+            "samples_per_sec": 150.0 if config.precision == "bf16" else 100.0})
+
+    budget_ends = time.monotonic() + 0.65
+    result = confirm(_study(tmp_path), BASE, Scoring("cpu", None, 0.1, 0.0), measure,
+                     SilentView(), Plan(top=1, rounds=5, max_rounds=10, target=0.0,
+                                        budget_ends=budget_ends), time_limit_s=60,
+                     device="cpu", directory=tmp_path)
+    assert 1 <= result.rounds <= 3, result.rounds
+    assert time.monotonic() <= budget_ends + 0.1
 
 class _Notes(SilentView):
     def __init__(self) -> None:
