@@ -111,29 +111,28 @@ def should_confirm(study: optuna.Study, owner: str, view: StudyView) -> bool:
 
 
 def candidates(study: optuna.Study, baseline: TrainConfig, top: int) -> list[Candidate]:
-    """The `top` best distinct feasible configurations measured in full (a screened trial was
-    too slow to finish its window), then the baseline (the reference for the speedup; a winner
-    only if it also fitted in the search)."""
+    """The `top` best distinct feasible configurations besides the baseline measured in full (a
+    screened trial was too slow to finish its window; a clean trial ranks above a disturbed
+    one, which the fresh rounds measure again), then the baseline (the reference for the
+    speedup; a winner only if it also fitted in the search)."""
     chosen: dict[str, Candidate] = {}
     records = trial_records(study)
-    measured = [r for r in rankable(records) if r.status != TrialStatus.SCREENED]
-    for r in sorted(measured, key=lambda r: r.value, reverse=True):
+    clean = {r.number for r in rankable(records)}
+    measured = [r for r in records if r.score is not None and r.status != TrialStatus.SCREENED
+                and config_key(r.config) != config_key(baseline)]
+    for r in sorted(measured, key=lambda r: (r.number in clean, r.value), reverse=True):
         key = config_key(r.config)
         if len(chosen) < top and key not in chosen:
             chosen[key] = Candidate(r.config, r.number, True, r.samples_per_sec,
                                     search_precision=r.get("step_time_precision"))
-    key = config_key(baseline)
-    if key not in chosen:
-        measured = next((r for r in records if r.role == Role.BASELINE
-                         and r.state == TrialState.COMPLETE.name), None)
-        chosen[key] = Candidate(baseline.to_dict(), measured.number if measured else None,
-                                bool(measured and measured.feasible),
-                                measured.samples_per_sec if measured else None,
-                                search_precision=measured.get("step_time_precision")
-                                if measured else None)
-    else:  # the baseline goes last, as the reference
-        chosen[key] = chosen.pop(key)
-    return list(chosen.values())
+    baseline_trial = next((r for r in records if r.role == Role.BASELINE
+                           and r.state == TrialState.COMPLETE.name), None)
+    reference = Candidate(
+        baseline.to_dict(), baseline_trial.number if baseline_trial else None,
+        bool(baseline_trial and baseline_trial.feasible),
+        baseline_trial.samples_per_sec if baseline_trial else None,
+        search_precision=baseline_trial.get("step_time_precision") if baseline_trial else None)
+    return [*chosen.values(), reference]  # the baseline last, as the reference
 
 
 def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measure: Measure,
@@ -148,7 +147,7 @@ def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measur
     entries = candidates(study, baseline, plan.top)
     if len(entries) == 1:
         view.note("no configuration besides your settings was measured in full (the others "
-                  "were stopped at screening, slower, or failed): nothing to confirm")
+                  "were stopped at screening or failed): nothing to confirm")
         return None
     reference = entries[-1]
     racing = list(range(len(entries)))

@@ -10,7 +10,14 @@ import optuna
 import pytest
 
 from autotune.config import TrainConfig
-from autotune.search.confirm import Candidate, Plan, conclusion, confirm, drift
+from autotune.search.confirm import (
+    Candidate,
+    Plan,
+    candidates,
+    conclusion,
+    confirm,
+    drift,
+)
 from autotune.search.events import SilentView
 from autotune.search.outcome import Scoring
 from autotune.search.runner import MeasureJob
@@ -246,15 +253,18 @@ def test_the_race_drops_a_clearly_slower_candidate_and_keeps_two_close_ones(tmp_
     assert result.winner.config["optimizer_impl"] in ("fused", "foreach")
 
 
-def _study_of(tmp_path, trials: list[tuple[TrainConfig, float, str]]) -> optuna.Study:
-    """A study whose first trial is the baseline, with the given rates and statuses."""
+def _study_of(tmp_path, trials: list[tuple[TrainConfig, float, str]],
+              disturbed: frozenset[int] = frozenset()) -> optuna.Study:
+    """A study whose first trial is the baseline, with the given rates and statuses (the
+    trials numbered in `disturbed` timed on a busy machine)."""
     study = optuna.create_study(study_name="s", storage=open_storage(None, tmp_path),
                                 direction="maximize")
     for number, (config, rate, status) in enumerate(trials):
         trial = study.ask()
         for key, value in {"config": config.to_dict(), "status": status,
                            "role": "baseline" if number == 0 else "search",
-                           "samples_per_sec": rate, "constraint": 0.0}.items():
+                           "samples_per_sec": rate, "constraint": 0.0,
+                           "disturbed": number in disturbed}.items():
             trial.set_user_attr(key, value)
         trial.set_constraint(MEMORY_CONSTRAINT, 0.0)
         study.tell(trial, rate)
@@ -344,3 +354,14 @@ def test_a_baseline_with_no_candidate_beside_it_is_not_confirmed(tmp_path) -> No
     assert any("nothing to confirm" in line for line in view.lines)
     assert study_summary(study).verdict == \
         "kept your settings: no configuration measured faster in the search"
+
+
+def test_the_baseline_is_raced_against_the_best_other_even_when_it_ranks_first(tmp_path) -> None:
+    """On a busy machine only the baseline's trial was clean: the best disturbed configuration
+    still races it (the fresh rounds measure it again), and a clean one ranks above it."""
+    trials = [(BASE, 100.0, "ok"), (BASE.replace(precision="bf16"), 90.0, "ok"),
+              (BASE.replace(optimizer_impl="fused"), 60.0, "ok")]
+    mixed = candidates(_study_of(tmp_path / "mixed", trials, frozenset({1})), BASE, top=1)
+    assert [c.config for c in mixed] == [trials[2][0].to_dict(), BASE.to_dict()]
+    busy = candidates(_study_of(tmp_path / "busy", trials, frozenset({1, 2})), BASE, top=1)
+    assert [c.config for c in busy] == [trials[1][0].to_dict(), BASE.to_dict()]
