@@ -32,8 +32,8 @@ def search_trial_seconds(study: optuna.Study, screening: bool) -> float | None:
     on, a mix of it and a screened trial's (stopped after its screening window), in the share
     of search trials screened so far (a half before any: Laplace's rule)."""
     measured = _measured(study)
-    full = [t.user_attrs[TrialKey.WALL_S] for t in measured
-            if t.user_attrs.get(TrialKey.STATUS) != TrialStatus.SCREENED]
+    unscreened = [t for t in measured if t.user_attrs.get(TrialKey.STATUS) != TrialStatus.SCREENED]
+    full = [t.user_attrs[TrialKey.WALL_S] for t in unscreened]
     if not full:
         return trial_seconds(study)
     if not screening:
@@ -43,8 +43,7 @@ def search_trial_seconds(study: optuna.Study, screening: bool) -> float | None:
                 if t.user_attrs.get(TrialKey.STATUS) == TrialStatus.SCREENED]
     # before one is seen: a full trial's wall less what follows its screening window
     cut = statistics.median(screened) if screened else statistics.median(
-        t.user_attrs[TrialKey.WALL_S] - t.user_attrs.get("window_s", 0.0) for t in measured
-        if t.user_attrs.get(TrialKey.STATUS) != TrialStatus.SCREENED)
+        t.user_attrs[TrialKey.WALL_S] - t.user_attrs.get("window_s", 0.0) for t in unscreened)
     share = (len(screened) + 1) / (len(searched) + 2)
     return share * cut + (1 - share) * statistics.median(full)
 
