@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -22,19 +22,67 @@ CHECKPOINTING = ("none", "selective", "full")
 OPTIMIZER_IMPLS = ("for_loop", "foreach", "fused")
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+# How the ranks of a process group share the model: one process needs none; under several,
+# DistributedDataParallel (a whole copy per rank) or FSDP2 (`fully_shard`: parameters sharded).
+PARALLELISMS = ("none", "ddp", "fsdp")
+REDUCE_DTYPES = ("fp32", "bf16")
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "precision": PRECISIONS,
     "activation_checkpointing": CHECKPOINTING,
     "optimizer_impl": OPTIMIZER_IMPLS,
     "compile_mode": COMPILE_MODES,
+    "parallelism": PARALLELISMS,
+    "fsdp_reduce_dtype": REDUCE_DTYPES,
 }
 
 # What a configuration file autotune wrote may say beside the knobs (best.json's sentence on
 # what the study found): not a knob, and left out when the file is read.
 VERDICT = "verdict"
-# The value a DataLoader knob takes when num_workers == 0, where it means nothing.
-INACTIVE: dict[str, Any] = {"prefetch_factor": None, "persistent_workers": False}
+
+
+@dataclass(frozen=True)
+class Condition:
+    """When a knob means something (`needs`, in words, and as a test of the knobs before it),
+    and the value it takes otherwise."""
+
+    needs: str
+    holds: Callable[[Mapping[str, Any]], bool]
+    otherwise: Any
+
+
+def _workers(v: Mapping[str, Any]) -> bool:
+    return v["num_workers"] > 0
+
+
+def _ddp(v: Mapping[str, Any]) -> bool:
+    return v["parallelism"] == "ddp"
+
+
+def _fsdp(v: Mapping[str, Any]) -> bool:
+    return v["parallelism"] == "fsdp"
+
+
+def _fsdp_bf16(v: Mapping[str, Any]) -> bool:
+    return v["parallelism"] == "fsdp" and v["precision"] == "bf16"
+
+
+# Knobs that mean something only given others (each after those in the field order), and the
+# value they take where they mean nothing.
+CONDITIONS: dict[str, Condition] = {
+    "prefetch_factor": Condition("num_workers > 0", _workers, None),
+    "persistent_workers": Condition("num_workers > 0", _workers, False),
+    "ddp_bucket_cap_mb": Condition("parallelism=ddp", _ddp, 25),
+    "ddp_static_graph": Condition("parallelism=ddp", _ddp, False),
+    "ddp_gradient_as_bucket_view": Condition("parallelism=ddp", _ddp, False),
+    "fsdp_reshard_after_forward": Condition("parallelism=fsdp", _fsdp, True),
+    "fsdp_reduce_dtype": Condition("parallelism=fsdp and precision=bf16 (parameters in bf16)",
+                                   _fsdp_bf16, "fp32"),
+}
+# The knobs only a process group of several ranks has.
+DISTRIBUTED_KNOBS = ("parallelism", "ddp_bucket_cap_mb", "ddp_static_graph",
+                     "ddp_gradient_as_bucket_view", "fsdp_reshard_after_forward",
+                     "fsdp_reduce_dtype")
 
 
 @dataclass(frozen=True)
@@ -51,6 +99,12 @@ class TrainConfig:
     pin_memory: bool = False
     persistent_workers: bool = False
     compile_mode: str = "none"
+    parallelism: str = "none"
+    ddp_bucket_cap_mb: int = 25
+    ddp_static_graph: bool = False
+    ddp_gradient_as_bucket_view: bool = False
+    fsdp_reshard_after_forward: bool = True
+    fsdp_reduce_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -59,15 +113,20 @@ class TrainConfig:
 
     def problems(self) -> list[str]:
         """Every reason this configuration is invalid on any device (empty when valid)."""
-        out = value_problems(self.to_dict())
-        prefetch = self.prefetch_factor
-        if isinstance(prefetch, int) and not isinstance(prefetch, bool) and prefetch >= 1 \
-                and self.num_workers == 0:
-            out.append("prefetch_factor needs num_workers > 0 (the main process does not "
-                       "prefetch)")
-        if self.persistent_workers is True and self.num_workers == 0:
-            out.append("persistent_workers needs num_workers > 0")
+        values = self.to_dict()
+        out = value_problems(values)
+        if out:
+            return out
+        for knob, condition in CONDITIONS.items():
+            if values[knob] != condition.otherwise and not condition.holds(values):
+                out.append(f"{knob} needs {condition.needs} (it is {values[knob]!r} here)")
         return out
+
+    def distributed(self) -> dict[str, Any]:
+        """The knobs of a process group that mean something here (none for one process)."""
+        values = self.to_dict()
+        return {k: values[k] for k in DISTRIBUTED_KNOBS if self.parallelism != "none" and
+                (k not in CONDITIONS or CONDITIONS[k].holds(values))}
 
     @property
     def effective_batch_size(self) -> int:
@@ -118,7 +177,7 @@ def value_problems(values: Mapping[str, Any]) -> list[str]:
     """What is wrong with each knob value on its own, for the knobs `values` holds (a knob
     that needs another, like prefetch_factor needing workers, is `TrainConfig.problems`')."""
     out = []
-    for name in ("micro_batch_size", "grad_accum_steps"):
+    for name in ("micro_batch_size", "grad_accum_steps", "ddp_bucket_cap_mb"):
         value = values.get(name, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             out.append(f"{name} must be a positive integer, got {value!r}")
@@ -130,7 +189,8 @@ def value_problems(values: Mapping[str, Any]) -> list[str]:
     for name, choices in CHOICES.items():
         if name in values and values[name] not in choices:
             out.append(f"{name} must be one of {', '.join(choices)}; got {values[name]!r}")
-    for name in ("pin_memory", "persistent_workers"):
+    for name in ("pin_memory", "persistent_workers", "ddp_static_graph",
+                 "ddp_gradient_as_bucket_view", "fsdp_reshard_after_forward"):
         if not isinstance(values.get(name, False), bool):
             out.append(f"{name} must be true or false, got {values[name]!r}")
     prefetch = values.get("prefetch_factor")
@@ -155,10 +215,20 @@ def read_yaml(path: str | Path, kind: str, error: type[ConfigError] = ConfigErro
         raise error(f"{kind} file {path} is not valid YAML/JSON: {exc}") from None
 
 
+# What makes each conditional knob mean something, for `config_with`.
+_ENABLING: dict[str, dict[str, Any]] = {
+    "prefetch_factor": {"num_workers": 1}, "persistent_workers": {"num_workers": 1},
+    "ddp_bucket_cap_mb": {"parallelism": "ddp"}, "ddp_static_graph": {"parallelism": "ddp"},
+    "ddp_gradient_as_bucket_view": {"parallelism": "ddp"},
+    "fsdp_reshard_after_forward": {"parallelism": "fsdp"},
+    "fsdp_reduce_dtype": {"parallelism": "fsdp", "precision": "bf16"},
+}
+
+
 def config_with(knob: str, value: Any) -> TrainConfig:
-    """The default configuration but for `knob` (and num_workers where `knob` needs workers),
-    so that any complaint about it is about `value`."""
-    return TrainConfig(**({"num_workers": 1, knob: value} if knob in INACTIVE else {knob: value}))
+    """The default configuration but for `knob` (and what makes it mean something, where it
+    needs another knob), so that any complaint about it is about `value`."""
+    return TrainConfig(**{**_ENABLING.get(knob, {}), knob: value})
 
 
 def knobs_in(data: Any) -> Any:
@@ -181,9 +251,12 @@ def default_optimizer_impl(device_type: str) -> str:
     return "foreach" if device_type == "cuda" else "for_loop"
 
 
-def from_baseline(baseline: Mapping[str, Any] | None, device_type: str) -> TrainConfig:
-    """The user's own settings (`BASELINE`), with PyTorch's defaults for what it leaves out."""
-    base = TrainConfig(optimizer_impl=default_optimizer_impl(device_type))
+def from_baseline(baseline: Mapping[str, Any] | None, device_type: str,
+                  world_size: int = 1) -> TrainConfig:
+    """The user's own settings (`BASELINE`), with PyTorch's defaults for what it leaves out:
+    under several ranks, DistributedDataParallel (what a torchrun script wraps its model in)."""
+    base = TrainConfig(optimizer_impl=default_optimizer_impl(device_type),
+                       parallelism="ddp" if world_size > 1 else "none")
     return TrainConfig.from_dict(baseline or {}, base)
 
 

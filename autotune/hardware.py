@@ -15,7 +15,13 @@ from typing import Any
 
 import torch
 
-from autotune.config import CHOICES, CUDA_GRAPH_MODES, TrainConfig, config_with
+from autotune.config import (
+    CHOICES,
+    CUDA_GRAPH_MODES,
+    DISTRIBUTED_KNOBS,
+    TrainConfig,
+    config_with,
+)
 
 # Dense (no sparsity) peaks in TFLOP/s from the vendors' data sheets, which print the tensor-core
 # figures with 2:4 sparsity: the dense figure is half of it. A key matches whole words of the
@@ -52,6 +58,9 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 BUS_ORDER = "PCI_BUS_ID"
 # The DataLoader prefetch factors a search tries besides the baseline's own.
 PREFETCH_FACTORS = (2, 4)
+# Gradient bucket sizes DDP is tried with: smaller buckets start reducing sooner in backward,
+# larger ones send fewer messages (25 MiB is DDP's default).
+DDP_BUCKET_CAPS_MB = (5, 25, 100)
 
 
 @dataclass(frozen=True)
@@ -180,10 +189,12 @@ def value_reason(knob: str, value: Any, info: DeviceInfo) -> str | None:
     return unsupported_reason(config_with(knob, value), info)
 
 
-def device_domains(baseline: TrainConfig, info: DeviceInfo) -> dict[str, tuple]:
+def device_domains(baseline: TrainConfig, info: DeviceInfo,
+                   world_size: int = 1) -> dict[str, tuple]:
     """Every value of each knob (the batch sizes aside) that this device runs, the baseline's
     own among them: what a search offers before the user narrows it, and what the capability
-    probe tries."""
+    probe tries. The knobs of a process group are offered only to one of `world_size` > 1."""
+    group = world_size > 1
     candidates: dict[str, Sequence[Any]] = {
         **CHOICES,
         "pin_memory": (False, True),
@@ -193,7 +204,14 @@ def device_domains(baseline: TrainConfig, info: DeviceInfo) -> dict[str, tuple]:
         "prefetch_factor": sorted(
             {*PREFETCH_FACTORS, *([baseline.prefetch_factor] if baseline.num_workers else [])},
             key=lambda v: (v is not None, v or 0)),
+        "parallelism": ("ddp", "fsdp") if group else ("none",),
+        "ddp_bucket_cap_mb": sorted({*DDP_BUCKET_CAPS_MB, baseline.ddp_bucket_cap_mb}),
+        "ddp_static_graph": (False, True),
+        "ddp_gradient_as_bucket_view": (False, True),
+        "fsdp_reshard_after_forward": (True, False),
     }
+    if not group:
+        candidates.update({k: (getattr(baseline, k),) for k in DISTRIBUTED_KNOBS})
     return {knob: tuple(v for v in values if value_reason(knob, v, info) is None)
             for knob, values in candidates.items()}
 

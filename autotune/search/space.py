@@ -12,11 +12,13 @@ accepts for this device, plus the baseline's own value, narrowed by the user's `
 
 Optuna parameter names are the knob names. A categorical's choices are the same tuple in every
 trial (Optuna refuses choices that change within a study); only grad_accum_steps's integer range
-varies. prefetch_factor and persistent_workers are asked for only when num_workers > 0.
+varies. A knob that means something only given others (`config.CONDITIONS`: prefetch_factor
+under workers, the DDP knobs under ddp, the FSDP knobs under fsdp) is asked for only there.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,7 +27,15 @@ from typing import Any
 
 import optuna
 
-from autotune.config import INACTIVE, TrainConfig, config_with, knob_names, parse_value, read_yaml
+from autotune.config import (
+    CONDITIONS,
+    DISTRIBUTED_KNOBS,
+    TrainConfig,
+    config_with,
+    knob_names,
+    parse_value,
+    read_yaml,
+)
 from autotune.errors import AutotuneError, ConfigError
 from autotune.hardware import DeviceInfo, device_domains, powers_of_two, value_reason
 from autotune.options import DEFAULT_MAX_GRAD_ACCUM
@@ -33,6 +43,9 @@ from autotune.options import DEFAULT_MAX_GRAD_ACCUM
 # Knobs in the order `suggest` asks for them; grad_accum_steps comes last, after the micro-batch
 # it depends on. num_workers precedes the knobs it conditions.
 _CATEGORICAL = tuple(k for k in knob_names() if k != "grad_accum_steps")
+
+# The knobs that others depend on (`config.CONDITIONS`).
+_PARENTS = ("precision", "num_workers", "parallelism")
 
 _Categorical = Callable[[str, Sequence[Any]], Any]
 _Integer = Callable[[str, int, int], int]
@@ -167,17 +180,19 @@ class SearchSpace:
             path[-1][0] += 1
 
     def size(self) -> int:
-        """How many configurations `grid` holds, without building them (free mode can be vast)."""
-        count_of = {knob: len(values) for knob, values in self.domains.items()}
-        workers = self.domains["num_workers"]
-        active = sum(1 for w in workers if w > 0)
-        loaders = (len(workers) - active
-                   + active * count_of["prefetch_factor"] * count_of["persistent_workers"])
-        others = math.prod(count_of[k] for k in _CATEGORICAL
-                           if k not in ("micro_batch_size", "num_workers", *INACTIVE))
+        """How many configurations `grid` holds, without building them (free mode can be vast):
+        the knobs that others depend on walked value by value, the rest multiplied."""
+        parents = [k for k in _CATEGORICAL if k in _PARENTS]
+        conditional = 0
+        for chosen in itertools.product(*(self.domains[k] for k in parents)):
+            values = dict(zip(parents, chosen))
+            conditional += math.prod(len(self.domains[k]) for k, c in CONDITIONS.items()
+                                     if c.holds(values))
+        others = math.prod(len(self.domains[k]) for k in _CATEGORICAL
+                           if k not in ("micro_batch_size", *_PARENTS, *CONDITIONS))
         batches = sum(high - low + 1 for low, high in map(self.accum_range,
                                                           self.domains["micro_batch_size"]))
-        return batches * loaders * others
+        return batches * conditional * others
 
     def describe(self) -> dict[str, Any]:
         """A JSON-serialisable summary, for the study's attributes and the report."""
@@ -189,7 +204,7 @@ class SearchSpace:
             # per micro_batch_size, the inclusive [low, high] of grad_accum_steps
             "grad_accum_steps": {str(m): list(self.accum_range(m))
                                  for m in self.domains["micro_batch_size"]},
-            "conditional": {knob: "only when num_workers > 0" for knob in INACTIVE},
+            "conditional": {knob: f"only when {c.needs}" for knob, c in CONDITIONS.items()},
             "size": self.size(),
             "baseline_in_space": self.contains(self.baseline),
         }
@@ -199,8 +214,8 @@ class SearchSpace:
         values: dict[str, Any] = {}
         for knob in _CATEGORICAL:
             domain = self.domains[knob]
-            if knob in INACTIVE and values["num_workers"] == 0:
-                values[knob] = INACTIVE[knob]
+            if knob in CONDITIONS and not CONDITIONS[knob].holds(values):
+                values[knob] = CONDITIONS[knob].otherwise
             elif len(domain) > 1:
                 values[knob] = categorical(knob, domain)
             else:
@@ -218,7 +233,8 @@ def build_space(baseline: TrainConfig, info: DeviceInfo, dataset_size: int, *,
                 fixes: Mapping[str, Any] | None = None,
                 space_file: str | Path | None = None,
                 max_grad_accum: int = DEFAULT_MAX_GRAD_ACCUM,
-                left_out: Mapping[str, Mapping[Any, str]] | None = None) -> SearchSpace:
+                left_out: Mapping[str, Mapping[Any, str]] | None = None,
+                world_size: int = 1) -> SearchSpace:
     """The space for `baseline` on `info`'s device, narrowed by `--space` and then `--fix` (a
     fix must be one of the values `--space` lists for its knob).
 
@@ -250,7 +266,14 @@ def build_space(baseline: TrainConfig, info: DeviceInfo, dataset_size: int, *,
         if reason is not None and fixed != getattr(baseline, knob):
             raise SpaceError(f"{source}: left out on this model and machine: {reason}")
 
-    offered = device_domains(baseline, info)
+    offered = device_domains(baseline, info, world_size)
+    for knob in DISTRIBUTED_KNOBS:
+        refused = [v for v in narrowed.get(knob, ()) if v not in offered[knob]
+                   and (knob != "ddp_bucket_cap_mb" or world_size == 1)]
+        if refused:
+            where = ("a knob of a process group: run with --nproc-per-node N" if world_size == 1
+                     else f"{world_size} ranks need ddp or fsdp")
+            raise SpaceError(f"{knob}={refused[0]}: {where}")
     domains = {knob: narrowed.get(knob) or offered[knob]
                for knob in _CATEGORICAL if knob != "micro_batch_size"}
     for knob, reasons in (left_out or {}).items():
@@ -260,12 +283,15 @@ def build_space(baseline: TrainConfig, info: DeviceInfo, dataset_size: int, *,
                              "model and machine: " + "; ".join(f"{v}: {r}"
                                                                for v, r in reasons.items()))
         domains[knob] = kept
-    if all(w == 0 for w in domains["num_workers"]):
-        for knob, inactive in INACTIVE.items():
-            if domains[knob] != (inactive,) and knob in narrowed:
-                raise SpaceError(f"{knob} is narrowed to {list(domains[knob])}, but num_workers "
-                                 f"can only be 0, where {knob} is {inactive}")
-            domains[knob] = (inactive,)
+    for knob, condition in CONDITIONS.items():
+        if any(condition.holds(dict(zip(_PARENTS, chosen))) for chosen in
+               itertools.product(*(domains[k] for k in _PARENTS))):
+            continue
+        if domains[knob] != (condition.otherwise,) and knob in narrowed:
+            raise SpaceError(f"{knob} is narrowed to {list(domains[knob])}, but it means "
+                             f"something only when {condition.needs}, which no configuration "
+                             f"here has; it is {condition.otherwise}")
+        domains[knob] = (condition.otherwise,)
 
     micros, accums = narrowed.get("micro_batch_size"), narrowed.get("grad_accum_steps")
     fixed_accum = None

@@ -96,6 +96,10 @@ def test_grid_is_every_configuration_and_nothing_else():
         "pin_memory": (False,),
         "persistent_workers": (False, True),
         "compile_mode": ("none", "default", "max-autotune-no-cudagraphs"),
+        # one process: no process group's knobs
+        "parallelism": ("none",), "ddp_bucket_cap_mb": (25,), "ddp_static_graph": (False,),
+        "ddp_gradient_as_bucket_view": (False,), "fsdp_reshard_after_forward": (True,),
+        "fsdp_reduce_dtype": ("fp32",),
     }
     # 5 micro (1 x 32 is past the accumulation cap of 16) x 2 precisions x 3 checkpointing x
     # 3 optimizers x 3 compile modes x loaders, where loaders = 1 (no workers) + 3 worker
@@ -104,6 +108,29 @@ def test_grid_is_every_configuration_and_nothing_else():
     assert len(grid) == 5 * 2 * 3 * 3 * 3 * 13 == space.size()
     assert set(grid) == set(enumerate_space(space))
     assert len(set(grid)) == len(grid)
+
+
+def test_a_process_group_searches_its_knobs_each_only_under_its_parallelism():
+    space = build_space(BASELINE.replace(parallelism="ddp"), CPU6, 1000, world_size=2,
+                        fixes={"precision": "bf16", "num_workers": 0,
+                               "activation_checkpointing": "none", "optimizer_impl": "fused",
+                               "compile_mode": "none"})
+    assert space.domains["parallelism"] == ("ddp", "fsdp")
+    grid = space.grid()
+    ddp = [c for c in grid if c.parallelism == "ddp"]
+    fsdp = [c for c in grid if c.parallelism == "fsdp"]
+    # ddp: 3 bucket sizes x static graph x bucket view; fsdp: reshard x reduce dtype (bf16)
+    micros = len(space.domains["micro_batch_size"])
+    assert len(ddp) == micros * 3 * 2 * 2 and len(fsdp) == micros * 2 * 2
+    assert len(grid) == space.size()
+    assert all(c.fsdp_reshard_after_forward and c.fsdp_reduce_dtype == "fp32" for c in ddp)
+    assert all(c.ddp_bucket_cap_mb == 25 and not c.ddp_static_graph for c in fsdp)
+    assert all(not c.problems() for c in grid)
+
+
+def test_one_process_cannot_fix_a_process_groups_knob():
+    with pytest.raises(SpaceError, match="parallelism"):
+        build_space(BASELINE, CPU6, 1000, fixes={"parallelism": "ddp"})
 
 
 def test_free_batch_grid_is_every_configuration():
@@ -363,7 +390,7 @@ def test_space_without_workers_switches_the_loader_knobs_off():
     ({"free_batch": (16, 64), "fixes": {"grad_accum_steps": 100}},
      "no micro_batch_size puts the effective batch in --free-batch-size 16:64"),
     ({"fixes": {"num_workers": 0, "prefetch_factor": 4}},
-     "prefetch_factor is narrowed to [4], but num_workers can only be 0"),
+     "prefetch_factor is narrowed to [4], but it means something only when num_workers > 0"),
 ])
 def test_bad_input_is_a_space_error(kwargs, message):
     with pytest.raises(SpaceError, match=re.escape(message)):
