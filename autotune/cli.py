@@ -146,7 +146,8 @@ def cmd_bench(options: BenchOptions, console: Console) -> int:
     request = TrialRequest(
         model_path=options.model_path, config=knobs, device=str(info.torch_device),
         model_args=options.model_args, settings=vars(options.settings),
-        memory_limit_bytes=options.memory_limit_bytes, trace_path=trace)
+        memory_limit_bytes=options.memory_limit_bytes, trace_path=trace,
+        nproc_per_node=options.nproc_per_node)
     result = _isolated(request, "measuring", name, options.time_limit_s, options.log)
     refused = _refused(result, info)
     if refused is not None and not options.json:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
@@ -57,6 +57,10 @@ def short_config(config: Mapping[str, Any]) -> str:
         parts.append("pin")
     if config["compile_mode"] != "none":
         parts.append(f"compile={config['compile_mode']}")
+    if config.get("parallelism", "none") != "none":
+        parts += [_knob_words(k, config[k], config) for k, default in _GROUP_DEFAULTS.items()
+                  if k in config and config[k] != default and
+                  (k == "parallelism" or k.startswith(config["parallelism"]))]
     return " ".join(str(p) for p in parts)
 
 
@@ -95,4 +99,21 @@ def _knob_words(knob: str, value: Any, config: Mapping[str, Any]) -> str:
             (f", prefetch {config['prefetch_factor']}" if config.get("prefetch_factor") else "")
     if knob in ("pin_memory", "persistent_workers"):
         return ("" if value else "no ") + knob.replace("_", " ")
+    if knob in _GROUP_KNOBS:
+        return _GROUP_KNOBS[knob](value)
     return str(value)
+
+
+# A process group's knobs at PyTorch's defaults, which a short description leaves out.
+_GROUP_DEFAULTS = {"parallelism": "none", "ddp_bucket_cap_mb": 25, "ddp_static_graph": False,
+                   "ddp_gradient_as_bucket_view": False, "fsdp_reshard_after_forward": True,
+                   "fsdp_reduce_dtype": "fp32"}
+# A process group's knobs in words.
+_GROUP_KNOBS: dict[str, Callable[[Any], str]] = {
+    "parallelism": lambda v: {"none": "one process", "ddp": "DDP", "fsdp": "FSDP"}[v],
+    "ddp_bucket_cap_mb": lambda v: f"{v} MB buckets",
+    "ddp_static_graph": lambda v: "static graph" if v else "dynamic graph",
+    "ddp_gradient_as_bucket_view": lambda v: ("" if v else "no ") + "gradients as bucket views",
+    "fsdp_reshard_after_forward": lambda v: ("" if v else "no ") + "resharding after forward",
+    "fsdp_reduce_dtype": lambda v: f"{v} reduction",
+}

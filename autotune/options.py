@@ -176,6 +176,13 @@ class WorkloadOptions(CommandOptions):
     memory_limit_bytes: int | None = option(
         "--memory-limit", "measure as if the device had only this much memory (e.g. 8GiB)",
         metavar="SIZE", parse=parse_bytes)
+    nproc_per_node: int = option(
+        "--nproc-per-node", "run every trial as a process group of N ranks started by "
+        "torchrun (one GPU each with NCCL; on CPU gloo, the cores shared out), and search DDP "
+        "and FSDP and their knobs", default=1, metavar="N", kind=int)
+
+    def problems(self) -> list[str]:
+        return _at_least(self, {"nproc_per_node": 1})
 
 
 @dataclass(kw_only=True)
@@ -215,7 +222,8 @@ class BenchOptions(OneConfigOptions):
     settings: MeasureSettings = group(MeasureSettings)
 
     def problems(self) -> list[str]:
-        return self.settings.problems() + _at_least(self, {"time_limit_s": 1})
+        return super().problems() + self.settings.problems() + \
+            _at_least(self, {"time_limit_s": 1})
 
 
 @dataclass(kw_only=True)
@@ -234,7 +242,9 @@ class ProfileOptions(OneConfigOptions):
                                  kind=float)
 
     def problems(self) -> list[str]:
-        return _at_least(self, {"steps": 1, "top": 1, "time_limit_s": 1})
+        alone = ["autotune profile looks at one process; drop --nproc-per-node (autotune bench "
+                 "measures a process group)"] if self.nproc_per_node > 1 else []
+        return alone + _at_least(self, {"steps": 1, "top": 1, "time_limit_s": 1})
 
 
 @dataclass(kw_only=True)
@@ -251,8 +261,8 @@ class TuneOptions(StorageOptions, WorkloadOptions):
                                      "30m, 1h, 90s (confirmation follows)",
                                      metavar="DURATION", parse=parse_duration)
     global_batch: int | None = option(
-        "--global-batch-size", "keep micro_batch_size x grad_accum_steps = G (default: the "
-        "baseline's effective batch)", metavar="G", kind=int)
+        "--global-batch-size", "keep micro_batch_size x grad_accum_steps x ranks = G "
+        "(default: the baseline's)", metavar="G", kind=int)
     free_batch: tuple[int, int] | None = option(
         "--free-batch-size", "let the effective batch vary in [MIN, MAX] (the learning rate "
         "may then need rescaling)", metavar="MIN:MAX", parse=parse_batch_range)
@@ -342,7 +352,17 @@ class TuneOptions(StorageOptions, WorkloadOptions):
         if self.global_batch is not None and self.free_batch is not None:
             out.append("--global-batch-size and --free-batch-size contradict each other: the "
                        "first keeps the effective batch at one value, the second lets it vary")
-        return out + self._device_problems()
+        if self.global_batch and self.global_batch % self.nproc_per_node:
+            out.append(f"--global-batch-size {self.global_batch} does not split evenly over "
+                       f"--nproc-per-node {self.nproc_per_node} ranks")
+        if self.free_batch is not None and self.nproc_per_node > 1:
+            out.append("--free-batch-size is for one process; under --nproc-per-node keep the "
+                       "global batch (--global-batch-size)")
+        if self.devices and self.nproc_per_node > 1:
+            out.append("--devices with --nproc-per-node: a process group takes the first N "
+                       "GPUs this process sees (set CUDA_VISIBLE_DEVICES); groups side by side "
+                       "run on CPU only (--workers)")
+        return out + super().problems() + self._device_problems()
 
     def _device_problems(self) -> list[str]:
         """One worker per device: distinct devices of one kind, and one trial per GPU."""

@@ -9,6 +9,13 @@ both end the same ways. The child classifies its own exceptions and writes a res
 atomically; a child that dies without one is a `crash`, one that runs past its limit is killed
 with its whole process group (DataLoader workers included) and is a `timeout`. No model file is
 ever imported here: user code runs only in children.
+
+A trial of a process group (`nproc_per_node` > 1) is PyTorch's own launcher,
+`python -m torch.distributed.run --standalone`, starting that many ranks of the child (never
+forked: each rank is a fresh interpreter); the tuner never joins the group. Each rank writes its
+result and its pid; the trial's result is the first rank's failure (OOM, error...) naming the
+rank, else rank 0's figures, which cover the group. A time limit, a Ctrl-C or a finished trial
+kills the launcher's process group and every rank's (their DataLoader workers with them).
 """
 
 from __future__ import annotations
@@ -29,7 +36,13 @@ from typing import IO
 
 from autotune.hardware import trial_device
 from autotune.search.forkserver import ForkedChild, ForkServer, ForkServerUnavailable
-from autotune.trial.protocol import TrialRequest, TrialResult, TrialStatus
+from autotune.trial.protocol import (
+    TrialRequest,
+    TrialResult,
+    TrialStatus,
+    rank_pid_path,
+    rank_result_path,
+)
 
 Child = subprocess.Popen | ForkedChild
 
@@ -46,7 +59,9 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
     as Ctrl-C does in the main thread.
     """
     # The child sees its GPU alone, as cuda:0 (`hardware.trial_device`).
-    device, device_env = trial_device(request.device, os.environ)
+    # A process group's ranks each take their own GPU of those this process sees.
+    device, device_env = (request.device, {}) if request.nproc_per_node > 1 else \
+        trial_device(request.device, os.environ)
     request = replace(request, device=device)
     workdir = Path(tempfile.mkdtemp(prefix="autotune-trial-"))
     log = Path(log_path) if log_path else workdir / "trial.log"
@@ -57,16 +72,30 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
     with open(log, "ab") as log_file:
         child = _start(request, request_file, result_file, phase_file, log, log_file, server,
                        device_env)
+        ranks = request.nproc_per_node
         try:
-            timed_out, phase = _wait(child, start + time_limit_s, phase_file, on_phase, stop)
+            timed_out, phase = _wait(child, start + time_limit_s, phase_file, on_phase, stop,
+                                     result_file, ranks)
         except BaseException:
-            _kill_group(child)
+            _kill_group(child, result_file, ranks)
             raise
     wall = time.monotonic() - start
+    rank_results = _rank_results(result_file, ranks) if ranks > 1 else []
+    failed = sorted((r for r in rank_results if r.status != TrialStatus.OK),
+                    key=lambda r: r.metrics.get("ended_at", 0.0))
     if timed_out:
         where = f" (in: {phase})" if phase else ""
+        every = f"all {ranks} ranks" if ranks > 1 else "its worker processes"
         result = TrialResult(TrialStatus.TIMEOUT, f"still running after the {time_limit_s:g} s "
-                             f"limit{where}; killed with its worker processes")
+                             f"limit{where}; killed with {every}")
+    elif failed:
+        result = failed[0]
+        result.message = f"rank {result.metrics['rank']} of {ranks}: {result.message}"
+    elif ranks > 1:
+        missing = [r for r in range(ranks) if not rank_result_path(result_file, r).exists()]
+        result = rank_results[0] if not missing else TrialResult(
+            TrialStatus.CRASH, f"rank {missing[0]} of {ranks} exited with no result (launcher "
+            f"exit code {child.returncode}); see {log}")
     elif result_file.exists():
         result = TrialResult(**json.loads(result_file.read_text()))
     elif child.returncode < 0:
@@ -76,7 +105,9 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
     else:
         result = TrialResult(TrialStatus.CRASH, f"exited with code {child.returncode} and no "
                              f"result; see {log}")
-    for scratch in (request_file, result_file, phase_file):
+    for scratch in (request_file, result_file, phase_file,
+                    *(f(result_file, r) for r in range(ranks) if ranks > 1
+                      for f in (rank_result_path, rank_pid_path))):
         scratch.unlink(missing_ok=True)
     if not any(workdir.iterdir()):
         workdir.rmdir()
@@ -88,8 +119,11 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
 def _start(request: TrialRequest, request_file: Path, result_file: Path, phase_file: Path,
            log: Path, log_file: IO[bytes], server: ForkServer | None,
            device_env: dict[str, str]) -> Child:
-    """The child, forked from the server while it lives, else a new interpreter."""
+    """The child, forked from the server while it lives, else a new interpreter; a process
+    group's ranks through torchrun."""
     env = {"PYTHONUNBUFFERED": "1", **device_env}
+    if request.nproc_per_node > 1:
+        return _start_group(request, request_file, result_file, phase_file, log_file, env)
     if server is not None:
         request_file.write_text(json.dumps({**asdict(request), "parent_pid": server.pid,
                                             "phase_file": str(phase_file)}))
@@ -104,9 +138,30 @@ def _start(request: TrialRequest, request_file: Path, result_file: Path, phase_f
                             env={**os.environ, **env})
 
 
+def _start_group(request: TrialRequest, request_file: Path, result_file: Path,
+                 phase_file: Path, log_file: IO[bytes], env: dict[str, str]) -> Child:
+    """torchrun, standalone on this node (a free port of its own, so groups run side by side),
+    no restarts: a rank that fails ends the trial."""
+    request_file.write_text(json.dumps({**asdict(request), "parent_pid": os.getpid(),
+                                        "phase_file": str(phase_file)}))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={request.nproc_per_node}", "--max-restarts=0",
+               "--monitor-interval=0.2", "-m", "autotune.trial.child",
+               str(request_file), str(result_file)]
+    threads = {"OMP_NUM_THREADS": "1"} if request.device == "cpu" else {}
+    return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, **threads, **env})
+
+
+def _rank_results(result_file: Path, ranks: int) -> list[TrialResult]:
+    return [TrialResult(**json.loads(path.read_text())) for path in
+            (rank_result_path(result_file, r) for r in range(ranks)) if path.exists()]
+
+
 def _wait(child: Child, deadline: float, phase_file: Path,
           on_phase: Callable[[str], None] | None,
-          stop: threading.Event | None) -> tuple[bool, str]:
+          stop: threading.Event | None, result_file: Path, ranks: int) -> tuple[bool, str]:
     """Poll the child until it exits or the deadline passes; report phase changes. Returns
     whether it timed out, and its last phase."""
     phase = ""
@@ -114,7 +169,7 @@ def _wait(child: Child, deadline: float, phase_file: Path,
         if stop is not None and stop.is_set():
             raise KeyboardInterrupt
         if time.monotonic() > deadline:
-            _kill_group(child)
+            _kill_group(child, result_file, ranks)
             return True, _last_phase(phase_file, phase)
         current = _last_phase(phase_file, phase)
         if current != phase:
@@ -122,7 +177,7 @@ def _wait(child: Child, deadline: float, phase_file: Path,
             if on_phase is not None:
                 on_phase(phase)
         time.sleep(0.1)
-    _kill_group(child)
+    _kill_group(child, result_file, ranks)
     return False, _last_phase(phase_file, phase)
 
 
@@ -132,8 +187,14 @@ def _last_phase(phase_file: Path, known: str) -> str:
     return current or known
 
 
-def _kill_group(child: Child) -> None:
-    """Kill the child and everything it started (DataLoader workers, compile workers)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(child.pid, signal.SIGKILL)
+def _kill_group(child: Child, result_file: Path, ranks: int) -> None:
+    """Kill the child and everything it started (DataLoader workers, compile workers); of a
+    process group, every rank too: torchrun starts each in a session of its own."""
+    groups = [child.pid]
+    for rank in range(ranks if ranks > 1 else 0):
+        with contextlib.suppress(OSError, ValueError):
+            groups.append(int(rank_pid_path(result_file, rank).read_text()))
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
     child.wait()

@@ -37,10 +37,16 @@ class MeasureJob:
     # A run of a paired round (confirmation, verify): the rounds give the figure its precision,
     # so the run times the shortest window that still times steps, and screens nothing.
     round_run: bool = False
+    # A check that the configuration runs at all (the probe's, in a process group): one step
+    # of warm-up and one timed, nothing else.
+    check_run: bool = False
 
 
 # A round run's timed window, in optimizer steps (at least the window's seconds still).
 ROUND_WINDOW_STEPS = 3
+# A check run's settings: does it train at all.
+CHECK_RUN = {"screen_steps": 0, "warmup_max_steps": 1, "window_steps": 1, "window_max_steps": 1,
+             "window_seconds": 0.0, "profile_steps": 0, "contention_retries": 0}
 
 
 class ProbeFailed(RunFailed):
@@ -62,8 +68,9 @@ class ProcessRunner:
                  settings: dict, *, memory_limit_bytes: int | None,
                  core_shares: list[list[int]] | None,
                  on_phase: Callable[[str, int | None], None],
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, nproc_per_node: int = 1) -> None:
         self.model_path, self.model_args, self.directory = model_path, model_args, directory
+        self.nproc_per_node = nproc_per_node
         self.settings, self.memory_limit_bytes = settings, memory_limit_bytes
         self.core_shares = core_shares
         self.on_phase, self.stop = on_phase, stop
@@ -94,10 +101,11 @@ class ProcessRunner:
             model_args=self.model_args,
             settings={**self.settings, "screen_below": job.screen_below,
                       **({} if job.profile else {"profile_steps": 0}),
-                      **(self._round_window() if job.round_run else {})},
+                      **(self._round_window() if job.round_run else {}),
+                      **(CHECK_RUN if job.check_run else {})},
             memory_limit_bytes=self.memory_limit_bytes,
             trace_path=str(job.trace) if job.trace else None, inductor_cache_dir=cache,
-            **self._cores(job.slot))
+            nproc_per_node=self.nproc_per_node, **self._cores(job.slot))
         return run_isolated(request, job.time_limit_s,
                             self.directory / "logs" / f"{job.name}.log",
                             on_phase=lambda text: self.on_phase(text, job.number),

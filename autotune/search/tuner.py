@@ -41,6 +41,7 @@ from autotune.search.budget import (
 )
 from autotune.search.confirm import Plan, confirm, should_confirm
 from autotune.search.events import SilentView, StudyView
+from autotune.search.group_checks import group_left_out
 from autotune.search.heartbeat import recover_orphans, tuner_name
 from autotune.search.outcome import Scoring
 from autotune.search.runner import ProcessRunner, Runner
@@ -58,6 +59,8 @@ TYPICAL_TRIALS = 20
 # How long a tuner waits for a study that another has just created to be recorded (its
 # creator writes a few attributes right after creating it).
 RECORD_WAIT_S = 60.0
+# The longest a process-group check may take (a value that hangs a collective ends here).
+GROUP_CHECK_LIMIT_S = 120.0
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -97,7 +100,8 @@ class Tuner:
         self.runner = runner or ProcessRunner(
             str(model), opts.model_args, self.directory, vars(opts.settings),
             memory_limit_bytes=opts.memory_limit_bytes, core_shares=self.core_shares,
-            on_phase=lambda text, number: self.view.phase(text, number), stop=self.stop)
+            on_phase=lambda text, number: self.view.phase(text, number), stop=self.stop,
+            nproc_per_node=opts.nproc_per_node)
         try:
             self._prepare(name, info)
         except BaseException:
@@ -112,9 +116,12 @@ class Tuner:
     def _prepare(self, name: str, info: DeviceInfo) -> None:
         opts = self.options
         self.storage = open_storage(opts.storage, self.directory, retry_s=opts.storage_retry_s)
-        fingerprint = probe_fingerprint(opts.model_path, opts.model_args, info.name)
+        fingerprint = probe_fingerprint(opts.model_path, opts.model_args, info.name,
+                                        opts.nproc_per_node)
         identity = {"model_path": str(Path(opts.model_path).resolve()),
-                    "model_args": opts.model_args, "device_type": self.device.type}
+                    "model_args": opts.model_args, "device_type": self.device.type,
+                    **({"nproc_per_node": opts.nproc_per_node}
+                       if opts.nproc_per_node > 1 else {})}
         sampler = optuna.samplers.TPESampler(
             seed=opts.seed, multivariate=True, group=True,
             n_startup_trials=min(10, max(3, (opts.trials or TYPICAL_TRIALS) // 3)))
@@ -157,14 +164,18 @@ class Tuner:
         """The baseline and the space from the probe's report; checks the memory limit."""
         opts = self.options
         try:
-            self.baseline = from_baseline(self.probe.baseline, self.device.type)
+            self.baseline = from_baseline(self.probe.baseline, self.device.type,
+                                          opts.nproc_per_node)
         except ConfigError as exc:
             raise ContractError(f"{opts.model_path}: BASELINE: {exc}") from None
+        # The space keeps each rank's micro x accumulation; the global batch is N times it.
+        per_rank = opts.global_batch // opts.nproc_per_node if opts.global_batch else None
         self.space = build_space(self.baseline, info, self.probe.dataset_size,
-                                 global_batch=opts.global_batch, free_batch=opts.free_batch,
+                                 global_batch=per_rank, free_batch=opts.free_batch,
                                  fixes=opts.fixes, space_file=opts.space_file,
                                  max_grad_accum=opts.max_grad_accum,
-                                 left_out=self.probe.left_out_values())
+                                 left_out=self.probe.left_out_values(),
+                                 world_size=opts.nproc_per_node)
         self.capacity_bytes = opts.memory_limit_bytes or info.total_memory_bytes
         self._check_memory_limit()
 
@@ -186,6 +197,15 @@ class Tuner:
             return probed
         self.view.note("probing what the model and this machine can do (once per study)")
         report = self.runner.probe(str(self.device), self.options.trial_time_limit_s)
+        ranks = self.options.nproc_per_node
+        if ranks > 1:
+            self.view.note(f"checking DDP and FSDP on the model in process groups of {ranks} "
+                           "ranks")
+            report.left_out += group_left_out(
+                self.runner, from_baseline(report.baseline, self.device.type, ranks),
+                str(self.device), min(self.options.trial_time_limit_s, GROUP_CHECK_LIMIT_S),
+                describe(self.device).bf16,
+                on_check=lambda what: self.view.phase(f"checking {what}", None))
         for item in report.left_out:
             self.view.note(f"left out: {item.describe()}")
         return report
@@ -347,7 +367,8 @@ class Tuner:
         confirmation = confirm(study, self.baseline, self.scoring, self.runner.measure,
                                self.view, plan, time_limit_s=opts.trial_time_limit_s,
                                device=str(self.device), directory=self.directory)
-        if confirmation and confirmation.winner and confirmation.winner.trace:
+        if confirmation and confirmation.winner and confirmation.winner.trace and \
+                Path(confirmation.winner.trace).is_file():
             shutil.copyfile(confirmation.winner.trace, self.directory / "best-trace.json")
 
     def _forecast(self, trial_s: float, run_s: float, deadline: float, top: int) -> Forecast:
@@ -380,12 +401,14 @@ class Tuner:
 
 
 def probe_fingerprint(model_path: str | Path, model_args: Mapping[str, Any],
-                      device_name: str) -> str:
-    """What the probe's answer depends on: the model file's bytes, its arguments, the device
-    and torch's version."""
+                      device_name: str, nproc_per_node: int = 1) -> str:
+    """What the probe's answer depends on: the model file's bytes, its arguments, the device,
+    torch's version and the ranks of a process group."""
     digest = hashlib.sha256(Path(model_path).read_bytes())
     digest.update(repr(sorted(model_args.items())).encode())
     digest.update(f"{device_name}|{torch.__version__}".encode())
+    if nproc_per_node > 1:
+        digest.update(f"|ranks={nproc_per_node}".encode())
     return digest.hexdigest()
 
 

@@ -87,7 +87,8 @@ def verify_study(study: optuna.Study, options: VerifyOptions, directory: Path,
         raise UsageError(str(exc)) from None
     runner = ProcessRunner(model, identity.get("model_args") or {}, directory,
                            vars(options.settings), memory_limit_bytes=None, core_shares=None,
-                           on_phase=lambda text, number: view.phase(text, number))
+                           on_phase=lambda text, number: view.phase(text, number),
+                           nproc_per_node=identity.get("nproc_per_node", 1))
     try:
         return verify(study, runner.measure, Scoring(device.type, None, 0.0, 0.0), view,
                       rounds=options.rounds, time_limit_s=options.time_limit_s,

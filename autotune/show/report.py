@@ -23,7 +23,7 @@ from autotune.formatting import (
     short_config,
 )
 from autotune.study.records import TrialRecord
-from autotune.study.summary import StudySummary
+from autotune.study.summary import ProcessGroupFigures, StudySummary
 from autotune.trial.profiling import OperatorStat
 
 if TYPE_CHECKING:
@@ -332,8 +332,10 @@ def result_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
                         if summary.difference_unknown else
                         " of the baseline, no measurable difference from the best")
                      + ", which changes fewer knobs"))
+    rows += group_rows(summary.process_group)
     rows += [
-        ("peak memory (best)", format_bytes(summary.best_peak_memory_bytes), ""),
+        ("peak memory (best)", format_bytes(summary.best_peak_memory_bytes),
+         "the largest rank's" if summary.process_group else ""),
         ("MFU (best)", format_percent(summary.best_mfu), "CUDA only"),
         ("tuning wall time", format_seconds(summary.tuning_wall_s), "trials only"),
         ("trials", ", ".join(f"{k.lower()} {v}" for k, v in sorted(summary.trials.items())),
@@ -347,6 +349,23 @@ def result_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
          "trials timed while other processes used the CPUs; never ranked above a clean one"),
     ]
     return rows + search_rows(summary)
+
+
+def group_rows(group: ProcessGroupFigures | None) -> list[tuple[str, str, str]]:
+    """The best trial's ranks, when trials are process groups."""
+    if group is None:
+        return []
+    straggler = f"rank {group.straggler_rank} held the others back (>10% slower at its own " \
+        "work)" if group.straggler_rank is not None else "no straggler"
+    return [
+        ("ranks (best)", " | ".join(format_rate(r) for r in group.rank_samples_per_sec),
+         f"samples/sec of each of {group.world_size} ranks in its search trial; the group's "
+         f"is their sum over the slowest window; {straggler}"),
+        ("rank peak memory", " | ".join(format_bytes(b) for b in group.rank_peak_memory_bytes),
+         "each rank's"),
+        ("communication (best)", format_percent(group.communication_fraction),
+         "share of the profiled step with a collective in flight, overlapped or not"),
+    ]
 
 
 def left_out_lines(summary: StudySummary) -> list[str]:

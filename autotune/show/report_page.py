@@ -25,7 +25,7 @@ from autotune.formatting import (
     short_config,
 )
 from autotune.show import plots
-from autotune.show.report import left_out_lines, speedup_text
+from autotune.show.report import group_rows, left_out_lines, speedup_text
 from autotune.study.confirmation import CandidateSummary, Confirmation
 from autotune.study.records import StudyKey, TrialRecord, trial_records
 from autotune.study.results import compile_rows, study_summary
@@ -147,10 +147,14 @@ def _best_vs_baseline(study: optuna.Study, summary: StudySummary) -> str:
         ("step time (median)", format_seconds(_confirmed(baseline, "step_time_median_s")),
          format_seconds(_confirmed(winner, "step_time_median_s"))),
     ], numeric=(1, 2))
+    group = summary.process_group
+    ranks = _table(["process group (best trial)", "figure", "how"], group_rows(group)) \
+        if group else ""
     warnings = "".join(f'<p class="muted">{_e(line)}</p>' for line in [
         *(f"warning: {w}" for w in summary.warnings), *left_out_lines(summary),
         *(f"verified {v.describe()}" for v in summary.verifications)])
-    return f"{knobs}{figures}<p class='muted'>{_e(how)}. MFU needs CUDA.</p>{warnings}"
+    return (f"{knobs}{figures}{ranks}<p class='muted'>{_e(how)}. MFU needs CUDA.</p>"
+            f"{warnings}")
 
 
 def _operators_and_findings(study: optuna.Study, summary: StudySummary) -> str:

@@ -30,6 +30,7 @@ from autotune.study.summary import (
     CompilePayoff,
     ConfirmedFigures,
     MemoryPredictions,
+    ProcessGroupFigures,
     StudySummary,
 )
 from autotune.study.verdict import confirmed_verdict, search_verdict
@@ -138,7 +139,21 @@ def study_summary(study: optuna.Study) -> StudySummary:
         best_disturbed=best_disturbed, compile_payoff=compile_payoff(records, best_trial),
         verifications=tuple(Verification.from_json(v)
                             for v in attrs.get(StudyKey.VERIFICATIONS, [])),
+        process_group=process_group_figures(
+            next((r for r in records if r.number == best_trial), None)),
         **figures)
+
+
+def process_group_figures(record: TrialRecord | None) -> ProcessGroupFigures | None:
+    """The ranks' own figures of a process group's trial (None for a trial of one process)."""
+    if record is None or (record.get("world_size") or 1) <= 1:
+        return None
+    return ProcessGroupFigures(
+        world_size=record.get("world_size"),
+        rank_samples_per_sec=tuple(record.get("rank_samples_per_sec") or ()),
+        rank_peak_memory_bytes=tuple(record.get("rank_peak_memory_bytes") or ()),
+        communication_fraction=record.get("communication_fraction"),
+        straggler_rank=record.get("straggler_rank"))
 
 
 def _confirmed_figures(confirmation: Confirmation) -> dict[str, Any]:

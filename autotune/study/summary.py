@@ -2,7 +2,8 @@
 summary.md): one typed record, built from the storage alone by `results.study_summary`.
 
 `to_json()` is what `--json` prints; the keys about the confirmation appear only once one ran,
-`verifications` once `autotune verify` has run, and `files` only when the run wrote them.
+`process_group` for trials of several ranks, `verifications` once `autotune verify` has run, and
+`files` only when the run wrote them.
 """
 
 from __future__ import annotations
@@ -42,6 +43,19 @@ class CompilePayoff:
     compile_s: float
     gain: float
     break_even_steps: float | None
+
+
+@dataclass(frozen=True)
+class ProcessGroupFigures:
+    """How the best trial's ranks went, when trials are process groups: each rank's own rate and
+    peak memory, the share of the step with a collective in flight, and the rank that held
+    the others back (more than 10% slower at its own work), if one did."""
+
+    world_size: int
+    rank_samples_per_sec: tuple[float, ...]
+    rank_peak_memory_bytes: tuple[int | None, ...]
+    communication_fraction: float | None
+    straggler_rank: int | None
 
 
 @dataclass(frozen=True)
@@ -98,6 +112,7 @@ class StudySummary:
     best_disturbed: bool
     compile_payoff: CompilePayoff | None
     confirmation: ConfirmedFigures | None = None
+    process_group: ProcessGroupFigures | None = None  # of the best trial's search run
     verifications: tuple[Verification, ...] = ()
     files: dict[str, str] = field(default_factory=dict)
 
@@ -116,10 +131,12 @@ class StudySummary:
     def to_json(self) -> dict[str, Any]:
         """Plain data, the keys `autotune show --json` has always printed."""
         data = {f.name: _plain(getattr(self, f.name)) for f in fields(self)
-                if f.name not in ("confirmation", "verifications", "files")}
+                if f.name not in ("confirmation", "process_group", "verifications", "files")}
         data["confirmed"] = self.confirmed
         if self.confirmation is not None:
             data.update(_plain(self.confirmation))
+        if self.process_group is not None:
+            data["process_group"] = _plain(self.process_group)
         if self.verifications:
             data["verifications"] = [v.to_json() for v in self.verifications]
         if self.files:

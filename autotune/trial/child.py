@@ -2,9 +2,12 @@
 write the result, exit.
 
 The process is a new interpreter (`child_main`) or a fork of the fork server
-(`autotune.trial.server`); either way it runs `run_child`. It exits by itself within a couple of
-seconds when the tuner that started it is gone, so it never keeps holding a GPU. The model file
-is imported here, never in the tuner.
+(`autotune.trial.server`); either way it runs `run_child`. Under `--nproc-per-node N` it is one
+of N ranks torchrun started (`python -m torch.distributed.run ... -m autotune.trial.child`):
+each rank joins the group, runs the same job, and writes its own result (`rank_result_path`);
+one that fails exits non-zero, so torchrun ends the others at once. It exits by itself within a
+couple of seconds when the tuner that started it is gone, so it never keeps holding a GPU. The
+model file is imported here, never in the tuner.
 """
 
 from __future__ import annotations
@@ -21,7 +24,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.trial.protocol import TrialRequest, TrialResult, TrialStatus
+from autotune.trial.protocol import (
+    TrialRequest,
+    TrialResult,
+    TrialStatus,
+    rank_pid_path,
+    rank_result_path,
+)
 
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory",
                "failed to allocate memory",
@@ -40,33 +49,58 @@ JOBS = {"measure": ("autotune.trial.measure", "measure_job"),
 
 
 def child_main() -> None:
-    """Entry point of a trial process started as a new interpreter."""
+    """Entry point of a trial process started as a new interpreter (or as a rank by torchrun)."""
     run_child(Path(sys.argv[1]), Path(sys.argv[2]))
 
 
 def run_child(request_file: Path, result_file: Path) -> None:
     """In the trial process: run the job, classify, write the result, exit."""
     raw = json.loads(request_file.read_text())
-    _watch_parent(raw.pop("parent_pid"))
+    rank = int(os.environ.get("RANK", "0"))
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    if ranks > 1:
+        rank_pid_path(result_file, rank).write_text(str(os.getpid()))
+        result_file = rank_result_path(result_file, rank)
+        _watch_tuner(raw.pop("parent_pid"))
+    else:
+        _watch_parent(raw.pop("parent_pid"))
     phase_file = Path(raw.pop("phase_file"))
     request = TrialRequest(**raw)
     if request.inductor_cache_dir:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = request.inductor_cache_dir
-    if request.cpus:
+    cpus = rank_cpus(request.cpus or sorted(os.sched_getaffinity(0)), rank, ranks) \
+        if ranks > 1 else request.cpus
+    if cpus:
         # Before torch starts its threads: they, DataLoader workers and compile workers inherit it.
-        os.sched_setaffinity(0, request.cpus)
+        os.sched_setaffinity(0, cpus)
+        if ranks > 1:
+            request.threads = len(cpus)
+    note = (lambda phase: _note_phase(phase_file, phase)) if rank == 0 else _say_phase
     try:
-        result = _run_job(request, lambda phase: _note_phase(phase_file, phase))
+        result = _run_job(request, note)
     except MemoryError:
         _lift_memory_limit()
         result = TrialResult(TrialStatus.OOM, "MemoryError (the process ran out of memory while "
                                     "reporting a failure)")
-    tmp = result_file.with_suffix(".tmp")
+    if ranks > 1:
+        result.metrics.setdefault("rank", rank)
+        result.metrics.setdefault("ended_at", time.time())
+    tmp = result_file.with_name(result_file.name + ".tmp")
     tmp.write_text(json.dumps(result.to_dict()))
     tmp.replace(result_file)
     sys.stdout.flush()
-    # Skip interpreter teardown: DataLoader workers and compile pools can hang it.
-    os._exit(0)
+    # Skip interpreter teardown: DataLoader workers and compile pools can hang it. A rank that
+    # failed exits non-zero, so that torchrun stops the others instead of leaving them waiting.
+    os._exit(0 if ranks == 1 or result.status == TrialStatus.OK else 1)
+
+
+def rank_cpus(cpus: list[int], rank: int, ranks: int) -> list[int]:
+    """A rank's own share of the trial's cores (all of them shared when there are fewer cores
+    than ranks)."""
+    if len(cpus) < ranks:
+        return cpus
+    share = len(cpus) // ranks
+    return cpus[rank * share:(rank + 1) * share]
 
 
 def _run_job(request: TrialRequest, on_phase: Callable[[str], None]) -> TrialResult:
@@ -74,11 +108,13 @@ def _run_job(request: TrialRequest, on_phase: Callable[[str], None]) -> TrialRes
 
     from autotune.errors import ConfigError, ContractError
     from autotune.hardware import describe, unsupported_reason
+    from autotune.trial.distributed import join, launched_world_size, rank_device
     from autotune.trial.training import Unsupported
     from autotune.trial.workload import load_workload
 
     try:
         device = torch.device(request.device)
+        device = rank_device(device, join(device.type))
         if request.threads:
             torch.set_num_threads(request.threads)
         if request.memory_limit_bytes:
@@ -87,7 +123,7 @@ def _run_job(request: TrialRequest, on_phase: Callable[[str], None]) -> TrialRes
         job = getattr(importlib.import_module(module), name)
         on_phase("loading the model file")
         workload = load_workload(request.model_path, request.model_args)
-        config = workload.train_config(request.config, device.type)
+        config = workload.train_config(request.config, device.type, launched_world_size())
         print(f"autotune {request.job}: {config.to_dict()} on {device}", flush=True)
         reason = unsupported_reason(config, describe(device))
         if reason and request.job != "probe":  # the probe finds what the baseline can do
@@ -152,8 +188,12 @@ def _failed(status: TrialStatus, exc: BaseException, bad_input: bool = False) ->
     return TrialResult(status, message.strip()[:4000], bad_input=bad_input)
 
 
-def _note_phase(phase_file: Path, phase: str) -> None:
+def _say_phase(phase: str) -> None:
     print(f"autotune trial: {phase}", flush=True)
+
+
+def _note_phase(phase_file: Path, phase: str) -> None:
+    _say_phase(phase)
     phase_file.write_text(phase)
 
 
@@ -166,3 +206,27 @@ def _watch_parent(parent_pid: int) -> None:
             time.sleep(0.5)
 
     threading.Thread(target=watch, name="autotune-parent-watch", daemon=True).start()
+
+
+def _watch_tuner(tuner_pid: int) -> None:
+    """A rank's parent is torchrun's agent, which outlives a killed tuner: exit as soon as the
+    tuner itself is gone (torchrun then ends, as its ranks did), or the agent is."""
+    launcher = os.getppid()
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != launcher:
+                os._exit(3)
+            try:
+                os.kill(tuner_pid, 0)
+            except ProcessLookupError:
+                os._exit(3)
+            except PermissionError:
+                pass
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="autotune-tuner-watch", daemon=True).start()
+
+
+if __name__ == "__main__":
+    child_main()

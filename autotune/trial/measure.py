@@ -104,12 +104,22 @@ class Measurement:
     windows_remeasured: int = 0               # windows re-measured because of contention
     device_other_processes: int | None = None
     device_slowdowns: list[str] = field(default_factory=list)
+    # A process group's trial: samples_per_sec is the group's (every rank's samples over the
+    # slowest rank's window), peak_memory_bytes the largest rank's; each rank's own below.
+    world_size: int = 1
+    rank_samples_per_sec: list[float] = field(default_factory=list)
+    rank_peak_memory_bytes: list[int | None] = field(default_factory=list)
+    communication_fraction: float | None = None  # of the profiled steps (rank 0's)
+    straggler_rank: int | None = None  # a rank more than STRAGGLER slower than the fastest
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 Progress = Callable[[str], None]
+# A rank whose own work in a step (its step time less its share in collectives) is this much
+# longer than the fastest rank's holds the others back.
+STRAGGLER = 0.10
 # The phase a trial reports while its first step runs: a timeout here in a compiled
 # configuration is the compile, which the compile cache makes faster the next time.
 FIRST_STEP = "first step (compile and loader start-up included)"
@@ -162,6 +172,9 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
     """Run the protocol on an already applied set-up."""
     report = progress or (lambda phase: None)
     device = setup.device
+    if setup.world is not None:
+        # Every rank runs every step: nothing stops one rank early or measures it again alone.
+        settings = replace(settings, screen_steps=0, contention_retries=0)
     batches = setup.batches()
     compiled_before = compile_count()
 
@@ -205,8 +218,10 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
         report("profiling")
         captured: list[Any] = []
         profiled = prefetched(setup, batches, settings.profile_steps)
+        rank0 = setup.world is None or setup.world.rank == 0
         profile = profile_steps(lambda: setup.step(profiled), settings.profile_steps, device,
-                                trace_path=trace_path, with_stack=python_stacks(setup),
+                                trace_path=trace_path if rank0 else None,
+                                with_stack=python_stacks(setup),
                                 on_profile=captured.append)
         findings = findings_of(captured[0], setup, profile, median,
                              window.data_wait_s / window.seconds, sites)
@@ -217,6 +232,11 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
     if flops_per_sample and peak:
         mfu = flops_per_sample * samples_per_sec / peak
     compiled, in_window = compiled_after - compiled_before, compiled_after - compiled_by_window
+    group = _group_figures(setup, window, median, memory["peak_memory_bytes"],
+                           profile.communication_fraction if profile else None)
+    if group:
+        samples_per_sec, memory["peak_memory_bytes"] = group.pop("samples_per_sec"), \
+            group.pop("peak_memory_bytes")
     return Measurement(
         samples_per_sec=samples_per_sec,
         window_s=window.seconds,
@@ -256,7 +276,32 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
         device_other_processes=window.contention.device_other_processes,
         device_slowdowns=window.contention.device_slowdowns,
         **memory,
+        **group,
     )
+
+
+def _group_figures(setup: TrainingSetup, window: _Window, step_s: float, peak: int | None,
+                   communication: float | None) -> dict[str, Any]:
+    """Every rank's figures, gathered: the group's rate (all samples over the slowest window),
+    the largest peak, and the straggler, if a rank's own work is STRAGGLER slower. The
+    window's loss counts as finite only if every rank's was."""
+    if setup.world is None:
+        return {}
+    ranks = setup.world.gather({"samples": window.samples, "seconds": window.seconds,
+                                "peak": peak, "step_s": step_s, "communication": communication,
+                                "finite": window.loss_finite})
+    window.loss_finite = all(r["finite"] for r in ranks)
+    work = [r["step_s"] * (1 - (r["communication"] or 0.0)) for r in ranks]
+    slowest = max(range(len(ranks)), key=work.__getitem__)
+    straggler = slowest if work[slowest] > min(work) * (1 + STRAGGLER) else None
+    peaks = [r["peak"] for r in ranks]
+    return {"samples_per_sec": sum(r["samples"] for r in ranks) /
+            max(r["seconds"] for r in ranks),
+            "peak_memory_bytes": max((p for p in peaks if p is not None), default=None),
+            "world_size": len(ranks),
+            "rank_samples_per_sec": [r["samples"] / r["seconds"] for r in ranks],
+            "rank_peak_memory_bytes": peaks, "communication_fraction": communication,
+            "straggler_rank": straggler}
 
 
 def time_to_train_s(metrics: Mapping[str, Any], steps: int) -> float:
@@ -319,8 +364,8 @@ def warm_up(setup: TrainingSetup, batches: Iterator[Any],
     times: list[float] = []
     quiet_since = 0  # steps before this one compiled something
     start = time.perf_counter()
-    while len(times) < settings.warmup_max_steps and \
-            time.perf_counter() - start < settings.warmup_max_seconds:
+    while setup.decide(len(times) < settings.warmup_max_steps and
+                       time.perf_counter() - start < settings.warmup_max_seconds):
         compiled = compile_count()
         step_start = time.perf_counter()
         setup.step(batches)
@@ -329,8 +374,8 @@ def warm_up(setup: TrainingSetup, batches: Iterator[Any],
         if compile_count() != compiled:
             quiet_since = len(times)
         recent = times[-settings.steady_steps:]
-        if len(times) - quiet_since >= settings.steady_steps and \
-                max(recent) <= min(recent) * (1 + settings.steady_tolerance):
+        if setup.decide(len(times) - quiet_since >= settings.steady_steps and
+                        max(recent) <= min(recent) * (1 + settings.steady_tolerance)):
             return len(times), True
     return len(times), False
 
@@ -412,19 +457,20 @@ def _timed_window(setup: TrainingSetup, batches: Iterator[Any], settings: Measur
         clock.mark()
         steps += 1
         elapsed = time.perf_counter() - start
-        if steps < settings.window_steps or elapsed < settings.window_seconds:
-            continue
-        if steps >= settings.window_max_steps or elapsed >= settings.window_max_seconds:
+        done = False
+        if steps >= settings.window_steps and elapsed >= settings.window_seconds:
+            capped = steps >= settings.window_max_steps or \
+                elapsed >= settings.window_max_seconds
+            if capped or (not lengthening and probe.disturbed_so_far()):
+                done = True
+            else:
+                lengthening = True
+                if steps >= check_at:
+                    precision = median_precision(clock.times())
+                    done = precision is not None and precision <= settings.window_precision
+                    check_at = steps + max(1, steps // 10)
+        if setup.decide(done):
             break
-        if not lengthening:
-            if probe.disturbed_so_far():
-                break
-            lengthening = True
-        if steps >= check_at:
-            precision = median_precision(clock.times())
-            if precision is not None and precision <= settings.window_precision:
-                break
-            check_at = steps + max(1, steps // 10)
     synchronize(device)
     seconds = time.perf_counter() - start
     contention = probe.stop()

@@ -82,6 +82,9 @@ class ProfileSummary:
     self_device_total_s: float | None
     top_operators: list[OperatorStat]
     trace_path: str | None
+    # Share of the window with a collective in flight (gloo's on the host, NCCL's kernels on
+    # the GPU), overlapped with compute or not; None in a process of its own.
+    communication_fraction: float | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -127,6 +130,12 @@ def _is_device_busy(evt: Any) -> bool:
 def _busy_intervals(events: Iterable[Any]) -> list[tuple[float, float]]:
     """Device work of this process; CUPTI records only the process's own contexts."""
     return [(evt.time_range.start, evt.time_range.end) for evt in events if _is_device_busy(evt)]
+
+
+def _collective_intervals(events: Iterable[Any]) -> list[tuple[float, float]]:
+    """When the process group's collectives ran: gloo's operations, NCCL's kernels."""
+    return [(evt.time_range.start, evt.time_range.end) for evt in events
+            if evt.name.startswith("gloo:") or "nccl" in evt.name.lower()]
 
 
 def _union_within(intervals: Sequence[tuple[float, float]], lo: float, hi: float) -> float:
@@ -294,6 +303,9 @@ def _summary(prof: profile, steps: int, on_cuda: bool, trace_path: str | os.Path
         idle = min(1.0, max(0.0, 1.0 - _union_within(busy, lo, hi) / span)) if span > 0 else 0.0
         device_total_us = sum(end - start for start, end in busy)
 
+    collectives = _collective_intervals(events)
+    communication = _union_within(collectives, lo, hi) / (hi - lo) \
+        if collectives and hi > lo else None
     if on_profile is not None:
         on_profile(prof)
     sync_count, sync_us = _host_syncs(events, step_ranges, on_cuda)
@@ -310,6 +322,7 @@ def _summary(prof: profile, steps: int, on_cuda: bool, trace_path: str | os.Path
         self_device_total_s=None if device_total_us is None else device_total_us * _US,
         top_operators=top_ops,
         trace_path=None if trace_path is None else str(trace_path),
+        communication_fraction=communication,
     )
 
 

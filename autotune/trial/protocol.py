@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 
@@ -57,6 +58,18 @@ class TrialRequest:
     job: str = "measure"
     # The CPU cores this trial may use (its share when trials run in parallel), or all.
     cpus: list[int] | None = None
+    # Ranks of the process group the trial runs as (torchrun's --nproc-per-node); 1: a process.
+    nproc_per_node: int = 1
+
+
+def rank_result_path(result_file: Path, rank: int) -> Path:
+    """Where rank `rank` of a process group writes its result."""
+    return result_file.with_name(f"{result_file.name}.rank{rank}")
+
+
+def rank_pid_path(result_file: Path, rank: int) -> Path:
+    """Where rank `rank` writes its pid (its process group's id too): what the tuner kills."""
+    return result_file.with_name(f"{result_file.name}.rank{rank}.pid")
 
 
 @dataclass

@@ -30,6 +30,8 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 from autotune.config import CUDA_GRAPH_MODES, TrainConfig
 from autotune.errors import AutotuneError, ConfigError, ContractError
 from autotune.hardware import describe, unsupported_reason
+from autotune.trial import distributed
+from autotune.trial.distributed import World
 from autotune.trial.workload import Workload, call_model, check_loss, loss_from_output
 
 # The profiler range around fetching a micro-batch: what happens there (a new epoch's sampler
@@ -85,11 +87,15 @@ class TrainingSetup:
     loss_source: str = "loss_fn"
     # The compiled model replays CUDA graphs (reduce-overhead, max-autotune on CUDA).
     cuda_graphs: bool = False
+    world: World | None = None  # this rank's place in its process group, if it has one
 
     def batches(self) -> Iterator[Any]:
         """Micro-batches forever, epoch after epoch, as the user's loop would see them."""
-        while True:
-            yield from self.loader
+        return distributed.epochs(self.loader)
+
+    def decide(self, flag: bool) -> bool:
+        """`flag` as every rank takes it: rank 0's in a process group."""
+        return flag if self.world is None else self.world.decide(flag)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         return autocast_context(self.config.precision, self.device)
@@ -102,7 +108,7 @@ class TrainingSetup:
             self._allocate_grads()
         total = torch.zeros((), device=self.device)
         data_wait = 0.0
-        for _ in range(accum):
+        for micro in range(accum):
             start = time.perf_counter()
             with torch.profiler.record_function(NEXT_BATCH):
                 batch = next(batches)
@@ -110,12 +116,13 @@ class TrainingSetup:
             batch = self.to_device(batch, self.device)
             if self.cuda_graphs:
                 torch.compiler.cudagraph_mark_step_begin()
-            with self.autocast():
-                loss = check_loss(self.loss_fn(self.model, batch), self.loss_source) / accum
-            if self.scaler is not None:
-                self.scaler.scale(loss).backward()
-            else:
-                loss.backward()
+            with distributed.gradient_sync(self.model, self.config, micro == accum - 1):
+                with self.autocast():
+                    loss = check_loss(self.loss_fn(self.model, batch), self.loss_source) / accum
+                if self.scaler is not None:
+                    self.scaler.scale(loss).backward()
+                else:
+                    loss.backward()
             total += loss.detach().float()
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
@@ -153,6 +160,7 @@ def setup_training(
     to_device: ToDevice | None = None,
     seed: int = 0,
     loss_source: str = "loss_fn",
+    world: World | None = None,
 ) -> TrainingSetup:
     """Apply every knob of `config`; the public entry point for a user's own training loop.
 
@@ -160,12 +168,18 @@ def setup_training(
     scalar output is used. Without `to_device(batch, device)`, batches move with
     `move_to_device`. Activation checkpointing is verified on the dataset's first samples
     before it is kept (`apply_verified_checkpointing`). Sets the process-wide TF32 flags
-    (`set_matmul_precision`).
+    (`set_matmul_precision`). Under a process group (`world`, as torchrun started it) the model
+    is wrapped as `config.parallelism` says, after checkpointing and before compile, and each
+    rank loads its own shard of the data.
     """
     device = torch.device(device)
     reason = unsupported_reason(config, describe(device))
     if reason:
         raise Unsupported(reason)
+    ranks = world.size if world is not None else 1
+    if (config.parallelism == "none") != (ranks == 1):
+        raise ConfigError(f"parallelism={config.parallelism} cannot train {ranks} rank(s): one "
+                          "process takes none, several ddp or fsdp")
     set_matmul_precision(config.precision, device)
     if loss_fn is None:
         def loss_fn(m: nn.Module, batch: Any) -> torch.Tensor:
@@ -180,8 +194,12 @@ def setup_training(
             model, config.activation_checkpointing, to_device(sample, device),
             lambda m, batch: check_loss(loss_fn(m, batch), loss_source), checkpoint_modules,
             precision=config.precision)
+    if world is not None:
+        blocks = list(checkpoint_modules(model)) if checkpoint_modules else \
+            repeated_blocks(model)
+        model = distributed.wrap_model(model, config, blocks, device)
     optimizer = make_optimizer(model, config.optimizer_impl, build_optimizer)
-    loader = make_loader(dataset, config, device, collate_fn, seed)
+    loader = make_loader(dataset, config, device, collate_fn, seed, world)
     scaler = torch.amp.GradScaler(device.type) if config.precision == "fp16" else None
     if config.compile_mode != "none":
         model = torch.compile(model, mode=None if config.compile_mode == "default"
@@ -190,7 +208,7 @@ def setup_training(
                          device=device, loss_fn=loss_fn, to_device=to_device, scaler=scaler,
                          loss_source=loss_source,
                          cuda_graphs=device.type == "cuda" and
-                         config.compile_mode in CUDA_GRAPH_MODES)
+                         config.compile_mode in CUDA_GRAPH_MODES, world=world)
 
 
 def setup_from_workload(workload: Workload, config: TrainConfig, device: torch.device,
@@ -204,7 +222,8 @@ def setup_from_workload(workload: Workload, config: TrainConfig, device: torch.d
         loss_fn=workload.loss_fn(), collate_fn=workload.hook("collate_fn"),
         build_optimizer=workload.hook("build_optimizer"),
         checkpoint_modules=workload.hook("checkpoint_modules"),
-        to_device=workload.hook("to_device"), seed=seed, loss_source=str(workload.path))
+        to_device=workload.hook("to_device"), seed=seed, loss_source=str(workload.path),
+        world=distributed.current())
 
 
 def autocast_context(precision: str, device: torch.device,
@@ -251,19 +270,24 @@ def make_optimizer(model: nn.Module, impl: str,
 
 def make_loader(dataset: Dataset, config: TrainConfig, device: torch.device,
                 collate_fn: Callable[[list[Any]], Any] | None = None,
-                seed: int = 0) -> DataLoader:
-    """A shuffling DataLoader with full batches only, so every step sees the same shapes."""
-    if len(dataset) < config.micro_batch_size:
+                seed: int = 0, world: World | None = None) -> DataLoader:
+    """A shuffling DataLoader with full batches only, so every step sees the same shapes; under
+    a process group, over this rank's shard."""
+    ranks = world.size if world is not None else 1
+    if len(dataset) // ranks < config.micro_batch_size:
+        shard = f", {len(dataset) // ranks} per rank" if ranks > 1 else ""
         raise ConfigError(f"micro_batch_size={config.micro_batch_size} is larger than the "
-                          f"dataset ({len(dataset)} samples)")
+                          f"dataset ({len(dataset)} samples{shard})")
     workers = config.num_workers
+    sampler = distributed.sampler(dataset, world, seed) if world is not None else None
     return DataLoader(
-        dataset, batch_size=config.micro_batch_size, shuffle=True, drop_last=True,
+        dataset, batch_size=config.micro_batch_size, shuffle=sampler is None, drop_last=True,
+        sampler=sampler,
         num_workers=workers, collate_fn=collate_fn,
         pin_memory=config.pin_memory and device.type == "cuda",
         prefetch_factor=config.prefetch_factor if workers > 0 else None,
         persistent_workers=config.persistent_workers and workers > 0,
-        generator=torch.Generator().manual_seed(seed))
+        generator=torch.Generator().manual_seed(seed) if sampler is None else None)
 
 
 def apply_activation_checkpointing(

@@ -50,10 +50,11 @@ class Workload:
                                 f"got {type(baseline).__name__}")
         return dict(baseline)
 
-    def train_config(self, overrides: Mapping[str, Any], device_type: str) -> TrainConfig:
+    def train_config(self, overrides: Mapping[str, Any], device_type: str,
+                     world_size: int = 1) -> TrainConfig:
         """The file's BASELINE (PyTorch's defaults where it says nothing), `overrides` on top."""
         try:
-            base = from_baseline(self.baseline, device_type)
+            base = from_baseline(self.baseline, device_type, world_size)
         except ConfigError as exc:
             raise ContractError(f"{self.path}: BASELINE: {exc}") from None
         return TrainConfig.from_dict(overrides, base)
