@@ -45,6 +45,10 @@ from autotune.trial.protocol import (
 )
 
 Child = subprocess.Popen | ForkedChild
+# How a rank's result reads when its collective failed because another rank went away: torch's
+# distributed errors, and gloo's transport errors (raised as plain RuntimeErrors).
+COLLECTIVE_ERRORS = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
+PEER_GONE = ("gloo/transport", "Connection reset by peer", "Connection closed by peer")
 
 
 def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
@@ -81,21 +85,15 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
             raise
     wall = time.monotonic() - start
     rank_results = _rank_results(result_file, ranks) if ranks > 1 else []
-    failed = sorted((r for r in rank_results if r.status != TrialStatus.OK),
-                    key=lambda r: r.metrics.get("ended_at", 0.0))
+    missing = [r for r in range(ranks) if not rank_result_path(result_file, r).exists()] \
+        if ranks > 1 else []
     if timed_out:
         where = f" (in: {phase})" if phase else ""
         every = f"all {ranks} ranks" if ranks > 1 else "its worker processes"
         result = TrialResult(TrialStatus.TIMEOUT, f"still running after the {time_limit_s:g} s "
                              f"limit{where}; killed with {every}")
-    elif failed:
-        result = failed[0]
-        result.message = f"rank {result.metrics['rank']} of {ranks}: {result.message}"
     elif ranks > 1:
-        missing = [r for r in range(ranks) if not rank_result_path(result_file, r).exists()]
-        result = rank_results[0] if not missing else TrialResult(
-            TrialStatus.CRASH, f"rank {missing[0]} of {ranks} exited with no result (launcher "
-            f"exit code {child.returncode}); see {log}")
+        result = _group_result(rank_results, missing, ranks, child.returncode, log)
     elif result_file.exists():
         result = TrialResult(**json.loads(result_file.read_text()))
     elif child.returncode < 0:
@@ -152,6 +150,29 @@ def _start_group(request: TrialRequest, request_file: Path, result_file: Path,
     return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True,
                             env={**os.environ, **threads, **env})
+
+
+def _group_result(results: list[TrialResult], missing: list[int], ranks: int,
+                  returncode: int | None, log: Path) -> TrialResult:
+    """A process group's trial from its ranks': the first rank that failed on its own (a rank
+    whose collective failed because a peer died is only a consequence), else a rank that died
+    without a result, else rank 0's figures, which cover the group."""
+    failed = sorted((r for r in results if r.status != TrialStatus.OK),
+                    key=lambda r: (_from_a_peer(r), r.metrics.get("ended_at", 0.0)))
+    if failed and not (_from_a_peer(failed[0]) and missing):
+        first = failed[0]
+        first.message = f"rank {first.metrics['rank']} of {ranks}: {first.message}"
+        return first
+    if missing:
+        return TrialResult(TrialStatus.CRASH, f"rank {missing[0]} of {ranks} died with no result "
+                           f"(torchrun exited with code {returncode}); see {log}")
+    return next(r for r in results if r.metrics.get("rank", 0) == 0)
+
+
+def _from_a_peer(result: TrialResult) -> bool:
+    """A failure torch.distributed raised in a collective: another rank went away."""
+    return result.message.startswith(COLLECTIVE_ERRORS) or \
+        any(text in result.message for text in PEER_GONE)
 
 
 def _rank_results(result_file: Path, ranks: int) -> list[TrialResult]:

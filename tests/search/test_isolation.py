@@ -258,3 +258,92 @@ def test_cpu_thread_share_reaches_the_trial(tmp_path) -> None:
     assert "threads 1" in Path(result.log_path).read_text()
     assert f"cores [{cpu}]" in Path(result.log_path).read_text()
     assert result.metrics["cpu_threads"] == 1 and result.metrics["cpu_affinity"] == [cpu]
+
+
+# --- a process group: every rank's end, every rank killed --------------------------------------
+
+def on_rank(rank: int, body: str, pid_dir: Path | None = None) -> str:
+    """A loss function that runs `body` on one rank of a group, after its first step (so the
+    other rank is inside a collective by then); each rank writes its pid to `pid_dir`."""
+    pids = ("import pathlib\n"
+            f"pathlib.Path({str(pid_dir)!r}, os.environ['RANK']).write_text(str(os.getpid()))\n"
+            if pid_dir else "")
+    return with_loss(
+        "import os, torch\nglobal calls\ncalls = globals().get('calls', 0) + 1\n" + pids +
+        f"if calls > 1 and os.environ['RANK'] == '{rank}':\n" +
+        "".join(f"    {line}\n" for line in body.splitlines()) +
+        "return model(*batch)")
+
+
+def group_request(path: Path) -> TrialRequest:
+    return request(path, nproc_per_node=2,
+                   config=TrainConfig(micro_batch_size=8, parallelism="ddp").to_dict())
+
+
+def _wait_gone(pids: list[int], seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while any(map(_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [pid for pid in pids if _alive(pid)]
+
+
+@pytest.mark.slow
+def test_a_process_group_trial_measures_every_rank(write_model) -> None:
+    result = run_isolated(group_request(write_model(TINY_SOURCE)), 180)
+    assert result.status == "ok", result.message
+    m = result.metrics
+    assert m["world_size"] == 2 and len(m["rank_samples_per_sec"]) == 2
+    # the group's rate is every rank's samples over the slowest rank's window
+    assert sum(m["rank_samples_per_sec"]) >= m["samples_per_sec"] * 0.999
+    assert m["peak_memory_bytes"] == max(m["rank_peak_memory_bytes"])
+    assert result.config["parallelism"] == "ddp"
+
+
+@pytest.mark.slow
+def test_one_rank_out_of_memory_is_an_oom_trial_naming_the_rank(write_model) -> None:
+    path = write_model(on_rank(1, "torch.empty(2**46, dtype=torch.uint8)"))
+    result = run_isolated(group_request(path), 180)
+    assert result.status == "oom", result.message
+    assert result.message.startswith("rank 1 of 2: ")
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_is_a_crash_naming_it(write_model) -> None:
+    path = write_model(on_rank(0, "os.kill(os.getpid(), 9)"))
+    result = run_isolated(group_request(path), 180)
+    assert result.status == "crash", result.message
+    assert result.message.startswith("rank 0 of 2 died with no result")
+
+
+@pytest.mark.slow
+def test_a_rank_hanging_in_a_collective_is_a_timeout_with_every_rank_killed(write_model,
+                                                                            tmp_path) -> None:
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    # rank 1 sleeps; rank 0 waits for it in DDP's gradient all_reduce
+    path = write_model(on_rank(1, "import time\ntime.sleep(600)", pid_dir))
+    start = time.monotonic()
+    result = run_isolated(group_request(path), 25)
+    assert result.status == "timeout"
+    assert "killed with all 2 ranks" in result.message
+    assert time.monotonic() - start < 40
+    pids = [int(p.read_text()) for p in pid_dir.iterdir()]
+    assert len(pids) == 2 and _wait_gone(pids, 2) == []
+
+
+@pytest.mark.slow
+def test_every_rank_stops_when_its_tuner_dies(write_model, tmp_path) -> None:
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    path = write_model(on_rank(1, "import time\ntime.sleep(600)", pid_dir))
+    script = ("from tests.search.test_isolation import group_request; "
+              "from autotune.search.isolation import run_isolated; "
+              f"from pathlib import Path; run_isolated(group_request(Path({str(path)!r})), 600)")
+    tuner = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+    deadline = time.monotonic() + 120
+    while len(list(pid_dir.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pids = [int(p.read_text()) for p in pid_dir.iterdir()]
+    tuner.kill()
+    tuner.wait()
+    assert len(pids) == 2 and _wait_gone(pids, 10) == []

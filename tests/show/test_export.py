@@ -301,3 +301,276 @@ def test_accumulation_under_cuda_graphs_says_what_the_trainer_must_do(fmt):
     for config in (dataclasses.replace(graphs, grad_accum_steps=1),
                    dataclasses.replace(graphs, compile_mode="default")):
         assert "set_to_none=False" not in export_config(config, fmt)
+
+
+# --- process groups: parallelism ddp / fsdp on several ranks ----------------------------------
+
+GROUPS = {
+    "ddp": TrainConfig(micro_batch_size=8, grad_accum_steps=2, parallelism="ddp",
+                       ddp_bucket_cap_mb=1, ddp_static_graph=True,
+                       ddp_gradient_as_bucket_view=True),
+    "fsdp": TrainConfig(micro_batch_size=8, grad_accum_steps=2, precision="bf16",
+                        activation_checkpointing="selective", parallelism="fsdp",
+                        fsdp_reshard_after_forward=False),
+}
+GROUP_IDS = list(GROUPS)
+# What a torchrun child needs: the checkout on its path, one thread per rank on a small machine.
+RANK_ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+@pytest.mark.parametrize("fmt", EXPORT_FORMATS)
+def test_several_ranks_need_a_process_group(fmt):
+    with pytest.raises(ConfigError, match="nproc_per_node=2 needs parallelism ddp or fsdp"):
+        export_config(TrainConfig(), fmt, nproc_per_node=2)
+    with pytest.raises(ConfigError, match="nproc_per_node must be a positive integer"):
+        export_config(GROUPS["ddp"], fmt, nproc_per_node=0)
+    assert export_config(GROUPS["ddp"], fmt, nproc_per_node=2)
+
+
+@pytest.mark.parametrize("name", GROUP_IDS)
+@pytest.mark.parametrize("fmt", EXPORT_FORMATS)
+def test_process_group_exports_are_clean_text_with_the_global_batch(fmt, name, tmp_path):
+    config = GROUPS[name]
+    text = export_config(config, fmt, nproc_per_node=4)
+    assert text == export_config(config, fmt, nproc_per_node=4)
+    assert [line for line in text.splitlines() if line != line.rstrip()] == []
+    assert [line for line in text.splitlines() if len(line) > 100] == []
+    if fmt in PYTHON_FORMATS:
+        compile(text, "<export>", "exec")
+    if fmt != "json":
+        assert ("global batch: micro_batch_size 8 x grad_accum_steps 2 x 4 ranks = 64 samples "
+                "per step") in text
+    if fmt in ("yaml", "json"):
+        path = tmp_path / f"best.{fmt}"
+        path.write_text(text)
+        assert TrainConfig.load(path) == config
+
+
+def test_hf_arguments_for_ddp_and_fsdp():
+    common = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2, "fp16": False,
+              "optim": "adamw_torch", **HF_COMMON, "torch_compile": False,
+              "torch_compile_mode": None}
+    assert hf_training_arguments(GROUPS["ddp"]) == {
+        **common, "bf16": False, "gradient_checkpointing": False,
+        "ddp_find_unused_parameters": False, "ddp_bucket_cap_mb": 1, "ddp_static_graph": True}
+    # under FSDP checkpointing is FSDP's own, inside each sharded block, as autotune does it
+    assert hf_training_arguments(GROUPS["fsdp"]) == {
+        **common, "bf16": True, "gradient_checkpointing": False, "fsdp": True,
+        "fsdp_config": {"version": 2, "reshard_after_forward": False,
+                        "activation_checkpointing": True}}
+    one = hf_training_arguments(TrainConfig(parallelism="fsdp"))
+    assert one["fsdp_config"] == {"version": 2, "reshard_after_forward": True}
+
+
+def _comments(text: str) -> str:
+    """The comments of an export as one line of prose, however they were wrapped."""
+    return " ".join(line.strip()[1:].strip() for line in text.splitlines()
+                    if line.strip().startswith("#"))
+
+
+def test_hf_snippet_for_a_process_group_says_how_to_launch_and_what_differs():
+    ddp = export_config(GROUPS["ddp"], "hf", nproc_per_node=4)
+    assert run_export(ddp)["training_args"] == hf_training_arguments(GROUPS["ddp"])
+    assert "#     torchrun --nproc-per-node 4 train.py" in ddp
+    assert "gradient_as_bucket_view=True" in _comments(ddp)
+    assert "has no such argument" in _comments(ddp)
+    assert "find_unused_parameters" not in export_config(TrainConfig(), "hf")
+    plain_ddp = export_config(GROUPS["ddp"].replace(ddp_gradient_as_bucket_view=False), "hf")
+    assert "has no such argument" not in _comments(plain_ddp)
+
+    fsdp_text = export_config(GROUPS["fsdp"], "hf", nproc_per_node=4)
+    assert run_export(fsdp_text)["training_args"] == hf_training_arguments(GROUPS["fsdp"])
+    fsdp = _comments(fsdp_text)
+    assert '"transformer_layer_cls_to_wrap": ["YourBlock"]' in fsdp
+    assert 'autotune measured "selective"' in fsdp
+    assert "reduced in fp32 (reduce_dtype=float32)" in fsdp
+    bf16_reduce = export_config(GROUPS["fsdp"].replace(fsdp_reduce_dtype="bf16"), "hf")
+    assert "reduce_dtype=float32" not in _comments(bf16_reduce)
+    fp16 = export_config(TrainConfig(precision="fp16", parallelism="fsdp"), "hf")
+    assert "fp32 parameters under fp16 autocast" in _comments(fp16)
+
+
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
+@pytest.mark.parametrize("name", GROUP_IDS)
+def test_transformers_accepts_the_hf_process_group_arguments(name, tmp_path, restore_environ):
+    transformers = pytest.importorskip(
+        "transformers", reason="transformers is not installed (pip install -e '.[export-check]')")
+    config = GROUPS[name]
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True,
+                                          **hf_training_arguments(config))
+    if name == "ddp":
+        assert args.ddp_bucket_cap_mb == config.ddp_bucket_cap_mb
+        assert args.ddp_static_graph is config.ddp_static_graph
+        assert args.ddp_find_unused_parameters is False
+        assert not args.fsdp
+        return
+    assert args.fsdp and args.ddp_bucket_cap_mb is None
+    # what Trainer hands accelerate, which builds FSDP2 from it
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)
+    assert plugin.fsdp_version == 2
+    assert plugin.reshard_after_forward is config.fsdp_reshard_after_forward
+    assert plugin.activation_checkpointing is True
+
+
+def _lightning_export(config: TrainConfig, nproc_per_node: int, **trainer_args: object) -> str:
+    """The Lightning export, its Trainer told `trainer_args` too (on CPU, say, where the test
+    machine has fewer GPUs than ranks)."""
+    if not any(_importable(m) for m in ("lightning", "pytorch_lightning")):
+        pytest.skip("lightning is not installed (pip install -e '.[export-check]')")
+    text = export_config(config, "lightning", nproc_per_node=nproc_per_node)
+    extra = "".join(f"\n    {key}={value!r}," for key, value in trainer_args.items())
+    return text.replace("trainer = pl.Trainer(", "trainer = pl.Trainer(" + extra, 1)
+
+
+def test_lightning_accepts_the_ddp_strategy(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = GROUPS["ddp"].replace(compile_mode="default")
+    text = _lightning_export(config, 2, accelerator="cpu")
+    assert "devices=2,\n    num_nodes=1," in text
+    ns = run_export(text)
+    trainer = ns["trainer"]
+    assert type(trainer.strategy).__name__ == "DDPStrategy"
+    assert trainer.num_devices == 2 and trainer.num_nodes == 1
+    assert trainer.accumulate_grad_batches == 2
+    # DDPStrategy hands these to DistributedDataParallel
+    assert trainer.strategy._ddp_kwargs == {"bucket_cap_mb": 1, "static_graph": True,
+                                            "gradient_as_bucket_view": True}
+    model = Blocks()
+    assert ns["tuned_module"](model) is not model  # compiled: Lightning compiles after DDP
+    assert "tuned_sharding" not in ns
+
+
+@pytest.mark.parametrize("accum", [2, 1])
+def test_lightning_accepts_the_fsdp2_strategy(accum, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = GROUPS["fsdp"].replace(grad_accum_steps=accum, compile_mode="default")
+    ns = run_export(_lightning_export(config, 2, accelerator="cpu"))
+    pl = pytest.importorskip("lightning.pytorch")
+    trainer = ns["trainer"]
+    strategy = trainer.strategy
+    assert isinstance(strategy, pl.strategies.ModelParallelStrategy)
+    assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (2, 1)
+    assert trainer.num_devices == 2 and trainer.precision == "bf16-mixed"
+    # Lightning skips the sync of non-final micro-steps for DDP only: the export does it
+    overrides = type(strategy).block_backward_sync is not \
+        pl.strategies.ModelParallelStrategy.block_backward_sync
+    assert overrides is (accum > 1)
+    model = Blocks()
+    assert ns["tuned_module"](model) is model  # compiled after sharding, in tuned_sharding
+    assert ["forward" in vars(b) for b in model.blocks] == [True, False, True, False]
+
+
+def test_lightning_fsdp_with_fp16_is_a_config_error():
+    """Lightning's FSDP2 strategy refuses 16-mixed: an export it would refuse is no export."""
+    with pytest.raises(ConfigError, match="no FSDP2 with fp16"):
+        export_config(TrainConfig(precision="fp16", parallelism="fsdp"), "lightning")
+
+
+LIGHTNING_FSDP2_FIT = '''
+import torch
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+
+import tuned
+
+SYNC = {"last": True}
+_set_sync = FSDPModule.set_requires_gradient_sync
+
+
+def recording(module, sync, **kwargs):
+    SYNC["last"] = sync
+    return _set_sync(module, sync, **kwargs)
+
+
+FSDPModule.set_requires_gradient_sync = recording
+
+
+class Blocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = torch.relu(block(x))
+        return x
+
+
+class Module(tuned.pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.model = Blocks()
+        self.synced = []
+
+    def configure_model(self):
+        self.model = tuned.tuned_sharding(self.model, self.device_mesh["data_parallel"])
+
+    def training_step(self, batch, batch_idx):
+        self.synced.append(SYNC["last"])
+        return self.model(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return tuned.tuned_optimizer(self.parameters())
+
+
+module = Module()
+tuned.trainer.fit(tuned.tuned_module(module), train_dataloaders=tuned.tuned_dataloader(
+    torch.utils.data.TensorDataset(torch.randn(64, 8))))
+print(f"rank {tuned.trainer.global_rank}: synced {module.synced}, "
+      f"steps {tuned.trainer.global_step}", flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_lightning_fsdp2_syncs_gradients_on_the_last_micro_step_only(tmp_path):
+    """Two CPU ranks train under the exported Trainer and sharding, four micro-batches each."""
+    config = TrainConfig(micro_batch_size=8, grad_accum_steps=2, parallelism="fsdp",
+                         activation_checkpointing="selective")
+    (tmp_path / "tuned.py").write_text(_lightning_export(
+        config, 2, accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False))
+    (tmp_path / "fit.py").write_text(LIGHTNING_FSDP2_FIT)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "fit.py"], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=RANK_ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank}: synced [False, True, False, True], steps 2" in done.stdout
+
+
+@pytest.mark.parametrize("name", GROUP_IDS)
+def test_torch_script_for_a_process_group_wraps_after_one_process_setup(name):
+    config = GROUPS[name].replace(compile_mode="default")
+    text = export_config(config, "torch", nproc_per_node=4, device="cpu")
+    assert "Run: torchrun --standalone --nproc-per-node 4 this_file.py" in text
+    ns = run_export(text)
+    assert ns["CONFIG"] == config
+    # setup_training gets the knobs of one process; the script wraps, then compiles
+    one = {k: v for k, v in config.to_dict().items() if k not in config.distributed()}
+    assert ns["ONE_PROCESS"] == TrainConfig(**{**one, "compile_mode": "none"})
+    wrap = "model = DistributedDataParallel(" if name == "ddp" else "model = fully_shard("
+    assert text.index("setup = setup_training(") < text.index(wrap) \
+        < text.index("make_optimizer(model") < text.index("torch.compile(model)")
+    sync = "model.no_sync()" if name == "ddp" else "model.set_requires_gradient_sync(last)"
+    assert sync in text
+    assert sync not in export_config(config.replace(grad_accum_steps=1), "torch")
+    assert "DistributedSampler" in text and "set_epoch(epoch)" in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", GROUP_IDS)
+def test_torch_script_for_a_process_group_trains_on_two_ranks(name, tmp_path):
+    """The script as a user runs it: two CPU ranks over gloo, the model file's blocks wrapped."""
+    config = GROUPS[name]
+    text = export_config(config, "torch", model_path=str(TEST_MODELS / "tiny_dict.py"),
+                         model_args={"dim": 16, "layers": 4}, device="cpu", nproc_per_node=2)
+    script = tmp_path / "train_tuned.py"
+    script.write_text(text)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(script), "--steps", "3", "--device", "cpu"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=RANK_ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.fullmatch(r"step 3: loss \d+\.\d+\n", done.stdout), done.stdout
