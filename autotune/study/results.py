@@ -120,7 +120,8 @@ def study_summary(study: optuna.Study) -> StudySummary:
     return StudySummary(
         study=study.study_name, model=identity.get("model_path"),
         model_args=identity.get("model_args"), device=attrs.get(StudyKey.DEVICE_NAME),
-        devices=tuple(devices), best_config=best_config, baseline_config=baseline_config,
+        devices=tuple(devices), nproc_per_node=identity.get("nproc_per_node", 1),
+        best_config=best_config, baseline_config=baseline_config,
         verdict=verdict,
         trials=dict(Counter(r.state for r in records)), statuses=dict(statuses),
         oom_trials=sum(statuses.get(s, 0) for s in RAN_OUT),

@@ -85,6 +85,7 @@ class StudySummary:
     model_args: dict[str, Any] | None
     device: str | None
     devices: tuple[str, ...]
+    nproc_per_node: int  # ranks of each trial's process group (1: a process of its own)
     best_config: dict[str, Any] | None
     best_samples_per_sec: float | None
     best_spread: float | None

@@ -18,8 +18,9 @@ from .test_results import _told
 
 # What `autotune show --json` has printed for a study with a search and no confirmation.
 SEARCH_KEYS = {
-    "study", "model", "model_args", "device", "devices", "confirmed", "best_config",
-    "best_samples_per_sec", "best_spread", "best_trial", "best_peak_memory_bytes", "best_mfu",
+    "study", "model", "model_args", "device", "devices", "nproc_per_node", "confirmed",
+    "best_config", "best_samples_per_sec", "best_spread", "best_trial",
+    "best_peak_memory_bytes", "best_mfu",
     "baseline_config", "baseline_samples_per_sec", "speedup", "verdict", "trials", "statuses",
     "oom_trials", "retried_trials", "tuning_wall_s", "free_batch", "train_steps",
     "memory_predictions", "loader_rates", "baseline_trial", "left_out", "warnings",
