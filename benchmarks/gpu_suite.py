@@ -10,7 +10,10 @@ One command on a machine with a GPU runs, through the real CLI, each as one step
   recordings);
 - `study-*`: short `autotune run` studies of models/mlp.py, rgat.py and gpt.py at their own
   (realistic) sizes;
-- `devices`: a study with `--devices cuda:0,cuda:1` when two GPUs are present.
+- `devices`: a study with `--devices cuda:0,cuda:1` when two GPUs are present;
+- `group-*` (two GPUs or more): `autotune bench` of the GPT as a process group of every GPU
+  under DDP and under FSDP (NCCL), and a `--nproc-per-node` study that searches both and their
+  knobs.
 
 Each step writes OUT/<step>.json (the command, its exit code, wall time and what it printed:
 bench's JSON record, run's summary) and its logs under OUT/logs/ (studies under OUT/studies/).
@@ -88,6 +91,14 @@ def plan(gpus: int) -> list[Step]:
     if gpus >= 2:
         steps.append(Step("devices", ("run", "--model", "models/mlp.py", "--study", "devices",
                                       "--devices", "cuda:0,cuda:1", *STUDY), study_max))
+        group = ("--nproc-per-node", str(gpus))
+        for parallelism in ("ddp", "fsdp"):
+            steps.append(Step(f"group-bench-gpt-{parallelism}", (
+                "bench", *GPT_BENCH, *group, "--set", "precision=bf16", "--set",
+                f"parallelism={parallelism}", *WINDOWS, "--time-limit", str(BENCH_LIMIT_S)),
+                BENCH_LIMIT_S + 30))
+        steps.append(Step("group-study-gpt", ("run", "--model", "models/gpt.py", "--study",
+                                              "group", *group, *STUDY), study_max + 300))
     return steps
 
 
