@@ -272,7 +272,8 @@ def _lightning_script(config: TrainConfig, nproc_per_node: int) -> str:
     if config.activation_checkpointing != "none":
         autotune_imports.append("from autotune import apply_activation_checkpointing")
     if fsdp:
-        autotune_imports.append("from autotune.trial.training import repeated_blocks")
+        autotune_imports += ["from autotune.trial.distributed import callable_blocks",
+                             "from autotune.trial.training import repeated_blocks"]
     if autotune_imports:
         lines += ["", *autotune_imports]
     if config.precision == "tf32":
@@ -388,7 +389,8 @@ def _lightning_sharding(config: TrainConfig) -> list[str]:
     reshard = f"reshard_after_forward={config.fsdp_reshard_after_forward}"
     return [
         *lines,
-        "    for block in repeated_blocks(module) if blocks is None else blocks:",
+        "    for block in callable_blocks(repeated_blocks(module) if blocks is None else "
+        "blocks):",
         f"        fully_shard(block, mesh=mesh, {reshard}{policy})",
         f"    fully_shard(module, mesh=mesh, {reshard}{policy})",
         _returned("module", config),
@@ -546,6 +548,7 @@ def _torch_group_preamble(config: TrainConfig, model_path: str | Path | None,
         "from torch.utils.data import DataLoader, DistributedSampler",
         "",
         f"from autotune import TrainConfig, {setup}",
+        *(["from autotune.trial.distributed import callable_blocks"] if fsdp else []),
         "from autotune.trial.training import make_optimizer"
         + (", repeated_blocks" if fsdp else ""),
     ]
@@ -620,7 +623,7 @@ def _torch_group_main(config: TrainConfig, model_path: str | Path | None, device
         reshard = f"reshard_after_forward={config.fsdp_reshard_after_forward}"
         lines += [
             "    # fully_shard on each repeated block, then on the whole model",
-            f"    for block in {blocks}(setup.model):",
+            f"    for block in callable_blocks({blocks}(setup.model)):",
             f"        fully_shard(block, {reshard}{policy})",
             f"    model = fully_shard(setup.model, {reshard}{policy})",
             "    # the optimizer after wrapping: fully_shard replaced the parameters with shards",

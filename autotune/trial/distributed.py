@@ -108,12 +108,27 @@ def wrap_model(model: nn.Module, config: TrainConfig, blocks: list[nn.Module],
                 param_dtype=torch.bfloat16,
                 reduce_dtype=torch.bfloat16 if config.fsdp_reduce_dtype == "bf16"
                 else torch.float32)
-        for block in blocks:
+        for block in callable_blocks(blocks):
             fully_shard(block, reshard_after_forward=config.fsdp_reshard_after_forward,
                         mp_policy=policy)
         fully_shard(model, reshard_after_forward=config.fsdp_reshard_after_forward,
                     mp_policy=policy)
     return model
+
+
+def callable_blocks(blocks: list[nn.Module]) -> list[nn.Module]:
+    """The modules FSDP can shard in `blocks`: each block that is called, and in place of a
+    container that is never called itself (a block that is an `nn.ModuleList` of a norm, an
+    attention and a residual, as x-transformers builds them) its children that hold
+    parameters."""
+    out: list[nn.Module] = []
+    for block in blocks:
+        if isinstance(block, (nn.ModuleList, nn.ModuleDict)):
+            out += callable_blocks([c for c in block.children()
+                                    if any(True for _ in c.parameters())])
+        else:
+            out.append(block)
+    return out
 
 
 def gradient_sync(model: nn.Module, config: TrainConfig,

@@ -17,7 +17,7 @@ from torch.utils.data import TensorDataset
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
 from autotune.trial.child import rank_cpus
-from autotune.trial.distributed import gradient_sync
+from autotune.trial.distributed import callable_blocks, gradient_sync
 from autotune.trial.training import setup_training
 
 SCRIPT = Path(__file__).with_name("group_losses.py")
@@ -65,3 +65,9 @@ def test_one_process_syncs_nothing_around_a_micro_step():
 ])
 def test_each_rank_runs_on_its_own_share_of_the_cores(cpus, rank, ranks, mine):
     assert rank_cpus(cpus, rank, ranks) == mine
+
+
+def test_fsdp_shards_the_called_modules_inside_a_block_that_is_a_container():
+    norm, attention, mlp = nn.LayerNorm(4), nn.Linear(4, 4), nn.Linear(4, 4)
+    block = nn.ModuleList([nn.ModuleList([norm, None]), attention, nn.ReLU()])
+    assert callable_blocks([block, mlp]) == [norm, attention, mlp]
