@@ -492,14 +492,7 @@ def _torch_script(config: TrainConfig, model_path: str | Path | None,
         lines += _torch_group_main(config, model_path, device, setup)
     else:
         lines += [
-            "",
-            "",
-            "def main() -> None:",
-            "    parser = argparse.ArgumentParser(description=__doc__)",
-            '    parser.add_argument("--steps", type=int, default=100, help="optimizer steps")',
-            f'    parser.add_argument("--device", default={_py(device)}, '
-            'help="cpu, cuda or cuda:N")',
-            "    args = parser.parse_args()",
+            *_main_with_arguments(device, "cpu, cuda or cuda:N"),
             *setup,
             "    batches = setup.batches()",
             "    for step in range(1, args.steps + 1):",
@@ -595,14 +588,7 @@ def _torch_group_main(config: TrainConfig, model_path: str | Path | None, device
         else:
             lines.append("    return contextlib.nullcontext() if last else model.no_sync()")
     lines += [
-        "",
-        "",
-        "def main() -> None:",
-        "    parser = argparse.ArgumentParser(description=__doc__)",
-        '    parser.add_argument("--steps", type=int, default=100, help="optimizer steps")',
-        f'    parser.add_argument("--device", default={_py(device)},',
-        '                        help="cpu or cuda (each rank takes the GPU of its LOCAL_RANK)")',
-        "    args = parser.parse_args()",
+        *_main_with_arguments(device, "cpu or cuda (each rank takes the GPU of its LOCAL_RANK)"),
         "    device = torch.device(args.device)",
         '    if device.type == "cuda":',
         '        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))',
@@ -691,6 +677,16 @@ def _torch_group_main(config: TrainConfig, model_path: str | Path | None, device
         "                      flush=True)",
         "    dist.destroy_process_group()",
     ]
+
+
+def _main_with_arguments(device: str, device_help: str) -> list[str]:
+    """The script's `main()` up to its parsed arguments: --steps and --device."""
+    return ["", "", "def main() -> None:",
+            "    parser = argparse.ArgumentParser(description=__doc__)",
+            '    parser.add_argument("--steps", type=int, default=100, help="optimizer steps")',
+            f"    parser.add_argument(\"--device\", default={_py(device)},",
+            f"                        help={_py(device_help)})",
+            "    args = parser.parse_args()"]
 
 
 def _py(value: Any) -> str:
