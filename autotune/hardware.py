@@ -321,6 +321,14 @@ def trial_device(device: str, environ: Mapping[str, str]) -> tuple[str, dict[str
                       "CUDA_DEVICE_ORDER": environ.get("CUDA_DEVICE_ORDER", BUS_ORDER)}
 
 
+def group_device_env(devices: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment that shows a process group's ranks the GPUs `devices` (as this process
+    names them) and no others: rank r then takes `cuda:r`, the r-th of them."""
+    entries = [visible_entry(torch.device(d).index or 0, environ) for d in devices]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(entries),
+            "CUDA_DEVICE_ORDER": environ.get("CUDA_DEVICE_ORDER", BUS_ORDER)}
+
+
 @dataclass(frozen=True)
 class _NvmlFacts:
     name: str

@@ -358,10 +358,9 @@ class TuneOptions(StorageOptions, WorkloadOptions):
         if self.free_batch is not None and self.nproc_per_node > 1:
             out.append("--free-batch-size is for one process; under --nproc-per-node keep the "
                        "global batch (--global-batch-size)")
-        if self.devices and self.nproc_per_node > 1:
-            out.append("--devices with --nproc-per-node: a process group takes the first N "
-                       "GPUs this process sees (set CUDA_VISIBLE_DEVICES); groups side by side "
-                       "run on CPU only (--workers)")
+        if self.devices and len(self.devices) % self.nproc_per_node:
+            out.append(f"--devices names {len(self.devices)} devices, which do not make whole "
+                       f"process groups of --nproc-per-node {self.nproc_per_node}")
         return out + super().problems() + self._device_problems()
 
     def _device_problems(self) -> list[str]:

@@ -34,7 +34,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import IO
 
-from autotune.hardware import trial_device
+from autotune.hardware import group_device_env, trial_device
 from autotune.search.forkserver import ForkedChild, ForkServer, ForkServerUnavailable
 from autotune.trial.protocol import (
     TrialRequest,
@@ -63,9 +63,13 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
     as Ctrl-C does in the main thread.
     """
     # The child sees its GPU alone, as cuda:0 (`hardware.trial_device`).
-    # A process group's ranks each take their own GPU of those this process sees.
-    device, device_env = (request.device, {}) if request.nproc_per_node > 1 else \
-        trial_device(request.device, os.environ)
+    # A process group's ranks each take their own GPU: of its devices, or of all this sees.
+    if request.nproc_per_node == 1:
+        device, device_env = trial_device(request.device, os.environ)
+    elif request.group_devices:
+        device, device_env = "cuda", group_device_env(request.group_devices, os.environ)
+    else:
+        device, device_env = request.device, {}
     request = replace(request, device=device)
     workdir = Path(tempfile.mkdtemp(prefix="autotune-trial-"))
     log = Path(log_path) if log_path else workdir / "trial.log"

@@ -68,9 +68,11 @@ class ProcessRunner:
                  settings: dict, *, memory_limit_bytes: int | None,
                  core_shares: list[list[int]] | None,
                  on_phase: Callable[[str, int | None], None],
-                 stop: threading.Event | None = None, nproc_per_node: int = 1) -> None:
+                 stop: threading.Event | None = None, nproc_per_node: int = 1,
+                 groups: dict[str, list[str]] | None = None) -> None:
         self.model_path, self.model_args, self.directory = model_path, model_args, directory
-        self.nproc_per_node = nproc_per_node
+        # ranks per trial, and per worker's device the GPUs of its group (--devices)
+        self.nproc_per_node, self.groups = nproc_per_node, groups or {}
         self.settings, self.memory_limit_bytes = settings, memory_limit_bytes
         self.core_shares = core_shares
         self.on_phase, self.stop = on_phase, stop
@@ -105,7 +107,8 @@ class ProcessRunner:
                       **(CHECK_RUN if job.check_run else {})},
             memory_limit_bytes=self.memory_limit_bytes,
             trace_path=str(job.trace) if job.trace else None, inductor_cache_dir=cache,
-            nproc_per_node=self.nproc_per_node, **self._cores(job.slot))
+            nproc_per_node=self.nproc_per_node, group_devices=self.groups.get(job.device),
+            **self._cores(job.slot))
         return run_isolated(request, job.time_limit_s,
                             self.directory / "logs" / f"{job.name}.log",
                             on_phase=lambda text: self.on_phase(text, job.number),

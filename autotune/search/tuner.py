@@ -79,7 +79,7 @@ class Tuner:
                  runner: Runner | None = None) -> None:
         self.options, self.view = options, view or SilentView()
         opts = options
-        self.devices = _devices(opts)
+        self.devices, groups = _devices(opts)
         self.device = self.devices[0]
         info = describe(self.device)
         # Parallel trials share the cores on any device: each runs on its own share (threads,
@@ -101,7 +101,7 @@ class Tuner:
             str(model), opts.model_args, self.directory, vars(opts.settings),
             memory_limit_bytes=opts.memory_limit_bytes, core_shares=self.core_shares,
             on_phase=lambda text, number: self.view.phase(text, number), stop=self.stop,
-            nproc_per_node=opts.nproc_per_node)
+            nproc_per_node=opts.nproc_per_node, groups=groups)
         try:
             self._prepare(name, info)
         except BaseException:
@@ -437,9 +437,15 @@ def _check_same(study: optuna.Study, identity: dict[str, Any], space: dict[str, 
             "or use --study NAME to start another study")
 
 
-def _devices(opts: TuneOptions) -> list[Any]:
+def _devices(opts: TuneOptions) -> tuple[list[Any], dict[str, list[str]]]:
     """The devices trials run on, one worker each: --devices, or --workers copies of --device
-    (`TuneOptions` has checked them)."""
-    if opts.devices:
-        return [parse_device(name) for name in opts.devices]
-    return [parse_device(opts.device)] * opts.workers
+    (`TuneOptions` has checked them). Under --nproc-per-node N, --devices is cut into groups
+    of N side by side, each worker named by its group's first GPU; with the GPUs of each."""
+    if not opts.devices:
+        return [parse_device(opts.device)] * opts.workers, {}
+    devices = [parse_device(name) for name in opts.devices]
+    n = opts.nproc_per_node
+    if n == 1:
+        return devices, {}
+    groups = [devices[i:i + n] for i in range(0, len(devices), n)]
+    return [g[0] for g in groups], {str(g[0]): [str(d) for d in g] for g in groups}

@@ -60,6 +60,8 @@ def run_child(request_file: Path, result_file: Path) -> None:
     ranks = int(os.environ.get("WORLD_SIZE", "1"))
     if ranks > 1:
         rank_pid_path(result_file, rank).write_text(str(os.getpid()))
+        print(f"autotune rank {rank} of {ranks}: pid {os.getpid()}, GPUs visible: "
+              f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'all')}", flush=True)
         result_file = rank_result_path(result_file, rank)
         _watch_tuner(raw.pop("parent_pid"))
     else:

@@ -60,6 +60,8 @@ class TrialRequest:
     cpus: list[int] | None = None
     # Ranks of the process group the trial runs as (torchrun's --nproc-per-node); 1: a process.
     nproc_per_node: int = 1
+    # The GPUs of the group, one per rank, as the tuner names them (None: the first N it sees).
+    group_devices: list[str] | None = None
 
 
 def rank_result_path(result_file: Path, rank: int) -> Path:

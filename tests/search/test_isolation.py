@@ -193,6 +193,25 @@ def test_a_cuda_trial_is_started_seeing_its_gpu_alone(write_model, monkeypatch) 
     assert "on cuda:0" in log
 
 
+@pytest.mark.slow
+def test_a_process_group_is_started_seeing_its_own_gpus(write_model, monkeypatch) -> None:
+    """`--devices cuda:2,cuda:3 --nproc-per-node 2` under four visible GPUs: each rank sees
+    those two alone, by their entries here (each rank then fails without CUDA)."""
+    gpus = [f"GPU-{i}1111111-2222-3333-4444-555555555555" for i in range(4)]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(gpus))
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    path = write_model(TINY_SOURCE)
+    result = run_isolated(TrialRequest(
+        model_path=str(path), device="cuda:2", nproc_per_node=2,
+        group_devices=["cuda:2", "cuda:3"],
+        config=TrainConfig(micro_batch_size=8, parallelism="ddp").to_dict()), 120)
+    log = Path(result.log_path).read_text()
+    # every rank that got as far as saying it (torchrun ends the other when one fails)
+    seen = [line.split("GPUs visible: ")[1] for line in log.splitlines()
+            if "GPUs visible: " in line]
+    assert seen and set(seen) == {f"{gpus[2]},{gpus[3]}"}
+
+
 def test_cli_exit_codes_for_failed_trials(write_model, capsys) -> None:
     path = write_model(with_loss("raise ValueError('boom')"))
     assert main(["bench", "--model", str(path), "--device", "cpu", "--json", *FAST]) == 1
