@@ -298,18 +298,21 @@ def apply_activation_checkpointing(
     `full` checkpoints every block, `selective` every other one. A model with its own mechanism
     uses it: Hugging Face's `activation_checkpointing_enable(every_n_layers=...)` for both
     modes, an older `gradient_checkpointing_enable()` for `full`. Otherwise the blocks that
-    `checkpoint_modules(model)` names, else those of the largest `nn.ModuleList`, have their
-    forward wrapped in `torch.utils.checkpoint`. Returns how it was applied, in words.
+    `checkpoint_modules(model)` names, else those of the largest stack (`repeated_blocks`),
+    have their forward wrapped in `torch.utils.checkpoint` (a block that is itself a
+    `ModuleList`, never called, has its called parts wrapped). Returns how it was applied.
     """
     if mode == "none":
         return "no activation checkpointing"
     own = _own_checkpointing(model, mode)
     if own:
         return own
-    blocks = list(checkpoint_modules(model)) if checkpoint_modules else repeated_blocks(model)
+    # A block that is a container is never called itself: its called parts are checkpointed.
+    blocks = distributed.callable_blocks(
+        list(checkpoint_modules(model)) if checkpoint_modules else repeated_blocks(model))
     if not blocks:
         found = ("checkpoint_modules(model) returned no modules" if checkpoint_modules else
-                 "the model has no nn.ModuleList of repeated blocks")
+                 "the model has no nn.ModuleList or nn.Sequential of repeated blocks")
         raise Unsupported(f"activation checkpointing is not applicable: {found}; make "
                           "checkpoint_modules(model) in the model file name the blocks",
                           knob="activation_checkpointing", value=mode)
@@ -477,11 +480,14 @@ def _what_changed(reference: _OneStep, checked: _OneStep) -> str | None:
 
 
 def repeated_blocks(model: nn.Module) -> list[nn.Module]:
-    """The blocks of the model's largest `nn.ModuleList` (by parameter count)."""
-    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 1]
-    if not lists:
+    """The blocks of the model's largest stack (by parameter count): an `nn.ModuleList`, or an
+    `nn.Sequential` of blocks of one kind (timm's stages, a user's `Sequential(*blocks)`; not a
+    mixed `Sequential(Linear, ReLU, ...)`)."""
+    stacks = [m for m in model.modules() if isinstance(m, (nn.ModuleList, nn.Sequential))
+              and len(m) > 1 and (isinstance(m, nn.ModuleList) or len({type(c) for c in m}) == 1)]
+    if not stacks:
         return []
-    largest = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+    largest = max(stacks, key=lambda m: sum(p.numel() for p in m.parameters()))
     return list(largest)
 
 

@@ -233,6 +233,55 @@ def test_selective_checkpoints_every_other_block():
         "full", lambda m: [m.blocks[0], m.blocks[2]])
 
 
+class SequentialStack(nn.Module):
+    """Repeated blocks in an nn.Sequential (timm's stages, a user's Sequential(*blocks))."""
+
+    def __init__(self, dim: int = DIM, layers: int = 4) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*(Residual(dim) for _ in range(layers)))
+        self.head = nn.Linear(dim, 1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.mse_loss(self.head(self.blocks(x)).squeeze(-1), y)
+
+
+class Residual(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(x)
+
+
+class ContainerBlocks(nn.Module):
+    """Blocks that are ModuleLists of parts the parent calls one by one (x-transformers)."""
+
+    def __init__(self, dim: int = DIM, layers: int = 4) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.ModuleList([nn.LayerNorm(dim), Residual(dim)])
+                                    for _ in range(layers))
+        self.head = nn.Linear(dim, 1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        for norm, block in self.layers:
+            x = block(norm(x))
+        return nn.functional.mse_loss(self.head(x).squeeze(-1), y)
+
+
+@pytest.mark.parametrize("build", [SequentialStack, ContainerBlocks])
+def test_checkpointing_finds_blocks_in_sequential_stacks_and_inside_containers(build):
+    batch = fixed_batch(regression_data(), 8)
+    saved = {}
+    for mode in ("none", "full"):
+        torch.manual_seed(0)
+        model = build()
+        how = apply_activation_checkpointing(model, mode)
+        saved[mode], loss = saved_bytes(lambda m=model: m(*batch))
+    assert saved["full"] < saved["none"] / 2
+    assert how.startswith("torch.utils.checkpoint around")
+
+
 def test_checkpoint_modules_hook_is_honoured():
     torch.manual_seed(0)
     model = NoList()
