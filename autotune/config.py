@@ -24,6 +24,9 @@ COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune", "max-auto
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 # How the ranks of a process group share the model: one process needs none; under several,
 # DistributedDataParallel (a whole copy per rank) or FSDP2 (`fully_shard`: parameters sharded).
+# channels_last: convolutions' tensors stored NHWC (NDHWC in 3-D), as cuDNN's and oneDNN's
+# fastest kernels read them; offered only to models with 2-D or 3-D convolutions.
+MEMORY_FORMATS = ("contiguous", "channels_last")
 PARALLELISMS = ("none", "ddp", "fsdp")
 REDUCE_DTYPES = ("fp32", "bf16")
 
@@ -32,6 +35,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "activation_checkpointing": CHECKPOINTING,
     "optimizer_impl": OPTIMIZER_IMPLS,
     "compile_mode": COMPILE_MODES,
+    "memory_format": MEMORY_FORMATS,
     "parallelism": PARALLELISMS,
     "fsdp_reduce_dtype": REDUCE_DTYPES,
 }
@@ -99,6 +103,7 @@ class TrainConfig:
     pin_memory: bool = False
     persistent_workers: bool = False
     compile_mode: str = "none"
+    memory_format: str = "contiguous"
     parallelism: str = "none"
     ddp_bucket_cap_mb: int = 25
     ddp_static_graph: bool = False

@@ -57,6 +57,8 @@ def short_config(config: Mapping[str, Any]) -> str:
         parts.append("pin")
     if config["compile_mode"] != "none":
         parts.append(f"compile={config['compile_mode']}")
+    if config.get("memory_format", "contiguous") != "contiguous":
+        parts.append(config["memory_format"])
     if config.get("parallelism", "none") != "none":
         parts += [_knob_words(k, config[k], config) for k, default in _GROUP_DEFAULTS.items()
                   if k in config and config[k] != default and
@@ -99,6 +101,8 @@ def _knob_words(knob: str, value: Any, config: Mapping[str, Any]) -> str:
             (f", prefetch {config['prefetch_factor']}" if config.get("prefetch_factor") else "")
     if knob in ("pin_memory", "persistent_workers"):
         return ("" if value else "no ") + knob.replace("_", " ")
+    if knob == "memory_format":
+        return "channels-last tensors" if value == "channels_last" else "contiguous tensors"
     if knob in _GROUP_KNOBS:
         return _GROUP_KNOBS[knob](value)
     return str(value)

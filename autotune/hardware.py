@@ -189,11 +189,12 @@ def value_reason(knob: str, value: Any, info: DeviceInfo) -> str | None:
     return unsupported_reason(config_with(knob, value), info)
 
 
-def device_domains(baseline: TrainConfig, info: DeviceInfo,
-                   world_size: int = 1) -> dict[str, tuple]:
+def device_domains(baseline: TrainConfig, info: DeviceInfo, world_size: int = 1,
+                   convolutional: bool = False) -> dict[str, tuple]:
     """Every value of each knob (the batch sizes aside) that this device runs, the baseline's
     own among them: what a search offers before the user narrows it, and what the capability
-    probe tries. The knobs of a process group are offered only to one of `world_size` > 1."""
+    probe tries. The knobs of a process group are offered only to one of `world_size` > 1,
+    memory formats only to a model with convolutions."""
     group = world_size > 1
     candidates: dict[str, Sequence[Any]] = {
         **CHOICES,
@@ -212,6 +213,8 @@ def device_domains(baseline: TrainConfig, info: DeviceInfo,
     }
     if not group:
         candidates.update({k: (getattr(baseline, k),) for k in DISTRIBUTED_KNOBS})
+    if not convolutional:
+        candidates["memory_format"] = (baseline.memory_format,)
     return {knob: tuple(v for v in values if value_reason(knob, v, info) is None)
             for knob, values in candidates.items()}
 

@@ -175,7 +175,8 @@ class Tuner:
                                  fixes=opts.fixes, space_file=opts.space_file,
                                  max_grad_accum=opts.max_grad_accum,
                                  left_out=self.probe.left_out_values(),
-                                 world_size=opts.nproc_per_node)
+                                 world_size=opts.nproc_per_node,
+                                 convolutional=self.probe.convolutional)
         self.capacity_bytes = opts.memory_limit_bytes or info.total_memory_bytes
         self._check_memory_limit()
 

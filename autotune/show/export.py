@@ -124,6 +124,13 @@ def _comment(text: str, indent: str = "") -> list[str]:
     return [f"{indent}# {line}" for line in textwrap.wrap(text, width=96 - len(indent))]
 
 
+# What the HF export says of channels_last, which TrainingArguments has no switch for.
+CHANNELS_LAST_BY_HAND = (
+    "memory_format=channels_last was measured, which TrainingArguments has no switch for: "
+    "before Trainer(...), model = model.to(memory_format=torch.channels_last), and have your "
+    "data collator return the images as x.contiguous(memory_format=torch.channels_last)")
+
+
 def _hf_notes(config: TrainConfig) -> dict[str, str]:
     """Where TrainingArguments cannot say exactly what was measured, or would change it."""
     notes = {}
@@ -214,6 +221,8 @@ def _hf_script(config: TrainConfig, nproc_per_node: int) -> str:
     if config.parallelism != "none":
         lines += ["# in your training script, and launch it on every rank:",
                   f"#     torchrun --nproc-per-node {nproc_per_node} train.py"]
+    if config.memory_format == "channels_last":
+        lines += _comment(CHANNELS_LAST_BY_HAND)
     lines.append("training_args = dict(")
     for key, value in hf_training_arguments(config).items():
         if key in notes:
@@ -355,6 +364,11 @@ def _lightning_script(config: TrainConfig, nproc_per_node: int) -> str:
         if fsdp else
         '    """Activation checkpointing and torch.compile, as measured."""',
     ]
+    if config.memory_format == "channels_last":
+        lines += [*_comment("channels_last, as measured: the weights here; convert the input "
+                            "images too, in your LightningModule's on_after_batch_transfer: "
+                            "x.contiguous(memory_format=torch.channels_last)", "    "),
+                  "    module = module.to(memory_format=torch.channels_last)"]
     if config.activation_checkpointing != "none":
         which = "every" if config.activation_checkpointing == "full" else "every other"
         lines += [

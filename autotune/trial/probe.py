@@ -13,6 +13,8 @@ and this machine, each knob value that can fail or be pointless:
   and gradients must equal the plain model's (a wrapper that changes the model is worse than
   none);
 - the AdamW implementations: one optimizer step each;
+- channels_last, for a model with 2-D or 3-D convolutions (the only ones it is offered to):
+  one step;
 - torch.compile: the toolchain inductor needs (a C++ compiler on CPU, Triton on CUDA);
 - DataLoader workers: a worker process loading two batches (datasets and collate functions
   that cannot be pickled fail here), then every workers/prefetch setting's own rate.
@@ -41,6 +43,7 @@ from autotune.trial.training import (
     CHECK_SAMPLES,
     Unsupported,
     checkpointing_problem,
+    has_convolutions,
     make_loader,
     move_to_device,
     nonfinite_problem,
@@ -75,14 +78,15 @@ def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
     model = workload.build_model()
     report = ProbeReport(baseline=workload.baseline, dataset_size=len(dataset),
                          state_bytes=training_state_bytes(model),
-                         parameters=sum(p.numel() for p in model.parameters()))
+                         parameters=sum(p.numel() for p in model.parameters()),
+                         convolutional=has_convolutions(model))
     del model
     info = describe(device)
     if unsupported_reason(config, info):  # a BASELINE this device cannot run: its defaults
         config = from_baseline({"micro_batch_size": config.micro_batch_size,
                                 "grad_accum_steps": config.grad_accum_steps}, device.type)
     # The values the search would offer here: those worth a try.
-    offered = device_domains(config, info)
+    offered = device_domains(config, info, convolutional=report.convolutional)
     trials = _Trials(workload, dataset, device, progress)
     progress("one baseline step (the reference)")
     try:
@@ -95,7 +99,7 @@ def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
         config = config.replace(micro_batch_size=1, grad_accum_steps=1)
         reference = trials.run(config, timed=True)
     report.step_s[config.precision] = reference.step_s
-    for check in (_precisions, _checkpointing, _optimizers):
+    for check in (_precisions, _checkpointing, _optimizers, _memory_formats):
         report.left_out += check(trials, config, reference, offered)
     report.step_s.update(trials.step_s)
     report.left_out += _compile_toolchain(device, offered["compile_mode"])
@@ -256,6 +260,18 @@ def _optimizers(trials: _Trials, config: TrainConfig, reference: _Run,
             continue
         run = _try(trials, "optimizer_impl", impl, config.replace(optimizer_impl=impl))
         out += [run] if isinstance(run, LeftOut) else []
+    return out
+
+
+def _memory_formats(trials: _Trials, config: TrainConfig, reference: _Run,
+                    offered: Mapping[str, tuple]) -> list[LeftOut]:
+    """Memory formats that fail a step on this model (offered only where it has
+    convolutions)."""
+    out = []
+    for fmt in offered["memory_format"]:
+        if fmt != config.memory_format:
+            run = _try(trials, "memory_format", fmt, config.replace(memory_format=fmt))
+            out += [run] if isinstance(run, LeftOut) else []
     return out
 
 

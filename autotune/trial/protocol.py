@@ -130,6 +130,7 @@ class ProbeReport:
     left_out: list[LeftOut] = field(default_factory=list)
     loader_rates: list[LoaderRate] = field(default_factory=list)
     step_s: dict[str, float] = field(default_factory=dict)
+    convolutional: bool = False  # the model has 2-D or 3-D convolutions (memory formats)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

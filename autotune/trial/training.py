@@ -188,6 +188,9 @@ def setup_training(
         pinned = config.pin_memory and device.type == "cuda"
         to_device = functools.partial(move_to_device, non_blocking=pinned)
     model = model.to(device).train()
+    if config.memory_format == "channels_last":
+        to_device = _channels_last_batches(to_device)
+        to_channels_last(model)
     if config.activation_checkpointing != "none":
         sample = sample_batch(dataset, collate_fn, min(CHECK_SAMPLES, config.micro_batch_size))
         apply_verified_checkpointing(
@@ -224,6 +227,37 @@ def setup_from_workload(workload: Workload, config: TrainConfig, device: torch.d
         checkpoint_modules=workload.hook("checkpoint_modules"),
         to_device=workload.hook("to_device"), seed=seed, loss_source=str(workload.path),
         world=distributed.current())
+
+
+def has_convolutions(model: nn.Module) -> bool:
+    """Whether the model has 2-D or 3-D convolutions: what a memory format changes."""
+    return any(isinstance(m, (nn.Conv2d, nn.Conv3d, nn.ConvTranspose2d, nn.ConvTranspose3d))
+               for m in model.modules())
+
+
+def channels_last(value: Any) -> Any:
+    """A 4-D (5-D) floating-point tensor as channels_last (channels_last_3d); else unchanged."""
+    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() in (4, 5):
+        return value.contiguous(memory_format=torch.channels_last if value.dim() == 4
+                                else torch.channels_last_3d)
+    return value
+
+
+def to_channels_last(model: nn.Module) -> None:
+    """Every 4-D and 5-D parameter and buffer of `model` stored channels-last, in place, as
+    PyTorch's guide does with `model.to(memory_format=torch.channels_last)` (which leaves 3-D
+    convolutions' 5-D weights as they are)."""
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            tensor.data = channels_last(tensor.data)
+
+
+def _channels_last_batches(to_device: ToDevice) -> ToDevice:
+    """`to_device`, then the batch's images (4-D and 5-D float tensors) channels-last."""
+    def moved(batch: Any, device: torch.device) -> Any:
+        return move_to_device(to_device(batch, device), device, convert=channels_last)
+
+    return moved
 
 
 def autocast_context(precision: str, device: torch.device,
@@ -501,17 +535,20 @@ def _checkpoint_forward(module: nn.Module) -> None:
 
 
 def move_to_device(batch: Any, device: torch.device, non_blocking: bool = False,
-                   where: str = "batch") -> Any:
+                   where: str = "batch",
+                   convert: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Any:
     """Move every tensor in a batch to `device`.
 
     Tensors, objects that move themselves with a `.to(device)` method (PyTorch Geometric
     `Data`/`Batch`/`HeteroData`, Hugging Face `BatchEncoding`, DGL graphs, a user's own class;
     `non_blocking` is passed where `.to` takes it), and dicts, tuples, lists, namedtuples and
     dataclasses of them. Pinning is the DataLoader's (`pin_memory=True` calls `pin_memory()` on
-    objects that have one), so it is not repeated here.
+    objects that have one), so it is not repeated here. `convert` is applied to every tensor
+    moved (not inside objects that move themselves).
     """
     if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking)
+        moved = batch.to(device, non_blocking=non_blocking)
+        return convert(moved) if convert is not None else moved
     if isinstance(batch, (str, bytes, int, float, bool, type(None))):
         return batch
     to = getattr(batch, "to", None)
@@ -520,7 +557,7 @@ def move_to_device(batch: Any, device: torch.device, non_blocking: bool = False,
             return to(device, non_blocking=non_blocking)
         return to(device)
     if isinstance(batch, Mapping):
-        moved = {k: move_to_device(v, device, non_blocking, f"{where}[{k!r}]")
+        moved = {k: move_to_device(v, device, non_blocking, f"{where}[{k!r}]", convert)
                  for k, v in batch.items()}
         try:
             return type(batch)(moved)
@@ -531,15 +568,15 @@ def move_to_device(batch: Any, device: torch.device, non_blocking: bool = False,
                 return clone
             return moved
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(move_to_device(v, device, non_blocking, f"{where}.{name}")
+        return type(batch)(*(move_to_device(v, device, non_blocking, f"{where}.{name}", convert)
                              for name, v in zip(batch._fields, batch)))
     if isinstance(batch, (tuple, list)):
-        return type(batch)(move_to_device(v, device, non_blocking, f"{where}[{i}]")
+        return type(batch)(move_to_device(v, device, non_blocking, f"{where}[{i}]", convert)
                            for i, v in enumerate(batch))
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
         return dataclasses.replace(batch, **{
             f.name: move_to_device(getattr(batch, f.name), device, non_blocking,
-                                   f"{where}.{f.name}")
+                                   f"{where}.{f.name}", convert)
             for f in dataclasses.fields(batch) if f.init})
     kind = type(batch).__name__
     raise BatchTransferError(

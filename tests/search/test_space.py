@@ -96,8 +96,9 @@ def test_grid_is_every_configuration_and_nothing_else():
         "pin_memory": (False,),
         "persistent_workers": (False, True),
         "compile_mode": ("none", "default", "max-autotune-no-cudagraphs"),
-        # one process: no process group's knobs
-        "parallelism": ("none",), "ddp_bucket_cap_mb": (25,), "ddp_static_graph": (False,),
+        # no convolutions: no memory format; one process: no process group's knobs
+        "memory_format": ("contiguous",), "parallelism": ("none",),
+        "ddp_bucket_cap_mb": (25,), "ddp_static_graph": (False,),
         "ddp_gradient_as_bucket_view": (False,), "fsdp_reshard_after_forward": (True,),
         "fsdp_reduce_dtype": ("fp32",),
     }
@@ -126,6 +127,14 @@ def test_a_process_group_searches_its_knobs_each_only_under_its_parallelism():
     assert all(c.fsdp_reshard_after_forward and c.fsdp_reduce_dtype == "fp32" for c in ddp)
     assert all(c.ddp_bucket_cap_mb == 25 and not c.ddp_static_graph for c in fsdp)
     assert all(not c.problems() for c in grid)
+
+
+def test_a_convolutional_model_searches_the_memory_format():
+    plain = build_space(BASELINE, CPU6, 1000)
+    convolutional = build_space(BASELINE, CPU6, 1000, convolutional=True)
+    assert convolutional.domains["memory_format"] == ("contiguous", "channels_last")
+    assert convolutional.size() == 2 * plain.size()
+    assert convolutional.fast_corner(8).memory_format == "channels_last"
 
 
 def test_one_process_cannot_fix_a_process_groups_knob():

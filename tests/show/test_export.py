@@ -36,6 +36,8 @@ CONFIGS = {
                                   activation_checkpointing="selective", optimizer_impl="foreach"),
     "tf32_full": TrainConfig(micro_batch_size=2, grad_accum_steps=8, precision="tf32",
                              activation_checkpointing="full", compile_mode="default"),
+    "channels_last": TrainConfig(micro_batch_size=8, precision="bf16",
+                                 memory_format="channels_last"),
 }
 CONFIG_IDS = list(CONFIGS)
 PYTHON_FORMATS = ("hf", "lightning", "torch")
@@ -574,3 +576,13 @@ def test_torch_script_for_a_process_group_trains_on_two_ranks(name, tmp_path):
         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=RANK_ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     assert re.fullmatch(r"step 3: loss \d+\.\d+\n", done.stdout), done.stdout
+
+
+def test_channels_last_is_said_where_a_library_has_no_switch_and_applied_where_it_can_be():
+    config = CONFIGS["channels_last"]
+    hf = export_config(config, "hf")
+    assert "TrainingArguments has no switch" in hf and "channels_last" in hf
+    module = run_export(export_config(config, "lightning"))["tuned_module"](
+        torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)))
+    assert module[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert "on_after_batch_transfer" in export_config(config, "lightning")

@@ -69,6 +69,39 @@ Net.forward = _paced
 '''
 
 
+CONV = """
+import torch
+from torch import nn
+
+BASELINE = {"micro_batch_size": 8}
+
+
+def build_model():
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(8, 1))
+
+
+def build_dataset(size=64):
+    g = torch.Generator().manual_seed(0)
+    return torch.utils.data.TensorDataset(torch.randn(size, 3, 8, 8, generator=g),
+                                          torch.randn(size, 1, generator=g))
+
+
+def loss_fn(model, batch):
+    x, y = batch
+    return nn.functional.mse_loss(model(x), y)
+"""
+
+# A model that flattens its feature maps with .view, which a channels-last tensor refuses.
+CONV_VIEWS = CONV.replace("nn.AdaptiveAvgPool2d(1),\n                         nn.Flatten(), "
+                          "nn.Linear(8, 1)", "View(), nn.Linear(8 * 8 * 8, 1)") + """
+
+class View(nn.Module):
+    def forward(self, x):
+        return x.view(x.size(0), -1)
+"""
+
+
 def probe(write_model, source: str, **overrides) -> ProbeReport:
     workload = load_workload(str(write_model(source)), {})
     config = workload.train_config(overrides, "cpu")
@@ -142,3 +175,16 @@ def test_left_out_values_narrow_the_space_and_refuse_a_fix() -> None:
     own = build_space(TrainConfig(micro_batch_size=8, precision="bf16"), describe(CPU), 64,
                       left_out=left)
     assert "bf16" in own.domains["precision"]
+
+
+def test_memory_formats_are_offered_to_a_model_with_convolutions_only(write_model) -> None:
+    assert probe(write_model, TINY_SOURCE).convolutional is False
+    report = probe(write_model, CONV)
+    assert report.convolutional is True
+    assert "memory_format" not in report.left_out_values()
+
+
+def test_channels_last_that_breaks_the_model_is_left_out_with_the_reason(write_model) -> None:
+    left = probe(write_model, CONV_VIEWS).left_out_values()["memory_format"]
+    assert set(left) == {"channels_last"}
+    assert "view" in left["channels_last"]

@@ -23,6 +23,7 @@ from autotune.trial.training import (
     Unsupported,
     apply_activation_checkpointing,
     checkpointing_problem,
+    has_convolutions,
     make_loader,
     make_optimizer,
     move_to_device,
@@ -193,6 +194,35 @@ def test_pin_memory_on_cpu_is_unsupported():
     with pytest.raises(Unsupported, match="pin_memory"):
         setup_training(mlp(), regression_data(), TrainConfig(pin_memory=True), "cpu",
                        loss_fn=mlp_loss)
+
+
+# --- memory format ---------------------------------------------------------------------------
+
+def test_channels_last_stores_weights_and_images_channels_last_and_trains_the_same():
+    data = TensorDataset(torch.randn(16, 3, 8, 8), torch.randn(16, 1))
+    batch = fixed_batch(data, 8)
+    losses, formats = {}, {}
+    for fmt in ("contiguous", "channels_last"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.LazyLinear(1))
+        seen = []
+
+        def loss_fn(m, b, seen=seen):
+            seen.append(b[0].is_contiguous(memory_format=torch.channels_last))
+            return nn.functional.mse_loss(m(b[0]), b[1])
+
+        setup = setup_training(model, data, TrainConfig(micro_batch_size=8, memory_format=fmt),
+                               "cpu", loss_fn=loss_fn)
+        losses[fmt] = float(setup.step(iter([batch])).loss)
+        formats[fmt] = (model[0].weight.is_contiguous(memory_format=torch.channels_last),
+                        seen[-1])
+    assert formats == {"contiguous": (False, False), "channels_last": (True, True)}
+    assert losses["channels_last"] == pytest.approx(losses["contiguous"], rel=1e-5)
+
+
+def test_a_model_has_convolutions_when_it_has_2d_or_3d_ones():
+    assert has_convolutions(nn.Sequential(nn.Conv3d(1, 1, 1)))
+    assert not has_convolutions(nn.Sequential(nn.Conv1d(1, 1, 1), nn.Linear(2, 2)))
 
 
 # --- activation checkpointing ----------------------------------------------------------------
