@@ -27,6 +27,9 @@ CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 # channels_last: convolutions' tensors stored NHWC (NDHWC in 3-D), as cuDNN's and oneDNN's
 # fastest kernels read them; offered only to models with 2-D or 3-D convolutions.
 MEMORY_FORMATS = ("contiguous", "channels_last")
+# The kernel behind `scaled_dot_product_attention` (`torch.nn.attention.sdpa_kernel`); auto is
+# PyTorch's own choice. Offered only to models that call it.
+ATTENTION_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
 PARALLELISMS = ("none", "ddp", "fsdp")
 REDUCE_DTYPES = ("fp32", "bf16")
 
@@ -36,6 +39,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optimizer_impl": OPTIMIZER_IMPLS,
     "compile_mode": COMPILE_MODES,
     "memory_format": MEMORY_FORMATS,
+    "attention_backend": ATTENTION_BACKENDS,
     "parallelism": PARALLELISMS,
     "fsdp_reduce_dtype": REDUCE_DTYPES,
 }
@@ -104,6 +108,7 @@ class TrainConfig:
     persistent_workers: bool = False
     compile_mode: str = "none"
     memory_format: str = "contiguous"
+    attention_backend: str = "auto"
     parallelism: str = "none"
     ddp_bucket_cap_mb: int = 25
     ddp_static_graph: bool = False

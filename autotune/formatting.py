@@ -59,6 +59,8 @@ def short_config(config: Mapping[str, Any]) -> str:
         parts.append(f"compile={config['compile_mode']}")
     if config.get("memory_format", "contiguous") != "contiguous":
         parts.append(config["memory_format"])
+    if config.get("attention_backend", "auto") != "auto":
+        parts.append(f"attn={config['attention_backend']}")
     if config.get("parallelism", "none") != "none":
         parts += [_knob_words(k, config[k], config) for k, default in _GROUP_DEFAULTS.items()
                   if k in config and config[k] != default and
@@ -101,6 +103,9 @@ def _knob_words(knob: str, value: Any, config: Mapping[str, Any]) -> str:
             (f", prefetch {config['prefetch_factor']}" if config.get("prefetch_factor") else "")
     if knob in ("pin_memory", "persistent_workers"):
         return ("" if value else "no ") + knob.replace("_", " ")
+    if knob == "attention_backend":
+        return "PyTorch's choice of attention kernel" if value == "auto" else \
+            f"{value} attention"
     if knob == "memory_format":
         return "channels-last tensors" if value == "channels_last" else "contiguous tensors"
     if knob in _GROUP_KNOBS:

@@ -173,6 +173,8 @@ def unsupported_reason(config: TrainConfig, info: DeviceInfo) -> str | None:
             return "pin_memory only helps copies to a CUDA device"
         if config.compile_mode in CUDA_GRAPH_MODES:
             return f"compile_mode={config.compile_mode} uses CUDA graphs, which need CUDA"
+        if config.attention_backend in ("efficient", "cudnn"):
+            return f"the {config.attention_backend} attention kernel runs on CUDA only"
     if config.precision == "bf16" and not info.bf16:
         return f"{info.name} has no bf16 support"
     if config.precision == "tf32" and not info.tf32:
@@ -190,11 +192,12 @@ def value_reason(knob: str, value: Any, info: DeviceInfo) -> str | None:
 
 
 def device_domains(baseline: TrainConfig, info: DeviceInfo, world_size: int = 1,
-                   convolutional: bool = False) -> dict[str, tuple]:
+                   convolutional: bool = False, attention: bool = False) -> dict[str, tuple]:
     """Every value of each knob (the batch sizes aside) that this device runs, the baseline's
     own among them: what a search offers before the user narrows it, and what the capability
     probe tries. The knobs of a process group are offered only to one of `world_size` > 1,
-    memory formats only to a model with convolutions."""
+    memory formats only to a model with convolutions, attention kernels only to one that calls
+    `scaled_dot_product_attention`."""
     group = world_size > 1
     candidates: dict[str, Sequence[Any]] = {
         **CHOICES,
@@ -215,6 +218,8 @@ def device_domains(baseline: TrainConfig, info: DeviceInfo, world_size: int = 1,
         candidates.update({k: (getattr(baseline, k),) for k in DISTRIBUTED_KNOBS})
     if not convolutional:
         candidates["memory_format"] = (baseline.memory_format,)
+    if not attention:
+        candidates["attention_backend"] = (baseline.attention_backend,)
     return {knob: tuple(v for v in values if value_reason(knob, v, info) is None)
             for knob, values in candidates.items()}
 

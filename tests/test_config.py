@@ -15,7 +15,8 @@ from autotune.hardware import describe, unsupported_reason
 
 ALL_KNOBS = ("micro_batch_size", "grad_accum_steps", "precision", "activation_checkpointing",
              "optimizer_impl", "num_workers", "prefetch_factor", "pin_memory",
-             "persistent_workers", "compile_mode", "memory_format", "parallelism",
+             "persistent_workers", "compile_mode", "memory_format", "attention_backend",
+             "parallelism",
              "ddp_bucket_cap_mb",
              "ddp_static_graph", "ddp_gradient_as_bucket_view", "fsdp_reshard_after_forward",
              "fsdp_reduce_dtype")

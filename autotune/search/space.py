@@ -235,7 +235,8 @@ def build_space(baseline: TrainConfig, info: DeviceInfo, dataset_size: int, *,
                 space_file: str | Path | None = None,
                 max_grad_accum: int = DEFAULT_MAX_GRAD_ACCUM,
                 left_out: Mapping[str, Mapping[Any, str]] | None = None,
-                world_size: int = 1, convolutional: bool = False) -> SearchSpace:
+                world_size: int = 1, convolutional: bool = False,
+                attention: bool = False) -> SearchSpace:
     """The space for `baseline` on `info`'s device, narrowed by `--space` and then `--fix` (a
     fix must be one of the values `--space` lists for its knob).
 
@@ -267,7 +268,7 @@ def build_space(baseline: TrainConfig, info: DeviceInfo, dataset_size: int, *,
         if reason is not None and fixed != getattr(baseline, knob):
             raise SpaceError(f"{source}: left out on this model and machine: {reason}")
 
-    offered = device_domains(baseline, info, world_size, convolutional)
+    offered = device_domains(baseline, info, world_size, convolutional, attention)
     for knob in DISTRIBUTED_KNOBS:
         refused = [v for v in narrowed.get(knob, ()) if v not in offered[knob]
                    and (knob != "ddp_bucket_cap_mb" or world_size == 1)]

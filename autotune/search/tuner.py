@@ -176,7 +176,8 @@ class Tuner:
                                  max_grad_accum=opts.max_grad_accum,
                                  left_out=self.probe.left_out_values(),
                                  world_size=opts.nproc_per_node,
-                                 convolutional=self.probe.convolutional)
+                                 convolutional=self.probe.convolutional,
+                                 attention=self.probe.attention)
         self.capacity_bytes = opts.memory_limit_bytes or info.total_memory_bytes
         self._check_memory_limit()
 

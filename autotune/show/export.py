@@ -131,6 +131,15 @@ CHANNELS_LAST_BY_HAND = (
     "data collator return the images as x.contiguous(memory_format=torch.channels_last)")
 
 
+def _attention_by_hand(config: TrainConfig, where: str) -> str:
+    """What to write for the measured attention kernel, which no trainer has a switch for."""
+    kernel = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+              "cudnn": "CUDNN_ATTENTION", "math": "MATH"}[config.attention_backend]
+    return (f"attention_backend={config.attention_backend} was measured, which the trainer has "
+            f"no switch for: with torch.nn.attention.sdpa_kernel(SDPBackend.{kernel}): {where} "
+            "(a transformers model loaded with attn_implementation=\"sdpa\")")
+
+
 def _hf_notes(config: TrainConfig) -> dict[str, str]:
     """Where TrainingArguments cannot say exactly what was measured, or would change it."""
     notes = {}
@@ -223,6 +232,8 @@ def _hf_script(config: TrainConfig, nproc_per_node: int) -> str:
                   f"#     torchrun --nproc-per-node {nproc_per_node} train.py"]
     if config.memory_format == "channels_last":
         lines += _comment(CHANNELS_LAST_BY_HAND)
+    if config.attention_backend != "auto":
+        lines += _comment(_attention_by_hand(config, "around trainer.train()"))
     lines.append("training_args = dict(")
     for key, value in hf_training_arguments(config).items():
         if key in notes:
@@ -369,6 +380,8 @@ def _lightning_script(config: TrainConfig, nproc_per_node: int) -> str:
                             "images too, in your LightningModule's on_after_batch_transfer: "
                             "x.contiguous(memory_format=torch.channels_last)", "    "),
                   "    module = module.to(memory_format=torch.channels_last)"]
+    if config.attention_backend != "auto":
+        lines += _comment(_attention_by_hand(config, "around trainer.fit(...)"), "    ")
     if config.activation_checkpointing != "none":
         which = "every" if config.activation_checkpointing == "full" else "every other"
         lines += [

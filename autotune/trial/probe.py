@@ -15,6 +15,8 @@ and this machine, each knob value that can fail or be pointless:
 - the AdamW implementations: one optimizer step each;
 - channels_last, for a model with 2-D or 3-D convolutions (the only ones it is offered to):
   one step;
+- each attention kernel, for a model that calls `scaled_dot_product_attention` (seen in one
+  forward): one step under `sdpa_kernel`, which refuses shapes, masks or dtypes it cannot run;
 - torch.compile: the toolchain inductor needs (a C++ compiler on CPU, Triton on CUDA);
 - DataLoader workers: a worker process loading two batches (datasets and collate functions
   that cannot be pickled fail here), then every workers/prefetch setting's own rate.
@@ -42,6 +44,7 @@ from autotune.trial.protocol import LeftOut, ProbeReport
 from autotune.trial.training import (
     CHECK_SAMPLES,
     Unsupported,
+    calls_attention,
     checkpointing_problem,
     has_convolutions,
     make_loader,
@@ -86,8 +89,10 @@ def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
         config = from_baseline({"micro_batch_size": config.micro_batch_size,
                                 "grad_accum_steps": config.grad_accum_steps}, device.type)
     # The values the search would offer here: those worth a try.
-    offered = device_domains(config, info, convolutional=report.convolutional)
     trials = _Trials(workload, dataset, device, progress)
+    report.attention = trials.calls_attention()
+    offered = device_domains(config, info, convolutional=report.convolutional,
+                             attention=report.attention)
     progress("one baseline step (the reference)")
     try:
         reference = trials.run(config, timed=True)
@@ -99,7 +104,7 @@ def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
         config = config.replace(micro_batch_size=1, grad_accum_steps=1)
         reference = trials.run(config, timed=True)
     report.step_s[config.precision] = reference.step_s
-    for check in (_precisions, _checkpointing, _optimizers, _memory_formats):
+    for check in (_precisions, _checkpointing, _optimizers, _memory_formats, _attention):
         report.left_out += check(trials, config, reference, offered)
     report.step_s.update(trials.step_s)
     report.left_out += _compile_toolchain(device, offered["compile_mode"])
@@ -158,14 +163,24 @@ class _Trials:
         (`training.nonfinite_problem`), in words, or None."""
         self.progress(f"checking the loss under {precision}")
         workload = self.workload
-        move = workload.hook("to_device") or move_to_device
-        batch = move(sample_batch(self.dataset, workload.hook("collate_fn"), CHECK_SAMPLES),
-                     self.device)
         try:
-            return nonfinite_problem(workload.build_model, batch, workload.loss_fn(),
-                                     precision, self.device)
+            return nonfinite_problem(workload.build_model, self.first_batch(),
+                                     workload.loss_fn(), precision, self.device)
         except Exception:  # noqa: BLE001 - a failure is the timed run's to report
             return None
+
+    def first_batch(self) -> Any:
+        """The dataset's first samples, collated and on the device, as a trial's would be."""
+        move = self.workload.hook("to_device") or move_to_device
+        return move(sample_batch(self.dataset, self.workload.hook("collate_fn"), CHECK_SAMPLES),
+                    self.device)
+
+    def calls_attention(self) -> bool:
+        """Whether one forward of a fresh model calls `scaled_dot_product_attention`."""
+        model = self.workload.build_model().to(self.device)
+        batch, loss_fn = self.first_batch(), self.workload.loss_fn()
+        with torch.no_grad():
+            return calls_attention(lambda: loss_fn(model, batch))
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -225,9 +240,7 @@ def _checkpointing(trials: _Trials, config: TrainConfig, reference: _Run,
     """Checkpointing modes that fail on this model or change what it learns: one step with
     and without on the dataset's first samples (`training.checkpointing_problem`)."""
     workload, device = trials.workload, trials.device
-    move = workload.hook("to_device") or move_to_device
-    batch = move(sample_batch(trials.dataset, workload.hook("collate_fn"), CHECK_SAMPLES),
-                 device)
+    batch = trials.first_batch()
     loss_fn = workload.loss_fn()
 
     def checked_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
@@ -254,23 +267,30 @@ def _checkpointing(trials: _Trials, config: TrainConfig, reference: _Run,
 def _optimizers(trials: _Trials, config: TrainConfig, reference: _Run,
                 offered: Mapping[str, tuple]) -> list[LeftOut]:
     """AdamW implementations the file's optimizer does not take, or that fail a step."""
-    out = []
-    for impl in offered["optimizer_impl"]:
-        if impl == config.optimizer_impl:
-            continue
-        run = _try(trials, "optimizer_impl", impl, config.replace(optimizer_impl=impl))
-        out += [run] if isinstance(run, LeftOut) else []
-    return out
+    return _each_fails(trials, config, offered, "optimizer_impl")
 
 
 def _memory_formats(trials: _Trials, config: TrainConfig, reference: _Run,
                     offered: Mapping[str, tuple]) -> list[LeftOut]:
     """Memory formats that fail a step on this model (offered only where it has
     convolutions)."""
+    return _each_fails(trials, config, offered, "memory_format")
+
+
+def _attention(trials: _Trials, config: TrainConfig, reference: _Run,
+               offered: Mapping[str, tuple]) -> list[LeftOut]:
+    """Attention kernels that refuse this model's shapes, masks or dtype in a step (offered
+    only where it calls scaled_dot_product_attention)."""
+    return _each_fails(trials, config, offered, "attention_backend")
+
+
+def _each_fails(trials: _Trials, config: TrainConfig, offered: Mapping[str, tuple],
+                knob: str) -> list[LeftOut]:
+    """The values of `knob` besides the baseline's whose one step fails, with the reason."""
     out = []
-    for fmt in offered["memory_format"]:
-        if fmt != config.memory_format:
-            run = _try(trials, "memory_format", fmt, config.replace(memory_format=fmt))
+    for value in offered[knob]:
+        if value != getattr(config, knob):
+            run = _try(trials, knob, value, config.replace(**{knob: value}))
             out += [run] if isinstance(run, LeftOut) else []
     return out
 

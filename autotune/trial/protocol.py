@@ -131,6 +131,7 @@ class ProbeReport:
     loader_rates: list[LoaderRate] = field(default_factory=list)
     step_s: dict[str, float] = field(default_factory=dict)
     convolutional: bool = False  # the model has 2-D or 3-D convolutions (memory formats)
+    attention: bool = False  # it calls scaled_dot_product_attention (attention kernels)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -100,6 +100,9 @@ class TrainingSetup:
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         return autocast_context(self.config.precision, self.device)
 
+    def attention(self) -> contextlib.AbstractContextManager[Any]:
+        return attention_context(self.config.attention_backend)
+
     def step(self, batches: Iterator[Any]) -> StepResult:
         """One optimizer step over `grad_accum_steps` micro-batches; never syncs the device."""
         accum = self.config.grad_accum_steps
@@ -116,7 +119,8 @@ class TrainingSetup:
             batch = self.to_device(batch, self.device)
             if self.cuda_graphs:
                 torch.compiler.cudagraph_mark_step_begin()
-            with distributed.gradient_sync(self.model, self.config, micro == accum - 1):
+            with distributed.gradient_sync(self.model, self.config, micro == accum - 1), \
+                    self.attention():
                 with self.autocast():
                     loss = check_loss(self.loss_fn(self.model, batch), self.loss_source) / accum
                 if self.scaler is not None:
@@ -227,6 +231,35 @@ def setup_from_workload(workload: Workload, config: TrainConfig, device: torch.d
         checkpoint_modules=workload.hook("checkpoint_modules"),
         to_device=workload.hook("to_device"), seed=seed, loss_source=str(workload.path),
         world=distributed.current())
+
+
+def attention_context(backend: str) -> contextlib.AbstractContextManager[Any]:
+    """`scaled_dot_product_attention` held to one kernel, or PyTorch's own choice (auto)."""
+    if backend == "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel({"flash": SDPBackend.FLASH_ATTENTION,
+                        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                        "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[backend])
+
+
+def calls_attention(fn: Callable[[], Any]) -> bool:
+    """Whether `fn` calls `scaled_dot_product_attention`: what an attention kernel changes."""
+    from torch.overrides import TorchFunctionMode
+
+    seen = []
+
+    class Watch(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            if getattr(func, "__name__", "") == "scaled_dot_product_attention":
+                seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Watch():
+        fn()
+    return bool(seen)
 
 
 def has_convolutions(model: nn.Module) -> bool:

@@ -97,7 +97,8 @@ def test_grid_is_every_configuration_and_nothing_else():
         "persistent_workers": (False, True),
         "compile_mode": ("none", "default", "max-autotune-no-cudagraphs"),
         # no convolutions: no memory format; one process: no process group's knobs
-        "memory_format": ("contiguous",), "parallelism": ("none",),
+        "memory_format": ("contiguous",), "attention_backend": ("auto",),
+        "parallelism": ("none",),
         "ddp_bucket_cap_mb": (25,), "ddp_static_graph": (False,),
         "ddp_gradient_as_bucket_view": (False,), "fsdp_reshard_after_forward": (True,),
         "fsdp_reduce_dtype": ("fp32",),
@@ -135,6 +136,13 @@ def test_a_convolutional_model_searches_the_memory_format():
     assert convolutional.domains["memory_format"] == ("contiguous", "channels_last")
     assert convolutional.size() == 2 * plain.size()
     assert convolutional.fast_corner(8).memory_format == "channels_last"
+
+
+def test_a_model_that_calls_attention_searches_the_kernels_this_device_runs():
+    assert build_space(BASELINE, CPU6, 1000).domains["attention_backend"] == ("auto",)
+    space = build_space(BASELINE, CPU6, 1000, attention=True)
+    # efficient and cuDNN attention run on CUDA only
+    assert space.domains["attention_backend"] == ("auto", "flash", "math")
 
 
 def test_one_process_cannot_fix_a_process_groups_knob():

@@ -38,6 +38,7 @@ CONFIGS = {
                              activation_checkpointing="full", compile_mode="default"),
     "channels_last": TrainConfig(micro_batch_size=8, precision="bf16",
                                  memory_format="channels_last"),
+    "flash_attention": TrainConfig(micro_batch_size=8, attention_backend="flash"),
 }
 CONFIG_IDS = list(CONFIGS)
 PYTHON_FORMATS = ("hf", "lightning", "torch")
@@ -586,3 +587,9 @@ def test_channels_last_is_said_where_a_library_has_no_switch_and_applied_where_i
         torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)))
     assert module[0].weight.is_contiguous(memory_format=torch.channels_last)
     assert "on_after_batch_transfer" in export_config(config, "lightning")
+
+
+@pytest.mark.parametrize("fmt", ["hf", "lightning"])
+def test_the_attention_kernel_is_said_where_a_trainer_has_no_switch(fmt):
+    text = " ".join(export_config(CONFIGS["flash_attention"], fmt).split())
+    assert "sdpa_kernel(SDPBackend.FLASH_ATTENTION)" in text

@@ -188,3 +188,44 @@ def test_channels_last_that_breaks_the_model_is_left_out_with_the_reason(write_m
     left = probe(write_model, CONV_VIEWS).left_out_values()["memory_format"]
     assert set(left) == {"channels_last"}
     assert "view" in left["channels_last"]
+
+
+ATTENTION = TINY_SOURCE + """
+
+class Attention(nn.Module):
+    def __init__(self, dim=8, heads_dim=True):
+        super().__init__()
+        half = dim // 2
+        self.qkv, self.head = nn.Linear(half, 3 * half), nn.Linear(half, 1)
+        self.heads_dim = heads_dim
+
+    def forward(self, x, y):
+        # one head over a sequence of 2: (batch, heads, sequence, features), as fused kernels
+        # want, or without the heads dimension, which only the math kernel takes
+        shape = (x.size(0), 1, 2, -1) if self.heads_dim else (x.size(0), 2, -1)
+        q, k, v = self.qkv(x.view(shape)).chunk(3, dim=-1)
+        out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return nn.functional.mse_loss(self.head(out).flatten(1).mean(dim=1), y)
+
+
+def build_model(dim=8):
+    return Attention(dim, HEADS_DIM)
+
+
+HEADS_DIM = True
+"""
+
+
+def test_attention_kernels_are_offered_to_a_model_that_calls_attention_only(write_model):
+    assert probe(write_model, TINY_SOURCE).attention is False
+    report = probe(write_model, ATTENTION)
+    assert report.attention is True
+    assert "attention_backend" not in report.left_out_values()
+
+
+def test_a_kernel_that_refuses_the_models_shapes_is_left_out_with_the_reason(write_model):
+    report = probe(write_model, ATTENTION.replace("HEADS_DIM = True", "HEADS_DIM = False"))
+    # CPU's flash kernel wants (batch, heads, sequence, features); math takes anything
+    refused = report.left_out_values()["attention_backend"]
+    assert set(refused) == {"flash"}
+    assert "backend" in refused["flash"] or "kernel" in refused["flash"]

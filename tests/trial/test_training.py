@@ -22,6 +22,7 @@ from autotune.trial.training import (
     BatchTransferError,
     Unsupported,
     apply_activation_checkpointing,
+    calls_attention,
     checkpointing_problem,
     has_convolutions,
     make_loader,
@@ -218,6 +219,38 @@ def test_channels_last_stores_weights_and_images_channels_last_and_trains_the_sa
                         seen[-1])
     assert formats == {"contiguous": (False, False), "channels_last": (True, True)}
     assert losses["channels_last"] == pytest.approx(losses["contiguous"], rel=1e-5)
+
+
+class ThreeDimAttention(nn.Module):
+    """Attention without a heads dimension: the math kernel takes it, CPU's flash does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv, self.head = nn.Linear(4, 12), nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.head(out).mean(dim=1)
+
+
+def test_the_attention_kernel_holds_in_every_step_and_is_seen_being_called():
+    data = TensorDataset(torch.randn(16, 2, 4), torch.randn(16, 1))
+    batch = fixed_batch(data, 8)
+    losses = {}
+    for backend in ("auto", "math", "flash"):
+        torch.manual_seed(0)
+        setup = setup_training(ThreeDimAttention(), data,
+                               TrainConfig(micro_batch_size=8, attention_backend=backend),
+                               "cpu", loss_fn=lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]))
+        try:
+            losses[backend] = float(setup.step(iter([batch])).loss)
+        except RuntimeError as exc:
+            losses[backend] = str(exc)
+    assert losses["math"] == pytest.approx(losses["auto"], rel=1e-6)
+    assert "kernel" in losses["flash"] or "backend" in losses["flash"]
+    model, x = ThreeDimAttention(), batch[0]
+    assert calls_attention(lambda: model(x)) and not calls_attention(lambda: model.head(x))
 
 
 def test_a_model_has_convolutions_when_it_has_2d_or_3d_ones():
