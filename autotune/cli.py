@@ -322,7 +322,8 @@ def cmd_verify(options: VerifyOptions, console: Console) -> int:
     with PlainView(Console(stderr=True)) as view:
         verification = verify_study(study, options,
                                     study_dir(options.studies_dir, study.study_name), view)
-    console.print(f"verified {verification.describe()}", markup=False, highlight=False)
+    console.print(f"verified {verification.describe()}", markup=False, highlight=False,
+                  soft_wrap=True)
     return EXIT_FAILED if verification.holds is False else EXIT_OK
 
 

@@ -25,7 +25,8 @@ from autotune.study.records import TrialRecord, rankable, trial_records
 
 
 class PlainView:
-    """One line per event: for logs, CI and anything that is not a terminal."""
+    """One line per event, never wrapped (a log is read with grep): for logs, CI and anything
+    that is not a terminal."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
@@ -33,7 +34,7 @@ class PlainView:
     def trial_started(self, number: int, config: Any, role: str, device: str = "") -> None:
         where = f" on {device}" if device else ""
         self.console.print(f"trial {number} ({role}){where}: {short_config(config.to_dict())}",
-                           markup=False, highlight=False)
+                           markup=False, highlight=False, soft_wrap=True)
 
     def phase(self, text: str, number: int | None = None) -> None:
         """Phases are only worth a line on a live display."""
@@ -44,10 +45,10 @@ class PlainView:
         if sps and reason:
             figures += f", {reason}"
         self.console.print(f"trial {number}: {status}  {figures}", markup=False,
-                           highlight=False)
+                           highlight=False, soft_wrap=True)
 
     def note(self, text: str) -> None:
-        self.console.print(text, markup=False, highlight=False)
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     def time_left(self, text: str) -> None:
         self.note(text)
