@@ -17,8 +17,15 @@ import yaml
 
 from autotune.errors import ConfigError
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+# fp8_*: torchao's float8 training of the large linear layers (tensorwise or rowwise scales),
+# everything else under bf16 autocast; on GPUs of compute capability 8.9+, with torch.compile.
+FP8_PRECISIONS = ("fp8_tensorwise", "fp8_rowwise")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", *FP8_PRECISIONS)
 CHECKPOINTING = ("none", "selective", "full")
+# The optimizer itself: AdamW, or one that keeps less state (torch's Adafactor, bitsandbytes'
+# 8-bit AdamW) and so buys a larger micro-batch. A change of what the model learns: searched
+# only with --allow-optimizer-change.
+OPTIMIZERS = ("adamw", "adafactor", "adamw_8bit")
 OPTIMIZER_IMPLS = ("for_loop", "foreach", "fused")
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
@@ -36,6 +43,7 @@ REDUCE_DTYPES = ("fp32", "bf16")
 CHOICES: dict[str, tuple[str, ...]] = {
     "precision": PRECISIONS,
     "activation_checkpointing": CHECKPOINTING,
+    "optimizer": OPTIMIZERS,
     "optimizer_impl": OPTIMIZER_IMPLS,
     "compile_mode": COMPILE_MODES,
     "memory_format": MEMORY_FORMATS,
@@ -63,6 +71,10 @@ def _workers(v: Mapping[str, Any]) -> bool:
     return v["num_workers"] > 0
 
 
+def _adamw(v: Mapping[str, Any]) -> bool:
+    return v["optimizer"] == "adamw"
+
+
 def _ddp(v: Mapping[str, Any]) -> bool:
     return v["parallelism"] == "ddp"
 
@@ -78,6 +90,7 @@ def _fsdp_bf16(v: Mapping[str, Any]) -> bool:
 # Knobs that mean something only given others (each after those in the field order), and the
 # value they take where they mean nothing.
 CONDITIONS: dict[str, Condition] = {
+    "optimizer_impl": Condition("optimizer=adamw", _adamw, "for_loop"),
     "prefetch_factor": Condition("num_workers > 0", _workers, None),
     "persistent_workers": Condition("num_workers > 0", _workers, False),
     "ddp_bucket_cap_mb": Condition("parallelism=ddp", _ddp, 25),
@@ -101,6 +114,7 @@ class TrainConfig:
     grad_accum_steps: int = 1
     precision: str = "fp32"
     activation_checkpointing: str = "none"
+    optimizer: str = "adamw"
     optimizer_impl: str = "for_loop"
     num_workers: int = 0
     prefetch_factor: int | None = None
@@ -137,6 +151,15 @@ class TrainConfig:
         values = self.to_dict()
         return {k: values[k] for k in DISTRIBUTED_KNOBS if self.parallelism != "none" and
                 (k not in CONDITIONS or CONDITIONS[k].holds(values))}
+
+    def setting(self, knob: str, value: Any) -> TrainConfig:
+        """This configuration with `knob` at `value`, and each knob that then means nothing
+        (`CONDITIONS`) at the value it takes otherwise."""
+        values = {**self.to_dict(), knob: value}
+        for name, condition in CONDITIONS.items():
+            if not condition.holds(values):
+                values[name] = condition.otherwise
+        return TrainConfig(**values)
 
     @property
     def effective_batch_size(self) -> int:
@@ -227,6 +250,7 @@ def read_yaml(path: str | Path, kind: str, error: type[ConfigError] = ConfigErro
 
 # What makes each conditional knob mean something, for `config_with`.
 _ENABLING: dict[str, dict[str, Any]] = {
+    "optimizer_impl": {"optimizer": "adamw"},
     "prefetch_factor": {"num_workers": 1}, "persistent_workers": {"num_workers": 1},
     "ddp_bucket_cap_mb": {"parallelism": "ddp"}, "ddp_static_graph": {"parallelism": "ddp"},
     "ddp_gradient_as_bucket_view": {"parallelism": "ddp"},
@@ -238,7 +262,10 @@ _ENABLING: dict[str, dict[str, Any]] = {
 def config_with(knob: str, value: Any) -> TrainConfig:
     """The default configuration but for `knob` (and what makes it mean something, where it
     needs another knob), so that any complaint about it is about `value`."""
-    return TrainConfig(**{**_ENABLING.get(knob, {}), knob: value})
+    # float8 runs only compiled (torchao's kernels are Triton's), so its precisions are asked
+    # of the device with compile on
+    enabling = {"compile_mode": "default"} if value in FP8_PRECISIONS else {}
+    return TrainConfig(**{**_ENABLING.get(knob, {}), **enabling, knob: value})
 
 
 def knobs_in(data: Any) -> Any:
@@ -267,6 +294,8 @@ def from_baseline(baseline: Mapping[str, Any] | None, device_type: str,
     under several ranks, DistributedDataParallel (what a torchrun script wraps its model in)."""
     base = TrainConfig(optimizer_impl=default_optimizer_impl(device_type),
                        parallelism="ddp" if world_size > 1 else "none")
+    if (baseline or {}).get("optimizer", "adamw") != "adamw":
+        base = base.replace(optimizer_impl=CONDITIONS["optimizer_impl"].otherwise)
     return TrainConfig.from_dict(baseline or {}, base)
 
 

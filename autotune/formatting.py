@@ -49,7 +49,8 @@ def short_config(config: Mapping[str, Any]) -> str:
     parts = [f"mb={config['micro_batch_size']}x{config['grad_accum_steps']}", config["precision"]]
     if config["activation_checkpointing"] != "none":
         parts.append(f"ckpt={config['activation_checkpointing']}")
-    parts.append(config["optimizer_impl"])
+    optimizer = config.get("optimizer", "adamw")
+    parts.append(config["optimizer_impl"] if optimizer == "adamw" else optimizer)
     if config["num_workers"]:
         parts.append(f"workers={config['num_workers']}/pf={config['prefetch_factor']}"
                      + ("/persist" if config["persistent_workers"] else ""))
@@ -73,7 +74,8 @@ def describe_changes(config: Mapping[str, Any], baseline: Mapping[str, Any]) -> 
     the loader are one phrase each (micro-batch with its accumulation, workers with prefetch)."""
     words = []
     for knob, value in config.items():
-        if knob in _PARTNERS.values():
+        if knob in _PARTNERS.values() or \
+                (knob == "optimizer_impl" and config.get("optimizer", "adamw") != "adamw"):
             continue
         partner = _PARTNERS.get(knob)
         if baseline.get(knob) == value and \
@@ -90,6 +92,10 @@ _PARTNERS = {"micro_batch_size": "grad_accum_steps", "num_workers": "prefetch_fa
 def _knob_words(knob: str, value: Any, config: Mapping[str, Any]) -> str:
     if knob == "micro_batch_size":
         return f"micro-batch {value} x {config['grad_accum_steps']}"
+    if knob == "optimizer":
+        return _OPTIMIZER_WORDS[value]
+    if knob == "precision" and value.startswith("fp8_"):
+        return f"float8 ({value.removeprefix('fp8_')} scales)"
     if knob == "optimizer_impl":
         return {"for_loop": "for-loop", "foreach": "foreach", "fused": "fused"}[value] + " AdamW"
     if knob == "activation_checkpointing":
@@ -113,6 +119,9 @@ def _knob_words(knob: str, value: Any, config: Mapping[str, Any]) -> str:
     return str(value)
 
 
+# The optimizers in words; a change of update rule says so.
+_OPTIMIZER_WORDS = {"adamw": "AdamW", "adafactor": "Adafactor (another update rule)",
+                    "adamw_8bit": "8-bit AdamW (another update rule)"}
 # A process group's knobs at PyTorch's defaults, which a short description leaves out.
 _GROUP_DEFAULTS = {"parallelism": "none", "ddp_bucket_cap_mb": 25, "ddp_static_graph": False,
                    "ddp_gradient_as_bucket_view": False, "fsdp_reshard_after_forward": True,

@@ -6,6 +6,7 @@ of its own: only trial processes touch the GPU.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import time
@@ -19,9 +20,13 @@ from autotune.config import (
     CHOICES,
     CUDA_GRAPH_MODES,
     DISTRIBUTED_KNOBS,
+    FP8_PRECISIONS,
     TrainConfig,
     config_with,
 )
+
+# float8 tensor cores: Ada (8.9), Hopper (9.0) and later.
+FP8_CAPABILITY = (8, 9)
 
 # Dense (no sparsity) peaks in TFLOP/s from the vendors' data sheets, which print the tensor-core
 # figures with 2:4 sparsity: the dense figure is half of it. A key matches whole words of the
@@ -78,6 +83,8 @@ class DeviceInfo:
     cuda_graphs: bool
     # A MIG slice: NVML's figures of the whole GPU (memory, peak) are not its own.
     mig: bool = False
+    # float8 tensor cores: compute capability 8.9+ (Ada, Hopper, Blackwell).
+    fp8: bool = False
 
     @property
     def torch_device(self) -> torch.device:
@@ -148,8 +155,10 @@ def describe(device: torch.device) -> DeviceInfo:
         facts = _nvml_facts(index)
         return DeviceInfo(type="cuda", index=index, name=facts.name,
                           total_memory_bytes=None if facts.mig else facts.memory,
-                          cpu_count=usable_cpus(), bf16=facts.major >= 8, tf32=facts.major >= 8,
-                          fused_adamw=True, cuda_graphs=True, mig=facts.mig)
+                          cpu_count=usable_cpus(), bf16=facts.capability[0] >= 8,
+                          tf32=facts.capability[0] >= 8,
+                          fused_adamw=True, cuda_graphs=True, mig=facts.mig,
+                          fp8=facts.capability >= FP8_CAPABILITY)
     capabilities = torch.backends.cpu.get_cpu_capability()
     return DeviceInfo(type="cpu", index=None, name=cpu_name(capabilities, _cpuinfo()),
                       total_memory_bytes=_host_memory(), cpu_count=usable_cpus(), bf16=True,
@@ -164,6 +173,9 @@ def cuda_total_memory(device: torch.device) -> int:
 
 def unsupported_reason(config: TrainConfig, info: DeviceInfo) -> str | None:
     """Why this device cannot run `config`, or None when it can."""
+    reason = _library_reason(config)
+    if reason:
+        return reason
     if info.type != "cuda":
         if config.precision == "fp16":
             return "fp16 needs a GradScaler path, which autotune offers on CUDA only; use bf16"
@@ -179,10 +191,26 @@ def unsupported_reason(config: TrainConfig, info: DeviceInfo) -> str | None:
         return f"{info.name} has no bf16 support"
     if config.precision == "tf32" and not info.tf32:
         return f"{info.name} has no TF32 tensor cores (needs compute capability 8.0+)"
+    if config.precision in FP8_PRECISIONS:
+        if not info.fp8:
+            return (f"float8 training needs a CUDA GPU of compute capability 8.9+ (Ada, "
+                    f"Hopper, Blackwell); {info.name} is not one")
+        if config.compile_mode == "none":
+            return (f"precision={config.precision} runs compiled only: torchao's float8 casts "
+                    "are Triton kernels, and eager float8 is slower than bf16")
     if config.optimizer_impl == "fused" and not info.fused_adamw:
         return f"fused AdamW is not available on {info.name}"
     if config.num_workers > info.cpu_count:
         return f"num_workers={config.num_workers} exceeds the {info.cpu_count} usable CPUs"
+    return None
+
+
+def _library_reason(config: TrainConfig) -> str | None:
+    """Why a library `config` needs is missing here, or None."""
+    if config.precision in FP8_PRECISIONS and importlib.util.find_spec("torchao") is None:
+        return f"precision={config.precision} is torchao's float8 training: pip install torchao"
+    if config.optimizer == "adamw_8bit" and importlib.util.find_spec("bitsandbytes") is None:
+        return "optimizer=adamw_8bit is bitsandbytes' AdamW8bit: pip install bitsandbytes"
     return None
 
 
@@ -192,12 +220,14 @@ def value_reason(knob: str, value: Any, info: DeviceInfo) -> str | None:
 
 
 def device_domains(baseline: TrainConfig, info: DeviceInfo, world_size: int = 1,
-                   convolutional: bool = False, attention: bool = False) -> dict[str, tuple]:
+                   convolutional: bool = False, attention: bool = False,
+                   optimizer_change: bool = False) -> dict[str, tuple]:
     """Every value of each knob (the batch sizes aside) that this device runs, the baseline's
     own among them: what a search offers before the user narrows it, and what the capability
     probe tries. The knobs of a process group are offered only to one of `world_size` > 1,
     memory formats only to a model with convolutions, attention kernels only to one that calls
-    `scaled_dot_product_attention`."""
+    `scaled_dot_product_attention`, other optimizers only where the user allows a change of what
+    the model learns (`optimizer_change`)."""
     group = world_size > 1
     candidates: dict[str, Sequence[Any]] = {
         **CHOICES,
@@ -220,6 +250,8 @@ def device_domains(baseline: TrainConfig, info: DeviceInfo, world_size: int = 1,
         candidates["memory_format"] = (baseline.memory_format,)
     if not attention:
         candidates["attention_backend"] = (baseline.attention_backend,)
+    if not optimizer_change:
+        candidates["optimizer"] = (baseline.optimizer,)
     return {knob: tuple(v for v in values if value_reason(knob, v, info) is None)
             for knob, values in candidates.items()}
 
@@ -234,6 +266,9 @@ def peak_flops(info: DeviceInfo, precision: str) -> float | None:
     A MIG slice has a share of the GPU's SMs, so it is always measured."""
     if info.type != "cuda":
         return None
+    # float8 runs only the large linears in float8: its MFU is against the bf16 peak, as
+    # torchtitan reports it
+    precision = "bf16" if precision in FP8_PRECISIONS else precision
     table = None if info.mig else table_peak_tflops(info.name, precision)
     if table is not None:
         return table * 1e12
@@ -341,7 +376,7 @@ def group_device_env(devices: Sequence[str], environ: Mapping[str, str]) -> dict
 class _NvmlFacts:
     name: str
     memory: int
-    major: int
+    capability: tuple[int, int]
     mig: bool
 
 
@@ -365,7 +400,7 @@ def _is_mig(pynvml: Any, entry: str, handle: Any) -> bool:
 
 
 def _nvml_facts(index: int) -> _NvmlFacts:
-    """Name, total memory, compute-capability major and MIG-ness of a GPU."""
+    """Name, total memory, compute capability and MIG-ness of a GPU."""
     try:
         import pynvml
 
@@ -378,14 +413,15 @@ def _nvml_facts(index: int) -> _NvmlFacts:
             mig = _is_mig(pynvml, entry, handle)
             if pynvml.nvmlDeviceIsMigDeviceHandle(handle):
                 handle = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
-            major, _ = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
             return _NvmlFacts(name, int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
-                              int(major), mig)
+                              (int(major), int(minor)), mig)
         finally:
             pynvml.nvmlShutdown()
     except Exception:
         props = torch.cuda.get_device_properties(index)
-        return _NvmlFacts(props.name, int(props.total_memory), props.major, "MIG" in props.name)
+        return _NvmlFacts(props.name, int(props.total_memory), (props.major, props.minor),
+                          "MIG" in props.name)
 
 
 # CPU flags of native bf16 arithmetic: without them bf16 is emulated, far slower.

@@ -271,6 +271,11 @@ class TuneOptions(StorageOptions, WorkloadOptions):
     space_file: str | None = option(
         "--space", "YAML mapping knob -> list of values to try, narrowing the space",
         metavar="FILE")
+    allow_optimizer_change: bool = option(
+        "--allow-optimizer-change", "also try optimizers that keep less state than AdamW "
+        "(torch's Adafactor, bitsandbytes' 8-bit AdamW) to fit a larger micro-batch: another "
+        "update rule, so the model learns differently; the report says so", default=False,
+        switch=True)
     max_grad_accum: int = option(
         "--max-grad-accum", "search accumulation only up to N micro-batches per step (the "
         "baseline's own is always tried)", default=DEFAULT_MAX_GRAD_ACCUM, metavar="N",

@@ -8,6 +8,11 @@ One command on a machine with a GPU runs, through the real CLI, each as one step
   (fp32, tf32, bf16, fp16) and each compile mode (none, default, reduce-overhead, max-autotune,
   max-autotune-no-cudagraphs), and the padded-batch RGAT compiled (recompiles and CUDA-graph
   recordings);
+- `knob-*`: the knobs of today's GPUs on the same GPT in bf16: each attention kernel (flash,
+  efficient, cudnn, math), each optimizer (adafactor, adamw_8bit), and, on a wider GPT whose
+  linear layers are large enough (n_embd 1024), float8 training with tensorwise and rowwise
+  scales against bf16, all compiled (GPUs of compute capability 8.9+; torchao and bitsandbytes
+  installed: `pip install -e ".[knobs]"`);
 - `study-*`: short `autotune run` studies of models/mlp.py, rgat.py and gpt.py at their own
   (realistic) sizes;
 - `devices`: a study with `--devices cuda:0,cuda:1` when two GPUs are present;
@@ -54,6 +59,9 @@ GPT_BENCH = ["--model", "models/gpt.py", "--model-arg", "n_layer=6", "--model-ar
              "n_embd=512", "--model-arg", "n_head=8", "--model-arg", "block_size=512",
              "--model-arg", "vocab_size=32768", "--set", "micro_batch_size=8",
              "--set", "grad_accum_steps=4"]
+# Wide enough that float8 converts its linears (both sides >= 1024).
+GPT_WIDE_BENCH = [{"n_embd=512": "n_embd=1024", "n_head=8": "n_head=16"}.get(a, a)
+                  for a in GPT_BENCH]
 RGAT_BENCH = ["--model", "models/rgat.py", "--set", "micro_batch_size=64",
               "--set", "grad_accum_steps=2"]
 WINDOWS = ["--warmup-max-seconds", "30", "--window-seconds", "3", "--profile-steps", "2"]
@@ -83,6 +91,7 @@ def plan(gpus: int) -> list[Step]:
             for rgat_mode in ("none", "default", "reduce-overhead"):
                 steps.append(_bench(f"bench-rgat-bf16-{rgat_mode}", RGAT_BENCH, "bf16",
                                     rgat_mode))
+    steps += _knob_steps()
     # trials until the timeout, the last one to its limit, then the winner and the baseline
     study_max = STUDY_TIMEOUT_S + 3 * STUDY_TRIAL_LIMIT_S + 30
     for model in ("mlp", "rgat", "gpt"):
@@ -99,6 +108,21 @@ def plan(gpus: int) -> list[Step]:
                 BENCH_LIMIT_S + 30))
         steps.append(Step("group-study-gpt", ("run", "--model", "models/gpt.py", "--study",
                                               "group", *group, *STUDY), study_max + 300))
+    return steps
+
+
+def _knob_steps() -> list[Step]:
+    """The attention kernels, the optimizers and float8, each one bench."""
+    steps = [Step(f"knob-attention-{kernel}", (
+        "bench", *GPT_BENCH, "--set", "precision=bf16", "--set", f"attention_backend={kernel}",
+        *WINDOWS, "--time-limit", str(BENCH_LIMIT_S)), BENCH_LIMIT_S + 30)
+        for kernel in ("flash", "efficient", "cudnn", "math")]
+    steps += [Step(f"knob-optimizer-{name}", (
+        "bench", *GPT_BENCH, "--set", "precision=bf16", "--set", f"optimizer={name}",
+        *WINDOWS, "--time-limit", str(BENCH_LIMIT_S)), BENCH_LIMIT_S + 30)
+        for name in ("adafactor", "adamw_8bit")]
+    steps += [_bench(f"knob-float8-{precision}", GPT_WIDE_BENCH, precision, "default")
+              for precision in ("bf16", "fp8_tensorwise", "fp8_rowwise")]
     return steps
 
 

@@ -14,7 +14,7 @@ from autotune.errors import ConfigError
 from autotune.hardware import describe, unsupported_reason
 
 ALL_KNOBS = ("micro_batch_size", "grad_accum_steps", "precision", "activation_checkpointing",
-             "optimizer_impl", "num_workers", "prefetch_factor", "pin_memory",
+             "optimizer", "optimizer_impl", "num_workers", "prefetch_factor", "pin_memory",
              "persistent_workers", "compile_mode", "memory_format", "attention_backend",
              "parallelism",
              "ddp_bucket_cap_mb",
@@ -26,6 +26,17 @@ ALL_KNOBS = ("micro_batch_size", "grad_accum_steps", "precision", "activation_ch
 
 def test_knob_names_are_the_documented_ones():
     assert tuple(knob_names()) == ALL_KNOBS
+
+
+def test_an_optimizer_other_than_adamw_has_no_implementation_knob():
+    with pytest.raises(ConfigError, match="optimizer_impl needs optimizer=adamw"):
+        TrainConfig(optimizer="adafactor", optimizer_impl="fused")
+    # a baseline that trains with Adafactor on CUDA does not get AdamW's foreach default
+    config = from_baseline({"optimizer": "adafactor"}, "cuda")
+    assert (config.optimizer, config.optimizer_impl) == ("adafactor", "for_loop")
+    # setting a knob puts the knobs that then mean nothing at their value otherwise
+    switched = TrainConfig(optimizer_impl="fused").setting("optimizer", "adamw_8bit")
+    assert (switched.optimizer, switched.optimizer_impl) == ("adamw_8bit", "for_loop")
 
 
 def test_from_baseline_none_gives_pytorch_defaults_on_cpu():

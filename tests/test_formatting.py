@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from autotune.config import TrainConfig
 from autotune.formatting import (
+    describe_changes,
     format_bytes,
     format_disturbance,
     format_percent,
@@ -32,3 +33,13 @@ def test_a_configuration_in_one_line_names_only_what_differs_from_pytorch() -> N
                         compile_mode="default").to_dict()
     assert short_config(tuned) == ("mb=8x4 bf16 ckpt=selective fused workers=2/pf=4/persist "
                                    "compile=default")
+
+
+def test_a_change_of_optimizer_says_it_changes_the_update_rule_and_float8_its_scales():
+    baseline = TrainConfig(optimizer_impl="foreach").to_dict()
+    changed = TrainConfig(optimizer="adamw_8bit", precision="fp8_rowwise",
+                          compile_mode="default").to_dict()
+    # the AdamW implementation means nothing under another optimizer: not named as a change
+    assert describe_changes(changed, baseline) == \
+        "float8 (rowwise scales) + 8-bit AdamW (another update rule) + torch.compile"
+    assert short_config(changed) == "mb=1x1 fp8_rowwise adamw_8bit compile=default"

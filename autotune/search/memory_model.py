@@ -3,11 +3,12 @@ that cannot fit are skipped without spending a trial on them.
 
 A training step's peak is weights + gradients + optimizer state, which do not depend on the
 micro-batch, plus activations, which grow in proportion to it. Within one memory family
-(precision, checkpointing, compile, and whether batches are made in the training process,
-whose memory on CPU is the process's) the peak is close to affine in the micro-batch:
-peak = fixed + per_sample x micro. Once a family's fit shows the peak growing with the
-micro-batch, an out-of-memory trial says every larger micro-batch of the family fails too.
-On CPU it need not grow: a small micro-batch with many accumulation steps can peak higher.
+(precision, checkpointing, compile, whether batches are made in the training process, whose
+memory on CPU is the process's, and the optimizer, whose state is most of the fixed part)
+the peak is close to affine in the micro-batch: peak = fixed + per_sample x micro. Once a
+family's fit shows the peak growing with the micro-batch, an out-of-memory trial says every
+larger micro-batch of the family fails too. On CPU it need not grow: a small micro-batch with
+many accumulation steps can peak higher.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from autotune.study.records import MEASURED_PEAK, RAN_OUT, TrialRecord
 MEMORY_MARGIN = 0.05
 
 
-def memory_family(config: Mapping[str, Any]) -> tuple[str, str, str, bool]:
-    """The knobs that change how memory grows with the micro-batch."""
+def memory_family(config: Mapping[str, Any]) -> tuple[str, str, str, bool, str]:
+    """The knobs that change how memory grows with the micro-batch, or what it starts from (the
+    optimizer's state)."""
     return (config["precision"], config["activation_checkpointing"], config["compile_mode"],
-            config["num_workers"] == 0)
+            config["num_workers"] == 0, config.get("optimizer", "adamw"))
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,10 @@ accepts for this device, plus the baseline's own value, narrowed by the user's `
 
 Optuna parameter names are the knob names. A categorical's choices are the same tuple in every
 trial (Optuna refuses choices that change within a study); only grad_accum_steps's integer range
-varies. A knob that means something only given others (`config.CONDITIONS`: prefetch_factor
-under workers, the DDP knobs under ddp, the FSDP knobs under fsdp) is asked for only there.
+varies. Under float8, which runs compiled only, `compile_mode=none` is read as the first
+compiled mode the space has (without one, float8 is not offered). A knob that means something
+only given others (`config.CONDITIONS`: prefetch_factor under workers, the DDP knobs under ddp,
+the FSDP knobs under fsdp, the AdamW implementations under AdamW) is asked for only there.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import optuna
 from autotune.config import (
     CONDITIONS,
     DISTRIBUTED_KNOBS,
+    FP8_PRECISIONS,
     TrainConfig,
     config_with,
     knob_names,
@@ -45,7 +48,7 @@ from autotune.options import DEFAULT_MAX_GRAD_ACCUM
 _CATEGORICAL = tuple(k for k in knob_names() if k != "grad_accum_steps")
 
 # The knobs that others depend on (`config.CONDITIONS`).
-_PARENTS = ("precision", "num_workers", "parallelism")
+_PARENTS = ("precision", "optimizer", "num_workers", "parallelism")
 
 _Categorical = Callable[[str, Sequence[Any]], Any]
 _Integer = Callable[[str, int, int], int]
@@ -221,6 +224,8 @@ class SearchSpace:
                 values[knob] = categorical(knob, domain)
             else:
                 values[knob] = domain[0]
+        if values["precision"] in FP8_PRECISIONS and values["compile_mode"] == "none":
+            values["compile_mode"] = next(m for m in self.domains["compile_mode"] if m != "none")
         low, high = self.accum_range(values["micro_batch_size"])
         if self.free_batch and self.fixed_grad_accum is None:
             values["grad_accum_steps"] = integer("grad_accum_steps", low, high)
@@ -236,7 +241,7 @@ def build_space(baseline: TrainConfig, info: DeviceInfo, dataset_size: int, *,
                 max_grad_accum: int = DEFAULT_MAX_GRAD_ACCUM,
                 left_out: Mapping[str, Mapping[Any, str]] | None = None,
                 world_size: int = 1, convolutional: bool = False,
-                attention: bool = False) -> SearchSpace:
+                attention: bool = False, optimizer_change: bool = False) -> SearchSpace:
     """The space for `baseline` on `info`'s device, narrowed by `--space` and then `--fix` (a
     fix must be one of the values `--space` lists for its knob).
 
@@ -268,7 +273,13 @@ def build_space(baseline: TrainConfig, info: DeviceInfo, dataset_size: int, *,
         if reason is not None and fixed != getattr(baseline, knob):
             raise SpaceError(f"{source}: left out on this model and machine: {reason}")
 
-    offered = device_domains(baseline, info, world_size, convolutional, attention)
+    offered = device_domains(baseline, info, world_size, convolutional, attention,
+                             optimizer_change)
+    changed = [v for v in narrowed.get("optimizer", ()) if v not in offered["optimizer"]]
+    if changed:
+        raise SpaceError(f"optimizer={changed[0]} changes what the model learns (another update "
+                         f"rule than the baseline's {baseline.optimizer}): add "
+                         "--allow-optimizer-change to try it")
     for knob in DISTRIBUTED_KNOBS:
         refused = [v for v in narrowed.get(knob, ()) if v not in offered[knob]
                    and (knob != "ddp_bucket_cap_mb" or world_size == 1)]
@@ -294,6 +305,10 @@ def build_space(baseline: TrainConfig, info: DeviceInfo, dataset_size: int, *,
                              f"something only when {condition.needs}, which no configuration "
                              f"here has; it is {condition.otherwise}")
         domains[knob] = (condition.otherwise,)
+
+    if domains["compile_mode"] == ("none",):
+        domains["precision"] = tuple(p for p in domains["precision"] if p not in FP8_PRECISIONS
+                                     or p == baseline.precision)
 
     micros, accums = narrowed.get("micro_batch_size"), narrowed.get("grad_accum_steps")
     fixed_accum = None

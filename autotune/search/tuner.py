@@ -177,7 +177,8 @@ class Tuner:
                                  left_out=self.probe.left_out_values(),
                                  world_size=opts.nproc_per_node,
                                  convolutional=self.probe.convolutional,
-                                 attention=self.probe.attention)
+                                 attention=self.probe.attention,
+                                 optimizer_change=opts.allow_optimizer_change)
         self.capacity_bytes = opts.memory_limit_bytes or info.total_memory_bytes
         self._check_memory_limit()
 

@@ -10,13 +10,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune.config import CUDA_GRAPH_MODES, TrainConfig
+from autotune.config import CUDA_GRAPH_MODES, FP8_PRECISIONS, TrainConfig
 from autotune.errors import ConfigError
 
 EXPORT_FORMATS = ("yaml", "json", "hf", "lightning", "torch")
 
+# float8 runs its large linear layers in float8 and the rest under bf16 autocast.
 LIGHTNING_PRECISION = {"fp32": "32-true", "tf32": "32-true", "bf16": "bf16-mixed",
-                       "fp16": "16-mixed"}
+                       "fp16": "16-mixed", **dict.fromkeys(FP8_PRECISIONS, "bf16-mixed")}
+# The optimizers that replace AdamW: the class autotune measured, TrainingArguments' optim.
+OPTIMIZER_CLASSES = {"adafactor": "torch.optim.Adafactor",
+                     "adamw_8bit": "bitsandbytes.optim.AdamW8bit"}
+HF_OPTIMS = {"adafactor": "adafactor", "adamw_8bit": "adamw_bnb_8bit"}
 
 
 def export_config(config: TrainConfig, fmt: str, *, model_path: str | Path | None = None,
@@ -55,11 +60,12 @@ def export_config(config: TrainConfig, fmt: str, *, model_path: str | Path | Non
 def hf_training_arguments(config: TrainConfig) -> dict[str, Any]:
     """Keyword arguments for `transformers.TrainingArguments` that apply `config`.
 
-    TrainingArguments has no "selective" checkpointing (it checkpoints every layer) and no
-    foreach/for-loop switch ("adamw_torch" is PyTorch's default, foreach on CUDA); the `hf`
-    export says so next to those keys. `tf32` is True for tf32; for the other precisions it
-    is left out (PyTorch's defaults, as measured), except False for fp32 with torch_compile,
-    where TrainingArguments would otherwise turn TF32 on by itself.
+    TrainingArguments has no "selective" checkpointing (it checkpoints every layer), no
+    foreach/for-loop switch ("adamw_torch" is PyTorch's default, foreach on CUDA), no
+    torch.optim.Adafactor (its "adafactor" is transformers' own) and no torchao float8 (bf16
+    here, the model converted by hand); the `hf` export says so. `tf32` is True for tf32; for
+    the other precisions it is left out (PyTorch's defaults, as measured), except False for
+    fp32 with torch_compile, where TrainingArguments would otherwise turn TF32 on by itself.
 
     Under ddp: the DDP knobs TrainingArguments has (it has no gradient_as_bucket_view), and
     find_unused_parameters False, DDP's default as measured, which Trainer would otherwise turn
@@ -71,7 +77,7 @@ def hf_training_arguments(config: TrainConfig) -> dict[str, Any]:
     args: dict[str, Any] = {
         "per_device_train_batch_size": config.micro_batch_size,
         "gradient_accumulation_steps": config.grad_accum_steps,
-        "bf16": config.precision == "bf16",
+        "bf16": _bf16_autocast(config),
         "fp16": config.precision == "fp16",
     }
     if config.precision == "tf32" or (config.precision == "fp32" and
@@ -79,7 +85,8 @@ def hf_training_arguments(config: TrainConfig) -> dict[str, Any]:
         args["tf32"] = config.precision == "tf32"
     args.update({
         "gradient_checkpointing": config.activation_checkpointing != "none" and not fsdp,
-        "optim": "adamw_torch_fused" if config.optimizer_impl == "fused" else "adamw_torch",
+        "optim": HF_OPTIMS.get(config.optimizer, "adamw_torch_fused"
+                               if config.optimizer_impl == "fused" else "adamw_torch"),
         "dataloader_num_workers": config.num_workers,
         "dataloader_prefetch_factor": config.prefetch_factor,  # None whenever workers == 0
         "dataloader_pin_memory": config.pin_memory,
@@ -99,6 +106,12 @@ def hf_training_arguments(config: TrainConfig) -> dict[str, Any]:
             fsdp_config["activation_checkpointing"] = True
         args.update({"fsdp": True, "fsdp_config": fsdp_config})
     return args
+
+
+def _bf16_autocast(config: TrainConfig) -> bool:
+    """Whether `config` trains under bf16 autocast (bf16, and float8 for all but the large
+    linear layers)."""
+    return config.precision in ("bf16", *FP8_PRECISIONS)
 
 
 def _header(config: TrainConfig, nproc_per_node: int) -> list[str]:
@@ -131,6 +144,32 @@ CHANNELS_LAST_BY_HAND = (
     "data collator return the images as x.contiguous(memory_format=torch.channels_last)")
 
 
+# What the Lightning and HF exports say of cudnn.benchmark, which autotune's trials turn on.
+CUDNN_BENCHMARK = ("cudnn.benchmark: matters for models with convolutions (each input shape's "
+                   "fastest cuDNN kernel, timed once); autotune set it during its trials on CUDA")
+
+
+def _update_rule(config: TrainConfig) -> str:
+    """What a memory-saving optimizer changes, said wherever an export builds one."""
+    return (f"optimizer={config.optimizer} was measured: {OPTIMIZER_CLASSES[config.optimizer]} "
+            "in place of AdamW, another update rule, which changes what the model learns; "
+            "compare its loss with AdamW's before keeping it")
+
+
+def _float8_by_hand(config: TrainConfig) -> str:
+    """How to convert the model to the float8 training measured, which TrainingArguments has
+    no switch for."""
+    recipe = config.precision.removeprefix("fp8_")
+    return (f"precision={config.precision} was measured: torchao's float8 training ({recipe} "
+            "scales) of the large linear layers, the rest under bf16 autocast, compiled. "
+            "TrainingArguments has no switch for it (accelerate's fp8 with the torchao backend "
+            "converts every linear layer divisible by 16 but the first and last): before "
+            "Trainer(...), convert the model with autotune.trial.float8.convert_to_float8(model, "
+            f"{_py(config.precision)}), which is torchao's convert_to_float8_training(model, "
+            f"config=Float8LinearConfig.from_recipe_name({_py(recipe)})) on the nn.Linear "
+            "layers with both sides >= 1024 features and divisible by 16")
+
+
 def _attention_by_hand(config: TrainConfig, where: str) -> str:
     """What to write for the measured attention kernel, which no trainer has a switch for."""
     kernel = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
@@ -151,7 +190,7 @@ def _hf_notes(config: TrainConfig) -> dict[str, str]:
                         "would otherwise turn TF32 on); on torch 2.9 and later it also makes " \
                         "cuDNN convolutions IEEE fp32, where PyTorch (and the measurement) " \
                         "runs them in TF32"
-    elif config.precision == "bf16" and config.compile_mode != "none":
+    elif _bf16_autocast(config) and config.compile_mode != "none":
         notes["bf16"] = "with torch_compile, TrainingArguments also turns on TF32 for the " \
                         "matmuls left in fp32, which autotune did not measure"
     if config.activation_checkpointing == "selective" and config.parallelism != "fsdp":
@@ -160,7 +199,16 @@ def _hf_notes(config: TrainConfig) -> dict[str, str]:
             'mode and checkpoints every layer, which is "full". Newer transformers take '
             'activation_checkpointing=True, activation_checkpointing_kwargs={"every_n_layers": '
             '2} for every other layer')
-    if config.optimizer_impl != "fused":
+    if config.optimizer == "adafactor":
+        notes["optim"] = (
+            f"{_update_rule(config)}. TrainingArguments' \"adafactor\" is transformers' own "
+            "Adafactor (transformers.optimization.Adafactor), not torch.optim.Adafactor: for "
+            "the one measured, pass Trainer(..., optimizer_cls_and_kwargs=(torch.optim."
+            'Adafactor, {"lr": args.learning_rate}))')
+    elif config.optimizer == "adamw_8bit":
+        notes["optim"] = (f"{_update_rule(config)}. \"adamw_bnb_8bit\" is bitsandbytes' AdamW "
+                          "with 8-bit state (optim_bits=8), the AdamW8bit measured")
+    elif config.optimizer_impl != "fused":
         notes["optim"] = (
             f"autotune measured the {config.optimizer_impl} AdamW; TrainingArguments has no "
             'foreach/for_loop switch: "adamw_torch" is torch.optim.AdamW with PyTorch\'s '
@@ -201,10 +249,11 @@ def _hf_fsdp_notes(config: TrainConfig) -> list[str]:
                      "reduces the gradients in bf16 too (MixedPrecisionPolicy(param_dtype="
                      "bfloat16, reduce_dtype=bfloat16)); autotune measured them reduced in fp32 "
                      "(reduce_dtype=float32), which TrainingArguments cannot ask for")
-    elif config.precision == "fp16":
-        notes.append("With fp16=True accelerate's FSDP2 casts the parameters to fp16 and "
-                     "reduces the gradients in fp16 (MixedPrecisionPolicy(param_dtype=float16, "
-                     "reduce_dtype=float16)); autotune measured fp32 parameters under fp16 "
+    elif config.precision in ("fp16", *FP8_PRECISIONS):
+        half, dtype = ("fp16", "float16") if config.precision == "fp16" else ("bf16", "bfloat16")
+        notes.append(f"With {half}=True accelerate's FSDP2 casts the parameters to {half} and "
+                     f"reduces the gradients in {half} (MixedPrecisionPolicy(param_dtype={dtype}, "
+                     f"reduce_dtype={dtype})); autotune measured fp32 parameters under {half} "
                      "autocast, which TrainingArguments cannot ask for")
     return notes
 
@@ -230,10 +279,14 @@ def _hf_script(config: TrainConfig, nproc_per_node: int) -> str:
     if config.parallelism != "none":
         lines += ["# in your training script, and launch it on every rank:",
                   f"#     torchrun --nproc-per-node {nproc_per_node} train.py"]
+    if config.precision in FP8_PRECISIONS:
+        lines += _comment(_float8_by_hand(config))
     if config.memory_format == "channels_last":
         lines += _comment(CHANNELS_LAST_BY_HAND)
     if config.attention_backend != "auto":
         lines += _comment(_attention_by_hand(config, "around trainer.train()"))
+    lines += _comment(f"{CUDNN_BENCHMARK}. TrainingArguments has no switch for it: set "
+                      "torch.backends.cudnn.benchmark = True before trainer.train()")
     lines.append("training_args = dict(")
     for key, value in hf_training_arguments(config).items():
         if key in notes:
@@ -252,11 +305,15 @@ def _lightning_script(config: TrainConfig, nproc_per_node: int) -> str:
     group = config.parallelism != "none"
     takes = "the precision, the gradient accumulation and the process group" if group else \
         "the precision and the gradient accumulation"
-    applies = "activation checkpointing, FSDP2's sharding" if fsdp else "activation checkpointing"
+    optimizer = "the optimizer implementation" if config.optimizer == "adamw" else \
+        "the optimizer"
+    float8 = config.precision in FP8_PRECISIONS
+    applies = "activation checkpointing" + ", torchao's float8" * float8 + \
+        ", FSDP2's sharding" * fsdp
     lines = [
         *_header(config, nproc_per_node), "#",
         *_comment(f"Lightning's Trainer takes {takes}. It has no argument for the DataLoader "
-                  f"settings, the optimizer implementation, {applies} or torch.compile: the "
+                  f"settings, {optimizer}, {applies} or torch.compile: the "
                   "functions below apply those. Use them as"),
         "#     trainer.fit(tuned_module(model), train_dataloaders=tuned_dataloader(dataset))",
     ]
@@ -276,6 +333,8 @@ def _lightning_script(config: TrainConfig, nproc_per_node: int) -> str:
     sync_strategy = fsdp and config.grad_accum_steps > 1
     if sync_strategy:
         lines.append("import contextlib")
+    if config.optimizer == "adamw_8bit":
+        lines.append("import bitsandbytes")
     lines += [
         "try:",
         "    import lightning.pytorch as pl",
@@ -291,6 +350,8 @@ def _lightning_script(config: TrainConfig, nproc_per_node: int) -> str:
     autotune_imports = []
     if config.activation_checkpointing != "none":
         autotune_imports.append("from autotune import apply_activation_checkpointing")
+    if float8:
+        autotune_imports.append("from autotune.trial.float8 import convert_to_float8")
     if fsdp:
         autotune_imports += ["from autotune.trial.distributed import callable_blocks",
                              "from autotune.trial.training import repeated_blocks"]
@@ -325,13 +386,13 @@ def _lightning_script(config: TrainConfig, nproc_per_node: int) -> str:
             "                module.set_requires_gradient_sync(True, recurse=False)",
             "",
         ]
-    flags = (f"foreach={config.optimizer_impl == 'foreach'}, "
-             f"fused={config.optimizer_impl == 'fused'}")
     lines += [
         "",
         "trainer = pl.Trainer(",
         f"    precision={_py(LIGHTNING_PRECISION[config.precision])},",
         f"    accumulate_grad_batches={config.grad_accum_steps},",
+        *_comment(CUDNN_BENCHMARK, "    "),
+        "    benchmark=True,",
     ]
     if group:
         lines += [f"    devices={nproc_per_node},", "    num_nodes=1,"]
@@ -364,10 +425,7 @@ def _lightning_script(config: TrainConfig, nproc_per_node: int) -> str:
         "    )",
         "",
         "",
-        "def tuned_optimizer(parameters):",
-        '    """Keep your own optimizer and learning rate: what was tuned is foreach=/fused=."""',
-        "    return torch.optim.AdamW(parameters, lr=3e-4, weight_decay=0.01,",
-        f"                             {flags})",
+        *_lightning_optimizer(config),
         "",
         "",
         "def tuned_module(module):",
@@ -392,6 +450,13 @@ def _lightning_script(config: TrainConfig, nproc_per_node: int) -> str:
                       "    "),
             f"    apply_activation_checkpointing(module, "
             f"{_py(config.activation_checkpointing)})"]
+    if float8:
+        lines += [*_comment(f"{config.precision}: torchao's float8 training of the nn.Linear "
+                            "layers with both sides >= 1024 features and divisible by 16 "
+                            "(convert_to_float8_training, Float8LinearConfig.from_recipe_name("
+                            f"{_py(config.precision.removeprefix('fp8_'))})), before "
+                            "torch.compile, which it needs", "    "),
+                  f"    convert_to_float8(module, {_py(config.precision)})"]
     if accumulates_under_cuda_graphs(config):
         lines += _comment(CUDA_GRAPH_ACCUMULATION + ": allocate them in on_train_start and "
                           "override optimizer_zero_grad in your LightningModule", "    ")
@@ -400,6 +465,25 @@ def _lightning_script(config: TrainConfig, nproc_per_node: int) -> str:
     else:
         lines.append(_returned("module", config))
     return "\n".join(lines) + "\n"
+
+
+def _lightning_optimizer(config: TrainConfig) -> list[str]:
+    """`tuned_optimizer`: AdamW with the measured implementation, or the optimizer that
+    replaced it."""
+    lines = ["def tuned_optimizer(parameters):"]
+    if config.optimizer == "adamw":
+        flags = (f"foreach={config.optimizer_impl == 'foreach'}, "
+                 f"fused={config.optimizer_impl == 'fused'}")
+        return [*lines,
+                '    """Keep your own optimizer and learning rate: what was tuned is '
+                'foreach=/fused=."""',
+                "    return torch.optim.AdamW(parameters, lr=3e-4, weight_decay=0.01,",
+                f"                             {flags})"]
+    return [*lines,
+            '    """The optimizer measured: give it your own learning rate and weight decay."""',
+            *_comment(_update_rule(config), "    "),
+            f"    return {OPTIMIZER_CLASSES[config.optimizer]}(parameters, lr=3e-4, "
+            "weight_decay=0.01)"]
 
 
 def _lightning_sharding(config: TrainConfig) -> list[str]:
@@ -462,6 +546,8 @@ def _torch_script(config: TrainConfig, model_path: str | Path | None,
     group = config.parallelism != "none"
     knobs = [f"    {_py(name)}: {_py(value)}," for name, value in config.to_dict().items()]
     lines = _header(config, nproc_per_node)
+    if config.optimizer != "adamw":
+        lines += _comment(_update_rule(config))
     if group:
         lines += _torch_group_preamble(config, model_path, nproc_per_node)
     else:
@@ -487,6 +573,12 @@ def _torch_script(config: TrainConfig, model_path: str | Path | None,
                   "ONE_PROCESS = TrainConfig.from_dict({",
                   "    knob: value for knob, value in CONFIG.to_dict().items()",
                   '    if knob not in CONFIG.distributed() and knob != "compile_mode"})']
+        if config.precision in FP8_PRECISIONS:
+            lines += [*_comment("setup_training takes float8 compiled only, and here compile "
+                                "follows the wrapping: it gets bf16 (the autocast float8 runs "
+                                "the rest under), and main() converts the large linear layers "
+                                "to float8 before wrapping"),
+                      'ONE_PROCESS = ONE_PROCESS.replace(precision="bf16")']
     if model_path is not None:
         lines += [f"MODEL_PATH = {_py(str(model_path))}", f"MODEL_ARGS = {args_literal}"]
     lines.append("LOG_EVERY = 10")
@@ -508,11 +600,13 @@ def _torch_script(config: TrainConfig, model_path: str | Path | None,
             '    raise NotImplementedError("FILL IN: return the scalar loss of one batch")',
             "# --- end of FILL IN " + "-" * 73,
         ]
-        setup = ["    # add collate_fn=... if your dataset needs one",
+        setup = [*_comment(SETUP_BENCHMARK, "    "),
+                 "    # add collate_fn=... if your dataset needs one",
                  f"    setup = setup_training(build_model(), build_dataset(), {setup_config}, "
                  f"{setup_device}, loss_fn=loss_fn)"]
     else:
-        setup = ["    workload = load_workload(MODEL_PATH, MODEL_ARGS)",
+        setup = [*_comment(SETUP_BENCHMARK, "    "),
+                 "    workload = load_workload(MODEL_PATH, MODEL_ARGS)",
                  f"    setup = setup_from_workload(workload, {setup_config}, "
                  f"{'device' if group else 'torch.device(args.device)'})"]
     if group:
@@ -533,6 +627,10 @@ def _torch_script(config: TrainConfig, model_path: str | Path | None,
 
 
 GROUP_WRAPPERS = {"ddp": "DistributedDataParallel", "fsdp": "FSDP2's fully_shard"}
+# What the torch script says of cudnn.benchmark, which its setup_training turns on itself.
+SETUP_BENCHMARK = ("setup_training applies the knobs, and on CUDA sets "
+                   "torch.backends.cudnn.benchmark = True for a model with convolutions, as "
+                   "autotune's trials did")
 
 
 def _torch_group_preamble(config: TrainConfig, model_path: str | Path | None,
@@ -569,8 +667,10 @@ def _torch_group_preamble(config: TrainConfig, model_path: str | Path | None,
         "",
         f"from autotune import TrainConfig, {setup}",
         *(["from autotune.trial.distributed import callable_blocks"] if fsdp else []),
-        "from autotune.trial.training import make_optimizer"
-        + (", repeated_blocks" if fsdp else ""),
+        *(["from autotune.trial.float8 import convert_to_float8"]
+          if config.precision in FP8_PRECISIONS else []),
+        "from autotune.trial.optimizers import make_optimizer",
+        *(["from autotune.trial.training import repeated_blocks"] if fsdp else []),
     ]
 
 
@@ -627,6 +727,8 @@ def _torch_group_main(config: TrainConfig, model_path: str | Path | None, device
         lines.append("    torch.manual_seed(0)  # the same weights on every rank, which each "
                      "shards")
     lines += setup
+    if config.precision in FP8_PRECISIONS:
+        lines.append("    convert_to_float8(setup.model, CONFIG.precision)  # before wrapping")
     if fsdp:
         policy = ", mp_policy=policy" if config.precision == "bf16" else ""
         if config.precision == "bf16":
@@ -651,7 +753,7 @@ def _torch_group_main(config: TrainConfig, model_path: str | Path | None, device
             "    # the optimizer after wrapping, as for fully_shard, which replaces the parameters",
         ]
     hook = "" if model_path is None else ', workload.hook("build_optimizer")'
-    lines.append(f"    optimizer = make_optimizer(model, CONFIG.optimizer_impl{hook})")
+    lines.append(f"    optimizer = make_optimizer(model, CONFIG{hook})")
     trained = "model"
     call = _compile_call("model", config)
     if call is not None:

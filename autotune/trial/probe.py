@@ -12,7 +12,9 @@ and this machine, each knob value that can fail or be pointless:
 - activation checkpointing: each mode for one step on the dataset's first samples, whose loss
   and gradients must equal the plain model's (a wrapper that changes the model is worse than
   none);
-- the AdamW implementations: one optimizer step each;
+- float8 (offered only on GPUs of compute capability 8.9+): whether any linear layer is large
+  enough to gain from it;
+- the AdamW implementations and the memory-saving optimizers: one optimizer step each;
 - channels_last, for a model with 2-D or 3-D convolutions (the only ones it is offered to):
   one step;
 - each attention kernel, for a model that calls `scaled_dot_product_attention` (seen in one
@@ -36,9 +38,10 @@ from typing import Any
 
 import torch
 
-from autotune.config import TrainConfig, from_baseline
+from autotune.config import FP8_PRECISIONS, TrainConfig, from_baseline
 from autotune.hardware import cpu_has_native_bf16, describe, device_domains, unsupported_reason
 from autotune.trial.child import is_oom
+from autotune.trial.float8 import MIN_FEATURES, large_linears
 from autotune.trial.loader_rates import loader_settings, measure_loader_rates
 from autotune.trial.protocol import LeftOut, ProbeReport
 from autotune.trial.training import (
@@ -91,8 +94,9 @@ def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
     # The values the search would offer here: those worth a try.
     trials = _Trials(workload, dataset, device, progress)
     report.attention = trials.calls_attention()
+    # every optimizer is tried, so that a study resumed with --allow-optimizer-change knows
     offered = device_domains(config, info, convolutional=report.convolutional,
-                             attention=report.attention)
+                             attention=report.attention, optimizer_change=True)
     progress("one baseline step (the reference)")
     try:
         reference = trials.run(config, timed=True)
@@ -104,7 +108,8 @@ def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
         config = config.replace(micro_batch_size=1, grad_accum_steps=1)
         reference = trials.run(config, timed=True)
     report.step_s[config.precision] = reference.step_s
-    for check in (_precisions, _checkpointing, _optimizers, _memory_formats, _attention):
+    for check in (_precisions, _float8, _checkpointing, _optimizers, _memory_formats,
+                  _attention):
         report.left_out += check(trials, config, reference, offered)
     report.step_s.update(trials.step_s)
     report.left_out += _compile_toolchain(device, offered["compile_mode"])
@@ -235,6 +240,21 @@ def _precisions(trials: _Trials, config: TrainConfig, reference: _Run,
     return out
 
 
+def _float8(trials: _Trials, config: TrainConfig, reference: _Run,
+            offered: Mapping[str, tuple]) -> list[LeftOut]:
+    """float8 precisions (offered only on GPUs that run them) where the model has no linear
+    layer large enough to gain from float8: the run would be bf16's with extra casts."""
+    wanted = [p for p in offered["precision"] if p in FP8_PRECISIONS and p != config.precision]
+    if not wanted:
+        return []
+    chosen = large_linears()
+    if any(chosen(m, name) for name, m in trials.workload.build_model().named_modules()):
+        return []
+    return [LeftOut("precision", p, f"no linear layer has both sides >= {MIN_FEATURES} "
+                    "features and divisible by 16: float8 would run bf16's matmuls with extra "
+                    "casts") for p in wanted]
+
+
 def _checkpointing(trials: _Trials, config: TrainConfig, reference: _Run,
                    offered: Mapping[str, tuple]) -> list[LeftOut]:
     """Checkpointing modes that fail on this model or change what it learns: one step with
@@ -266,8 +286,10 @@ def _checkpointing(trials: _Trials, config: TrainConfig, reference: _Run,
 
 def _optimizers(trials: _Trials, config: TrainConfig, reference: _Run,
                 offered: Mapping[str, tuple]) -> list[LeftOut]:
-    """AdamW implementations the file's optimizer does not take, or that fail a step."""
-    return _each_fails(trials, config, offered, "optimizer_impl")
+    """AdamW implementations the file's optimizer does not take, and optimizers, that fail a
+    step."""
+    return (_each_fails(trials, config, offered, "optimizer_impl") +
+            _each_fails(trials, config, offered, "optimizer"))
 
 
 def _memory_formats(trials: _Trials, config: TrainConfig, reference: _Run,
@@ -290,7 +312,7 @@ def _each_fails(trials: _Trials, config: TrainConfig, offered: Mapping[str, tupl
     out = []
     for value in offered[knob]:
         if value != getattr(config, knob):
-            run = _try(trials, knob, value, config.replace(**{knob: value}))
+            run = _try(trials, knob, value, config.setting(knob, value))
             out += [run] if isinstance(run, LeftOut) else []
     return out
 

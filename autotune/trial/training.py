@@ -27,11 +27,13 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from autotune.config import CUDA_GRAPH_MODES, TrainConfig
+from autotune.config import CUDA_GRAPH_MODES, FP8_PRECISIONS, TrainConfig
 from autotune.errors import AutotuneError, ConfigError, ContractError
 from autotune.hardware import describe, unsupported_reason
 from autotune.trial import distributed
 from autotune.trial.distributed import World
+from autotune.trial.float8 import MIN_FEATURES, convert_to_float8
+from autotune.trial.optimizers import make_optimizer
 from autotune.trial.workload import Workload, call_model, check_loss, loss_from_output
 
 # The profiler range around fetching a micro-batch: what happens there (a new epoch's sampler
@@ -40,7 +42,9 @@ NEXT_BATCH = "autotune.next_batch"
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 ToDevice = Callable[[Any, torch.device], Any]
-AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# float8 precisions compute their large linears in float8 and everything else in bf16.
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16,
+                   **{p: torch.bfloat16 for p in FP8_PRECISIONS}}
 # Checkpointing must leave the loss and every gradient as they were, up to float rounding (GPU
 # kernels with atomics are not bitwise deterministic); a broken recompute is off by far more.
 CHECKPOINT_LOSS_RTOL = 1e-3
@@ -174,7 +178,8 @@ def setup_training(
     before it is kept (`apply_verified_checkpointing`). Sets the process-wide TF32 flags
     (`set_matmul_precision`). Under a process group (`world`, as torchrun started it) the model
     is wrapped as `config.parallelism` says, after checkpointing and before compile, and each
-    rank loads its own shard of the data.
+    rank loads its own shard of the data. A model with convolutions on CUDA runs with
+    `cudnn.benchmark` (PyTorch's tuning guide: each shape's fastest kernel, timed once).
     """
     device = torch.device(device)
     reason = unsupported_reason(config, describe(device))
@@ -192,6 +197,8 @@ def setup_training(
         pinned = config.pin_memory and device.type == "cuda"
         to_device = functools.partial(move_to_device, non_blocking=pinned)
     model = model.to(device).train()
+    if device.type == "cuda" and has_convolutions(model):
+        torch.backends.cudnn.benchmark = True
     if config.memory_format == "channels_last":
         to_device = _channels_last_batches(to_device)
         to_channels_last(model)
@@ -201,11 +208,16 @@ def setup_training(
             model, config.activation_checkpointing, to_device(sample, device),
             lambda m, batch: check_loss(loss_fn(m, batch), loss_source), checkpoint_modules,
             precision=config.precision)
+    if config.precision in FP8_PRECISIONS and not convert_to_float8(model, config.precision):
+        raise Unsupported(f"precision={config.precision} has no linear layer to run in float8 "
+                          f"here: none has both sides >= {MIN_FEATURES} features and divisible "
+                          "by 16 (smaller ones are faster in bf16)",
+                          knob="precision", value=config.precision)
     if world is not None:
         blocks = list(checkpoint_modules(model)) if checkpoint_modules else \
             repeated_blocks(model)
         model = distributed.wrap_model(model, config, blocks, device)
-    optimizer = make_optimizer(model, config.optimizer_impl, build_optimizer)
+    optimizer = make_optimizer(model, config, build_optimizer)
     loader = make_loader(dataset, config, device, collate_fn, seed, world)
     scaler = torch.amp.GradScaler(device.type) if config.precision == "fp16" else None
     if config.compile_mode != "none":
@@ -324,17 +336,6 @@ def set_matmul_precision(precision: str, device: torch.device) -> None:
     torch.backends.cudnn.allow_tf32 = True
 
 
-def make_optimizer(model: nn.Module, impl: str,
-                   build_optimizer: Callable[..., torch.optim.Optimizer] | None = None,
-                   ) -> torch.optim.Optimizer:
-    """The file's optimizer (or AdamW) with the implementation chosen by `foreach=`/`fused=`."""
-    flags = {"foreach": impl == "foreach", "fused": impl == "fused"}
-    params = [p for p in model.parameters() if p.requires_grad]
-    if build_optimizer is not None:
-        return build_optimizer(params, **flags)
-    return torch.optim.AdamW(params, lr=3e-4, weight_decay=0.01, **flags)
-
-
 def make_loader(dataset: Dataset, config: TrainConfig, device: torch.device,
                 collate_fn: Callable[[list[Any]], Any] | None = None,
                 seed: int = 0, world: World | None = None) -> DataLoader:
@@ -364,7 +365,8 @@ def apply_activation_checkpointing(
 
     `full` checkpoints every block, `selective` every other one. A model with its own mechanism
     uses it: Hugging Face's `activation_checkpointing_enable(every_n_layers=...)` for both
-    modes, an older `gradient_checkpointing_enable()` for `full`. Otherwise the blocks that
+    modes, an older `gradient_checkpointing_enable()` or timm's `set_grad_checkpointing()` for
+    `full`. Otherwise the blocks that
     `checkpoint_modules(model)` names, else those of the largest stack (`repeated_blocks`),
     have their forward wrapped in `torch.utils.checkpoint` (a block that is itself a
     `ModuleList`, never called, has its called parts wrapped). Returns how it was applied.
@@ -400,8 +402,14 @@ def _own_checkpointing(model: nn.Module, mode: str) -> str | None:
         every = 1 if mode == "full" else 2
         enable(activation_checkpointing_kwargs={"use_reentrant": False}, every_n_layers=every)
         return f"the model's own activation_checkpointing_enable(every_n_layers={every})"
+    if mode != "full":
+        return None
+    enable = getattr(model, "set_grad_checkpointing", None)
+    if callable(enable) and not callable(getattr(model, "gradient_checkpointing_enable", None)):
+        enable(True)
+        return "the model's own set_grad_checkpointing() (timm's)"
     enable = getattr(model, "gradient_checkpointing_enable", None)
-    if mode != "full" or not callable(enable):
+    if not callable(enable):
         return None
     if _takes_keyword(enable, "gradient_checkpointing_kwargs"):
         enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -49,6 +49,8 @@ def test_contract_violations_in_the_first_trial(case: str, write_model, tmp_path
     (["--space", "{space}", "--fix", "micro_batch_size=8"],
      "--fix micro_batch_size=8 contradicts {space}, which lists micro_batch_size: [2, 4]"),
     (["--global-batch-size", "0"], "--global-batch-size must be >= 1"),
+    (["--fix", "optimizer=adafactor"], "changes what the model learns (another update rule "
+                                       "than the baseline's adamw): add --allow-optimizer-change"),
     (["--memory-limit", "1KiB"], "below what the model alone needs"),
     (["--study", "a/b"], "study name"),
     (["--study", ".."], "study name"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -90,6 +91,7 @@ def test_grid_is_every_configuration_and_nothing_else():
         "micro_batch_size": (2, 4, 8, 16, 32),
         "precision": ("fp32", "bf16"),
         "activation_checkpointing": ("none", "selective", "full"),
+        "optimizer": ("adamw",),
         "optimizer_impl": ("for_loop", "foreach", "fused"),
         "num_workers": (0, 1, 2, 4),
         "prefetch_factor": (2, 4),
@@ -143,6 +145,43 @@ def test_a_model_that_calls_attention_searches_the_kernels_this_device_runs():
     space = build_space(BASELINE, CPU6, 1000, attention=True)
     # efficient and cuDNN attention run on CUDA only
     assert space.domains["attention_backend"] == ("auto", "flash", "math")
+
+
+def test_other_optimizers_are_searched_only_when_the_user_allows_a_change_of_update_rule():
+    assert build_space(BASELINE, CPU6, 1000).domains["optimizer"] == ("adamw",)
+    with pytest.raises(SpaceError, match="--allow-optimizer-change"):
+        build_space(BASELINE, CPU6, 1000, fixes={"optimizer": "adafactor"})
+    allowed = build_space(BASELINE, CPU6, 1000, optimizer_change=True,
+                          fixes={"precision": "fp32", "num_workers": 0, "compile_mode": "none",
+                                 "activation_checkpointing": "none"})
+    assert set(allowed.domains["optimizer"]) >= {"adamw", "adafactor"}
+    grid = allowed.grid()
+    # the AdamW implementations are searched under AdamW only
+    assert {c.optimizer_impl for c in grid if c.optimizer != "adamw"} == {"for_loop"}
+    assert {c.optimizer_impl for c in grid if c.optimizer == "adamw"} == \
+        {"for_loop", "foreach", "fused"}
+    assert len(grid) == allowed.size()
+
+
+def test_float8_is_offered_on_gpus_that_run_it_and_only_compiled():
+    h100 = dataclasses.replace(H100, fp8=True)
+    space = build_space(BASELINE, h100, 1000)
+    assert {"fp8_tensorwise", "fp8_rowwise"} <= set(space.domains["precision"])
+    assert not {"fp8_tensorwise", "fp8_rowwise"} & set(build_space(BASELINE, H100, 1000)
+                                                      .domains["precision"])
+    assert "fp8_rowwise" not in build_space(BASELINE, CPU6, 1000).domains["precision"]
+    eager = TrainConfig(precision="fp8_rowwise")
+    assert "runs compiled only" in unsupported_reason(eager, h100)
+    assert unsupported_reason(eager.replace(compile_mode="default"), h100) is None
+    assert "compute capability 8.9" in unsupported_reason(eager.replace(compile_mode="default"),
+                                                          H100)
+    # the sampler's compile_mode=none under float8 is a compiled run
+    fp8_configs = [c for c in space.grid() if c.precision.startswith("fp8")]
+    assert fp8_configs and all(c.compile_mode != "none" for c in fp8_configs)
+    assert all(unsupported_reason(c, h100) is None for c in fp8_configs[:50])
+    # without a compiled mode to run under, float8 is not offered
+    eager_only = build_space(BASELINE, h100, 1000, fixes={"compile_mode": "none"})
+    assert not any(p.startswith("fp8") for p in eager_only.domains["precision"])
 
 
 def test_one_process_cannot_fix_a_process_groups_knob():
@@ -393,7 +432,8 @@ def test_space_without_workers_switches_the_loader_knobs_off():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"fixes": {"foo": 1}}, "--fix foo=1: unknown knob 'foo'"),
-    ({"fixes": {"precision": "fp8"}}, "precision must be one of fp32, tf32, bf16, fp16; got 'fp8'"),
+    ({"fixes": {"precision": "fp8"}}, "precision must be one of fp32, tf32, bf16, fp16, "
+                                      "fp8_tensorwise, fp8_rowwise; got 'fp8'"),
     ({"fixes": {"precision": "fp16"}}, "precision=fp16 is not supported on cpu"),
     ({"fixes": {"pin_memory": True}}, "pin_memory only helps copies to a CUDA device"),
     ({"fixes": {"num_workers": 7}}, "num_workers=7 exceeds the 6 usable CPUs"),

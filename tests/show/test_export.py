@@ -18,7 +18,7 @@ import torch
 import yaml
 from torch import nn
 
-from autotune.config import TrainConfig
+from autotune.config import FP8_PRECISIONS, TrainConfig
 from autotune.errors import ConfigError
 from autotune.options import EXPORT_FORMATS
 from autotune.show.export import export_config, hf_training_arguments
@@ -39,9 +39,21 @@ CONFIGS = {
     "channels_last": TrainConfig(micro_batch_size=8, precision="bf16",
                                  memory_format="channels_last"),
     "flash_attention": TrainConfig(micro_batch_size=8, attention_backend="flash"),
+    "adafactor": TrainConfig(micro_batch_size=8, optimizer="adafactor"),
+    "adamw_8bit": TrainConfig(micro_batch_size=8, precision="bf16", optimizer="adamw_8bit"),
+    "fp8_rowwise": TrainConfig(micro_batch_size=8, precision="fp8_rowwise",
+                               compile_mode="default"),
 }
 CONFIG_IDS = list(CONFIGS)
 PYTHON_FORMATS = ("hf", "lightning", "torch")
+
+
+@pytest.fixture(autouse=True)
+def restore_cudnn_benchmark():
+    """The Lightning exports' Trainer(benchmark=True) sets the process-wide cuDNN flag."""
+    saved = torch.backends.cudnn.benchmark
+    yield
+    torch.backends.cudnn.benchmark = saved
 
 
 @pytest.fixture
@@ -148,6 +160,41 @@ def test_hf_snippet_says_where_hf_differs_from_what_was_measured():
     assert "Ampere" in export_config(CONFIGS["tf32_full"], "hf")
 
 
+@pytest.mark.parametrize("name, optim, says", [
+    ("adafactor", "adafactor", ["transformers' own Adafactor", "not torch.optim.Adafactor",
+                                "optimizer_cls_and_kwargs=(torch.optim.Adafactor"]),
+    ("adamw_8bit", "adamw_bnb_8bit", ["bitsandbytes' AdamW with 8-bit state"]),
+])
+def test_hf_optim_for_an_optimizer_that_replaces_adamw_says_the_update_rule_changed(
+        name, optim, says):
+    from transformers.training_args import OptimizerNames
+
+    assert hf_training_arguments(CONFIGS[name])["optim"] == optim
+    assert optim in {o.value for o in OptimizerNames}
+    comments = _comments(export_config(CONFIGS[name], "hf"))
+    assert "another update rule, which changes what the model learns" in comments
+    assert "foreach/for_loop" not in comments
+    for text in says:
+        assert text in comments
+    assert "update rule" not in export_config(CONFIGS["bf16_fused_compile"], "hf")
+
+
+def test_hf_float8_is_bf16_compiled_with_the_model_converted_by_hand():
+    args = hf_training_arguments(CONFIGS["fp8_rowwise"])
+    assert (args["bf16"], args["fp16"], args["torch_compile"]) == (True, False, True)
+    assert "tf32" not in args
+    comments = _comments(export_config(CONFIGS["fp8_rowwise"], "hf"))
+    assert ('autotune.trial.float8.convert_to_float8(model, "fp8_rowwise")' in comments and
+            'Float8LinearConfig.from_recipe_name("rowwise")' in comments)
+    assert "before Trainer(...)" in comments
+    assert "float8" not in export_config(CONFIGS["bf16_fused_compile"], "hf")
+
+
+def test_hf_says_how_to_turn_on_cudnn_benchmark():
+    assert "torch.backends.cudnn.benchmark = True before trainer.train()" in \
+        _comments(export_config(TrainConfig(), "hf"))
+
+
 def test_hf_fp32_keeps_pytorchs_tf32_defaults_as_measured():
     """fp32 means PyTorch's defaults (TF32 cuDNN convolutions): TrainingArguments' tf32=False
     would make them IEEE, so it is given only where torch_compile would turn TF32 on."""
@@ -163,7 +210,8 @@ def test_hf_fp32_keeps_pytorchs_tf32_defaults_as_measured():
     TrainConfig(micro_batch_size=8, grad_accum_steps=3, precision="bf16", optimizer_impl="fused",
                 activation_checkpointing="selective", num_workers=2, prefetch_factor=4,
                 persistent_workers=True, compile_mode="max-autotune"),
-], ids=["fp32", "bf16_fused_workers_compile"])
+    CONFIGS["adafactor"], CONFIGS["adamw_8bit"], CONFIGS["fp8_rowwise"],
+], ids=["fp32", "bf16_fused_workers_compile", "adafactor", "adamw_8bit", "fp8_rowwise"])
 def test_transformers_accepts_the_hf_arguments(config, tmp_path, restore_environ):
     transformers = pytest.importorskip(
         "transformers", reason="transformers is not installed (pip install -e '.[export-check]')")
@@ -171,7 +219,7 @@ def test_transformers_accepts_the_hf_arguments(config, tmp_path, restore_environ
                                           **hf_training_arguments(config))
     assert args.per_device_train_batch_size == config.micro_batch_size
     assert args.gradient_accumulation_steps == config.grad_accum_steps
-    assert args.bf16 is (config.precision == "bf16")
+    assert args.bf16 is (config.precision in ("bf16", *FP8_PRECISIONS))
     assert str(getattr(args.optim, "value", args.optim)) == hf_training_arguments(config)["optim"]
     assert args.dataloader_prefetch_factor == config.prefetch_factor
     assert args.torch_compile is (config.compile_mode != "none")
@@ -190,6 +238,9 @@ def test_lightning_snippet_has_trainer_args_and_the_code_for_the_rest():
     assert 'torch.compile(module, mode="max-autotune")' in text
     assert "apply_activation_checkpointing" not in text
     assert "set_float32_matmul_precision" not in text
+    assert "    benchmark=True," in text
+    assert "matters for models with convolutions" in _comments(text)
+    assert "update rule" not in text and "float8" not in text
 
 
 @pytest.mark.parametrize("name, precision, lines", [
@@ -249,6 +300,44 @@ def test_lightning_accepts_the_exported_trainer_and_code(name, tmp_path, monkeyp
     assert (tuned is model) is (config.compile_mode == "none")
 
 
+@pytest.mark.parametrize("name, optimizer", [
+    ("adafactor", "torch.optim.Adafactor"), ("adamw_8bit", "bitsandbytes.optim.AdamW8bit")])
+def test_lightning_builds_the_optimizer_that_replaced_adamw(name, optimizer, monkeypatch,
+                                                             tmp_path):
+    if not any(_importable(m) for m in ("lightning", "pytorch_lightning")):
+        pytest.skip("lightning is not installed (pip install -e '.[export-check]')")
+    if name == "adamw_8bit":
+        pytest.importorskip("bitsandbytes")
+    monkeypatch.chdir(tmp_path)
+    text = export_config(CONFIGS[name], "lightning")
+    assert f"    return {optimizer}(parameters, lr=3e-4, weight_decay=0.01)" in text
+    assert "another update rule, which changes what the model learns" in _comments(text)
+    assert "foreach=" not in text
+    ns = run_export(text)
+    built = ns["tuned_optimizer"](Blocks().parameters())
+    assert f"{type(built).__module__.split('.')[0]}.optim.{type(built).__name__}" == optimizer
+    assert built.defaults["lr"] == 3e-4 and built.defaults["weight_decay"] == 0.01
+
+
+def test_lightning_float8_converts_the_large_linears_before_compile(tmp_path, monkeypatch):
+    if not any(_importable(m) for m in ("lightning", "pytorch_lightning")):
+        pytest.skip("lightning is not installed (pip install -e '.[export-check]')")
+    pytest.importorskip("torchao.float8")
+    monkeypatch.chdir(tmp_path)
+    text = export_config(CONFIGS["fp8_rowwise"], "lightning")
+    assert 'convert_to_float8(module, "fp8_rowwise")' in text
+    assert 'Float8LinearConfig.from_recipe_name("rowwise")' in _comments(text)
+    assert text.index("convert_to_float8(module") < text.index("torch.compile(module)")
+    ns = run_export(text)
+    assert ns["trainer"].precision == "bf16-mixed"
+    assert torch.backends.cudnn.benchmark is True  # Trainer(benchmark=True)
+    model = nn.Sequential(nn.Linear(1024, 2048), nn.Linear(2048, 8))
+    tuned = ns["tuned_module"](model)
+    # the second is too small (8 features): it stays in bf16
+    assert [type(m).__name__ for m in model] == ["Float8Linear", "Linear"]
+    assert tuned is not model  # compiled
+
+
 def _importable(module: str) -> bool:
     try:
         __import__(module)
@@ -259,11 +348,19 @@ def _importable(module: str) -> bool:
 
 # --- plain PyTorch script ---------------------------------------------------------------------
 
-def test_torch_script_trains_the_model_file(tmp_path):
-    config = TrainConfig(micro_batch_size=16, grad_accum_steps=2, optimizer_impl="foreach")
+@pytest.mark.parametrize("config", [
+    TrainConfig(micro_batch_size=16, grad_accum_steps=2, optimizer_impl="foreach"),
+    TrainConfig(micro_batch_size=16, grad_accum_steps=2, optimizer="adafactor"),
+], ids=["adamw_foreach", "adafactor"])
+def test_torch_script_trains_the_model_file(config, tmp_path):
     text = export_config(config, "torch", model_path=str(TEST_MODELS / "tiny_tuple.py"),
                          model_args={"dim": 16}, device="cpu")
     assert run_export(text)["CONFIG"] == config
+    header = _comments(text[:text.index('"""')])
+    assert ("another update rule, which changes what the model learns" in header) is \
+        (config.optimizer != "adamw")
+    assert "torch.backends.cudnn.benchmark = True for a model with convolutions" in \
+        _comments(text)
     script = tmp_path / "train_tuned.py"
     script.write_text(text)
     done = subprocess.run([sys.executable, str(script), "--steps", "3", "--device", "cpu"],
@@ -556,10 +653,30 @@ def test_torch_script_for_a_process_group_wraps_after_one_process_setup(name):
     wrap = "model = DistributedDataParallel(" if name == "ddp" else "model = fully_shard("
     assert text.index("setup = setup_training(") < text.index(wrap) \
         < text.index("make_optimizer(model") < text.index("torch.compile(model)")
+    assert "from autotune.trial.optimizers import make_optimizer" in text
+    assert "optimizer = make_optimizer(model, CONFIG)" in text
     sync = "model.no_sync()" if name == "ddp" else "model.set_requires_gradient_sync(last)"
     assert sync in text
     assert sync not in export_config(config.replace(grad_accum_steps=1), "torch")
     assert "DistributedSampler" in text and "set_epoch(epoch)" in text
+
+
+@pytest.mark.parametrize("name", GROUP_IDS)
+def test_torch_script_for_a_process_group_converts_to_float8_before_wrapping(name):
+    """setup_training runs float8 compiled only, and the script compiles after wrapping: it
+    sets up in bf16 (float8's autocast) and converts the large linears itself."""
+    config = GROUPS[name].replace(precision="fp8_rowwise", compile_mode="default",
+                                  fsdp_reduce_dtype="fp32", optimizer="adafactor",
+                                  optimizer_impl="for_loop")
+    text = export_config(config, "torch", nproc_per_node=2, model_path="model.py")
+    ns = run_export(text)
+    assert ns["CONFIG"] == config and ns["ONE_PROCESS"].precision == "bf16"
+    wrap = "model = DistributedDataParallel(" if name == "ddp" else "model = fully_shard("
+    assert text.index("setup = setup_from_workload(") \
+        < text.index("convert_to_float8(setup.model, CONFIG.precision)") < text.index(wrap)
+    assert "MixedPrecisionPolicy" not in text  # fp32 parameters under bf16 autocast
+    assert 'make_optimizer(model, CONFIG, workload.hook("build_optimizer"))' in text
+    assert "another update rule" in _comments(text)
 
 
 @pytest.mark.slow

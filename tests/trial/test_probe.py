@@ -229,3 +229,19 @@ def test_a_kernel_that_refuses_the_models_shapes_is_left_out_with_the_reason(wri
     refused = report.left_out_values()["attention_backend"]
     assert set(refused) == {"flash"}
     assert "backend" in refused["flash"] or "kernel" in refused["flash"]
+
+
+# A model with a complex parameter: AdamW updates it, torch's Adafactor refuses it.
+COMPLEX_PARAMETER = TINY_SOURCE.replace(
+    "        self.blocks = nn.ModuleList(nn.Linear(dim, dim) for _ in range(2))",
+    "        self.blocks = nn.ModuleList(nn.Linear(dim, dim) for _ in range(2))\n"
+    "        self.phase = nn.Parameter(torch.ones(dim, dtype=torch.cfloat))").replace(
+    "        return nn.functional.mse_loss(x.sum(dim=1), y)",
+    "        return nn.functional.mse_loss((x * self.phase).abs().sum(dim=1), y)")
+
+
+def test_each_optimizer_is_tried_and_one_that_fails_is_left_out_with_the_reason(write_model):
+    assert "optimizer" not in probe(write_model, TINY_SOURCE).left_out_values()
+    left = probe(write_model, COMPLEX_PARAMETER).left_out_values()["optimizer"]
+    assert "adamw" not in left
+    assert "does not support complex parameters" in left["adafactor"]

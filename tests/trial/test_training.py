@@ -18,15 +18,16 @@ from torch.utils.data import TensorDataset, default_collate
 
 from autotune.config import PRECISIONS, TrainConfig
 from autotune.errors import ConfigError, ContractError
+from autotune.trial.optimizers import make_optimizer
 from autotune.trial.training import (
     BatchTransferError,
     Unsupported,
     apply_activation_checkpointing,
+    apply_verified_checkpointing,
     calls_attention,
     checkpointing_problem,
     has_convolutions,
     make_loader,
-    make_optimizer,
     move_to_device,
     nonfinite_problem,
     sample_batch,
@@ -421,6 +422,50 @@ def test_gradient_checkpointing_enable_without_kwargs_is_still_called():
     assert model.enabled == 1
 
 
+class TimmStyle(nn.Module):
+    """timm's protocol (its ConvNeXt, ViT...): `set_grad_checkpointing(enable)` turns on a flag
+    each stage reads to run its blocks through `checkpoint_sequential`. timm itself cannot be
+    imported here: it needs torchvision, whose only PyPI wheel for torch 2.13 is CUDA's."""
+
+    class Stage(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.Sequential(*(nn.Sequential(nn.Linear(DIM, DIM), nn.GELU())
+                                          for _ in range(3)))
+            self.grad_checkpointing = False
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.grad_checkpointing:
+                return torch.utils.checkpoint.checkpoint_sequential(self.blocks, 3, x,
+                                                                    use_reentrant=False)
+            return self.blocks(x)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stages = nn.Sequential(self.Stage(), self.Stage())
+        self.head = nn.Linear(DIM, 1)
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        for stage in self.stages:
+            stage.grad_checkpointing = enable
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.mse_loss(self.head(self.stages(x)).squeeze(-1), y)
+
+
+def test_timm_style_set_grad_checkpointing_is_used_for_full_and_verified():
+    torch.manual_seed(0)
+    model = TimmStyle()
+    batch = fixed_batch(regression_data(), 8)
+    plain, _ = saved_bytes(lambda: model(*batch))
+    apply_verified_checkpointing(model, "full", batch, lambda m, b: m(*b))
+    assert all(stage.grad_checkpointing for stage in model.stages)
+    # the model's own switch, not autotune's wrapper around its blocks
+    assert not any("forward" in vars(m) for m in model.modules())
+    checkpointed, _ = saved_bytes(lambda: model(*batch))
+    assert checkpointed < 0.7 * plain
+
+
 # --- checkpointing is verified: it trains exactly as without, or it is unsupported ----------
 
 GPT2_SIZE = {"n_layer": 4, "n_embd": 32, "n_head": 2, "n_positions": 32, "vocab_size": 64,
@@ -704,7 +749,7 @@ def test_build_optimizer_hook_receives_exactly_the_impl_flags(impl):
 
     model = mlp()
     model[2].requires_grad_(False)
-    optimizer = make_optimizer(model, impl, build_optimizer)
+    optimizer = make_optimizer(model, TrainConfig(optimizer_impl=impl), build_optimizer)
     assert isinstance(optimizer, torch.optim.SGD)
     [(params, flags)] = received
     assert flags == {"foreach": impl == "foreach", "fused": impl == "fused"}

@@ -1,0 +1,42 @@
+"""`--allow-optimizer-change`: a study tries the memory-saving optimizers on the user's model,
+and whatever it recommends says when the update rule changed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autotune.config import TrainConfig
+from autotune.study.results import load_study
+
+from ..conftest import CONFIRM_ONCE, FAST, run_cli
+
+TINY_MLP = ["--model", "models/mlp.py", "--device", "cpu", "--model-arg", "feature_dim=32",
+            "--model-arg", "hidden=64", "--model-arg", "layers=2", "--model-arg",
+            "num_samples=4096", "--global-batch-size", "256", "--fix", "compile_mode=none",
+            "--fix", "num_workers=0", "--fix", "precision=fp32", "--fix",
+            "micro_batch_size=64", "--fix", "activation_checkpointing=none"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["adafactor", "adamw_8bit"])
+def test_a_study_allowed_to_change_the_optimizer_measures_it_and_says_so(optimizer,
+                                                                       tmp_path) -> None:
+    if optimizer == "adamw_8bit":
+        pytest.importorskip("bitsandbytes")
+    done = run_cli("run", *TINY_MLP, *FAST, "--studies-dir", str(tmp_path), "--trials", "2",
+                   "--allow-optimizer-change", "--fix", f"optimizer={optimizer}",
+                   *CONFIRM_ONCE, "--json", timeout=600)
+    assert done.returncode == 0, done.stderr
+    trials = load_study("mlp", tmp_path).get_trials(deepcopy=False)
+    # the baseline with the file's AdamW, then the other optimizer on the same model (stopped
+    # at screening where it is below 75% of the baseline's rate)
+    assert [t.user_attrs["config"]["optimizer"] for t in trials] == ["adamw", optimizer]
+    assert trials[1].user_attrs["status"] in ("ok", "screened")
+    assert trials[1].user_attrs["samples_per_sec"] > 0
+    summary = json.loads(done.stdout)
+    best = TrainConfig.load(tmp_path / "mlp" / "best.yaml")
+    assert best.optimizer == summary["best_config"]["optimizer"]
+    if best.optimizer != "adamw":
+        assert "another update rule" in summary["verdict"]
