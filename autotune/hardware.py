@@ -228,6 +228,30 @@ def device_domains(baseline: TrainConfig, info: DeviceInfo, world_size: int = 1,
     memory formats only to a model with convolutions, attention kernels only to one that calls
     `scaled_dot_product_attention`, other optimizers only where the user allows a change of what
     the model learns (`optimizer_change`)."""
+    candidates = _candidates(baseline, info, world_size, convolutional, attention,
+                             optimizer_change)
+    return {knob: tuple(v for v in values if value_reason(knob, v, info) is None)
+            for knob, values in candidates.items()}
+
+
+def device_refusals(baseline: TrainConfig, info: DeviceInfo, world_size: int = 1,
+                    convolutional: bool = False, attention: bool = False,
+                    optimizer_change: bool = False) -> dict[tuple[str, str], list[Any]]:
+    """The values `device_domains` leaves out because this device (or this environment) cannot
+    run them, by knob and reason: what a user is told was never tried, and why."""
+    out: dict[tuple[str, str], list[Any]] = {}
+    for knob, values in _candidates(baseline, info, world_size, convolutional, attention,
+                                    optimizer_change).items():
+        for value in values:
+            reason = value_reason(knob, value, info)
+            if reason is not None:
+                out.setdefault((knob, reason), []).append(value)
+    return out
+
+
+def _candidates(baseline: TrainConfig, info: DeviceInfo, world_size: int, convolutional: bool,
+                attention: bool, optimizer_change: bool) -> dict[str, Sequence[Any]]:
+    """Each knob's values worth asking the device about, for this model and study."""
     group = world_size > 1
     candidates: dict[str, Sequence[Any]] = {
         **CHOICES,
@@ -252,8 +276,7 @@ def device_domains(baseline: TrainConfig, info: DeviceInfo, world_size: int = 1,
         candidates["attention_backend"] = (baseline.attention_backend,)
     if not optimizer_change:
         candidates["optimizer"] = (baseline.optimizer,)
-    return {knob: tuple(v for v in values if value_reason(knob, v, info) is None)
-            for knob, values in candidates.items()}
+    return candidates
 
 
 def powers_of_two(limit: int) -> list[int]:

@@ -15,6 +15,8 @@ from autotune.hardware import (
     core_shares,
     cpu_name,
     describe,
+    device_domains,
+    device_refusals,
     table_peak_tflops,
     trial_device,
     usable_cpus,
@@ -215,3 +217,24 @@ def test_parallel_trials_get_disjoint_shares_of_the_cores(parts) -> None:
 def test_more_trials_than_cores_still_get_one_core_each() -> None:
     shares = core_shares(usable_cpus() + 1)
     assert all(len(share) == 1 for share in shares)
+
+
+# --- what a device never tries, and why --------------------------------------------------------
+
+def test_the_values_a_device_refuses_are_grouped_by_reason_and_never_offered():
+    from autotune.config import TrainConfig
+
+    info = describe(torch.device("cpu"))
+    refused = device_refusals(TrainConfig(), info, attention=True)
+    offered = device_domains(TrainConfig(), info, attention=True)
+    # one reason, said once for both float8 values
+    assert [vs for (_, reason), vs in refused.items() if "float8" in reason] == \
+        [["fp8_tensorwise", "fp8_rowwise"]]
+    assert {v for (k, _), vs in refused.items() if k == "attention_backend" for v in vs} == \
+        {"efficient", "cudnn"}
+    for (knob, reason), values in refused.items():
+        assert reason and not set(values) & set(offered[knob])
+    # every candidate value is either offered or refused with a reason
+    assert set(offered["precision"]) | {v for (k, _), vs in refused.items()
+                                        if k == "precision" for v in vs} == \
+        {"fp32", "tf32", "bf16", "fp16", "fp8_tensorwise", "fp8_rowwise"}

@@ -26,7 +26,13 @@ from optuna.trial import TrialState
 from autotune.config import from_baseline
 from autotune.errors import ConfigError, ContractError
 from autotune.formatting import format_seconds
-from autotune.hardware import DeviceInfo, core_shares, describe, parse_device
+from autotune.hardware import (
+    DeviceInfo,
+    core_shares,
+    describe,
+    device_refusals,
+    parse_device,
+)
 from autotune.options import DEFAULT_TIME_BUDGET_S, TuneOptions
 from autotune.search.budget import (
     MIN_ROUNDS,
@@ -179,6 +185,11 @@ class Tuner:
                                  convolutional=self.probe.convolutional,
                                  attention=self.probe.attention,
                                  optimizer_change=opts.allow_optimizer_change)
+        refused = device_refusals(self.baseline, info, opts.nproc_per_node,
+                                  self.probe.convolutional, self.probe.attention,
+                                  opts.allow_optimizer_change)
+        for (knob, reason), values in refused.items():
+            self.view.note(f"not on this device: {knob}={', '.join(map(str, values))}: {reason}")
         self.capacity_bytes = opts.memory_limit_bytes or info.total_memory_bytes
         self._check_memory_limit()
 

@@ -29,6 +29,9 @@ def test_a_study_allowed_to_change_the_optimizer_measures_it_and_says_so(optimiz
                    "--allow-optimizer-change", "--fix", f"optimizer={optimizer}",
                    *CONFIRM_ONCE, "--json", timeout=600)
     assert done.returncode == 0, done.stderr
+    # what this CPU never tries, and why
+    assert "not on this device: precision=fp8_tensorwise, fp8_rowwise: float8 training needs " \
+           "a CUDA GPU of compute capability 8.9+" in done.stderr
     trials = load_study("mlp", tmp_path).get_trials(deepcopy=False)
     # the baseline with the file's AdamW, then the other optimizer on the same model (stopped
     # at screening where it is below 75% of the baseline's rate)
