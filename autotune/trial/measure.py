@@ -46,7 +46,7 @@ from autotune.hardware import (
 )
 from autotune.options import MeasureSettings
 from autotune.stats import median_precision
-from autotune.trial.compile_events import compile_count
+from autotune.trial.compile_events import CompileCount, compile_count
 from autotune.trial.contention import Contention, ContentionProbe
 from autotune.trial.diagnosis import Finding, SyncSite, diagnose, trace_host_syncs
 from autotune.trial.profiling import ProfileSummary, collection_paused, profile_steps
@@ -188,7 +188,6 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
     start = time.perf_counter()
     warmup_steps, steady = warm_up(setup, batches, settings)
     warmup_s = time.perf_counter() - start
-    compiled_by_window = compile_count()
 
     probe = ContentionProbe(settings.contention_threshold, device)
     screen_rate = screen_done = None
@@ -231,7 +230,8 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
     peak = peak_flops(info, setup.config.precision)
     if flops_per_sample and peak:
         mfu = flops_per_sample * samples_per_sec / peak
-    compiled, in_window = compiled_after - compiled_before, compiled_after - compiled_by_window
+    # the kept window's own: not the screening's, nor a disturbed window measured again
+    compiled, in_window = compiled_after - compiled_before, window.compiled
     group = _group_figures(setup, window, median, memory["peak_memory_bytes"],
                            profile.communication_fraction if profile else None)
     if group:
@@ -355,6 +355,7 @@ class _Window:
     final_loss: float
     loss_finite: bool
     contention: Contention
+    compiled: CompileCount  # graphs compiled and CUDA graphs recorded during this window
 
 
 def warm_up(setup: TrainingSetup, batches: Iterator[Any],
@@ -445,6 +446,7 @@ def _timed_window(setup: TrainingSetup, batches: Iterator[Any], settings: Measur
     lengthening = False
     check_at = settings.window_steps  # precision is checked after ~10% more steps each time
     finite = torch.ones((), dtype=torch.bool, device=device)  # all losses so far, no sync
+    compiled = compile_count()
     synchronize(device)
     probe.start()
     start = time.perf_counter()
@@ -475,7 +477,7 @@ def _timed_window(setup: TrainingSetup, batches: Iterator[Any], settings: Measur
     seconds = time.perf_counter() - start
     contention = probe.stop()
     return _Window(seconds, samples, data_wait, clock.times(), float(result.loss), bool(finite),
-                   contention)
+                   contention, compile_count() - compiled)
 
 
 def count_flops_per_sample(workload: Workload, config: TrainConfig, model: nn.Module,

@@ -29,6 +29,7 @@ the device and torch, and probes again when one of them changes.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -181,11 +182,18 @@ class _Trials:
                     self.device)
 
     def calls_attention(self) -> bool:
-        """Whether one forward of a fresh model calls `scaled_dot_product_attention`."""
+        """Whether one forward of a fresh model calls `scaled_dot_product_attention` (before
+        anything fails: a model that breaks the contract is told so by the baseline's step,
+        next, with its own micro-batch)."""
         model = self.workload.build_model().to(self.device)
         batch, loss_fn = self.first_batch(), self.workload.loss_fn()
+
+        def forward() -> None:
+            with contextlib.suppress(Exception):
+                loss_fn(model, batch)
+
         with torch.no_grad():
-            return calls_attention(lambda: loss_fn(model, batch))
+            return calls_attention(forward)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
