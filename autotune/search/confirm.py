@@ -196,8 +196,12 @@ def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measur
         left_s = (plan.max_rounds - rounds) * run_s * len(racing)
         if plan.ends_by is not None:
             left_s = min(left_s, max(0.0, plan.ends_by - time.monotonic()))
-        view.time_left(f"confirmation round {len(reference.runs)} done, {len(racing)} "
-                       f"configurations racing: at most about {format_seconds(left_s)} more")
+        # the least rounds run whatever the cap
+        left_s = max(left_s, (plan.rounds - len(reference.runs)) * run_s * len(racing))
+        if left_s > 0:
+            view.time_left(f"confirmation round {len(reference.runs)} done, {len(racing)} "
+                           f"configurations racing: at most about {format_seconds(left_s)} "
+                           "more")
     result = conclusion(entries, reference, wall_s=time.monotonic() - start, target=plan.target,
                         disturbed_rounds=kept_disturbed)
     study.set_user_attr(StudyKey.CONFIRMATION, result.to_json())

@@ -220,8 +220,9 @@ def stats_table(stats: Sequence[OperatorStat], title: str) -> Table:
 
 # -- studies -------------------------------------------------------------------------------
 
-def trial_row(record: TrialRecord) -> tuple[str, ...]:
-    """One trial in a line: number, configuration, samples/sec, peak memory, status, reason."""
+def trial_row(record: TrialRecord, reason_width: int | None = 60) -> tuple[str, ...]:
+    """One trial in a line: number, configuration, samples/sec, peak memory, status, reason (its
+    first line, cut to `reason_width` for a table)."""
     ok = record.status == "ok"
     message = "" if ok else record.message
     if record.disturbed and not message:
@@ -231,7 +232,7 @@ def trial_row(record: TrialRecord) -> tuple[str, ...]:
     return (str(record.number), short_config(record.config) if record.config else "",
             f"{sps:.1f}" if sps and ok else "",
             format_bytes(record.peak_memory_bytes) if record.peak_memory_bytes else "",
-            status, message.splitlines()[0][:60] if message else "")
+            status, message.splitlines()[0][:reason_width] if message else "")
 
 
 def trials_table(records: Iterable[TrialRecord], title: str = "recent trials") -> Table:

@@ -40,7 +40,7 @@ class PlainView:
         """Phases are only worth a line on a live display."""
 
     def trial_finished(self, record: TrialRecord) -> None:
-        number, _, sps, memory, status, reason = trial_row(record)
+        number, _, sps, memory, status, reason = trial_row(record, reason_width=None)
         figures = f"{sps} samples/s, peak {memory}" if sps else reason
         if sps and reason:
             figures += f", {reason}"

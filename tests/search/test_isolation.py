@@ -319,19 +319,15 @@ def test_a_process_group_trial_measures_every_rank(write_model) -> None:
 
 
 @pytest.mark.slow
-def test_one_rank_out_of_memory_is_an_oom_trial_naming_the_rank(write_model) -> None:
-    path = write_model(on_rank(1, "torch.empty(2**46, dtype=torch.uint8)"))
-    result = run_isolated(group_request(path), 180)
-    assert result.status == "oom", result.message
-    assert result.message.startswith("rank 1 of 2: ")
-
-
-@pytest.mark.slow
-def test_a_rank_that_dies_is_a_crash_naming_it(write_model) -> None:
-    path = write_model(on_rank(0, "os.kill(os.getpid(), 9)"))
-    result = run_isolated(group_request(path), 180)
-    assert result.status == "crash", result.message
-    assert result.message.startswith("rank 0 of 2 died with no result")
+@pytest.mark.parametrize(("rank", "code", "status", "message"), [
+    (1, "torch.empty(2**46, dtype=torch.uint8)", "oom", "rank 1 of 2: "),
+    (0, "os.kill(os.getpid(), 9)", "crash", "rank 0 of 2 died with no result"),
+])
+def test_a_rank_that_fails_alone_decides_the_trial_and_is_named(rank, code, status, message,
+                                                                 write_model) -> None:
+    result = run_isolated(group_request(write_model(on_rank(rank, code))), 180)
+    assert result.status == status, result.message
+    assert result.message.startswith(message)
 
 
 @pytest.mark.slow
