@@ -199,9 +199,9 @@ def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measur
         # the least rounds run whatever the cap
         left_s = max(left_s, (plan.rounds - len(reference.runs)) * run_s * len(racing))
         if left_s > 0:
-            view.time_left(f"confirmation round {len(reference.runs)} done, {len(racing)} "
-                           f"configurations racing: at most about {format_seconds(left_s)} "
-                           "more")
+            racers = f"{len(racing)} configuration{'s' if len(racing) != 1 else ''}"
+            view.time_left(f"confirmation round {len(reference.runs)} done, {racers} racing: at "
+                           f"most about {format_seconds(left_s)} more")
     result = conclusion(entries, reference, wall_s=time.monotonic() - start, target=plan.target,
                         disturbed_rounds=kept_disturbed)
     study.set_user_attr(StudyKey.CONFIRMATION, result.to_json())

@@ -396,7 +396,11 @@ def apply_activation_checkpointing(
 
 
 def _own_checkpointing(model: nn.Module, mode: str) -> str | None:
-    """Turn on the model's own checkpointing where it has one for `mode`; how, or None."""
+    """Turn on the model's own checkpointing where it has one for `mode`; how, or None. A
+    Hugging Face model that says it has none (`supports_gradient_checkpointing = False`, as
+    its ConvNeXt) still has the methods, which raise: its blocks are autotune's to wrap."""
+    if getattr(model, "supports_gradient_checkpointing", True) is False:
+        return None
     enable = getattr(model, "activation_checkpointing_enable", None)
     if callable(enable) and _takes_keyword(enable, "every_n_layers"):
         every = 1 if mode == "full" else 2

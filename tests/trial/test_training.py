@@ -530,6 +530,28 @@ def test_gpt2_checkpointing_uses_huggingface_own_layers_and_trains_the_same(
     assert all(torch.isfinite(loss) for loss in losses)
 
 
+def test_a_huggingface_model_without_its_own_checkpointing_has_its_blocks_wrapped():
+    """HF's ConvNeXt says supports_gradient_checkpointing = False and its
+    gradient_checkpointing_enable() raises: autotune wraps its repeated blocks instead."""
+    need("transformers")
+    from transformers import ConvNextConfig, ConvNextForImageClassification
+
+    torch.manual_seed(0)
+    config = ConvNextConfig(num_labels=4, depths=[1, 1, 2, 1], hidden_sizes=[8, 16, 32, 64],
+                            image_size=32)
+    reference = ConvNextForImageClassification(config)
+    model = copy.deepcopy(reference)
+    batch = {"pixel_values": torch.randn(4, 3, 32, 32), "labels": torch.tensor([0, 1, 2, 3])}
+
+    def loss(m: nn.Module, b) -> torch.Tensor:
+        return m(**b).loss
+
+    apply_verified_checkpointing(model, "full", batch, loss)
+    assert any("forward" in vars(m) for m in model.modules())
+    assert saved_bytes(lambda: loss(model, batch))[0] < \
+        saved_bytes(lambda: loss(reference, batch))[0]
+
+
 def older_gpt2_class():
     """GPT-2 as a transformers version without `every_n_layers` shows it: Hugging Face's own
     checkpointing does `full` only, so `selective` falls to autotune's wrapper, which breaks
