@@ -308,7 +308,8 @@ def cmd_export(options: ExportOptions, console: Console) -> int:
     device = "cuda" if summary.device and "cpu" not in str(summary.device).lower() else "cpu"
     text = export_config(TrainConfig.from_dict(summary.best_config), options.format,
                          model_path=summary.model, model_args=summary.model_args,
-                         device=device, nproc_per_node=summary.nproc_per_node)
+                         device=device, nproc_per_node=summary.nproc_per_node,
+                         convolutional=summary.convolutional)
     if options.output:
         write_output(Path(options.output), text)
         Console(stderr=True).print(f"wrote {options.output}")

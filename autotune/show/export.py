@@ -26,7 +26,7 @@ HF_OPTIMS = {"adafactor": "adafactor", "adamw_8bit": "adamw_bnb_8bit"}
 
 def export_config(config: TrainConfig, fmt: str, *, model_path: str | Path | None = None,
                   model_args: Mapping[str, Any] | None = None, device: str = "cuda",
-                  nproc_per_node: int = 1) -> str:
+                  nproc_per_node: int = 1, convolutional: bool = False) -> str:
     """The recommended configuration as text in one of EXPORT_FORMATS.
 
     `yaml` and `json` load back with `TrainConfig.load`; `hf`, `lightning` and `torch` are
@@ -34,7 +34,9 @@ def export_config(config: TrainConfig, fmt: str, *, model_path: str | Path | Non
     file it trains that file's model (the path is written as given), without one it has
     placeholders to fill in. `nproc_per_node` is the number of ranks (torchrun's
     `--nproc-per-node`) a configuration with parallelism ddp or fsdp runs on: the exports launch
-    that many, and the global batch counts them.
+    that many, and the global batch counts them. `convolutional` (the model has 2-D or 3-D
+    convolutions, as the probe found) adds cudnn.benchmark to the HF and Lightning exports, as
+    the trials on CUDA had it.
     """
     if fmt not in EXPORT_FORMATS:
         raise ConfigError(f"unknown export format {fmt!r}; the formats are: "
@@ -51,9 +53,9 @@ def export_config(config: TrainConfig, fmt: str, *, model_path: str | Path | Non
     if fmt == "json":  # JSON has no comments, so no header
         return config.to_json()
     if fmt == "hf":
-        return _hf_script(config, nproc_per_node)
+        return _hf_script(config, nproc_per_node, convolutional)
     if fmt == "lightning":
-        return _lightning_script(config, nproc_per_node)
+        return _lightning_script(config, nproc_per_node, convolutional)
     return _torch_script(config, model_path, dict(model_args or {}), device, nproc_per_node)
 
 
@@ -144,7 +146,8 @@ CHANNELS_LAST_BY_HAND = (
     "data collator return the images as x.contiguous(memory_format=torch.channels_last)")
 
 
-# What the Lightning and HF exports say of cudnn.benchmark, which autotune's trials turn on.
+# What the Lightning and HF exports of a convolutional model say of cudnn.benchmark, which
+# autotune's trials turn on.
 CUDNN_BENCHMARK = ("cudnn.benchmark: matters for models with convolutions (each input shape's "
                    "fastest cuDNN kernel, timed once); autotune set it during its trials on CUDA")
 
@@ -270,7 +273,7 @@ def accumulates_under_cuda_graphs(config: TrainConfig) -> bool:
     return config.compile_mode in CUDA_GRAPH_MODES and config.grad_accum_steps > 1
 
 
-def _hf_script(config: TrainConfig, nproc_per_node: int) -> str:
+def _hf_script(config: TrainConfig, nproc_per_node: int, convolutional: bool) -> str:
     notes = _hf_notes(config)
     lines = [*_header(config, nproc_per_node), "#",
              "# Keyword arguments for transformers.TrainingArguments. Use them as:",
@@ -285,8 +288,9 @@ def _hf_script(config: TrainConfig, nproc_per_node: int) -> str:
         lines += _comment(CHANNELS_LAST_BY_HAND)
     if config.attention_backend != "auto":
         lines += _comment(_attention_by_hand(config, "around trainer.train()"))
-    lines += _comment(f"{CUDNN_BENCHMARK}. TrainingArguments has no switch for it: set "
-                      "torch.backends.cudnn.benchmark = True before trainer.train()")
+    if convolutional:
+        lines += _comment(f"{CUDNN_BENCHMARK}. TrainingArguments has no switch for it: set "
+                          "torch.backends.cudnn.benchmark = True before trainer.train()")
     lines.append("training_args = dict(")
     for key, value in hf_training_arguments(config).items():
         if key in notes:
@@ -296,7 +300,7 @@ def _hf_script(config: TrainConfig, nproc_per_node: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _lightning_script(config: TrainConfig, nproc_per_node: int) -> str:
+def _lightning_script(config: TrainConfig, nproc_per_node: int, convolutional: bool) -> str:
     fsdp = config.parallelism == "fsdp"
     if fsdp and config.precision == "fp16":
         raise ConfigError("Lightning has no FSDP2 with fp16 mixed precision: its FSDP2 strategy "
@@ -391,9 +395,9 @@ def _lightning_script(config: TrainConfig, nproc_per_node: int) -> str:
         "trainer = pl.Trainer(",
         f"    precision={_py(LIGHTNING_PRECISION[config.precision])},",
         f"    accumulate_grad_batches={config.grad_accum_steps},",
-        *_comment(CUDNN_BENCHMARK, "    "),
-        "    benchmark=True,",
     ]
+    if convolutional:
+        lines += [*_comment(CUDNN_BENCHMARK, "    "), "    benchmark=True,"]
     if group:
         lines += [f"    devices={nproc_per_node},", "    num_nodes=1,"]
     if config.parallelism == "ddp":

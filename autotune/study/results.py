@@ -135,6 +135,7 @@ def study_summary(study: optuna.Study) -> StudySummary:
                                      baseline_trial.message) if baseline_trial else None,
         # knob values the capability probe found failing or pointless here, with the reason
         left_out=tuple(LeftOut(**x) for x in probe.get("left_out", [])),
+        convolutional=bool(probe.get("convolutional")),
         warnings=tuple(warnings),
         disturbed_trials=tuple(r.number for r in records if r.disturbed and not r.duplicate),
         best_disturbed=best_disturbed, compile_payoff=compile_payoff(records, best_trial),

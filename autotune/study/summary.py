@@ -108,6 +108,7 @@ class StudySummary:
     loader_rates: tuple[LoaderRate, ...] | None
     baseline_trial: BaselineTrial | None
     left_out: tuple[LeftOut, ...]
+    convolutional: bool  # the model has 2-D or 3-D convolutions (the probe's finding)
     warnings: tuple[str, ...]
     disturbed_trials: tuple[int, ...]
     best_disturbed: bool

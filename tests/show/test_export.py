@@ -190,9 +190,10 @@ def test_hf_float8_is_bf16_compiled_with_the_model_converted_by_hand():
     assert "float8" not in export_config(CONFIGS["bf16_fused_compile"], "hf")
 
 
-def test_hf_says_how_to_turn_on_cudnn_benchmark():
+def test_hf_says_how_to_turn_on_cudnn_benchmark_for_a_convolutional_model():
     assert "torch.backends.cudnn.benchmark = True before trainer.train()" in \
-        _comments(export_config(TrainConfig(), "hf"))
+        _comments(export_config(TrainConfig(), "hf", convolutional=True))
+    assert "cudnn" not in export_config(TrainConfig(), "hf")
 
 
 def test_hf_fp32_keeps_pytorchs_tf32_defaults_as_measured():
@@ -238,9 +239,11 @@ def test_lightning_snippet_has_trainer_args_and_the_code_for_the_rest():
     assert 'torch.compile(module, mode="max-autotune")' in text
     assert "apply_activation_checkpointing" not in text
     assert "set_float32_matmul_precision" not in text
-    assert "    benchmark=True," in text
-    assert "matters for models with convolutions" in _comments(text)
+    assert "benchmark" not in text
     assert "update rule" not in text and "float8" not in text
+    convolutional = export_config(CONFIGS["bf16_fused_compile"], "lightning", convolutional=True)
+    assert "    benchmark=True," in convolutional
+    assert "matters for models with convolutions" in _comments(convolutional)
 
 
 @pytest.mark.parametrize("name, precision, lines", [
@@ -324,7 +327,7 @@ def test_lightning_float8_converts_the_large_linears_before_compile(tmp_path, mo
         pytest.skip("lightning is not installed (pip install -e '.[export-check]')")
     pytest.importorskip("torchao.float8")
     monkeypatch.chdir(tmp_path)
-    text = export_config(CONFIGS["fp8_rowwise"], "lightning")
+    text = export_config(CONFIGS["fp8_rowwise"], "lightning", convolutional=True)
     assert 'convert_to_float8(module, "fp8_rowwise")' in text
     assert 'Float8LinearConfig.from_recipe_name("rowwise")' in _comments(text)
     assert text.index("convert_to_float8(module") < text.index("torch.compile(module)")

@@ -23,7 +23,8 @@ SEARCH_KEYS = {
     "best_peak_memory_bytes", "best_mfu",
     "baseline_config", "baseline_samples_per_sec", "speedup", "verdict", "trials", "statuses",
     "oom_trials", "retried_trials", "tuning_wall_s", "free_batch", "train_steps",
-    "memory_predictions", "loader_rates", "baseline_trial", "left_out", "warnings",
+    "memory_predictions", "loader_rates", "baseline_trial", "left_out", "convolutional",
+    "warnings",
     "disturbed_trials", "best_disturbed", "compile_payoff"}
 # ... and the keys the paired rounds add.
 CONFIRMED_KEYS = {
