@@ -4,11 +4,11 @@ that cannot fit are skipped without spending a trial on them.
 A training step's peak is weights + gradients + optimizer state, which do not depend on the
 micro-batch, plus activations, which grow in proportion to it. Within one memory family
 (precision, checkpointing, compile, whether batches are made in the training process, whose
-memory on CPU is the process's, and the optimizer, whose state is most of the fixed part)
-the peak is close to affine in the micro-batch: peak = fixed + per_sample x micro. Once a
-family's fit shows the peak growing with the micro-batch, an out-of-memory trial says every
-larger micro-batch of the family fails too. On CPU it need not grow: a small micro-batch with
-many accumulation steps can peak higher.
+memory on CPU is the process's, the attention kernel, and the optimizer, whose state is most
+of the fixed part) the peak is close to affine in the micro-batch: peak = fixed + per_sample x
+micro. Once a family's fit shows the peak growing with the micro-batch, an out-of-memory trial
+says every larger micro-batch of the family fails too. On CPU it need not grow: a small
+micro-batch with many accumulation steps can peak higher.
 """
 
 from __future__ import annotations
@@ -25,11 +25,16 @@ from autotune.study.records import MEASURED_PEAK, RAN_OUT, TrialRecord
 MEMORY_MARGIN = 0.05
 
 
-def memory_family(config: Mapping[str, Any]) -> tuple[str, str, str, bool, str]:
-    """The knobs that change how memory grows with the micro-batch, or what it starts from (the
-    optimizer's state)."""
+# What `memory_family` holds, in words.
+FAMILY_WORDS = "precision, checkpointing, compile, loader, optimizer and attention kernel"
+
+
+def memory_family(config: Mapping[str, Any]) -> tuple[str, str, str, bool, str, str]:
+    """The knobs that change how memory grows with the micro-batch (the attention kernel: the
+    math one keeps each head's score matrix), or what it starts from (the optimizer's state)."""
     return (config["precision"], config["activation_checkpointing"], config["compile_mode"],
-            config["num_workers"] == 0, config.get("optimizer", "adamw"))
+            config["num_workers"] == 0, config.get("optimizer", "adamw"),
+            config.get("attention_backend", "auto"))
 
 
 @dataclass(frozen=True)
@@ -86,16 +91,16 @@ class MemoryModel:
         wall, fit = self._walls.get(family), self.fits.get(family)
         if wall is not None and fit is not None and fit.per_sample_bytes > 0 and \
                 micro >= wall[0]:
-            return MemoryVerdict(f"micro-batch {wall[0]} with the same precision, checkpointing, "
-                                 f"compile and loader did not fit (trial {wall[1]}), and memory "
-                                 "grows with the micro-batch", wall_trial=wall[1])
+            return MemoryVerdict(f"micro-batch {wall[0]} with the same {FAMILY_WORDS} did not "
+                                 f"fit (trial {wall[1]}), and memory grows with the micro-batch",
+                                 wall_trial=wall[1])
         predicted = self.predict(config)
         if limit_bytes and predicted is not None and predicted > limit_bytes * (1 + margin):
             fit = self.fits[family]
             return MemoryVerdict(
                 f"predicted peak {predicted / 2**30:.2f} GiB is above the "
                 f"{limit_bytes / 2**30:.2f} GiB allowed (a line through {fit.points} measured "
-                "trials of the same precision, checkpointing and compile)",
+                f"trials of the same {FAMILY_WORDS})",
                 predicted_peak_bytes=predicted)
         return None
 
