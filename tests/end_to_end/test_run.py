@@ -350,4 +350,12 @@ def test_the_time_left_told_after_the_baseline_is_within_half_again_of_the_real_
     ended = time.monotonic()
     assert len(told) >= 4, "".join(lines)  # after the baseline, then after every trial
     at, forecast = told[0]
-    assert forecast / 1.5 <= ended - at <= forecast * 1.5, (forecast, ended - at, lines)
+    assert ended - at <= forecast * 1.5, (forecast, ended - at, lines)
+    if "confirmation" not in load_study("mlp", tmp_path).user_attrs:
+        # every trial was screened below the baseline: nothing raced it, and the run ended
+        # without the confirmation rounds forecast, early but never late
+        statuses = {t.user_attrs.get("status") for t in trials_of(tmp_path)
+                    if t.user_attrs.get("role") != "baseline"}
+        assert statuses == {"screened"}, (statuses, lines)
+        return
+    assert forecast / 1.5 <= ended - at, (forecast, ended - at, lines)
