@@ -5,10 +5,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
 import traceback
@@ -21,7 +23,6 @@ from rich.console import Console
 from rich.text import Text
 
 from autotune.config import (
-    TrainConfig,
     knob_names,
     knobs_in,
     parse_assignments,
@@ -55,7 +56,7 @@ from autotune.search.tuner import Tuner
 from autotune.search.verify import verify_study
 from autotune.show.export import export_config
 from autotune.show.report import (
-    bench_record,
+    bench_json,
     device_line,
     print_bench,
     print_profile,
@@ -68,7 +69,6 @@ from autotune.study.records import DETERMINISTIC
 from autotune.study.results import list_studies, load_study, study_summary
 from autotune.study.storage import redact, study_dir
 from autotune.study.summary import StudySummary
-from autotune.trial.deep_profile import ProfileReport
 from autotune.trial.protocol import TrialRequest, TrialResult, TrialStatus
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -102,8 +102,13 @@ def _target(options: OneConfigOptions) -> tuple[DeviceInfo, dict[str, Any]]:
         device = parse_device(options.device)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if not Path(options.model_path).is_file():
-        raise ContractError(f"model file not found: {options.model_path}")
+    if not Path(options.workload_path).is_file():
+        what = "training script" if options.script_path else "model file"
+        raise ContractError(f"{what} not found: {options.workload_path}")
+    if options.script_path and (options.config_file or options.knobs):
+        raise UsageError("--script measures the script's own settings: change them in its "
+                         "arguments (after --); --set and --config with --script are not "
+                         "built yet")
     knobs: dict[str, Any] = {}
     if options.config_file:
         data = knobs_in(read_yaml(options.config_file, "config") or {})
@@ -141,22 +146,21 @@ def _isolated(request: TrialRequest, what: str, name: str, time_limit_s: float,
 
 def cmd_bench(options: BenchOptions, console: Console) -> int:
     info, knobs = _target(options)
-    name = Path(options.model_path).stem
+    name = Path(options.workload_path).stem
     trace = str(Path(options.trace_dir) / f"{name}-trace.json") if options.trace_dir else None
     request = TrialRequest(
-        model_path=options.model_path, config=knobs, device=str(info.torch_device),
+        model_path=options.workload_path, config=knobs, device=str(info.torch_device),
         model_args=options.model_args, settings=vars(options.settings),
         memory_limit_bytes=options.memory_limit_bytes, trace_path=trace,
-        nproc_per_node=options.nproc_per_node)
+        nproc_per_node=options.nproc_per_node, script_args=options.script_argv)
     result = _isolated(request, "measuring", name, options.time_limit_s, options.log)
     refused = _refused(result, info)
     if refused is not None and not options.json:
         raise refused
-    record = bench_record(result.to_dict(), str(info.torch_device), result.config or knobs)
     if options.json:
-        print(json.dumps(record, indent=2))
+        print(json.dumps(bench_json(result, str(info.torch_device), knobs), indent=2))
     else:
-        print_bench(record, console, f"{name} on {info}")
+        print_bench(result, str(info.torch_device), console, f"{name} on {info}")
     if result.status == TrialStatus.OK:
         return EXIT_OK
     return EXIT_BAD_INPUT if refused is not None else EXIT_FAILED
@@ -245,13 +249,13 @@ def cmd_profile(options: ProfileOptions, console: Console) -> int:
         return EXIT_FAILED
     from autotune.show import plots  # matplotlib: only the commands that draw pay its import
 
-    report = ProfileReport.from_dict(result.metrics)
+    report = result.profile
     image = out / "memory.png"
     write_output(image, plots.memory_timeline(*report.memory_timeline,
                                               title=f"Memory timeline: {name}"))
     report.files.update(memory_image=str(image), json=str(out / "profile.json"),
                         text=str(out / "profile.txt"))
-    saved = report.to_dict()
+    saved = report.to_json()
     del saved["memory_timeline"]
     write_output(out / "profile.json", json.dumps(saved, indent=2))
     recorder = Console(record=True, width=max(console.width, 120), file=io.StringIO())
@@ -306,10 +310,12 @@ def cmd_export(options: ExportOptions, console: Console) -> int:
     if not summary.best_config:
         raise ConfigError(f"study {options.study!r} has no feasible trial to export yet")
     device = "cuda" if summary.device and "cpu" not in str(summary.device).lower() else "cpu"
-    text = export_config(TrainConfig.from_dict(summary.best_config), options.format,
+    text = export_config(summary.best_config, options.format,
                          model_path=summary.model, model_args=summary.model_args,
                          device=device, nproc_per_node=summary.nproc_per_node,
-                         convolutional=summary.convolutional)
+                         convolutional=summary.convolutional,
+                         script_answer=summary.script_answer,
+                         script_args=list(summary.script_args or ()))
     if options.output:
         write_output(Path(options.output), text)
         Console(stderr=True).print(f"wrote {options.output}")
@@ -407,18 +413,21 @@ COMMANDS = {
     "verify": Command(
         VerifyOptions, cmd_verify, "measure a study's answer against your settings again, now",
         "Re-measure the study's answer (its recommendation, or the closest contender where "
-        "your settings were kept) against your settings in fresh paired rounds, which of the "
-        "two runs first alternating, and say whether the claimed speedup still holds: the "
-        "fresh figure inside the claimed interval, or by how much it moved. Recorded in the "
-        "study; `show` and the report list it. Run it before you change your training, and on "
-        "the target machine when the study ran elsewhere. Exit 0 when the claim holds (or "
-        "cannot be checked), 1 when it moved, 2 for bad input."),
+        "your settings were kept) against your settings in paired rounds, which of the "
+        "two runs first alternating (warm turns, each kept warm in its own process, where "
+        "memory holds both; else fresh processes), and say whether the claimed speedup still "
+        "holds: the fresh figure inside the claimed interval, or by how much it moved. "
+        "Recorded in the study; `show` and the report list it. Run it before you change "
+        "your training, and on the target machine when the study ran elsewhere. Exit 0 when "
+        "the claim holds (or cannot be checked), 1 when it moved, 2 for bad input."),
     "export": Command(
         ExportOptions, cmd_export, "write a study's recommended configuration for your trainer",
         "Formats: yaml/json (TrainConfig, loadable with --config and TrainConfig.load), hf "
         "(transformers.TrainingArguments keyword arguments), lightning (Trainer arguments plus "
         "the code for what Trainer has no argument for), torch (a runnable script using "
-        "autotune's training set-up)."),
+        "autotune's training set-up), args (a --script study's answer in the script's own terms: "
+        "the flags to add to its command line, or the keyword arguments to change in its "
+        "code)."),
 }
 
 
@@ -435,6 +444,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _takes_script(options: type) -> bool:
+    return any(f.name == "script_args" for f in dataclasses.fields(options))
+
+
 def exit_code(error: AutotuneError) -> int:
     """The exit code of each family of errors."""
     if isinstance(error, BadInput):
@@ -444,8 +457,22 @@ def exit_code(error: AutotuneError) -> int:
     return EXIT_FAILED
 
 
+def split_script_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """autotune's own arguments, and the training script's: everything after the first `--`."""
+    argv = list(argv)
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1:]
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    own, script_args = split_script_args(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(own)
     console = Console()
     if _WARNINGS not in logging.getLogger("autotune").handlers:
         logging.getLogger("autotune").addHandler(_WARNINGS)
@@ -453,8 +480,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # chose an order: set before anything here makes CUDA read it.
     os.environ.setdefault("CUDA_DEVICE_ORDER", BUS_ORDER)
     command = COMMANDS[args.command]
+    # A SIGTERM (a scheduler's or `kill`'s stop) ends a command as Ctrl-C does: the trial in
+    # flight recorded as interrupted and queued again, never left "running".
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        return command.run(from_args(args, command.options), console)
+        given = {"script_args": script_args} if script_args else {}
+        if script_args and not _takes_script(command.options):
+            raise UsageError(f"autotune {args.command} takes no script arguments (after --)")
+        return command.run(from_args(args, command.options, **given), console)
     except AutotuneError as exc:
         if args.debug and isinstance(exc, BadInput):
             raise

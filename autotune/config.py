@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -266,6 +266,12 @@ def config_with(knob: str, value: Any) -> TrainConfig:
     # of the device with compile on
     enabling = {"compile_mode": "default"} if value in FP8_PRECISIONS else {}
     return TrainConfig(**{**_ENABLING.get(knob, {}), **enabling, knob: value})
+
+
+def loader_settings(domains: Mapping[str, Sequence[Any]]) -> list[tuple[int, int | None]]:
+    """Every (num_workers, prefetch_factor) of a space; prefetch means nothing without workers."""
+    return [(w, p) for w in domains["num_workers"]
+            for p in ((None,) if w == 0 else domains["prefetch_factor"])]
 
 
 def knobs_in(data: Any) -> Any:

@@ -34,3 +34,16 @@ class RunFailed(AutotuneError):
 
 class Interrupted(AutotuneError):
     """Ctrl-C: the running trial was killed and recorded; the study is intact."""
+
+
+# Where a user whose training loop is neither Hugging Face's nor Lightning's is sent.
+README = "README"
+
+
+def never_trained_message(script: str, seconds: float, ended: bool = False) -> str:
+    """For a training script that never started a supported trainer: `ended` it finished by
+    itself, otherwise it was stopped after `seconds` (the trial's time limit). Shared by the
+    trial, which sees a script end, and the tuner, which stops one that runs too long."""
+    how = "ended without calling" if ended else "never called"
+    return (f"{script} ran {seconds:.0f} s and {how} Trainer.train or Trainer.fit; for other "
+            f"training loops write a model file: {README}")

@@ -80,9 +80,10 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
         parser.add_argument(*((f.name,) if positional else names), **kwargs)
 
 
-def from_args(args: argparse.Namespace, cls: type[Options]) -> Options:
-    """The settings the flags of `cls` were given, each read by its field's parser; every
-    value that cannot be read is listed in one UsageError."""
+def from_args(args: argparse.Namespace, cls: type[Options], **given: Any) -> Options:
+    """The settings the flags of `cls` were given, each read by its field's parser, and the
+    fields `given` directly (what is no flag); every value that cannot be read is listed in one
+    UsageError."""
     values, problems = {}, []
     for f in fields(cls):
         if "group" in f.metadata:
@@ -99,7 +100,7 @@ def from_args(args: argparse.Namespace, cls: type[Options]) -> Options:
             problems.append(str(exc))
     if problems:
         raise UsageError("; ".join(problems))
-    return cls(**values)
+    return cls(**values, **given)
 
 
 def parse_bytes(text: str) -> int:

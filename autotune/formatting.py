@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
+
+from autotune.config import TrainConfig
 
 
 def format_bytes(value: float | None) -> str:
@@ -37,49 +39,50 @@ def format_rate(value: float | None, spread: float | None = None) -> str:
     return f"{value:,.1f} ± {spread:,.1f}" if spread is not None else f"{value:,.1f}"
 
 
-def format_disturbance(other_cpu_share: float | None) -> str:
-    """Why a timed window was disturbed, in a few words."""
+def format_disturbance(other_cpu_share: float | None, steady: bool = False) -> str:
+    """Why a timed window was disturbed, in a few words (a load in every window the trial
+    timed is the machine's steady state, said so)."""
     if other_cpu_share is None:
         return "disturbed (other processes on the device)"
-    return f"disturbed (other processes used {other_cpu_share:.0%} of the CPUs)"
+    load = "a steady load: " if steady else ""
+    return f"disturbed ({load}other processes used {other_cpu_share:.0%} of the CPUs)"
 
 
-def short_config(config: Mapping[str, Any]) -> str:
+def short_config(config: TrainConfig) -> str:
     """The knobs that differ from PyTorch's defaults, compactly."""
-    parts = [f"mb={config['micro_batch_size']}x{config['grad_accum_steps']}", config["precision"]]
-    if config["activation_checkpointing"] != "none":
-        parts.append(f"ckpt={config['activation_checkpointing']}")
-    optimizer = config.get("optimizer", "adamw")
-    parts.append(config["optimizer_impl"] if optimizer == "adamw" else optimizer)
-    if config["num_workers"]:
-        parts.append(f"workers={config['num_workers']}/pf={config['prefetch_factor']}"
-                     + ("/persist" if config["persistent_workers"] else ""))
-    if config["pin_memory"]:
+    c = config
+    parts = [f"mb={c.micro_batch_size}x{c.grad_accum_steps}", c.precision]
+    if c.activation_checkpointing != "none":
+        parts.append(f"ckpt={c.activation_checkpointing}")
+    parts.append(c.optimizer_impl if c.optimizer == "adamw" else c.optimizer)
+    if c.num_workers:
+        parts.append(f"workers={c.num_workers}/pf={c.prefetch_factor}"
+                     + ("/persist" if c.persistent_workers else ""))
+    if c.pin_memory:
         parts.append("pin")
-    if config["compile_mode"] != "none":
-        parts.append(f"compile={config['compile_mode']}")
-    if config.get("memory_format", "contiguous") != "contiguous":
-        parts.append(config["memory_format"])
-    if config.get("attention_backend", "auto") != "auto":
-        parts.append(f"attn={config['attention_backend']}")
-    if config.get("parallelism", "none") != "none":
-        parts += [_knob_words(k, config[k], config) for k, default in _GROUP_DEFAULTS.items()
-                  if k in config and config[k] != default and
-                  (k == "parallelism" or k.startswith(config["parallelism"]))]
+    if c.compile_mode != "none":
+        parts.append(f"compile={c.compile_mode}")
+    if c.memory_format != "contiguous":
+        parts.append(c.memory_format)
+    if c.attention_backend != "auto":
+        parts.append(f"attn={c.attention_backend}")
+    if c.parallelism != "none":
+        values = c.to_dict()
+        parts += [_knob_words(k, values[k], c) for k, default in _GROUP_DEFAULTS.items()
+                  if values[k] != default and (k == "parallelism" or k.startswith(c.parallelism))]
     return " ".join(str(p) for p in parts)
 
 
-def describe_changes(config: Mapping[str, Any], baseline: Mapping[str, Any]) -> str:
+def describe_changes(config: TrainConfig, baseline: TrainConfig) -> str:
     """What `config` changes from the baseline, in words: `bf16 + fused AdamW`. The batch and
     the loader are one phrase each (micro-batch with its accumulation, workers with prefetch)."""
+    values, base = config.to_dict(), baseline.to_dict()
     words = []
-    for knob, value in config.items():
-        if knob in _PARTNERS.values() or \
-                (knob == "optimizer_impl" and config.get("optimizer", "adamw") != "adamw"):
+    for knob, value in values.items():
+        if knob in _PARTNERS.values() or (knob == "optimizer_impl" and config.optimizer != "adamw"):
             continue
         partner = _PARTNERS.get(knob)
-        if baseline.get(knob) == value and \
-                (partner is None or baseline.get(partner) == config[partner]):
+        if base[knob] == value and (partner is None or base[partner] == values[partner]):
             continue
         words.append(_knob_words(knob, value, config))
     return " + ".join(words) or "your settings"
@@ -89,9 +92,9 @@ def describe_changes(config: Mapping[str, Any], baseline: Mapping[str, Any]) -> 
 _PARTNERS = {"micro_batch_size": "grad_accum_steps", "num_workers": "prefetch_factor"}
 
 
-def _knob_words(knob: str, value: Any, config: Mapping[str, Any]) -> str:
+def _knob_words(knob: str, value: Any, config: TrainConfig) -> str:
     if knob == "micro_batch_size":
-        return f"micro-batch {value} x {config['grad_accum_steps']}"
+        return f"micro-batch {value} x {config.grad_accum_steps}"
     if knob == "optimizer":
         return _OPTIMIZER_WORDS[value]
     if knob == "precision" and value.startswith("fp8_"):
@@ -106,7 +109,7 @@ def _knob_words(knob: str, value: Any, config: Mapping[str, Any]) -> str:
     if knob == "num_workers":
         return "in-process loading" if value == 0 else \
             f"{value} loader worker{'s' if value != 1 else ''}" + \
-            (f", prefetch {config['prefetch_factor']}" if config.get("prefetch_factor") else "")
+            (f", prefetch {config.prefetch_factor}" if config.prefetch_factor else "")
     if knob in ("pin_memory", "persistent_workers"):
         return ("" if value else "no ") + knob.replace("_", " ")
     if knob == "attention_backend":

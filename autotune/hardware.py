@@ -12,18 +12,12 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from autotune.config import (
-    CHOICES,
-    CUDA_GRAPH_MODES,
-    DISTRIBUTED_KNOBS,
-    FP8_PRECISIONS,
-    TrainConfig,
-    config_with,
-)
+from autotune.config import CUDA_GRAPH_MODES, FP8_PRECISIONS, TrainConfig, config_with
 
 # float8 tensor cores: Ada (8.9), Hopper (9.0) and later.
 FP8_CAPABILITY = (8, 9)
@@ -61,11 +55,6 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 # How CUDA numbers GPUs in CUDA_VISIBLE_DEVICES and `cuda:N` unless the user says otherwise: by
 # PCI bus, as NVML and nvidia-smi do, so that NVML describes the GPU the trial runs on.
 BUS_ORDER = "PCI_BUS_ID"
-# The DataLoader prefetch factors a search tries besides the baseline's own.
-PREFETCH_FACTORS = (2, 4)
-# Gradient bucket sizes DDP is tried with: smaller buckets start reducing sooner in backward,
-# larger ones send fewer messages (25 MiB is DDP's default).
-DDP_BUCKET_CAPS_MB = (5, 25, 100)
 
 
 @dataclass(frozen=True)
@@ -172,116 +161,68 @@ def cuda_total_memory(device: torch.device) -> int:
 
 
 def unsupported_reason(config: TrainConfig, info: DeviceInfo) -> str | None:
-    """Why this device cannot run `config`, or None when it can."""
-    reason = _library_reason(config)
-    if reason:
-        return reason
-    if info.type != "cuda":
-        if config.precision == "fp16":
-            return "fp16 needs a GradScaler path, which autotune offers on CUDA only; use bf16"
-        if config.precision == "tf32":
-            return "tf32 is a CUDA tensor-core mode; on CPU use fp32 or bf16"
-        if config.pin_memory:
-            return "pin_memory only helps copies to a CUDA device"
-        if config.compile_mode in CUDA_GRAPH_MODES:
-            return f"compile_mode={config.compile_mode} uses CUDA graphs, which need CUDA"
-        if config.attention_backend in ("efficient", "cudnn"):
-            return f"the {config.attention_backend} attention kernel runs on CUDA only"
-    if config.precision == "bf16" and not info.bf16:
-        return f"{info.name} has no bf16 support"
-    if config.precision == "tf32" and not info.tf32:
-        return f"{info.name} has no TF32 tensor cores (needs compute capability 8.0+)"
-    if config.precision in FP8_PRECISIONS:
-        if not info.fp8:
-            return (f"float8 training needs a CUDA GPU of compute capability 8.9+ (Ada, "
-                    f"Hopper, Blackwell); {info.name} is not one")
-        if config.compile_mode == "none":
-            return (f"precision={config.precision} runs compiled only: torchao's float8 casts "
-                    "are Triton kernels, and eager float8 is slower than bf16")
-    if config.optimizer_impl == "fused" and not info.fused_adamw:
-        return f"fused AdamW is not available on {info.name}"
-    if config.num_workers > info.cpu_count:
-        return f"num_workers={config.num_workers} exceeds the {info.cpu_count} usable CPUs"
-    return None
-
-
-def _library_reason(config: TrainConfig) -> str | None:
-    """Why a library `config` needs is missing here, or None."""
-    if config.precision in FP8_PRECISIONS and importlib.util.find_spec("torchao") is None:
-        return f"precision={config.precision} is torchao's float8 training: pip install torchao"
-    if config.optimizer == "adamw_8bit" and importlib.util.find_spec("bitsandbytes") is None:
-        return "optimizer=adamw_8bit is bitsandbytes' AdamW8bit: pip install bitsandbytes"
-    return None
+    """Why this device cannot run `config`, the knob at fault named first, or None when it
+    can."""
+    refusal = _refusal(config, info)
+    if refusal is None:
+        return None
+    knob, reason = refusal
+    return f"{knob}={getattr(config, knob)}: {reason}"
 
 
 def value_reason(knob: str, value: Any, info: DeviceInfo) -> str | None:
-    """Why this device cannot run `knob=value`, the other knobs at their defaults, or None."""
-    return unsupported_reason(config_with(knob, value), info)
+    """Why this device cannot run `knob=value`, the other knobs at their defaults, or None: the
+    reason alone, for a caller that names the value itself (a knob that `value` needs, at
+    fault instead, is named)."""
+    config = config_with(knob, value)
+    refusal = _refusal(config, info)
+    if refusal is None:
+        return None
+    culprit, reason = refusal
+    return reason if culprit == knob else f"{culprit}={getattr(config, culprit)}: {reason}"
 
 
-def device_domains(baseline: TrainConfig, info: DeviceInfo, world_size: int = 1,
-                   convolutional: bool = False, attention: bool = False,
-                   optimizer_change: bool = False) -> dict[str, tuple]:
-    """Every value of each knob (the batch sizes aside) that this device runs, the baseline's
-    own among them: what a search offers before the user narrows it, and what the capability
-    probe tries. The knobs of a process group are offered only to one of `world_size` > 1,
-    memory formats only to a model with convolutions, attention kernels only to one that calls
-    `scaled_dot_product_attention`, other optimizers only where the user allows a change of what
-    the model learns (`optimizer_change`)."""
-    candidates = _candidates(baseline, info, world_size, convolutional, attention,
-                             optimizer_change)
-    return {knob: tuple(v for v in values if value_reason(knob, v, info) is None)
-            for knob, values in candidates.items()}
+def _refusal(config: TrainConfig, info: DeviceInfo) -> tuple[str, str] | None:
+    """The knob of `config` this device cannot run and why, or None. The device's own reasons
+    come first: a missing library is named only where the device would run the value with
+    it."""
+    if info.type != "cuda":
+        if config.precision == "fp16":
+            return "precision", ("fp16 needs a GradScaler path, which autotune offers on CUDA "
+                                 "only; use bf16")
+        if config.precision == "tf32":
+            return "precision", "tf32 is a CUDA tensor-core mode; on CPU use fp32 or bf16"
+        if config.pin_memory:
+            return "pin_memory", "pinned memory only speeds up copies to a CUDA device"
+        if config.compile_mode in CUDA_GRAPH_MODES:
+            return "compile_mode", "compile modes that capture CUDA graphs need a CUDA device"
+        if config.attention_backend in ("efficient", "cudnn"):
+            return "attention_backend", "an attention kernel for CUDA only"
+    if config.precision == "bf16" and not info.bf16:
+        return "precision", f"{info.name} has no bf16 support"
+    if config.precision == "tf32" and not info.tf32:
+        return "precision", f"{info.name} has no TF32 tensor cores (needs compute capability 8.0+)"
+    if config.precision in FP8_PRECISIONS:
+        if not info.fp8:
+            return "precision", ("float8 training needs a CUDA GPU of compute capability 8.9+ "
+                                 f"(Ada, Hopper, Blackwell); {info.name} is not one")
+        if config.compile_mode == "none":
+            return "precision", ("float8 runs compiled only: torchao's float8 casts are Triton "
+                                 "kernels, and eager float8 is slower than bf16")
+    if config.optimizer_impl == "fused" and not info.fused_adamw:
+        return "optimizer_impl", f"fused AdamW is not available on {info.name}"
+    if config.num_workers > info.cpu_count:
+        return "num_workers", f"more DataLoader workers than the {info.cpu_count} usable CPUs"
+    return _missing_library(config)
 
 
-def device_refusals(baseline: TrainConfig, info: DeviceInfo, world_size: int = 1,
-                    convolutional: bool = False, attention: bool = False,
-                    optimizer_change: bool = False) -> dict[tuple[str, str], list[Any]]:
-    """The values `device_domains` leaves out because this device (or this environment) cannot
-    run them, by knob and reason: what a user is told was never tried, and why."""
-    out: dict[tuple[str, str], list[Any]] = {}
-    for knob, values in _candidates(baseline, info, world_size, convolutional, attention,
-                                    optimizer_change).items():
-        for value in values:
-            reason = value_reason(knob, value, info)
-            if reason is not None:
-                out.setdefault((knob, reason), []).append(value)
-    return out
-
-
-def _candidates(baseline: TrainConfig, info: DeviceInfo, world_size: int, convolutional: bool,
-                attention: bool, optimizer_change: bool) -> dict[str, Sequence[Any]]:
-    """Each knob's values worth asking the device about, for this model and study."""
-    group = world_size > 1
-    candidates: dict[str, Sequence[Any]] = {
-        **CHOICES,
-        "pin_memory": (False, True),
-        "persistent_workers": (False, True),
-        "num_workers": sorted({0, *powers_of_two(info.cpu_count), baseline.num_workers}),
-        # the baseline may leave prefetch_factor at None (the DataLoader's default) with workers
-        "prefetch_factor": sorted(
-            {*PREFETCH_FACTORS, *([baseline.prefetch_factor] if baseline.num_workers else [])},
-            key=lambda v: (v is not None, v or 0)),
-        "parallelism": ("ddp", "fsdp") if group else ("none",),
-        "ddp_bucket_cap_mb": sorted({*DDP_BUCKET_CAPS_MB, baseline.ddp_bucket_cap_mb}),
-        "ddp_static_graph": (False, True),
-        "ddp_gradient_as_bucket_view": (False, True),
-        "fsdp_reshard_after_forward": (True, False),
-    }
-    if not group:
-        candidates.update({k: (getattr(baseline, k),) for k in DISTRIBUTED_KNOBS})
-    if not convolutional:
-        candidates["memory_format"] = (baseline.memory_format,)
-    if not attention:
-        candidates["attention_backend"] = (baseline.attention_backend,)
-    if not optimizer_change:
-        candidates["optimizer"] = (baseline.optimizer,)
-    return candidates
-
-
-def powers_of_two(limit: int) -> list[int]:
-    """1, 2, 4, ... up to `limit` inclusive."""
-    return [2**i for i in range(max(limit, 0).bit_length())]
+def _missing_library(config: TrainConfig) -> tuple[str, str] | None:
+    """The knob of `config` whose library is not installed here, with how to install it."""
+    if config.precision in FP8_PRECISIONS and importlib.util.find_spec("torchao") is None:
+        return "precision", "float8 training is torchao's: pip install torchao"
+    if config.optimizer == "adamw_8bit" and importlib.util.find_spec("bitsandbytes") is None:
+        return "optimizer", "8-bit AdamW is bitsandbytes' AdamW8bit: pip install bitsandbytes"
+    return None
 
 
 def peak_flops(info: DeviceInfo, precision: str) -> float | None:
@@ -488,3 +429,13 @@ def _host_memory() -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def host_available_memory(meminfo: str | None = None) -> int | None:
+    """The memory the kernel could hand out now without swapping (MemAvailable), in bytes."""
+    try:
+        text = meminfo if meminfo is not None else Path("/proc/meminfo").read_text()
+    except OSError:
+        return None
+    value = _cpuinfo_field(text, "MemAvailable")
+    return int(value.split()[0]) * 1024 if value else None

@@ -8,7 +8,7 @@ in one `UsageError`, so a program that builds one directly gets the same checks 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.config import knob_names, parse_assignments
@@ -31,6 +31,8 @@ DEFAULT_CONFIRM_TARGET = 0.03
 DEFAULT_CONFIRM_SHARE = 0.3
 DEFAULT_VERIFY_ROUNDS = 5
 EXPORT_FORMATS = ("yaml", "json", "hf", "lightning", "torch")
+# The formats of a study of a training script (`--script`): its answer in its own terms.
+SCRIPT_EXPORT_FORMATS = ("args",)
 
 
 def parse_model_args(items: list[str]) -> dict[str, Any]:
@@ -131,6 +133,9 @@ class MeasureSettings:
         "--contention-retries", "chances a disturbed window gets to be measured again: each "
         "waits for a quiet moment (up to 1, 2, 4... s)", default=2, kind=int)
     contention_backoff_s: float = 1.0
+    # Windows measured again at most, per trial: a load that comes and goes gets one more
+    # chance, never a trial's time many times over.
+    contention_remeasures: int = 1
 
     def problems(self) -> list[str]:
         out = _at_least(self, {"window_steps": 1, "profile_steps": 0, "window_seconds": 0,
@@ -164,10 +169,17 @@ class CommandOptions:
 
 @dataclass(kw_only=True)
 class WorkloadOptions(CommandOptions):
-    """A model file on a device: what `bench`, `profile` and `run` all need."""
+    """A model file, or the user's own training script, on a device: what `bench`, `profile`
+    and `run` all need."""
 
-    model_path: str = option("--model", "model file defining build_model and build_dataset",
-                             metavar="FILE", required=True)
+    model_path: str | None = option("--model", "model file defining build_model and "
+                                    "build_dataset", metavar="FILE")
+    script_path: str | None = option(
+        "--script", "your own Hugging Face Trainer or Lightning training script instead of a "
+        "model file, run in every trial as `python FILE ARGS` with the arguments after `--`",
+        metavar="FILE")
+    # The script's own arguments: everything after `--` on the command line (not a flag).
+    script_args: list[str] = field(default_factory=list)
     model_args: dict[str, Any] = option(
         "--model-arg", "keyword argument for build_model/build_dataset (repeatable)",
         metavar="KEY=VALUE", repeat=True, parse=parse_model_args)
@@ -182,7 +194,28 @@ class WorkloadOptions(CommandOptions):
         "and FSDP and their knobs", default=1, metavar="N", kind=int)
 
     def problems(self) -> list[str]:
-        return _at_least(self, {"nproc_per_node": 1})
+        return _at_least(self, {"nproc_per_node": 1}) + self._workload_problems()
+
+    def _workload_problems(self) -> list[str]:
+        if self.model_path and self.script_path:
+            return ["--model and --script are alternatives: give a model file or your training "
+                    "script, not both"]
+        if not self.model_path and not self.script_path:
+            return ["give --model FILE (a model file) or --script FILE (your training script)"]
+        if self.script_args and not self.script_path:
+            return [f"the arguments after -- ({' '.join(self.script_args)}) are a training "
+                    "script's: give --script FILE"]
+        return []
+
+    @property
+    def workload_path(self) -> str:
+        """The file every trial runs: the script, or the model file."""
+        return self.script_path or self.model_path or ""
+
+    @property
+    def script_argv(self) -> list[str] | None:
+        """The script's arguments, or None for a model file."""
+        return list(self.script_args) if self.script_path else None
 
 
 @dataclass(kw_only=True)
@@ -244,7 +277,10 @@ class ProfileOptions(OneConfigOptions):
     def problems(self) -> list[str]:
         alone = ["autotune profile looks at one process; drop --nproc-per-node (autotune bench "
                  "measures a process group)"] if self.nproc_per_node > 1 else []
-        return alone + _at_least(self, {"steps": 1, "top": 1, "time_limit_s": 1})
+        script = ["autotune profile does not take --script yet: autotune bench --script "
+                  "measures it"] if self.script_path else []
+        return alone + script + self._workload_problems() + \
+            _at_least(self, {"steps": 1, "top": 1, "time_limit_s": 1})
 
 
 @dataclass(kw_only=True)
@@ -288,12 +324,14 @@ class TuneOptions(StorageOptions, WorkloadOptions):
     confirm_top: int = option("--confirm-top", "configurations re-measured at the end",
                               default=3, metavar="K", kind=int)
     confirm_repeats: int = option(
-        "--confirm-repeats", "paired rounds of fresh runs at least (each round: every "
-        "confirmed configuration and the baseline once, in a shuffled order; 0 skips "
-        "confirmation)", default=DEFAULT_CONFIRM_ROUNDS, metavar="R", kind=int)
+        "--confirm-repeats", "paired rounds at least (each round: every confirmed "
+        "configuration and the baseline once, in a shuffled order; 4x as many in warm turns, "
+        "where each is kept warm in its own process; 0 skips confirmation)",
+        default=DEFAULT_CONFIRM_ROUNDS, metavar="R", kind=int)
     confirm_max_rounds: int = option(
         "--confirm-max-rounds", "paired rounds at most: rounds are added until the leader's "
-        "speedup is known within --confirm-target", default=DEFAULT_CONFIRM_MAX_ROUNDS,
+        "speedup is known within --confirm-target (in warm turns, time caps them instead; "
+        "2 or fewer: fresh rounds, no warm processes)", default=DEFAULT_CONFIRM_MAX_ROUNDS,
         metavar="N", kind=int)
     confirm_target: float = option(
         "--confirm-target", "stop adding rounds once the leader's speedup over the baseline "
@@ -322,8 +360,9 @@ class TuneOptions(StorageOptions, WorkloadOptions):
         "S steps pay for it (the summary prints the break-even step count)", metavar="S",
         kind=int)
     plain_tpe: bool = option(
-        "--plain-tpe", "search every knob with plain TPE: no fast corner first, no memory "
-        "model, no DataLoader plan, no screening (for comparison; slower to the optimum)",
+        "--plain-tpe", "search every knob with plain TPE: no fast corner (nor its changes "
+        "alone) first, no memory model, no DataLoader plan, no screening (for comparison; "
+        "slower to the optimum)",
         default=False, switch=True)
     storage_retry_s: float = option(
         "--storage-retry-seconds", "keep retrying (with back-off) this long while the storage "
@@ -336,7 +375,8 @@ class TuneOptions(StorageOptions, WorkloadOptions):
     json: bool = option("--json", "print the final summary as one JSON object", default=False,
                         switch=True)
     settings: MeasureSettings = group(MeasureSettings)
-    # The ablation of the search-efficiency benchmark: no fast corner, the rest unchanged.
+    # The ablation of the search-efficiency benchmark: no fast corner (nor its changes alone,
+    # `search/expert`), the rest unchanged.
     fast_corner_first: bool = True
 
     def problems(self) -> list[str]:
@@ -416,7 +456,8 @@ class ReportOptions(StudyOptions):
 class VerifyOptions(StudyOptions):
     """`autotune verify`: the study's answer measured again against the baseline."""
 
-    rounds: int = option("--rounds", "fresh paired rounds of the answer and your settings",
+    rounds: int = option("--rounds", "paired rounds of the answer and your settings (4x as "
+                         "many in warm turns where memory holds both)",
                          default=DEFAULT_VERIFY_ROUNDS, metavar="N", kind=int)
     device: str | None = option("--device", "where to measure: cpu, cuda or cuda:N (default: "
                                 "the study's kind of device)", metavar="DEVICE")
@@ -434,7 +475,7 @@ class ExportOptions(StudyOptions):
     """`autotune export`."""
 
     format: str = option("--format", "what to write (see above)", default="yaml",
-                         choices=EXPORT_FORMATS)
+                         choices=EXPORT_FORMATS + SCRIPT_EXPORT_FORMATS)
     output: str | None = option(("-o", "--output"), "write here instead of stdout",
                                 metavar="FILE")
 

@@ -18,7 +18,7 @@ from autotune.config import parse_assignments
 from autotune.hardware import parse_device
 from autotune.options import parse_model_args
 from autotune.search.isolation import run_isolated
-from autotune.trial.protocol import TrialRequest
+from autotune.trial.protocol import TrialRequest, TrialResult, TrialStatus
 
 
 def main() -> None:
@@ -37,13 +37,13 @@ def main() -> None:
     model_args = parse_model_args(args.model_arg)
     # Changes to BASELINE: the trial process puts them over the model file's BASELINE.
     configs = [parse_assignments(filter(None, spec.split(","))) for spec in (args.config or [""])]
-    runs: list[list[dict]] = [[] for _ in configs]
+    runs: list[list[TrialResult]] = [[] for _ in configs]
     for _ in range(args.repeats):
         for config, results in zip(configs, runs):
             request = TrialRequest(model_path=args.model, config=config, device=str(device),
                                    model_args=model_args,
                                    settings={"window_seconds": args.window_seconds})
-            results.append(run_isolated(request, 900).to_dict())
+            results.append(run_isolated(request, 900))
 
     reference = None
     print(f"model {Path(args.model).stem}, device {device}, {args.repeats} runs each, "
@@ -52,21 +52,31 @@ def main() -> None:
           "data wait | peak memory MiB |")
     print("|---|---|---|---|---|---|---|")
     for spec, results in zip(args.config or [""], runs):
-        ok = [r["metrics"] for r in results if r["status"] == "ok"]
+        ok = [r.measurement for r in results
+              if r.status == TrialStatus.OK and r.measurement is not None]
         if not ok:
-            print(f"| {spec or 'BASELINE'} | {results[0]['status']} | | | | | |")
+            print(f"| {spec or 'BASELINE'} | {results[0].status} | | | | | |")
             continue
-        rates = [m["samples_per_sec"] for m in ok]
+        rates = [m.samples_per_sec for m in ok]
         median = statistics.median(rates)
         reference = reference or median
-        wait = statistics.median(m["data_wait_fraction"] for m in ok)
-        memory = max(m["peak_memory_bytes"] for m in ok) / 2**20
+        waits = [m.data_wait_fraction for m in ok if m.data_wait_fraction is not None]
+        peaks = [m.peak_memory_bytes for m in ok if m.peak_memory_bytes is not None]
+        wait = f"{statistics.median(waits):.0%}" if waits else "n/a"
+        memory = f"{max(peaks) / 2**20:.0f}" if peaks else "n/a"
         print(f"| {spec or 'BASELINE'} | ok x{len(ok)} | {median:.1f} | {min(rates):.1f}.."
-              f"{max(rates):.1f} | {median / reference:.2f}x | {wait:.0%} | {memory:.0f} |")
+              f"{max(rates):.1f} | {median / reference:.2f}x | {wait} | {memory} |")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(
             {"model": Path(args.model).stem, "device": str(device), "model_args": model_args,
-             "configs": [r[0]["config"] for r in runs], "runs": runs}, indent=2))
+             "configs": [_applied(config, results) for config, results in zip(configs, runs)],
+             "runs": [[r.to_json() for r in results] for results in runs]}, indent=2))
+
+
+def _applied(changes: dict, results: list[TrialResult]) -> dict:
+    """The configuration the runs measured, BASELINE applied (the changes alone when no run
+    got as far as applying it)."""
+    return next((r.config.to_dict() for r in results if r.config is not None), changes)
 
 
 if __name__ == "__main__":

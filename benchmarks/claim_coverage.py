@@ -19,14 +19,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from autotune.study.confirmation import Confirmation  # noqa: E402
 from autotune.study.records import StudyKey  # noqa: E402
-from autotune.study.results import load_study  # noqa: E402
+from autotune.study.results import load_study, study_summary  # noqa: E402
 from benchmarks.confirmation_race import MODELS  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -39,38 +41,30 @@ def study_and_verify(model: str, seed: int, trials: int, rounds: int) -> dict[st
     name = Path(MODELS[model][1]).stem
     with tempfile.TemporaryDirectory() as studies:
         began = time.monotonic()
-        done = subprocess.run(
+        subprocess.run(
             [sys.executable, "-m", "autotune", "run", *MODELS[model], "--device", "cpu",
              "--fix", "compile_mode=none", "--trials", str(trials), "--seed", str(seed),
-             *FAST, "--studies-dir", studies, "--json"],
+             *FAST, "--studies-dir", studies],
             cwd=ROOT, capture_output=True, text=True, check=True)
         wall = time.monotonic() - began
-        summary = json.loads(done.stdout)
+        verdict = study_summary(load_study(name, studies)).verdict
         checked = subprocess.run(
             [sys.executable, "-m", "autotune", "verify", name, "--rounds", str(rounds), *FAST,
              "--studies-dir", studies], cwd=ROOT, capture_output=True, text=True)
-        shown = json.loads(subprocess.run(
-            [sys.executable, "-m", "autotune", "show", name, "--studies-dir", studies,
-             "--json"], cwd=ROOT, capture_output=True, text=True, check=True).stdout)
-        confirmation = _confirmation_wall(Path(studies) / name)
-    verification = (shown.get("verifications") or [None])[-1]
+        study = load_study(name, studies)
+        verifications = study_summary(study).verifications
+        stored = study.user_attrs.get(StudyKey.CONFIRMATION)
+        confirmation = Confirmation.from_json(stored).wall_s if stored else None
     row = {"model": model, "seed": seed, "wall_s": wall, "confirmation_s": confirmation,
-           "verdict": summary["verdict"], "verify_exit": checked.returncode,
+           "verdict": verdict, "verify_exit": checked.returncode,
            "verify_output": checked.stdout.strip() or checked.stderr.strip()}
-    if verification:
-        claimed_ci = verification["claimed_ci"]
-        speedup = verification["speedup"]
-        row.update(claimed=verification["claimed"], claimed_ci=claimed_ci, verified=speedup,
-                   verified_ci=verification["speedup_ci"], holds=verification["holds"],
-                   within_10=bool(claimed_ci and speedup and
-                                  claimed_ci[0] * 0.9 <= speedup <= claimed_ci[1] * 1.1))
+    if verifications:
+        v = verifications[-1]
+        row.update(claimed=v.claimed, claimed_ci=v.claimed_ci, verified=v.speedup,
+                   verified_ci=v.speedup_ci, holds=v.holds,
+                   within_10=bool(v.claimed_ci and v.speedup and
+                                  v.claimed_ci[0] * 0.9 <= v.speedup <= v.claimed_ci[1] * 1.1))
     return row
-
-
-def _confirmation_wall(folder: Path) -> float | None:
-    """The confirmation's wall time, as the study stored it."""
-    stored = load_study(folder.name, folder.parent).user_attrs.get(StudyKey.CONFIRMATION)
-    return stored.get("wall_s") if stored else None
 
 
 def main() -> None:
@@ -111,7 +105,7 @@ def main() -> None:
                                                           indent=1))
 
 
-def _ratio(value: float | None, interval: list[float] | None) -> str:
+def _ratio(value: float | None, interval: Sequence[float] | None) -> str:
     if value is None:
         return "n/a"
     return f"{value:.2f}x" + (f" [{interval[0]:.2f}-{interval[1]:.2f}]" if interval else "")

@@ -35,7 +35,7 @@ import optuna
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune.config import TrainConfig, from_baseline  # noqa: E402
+from autotune.config import TrainConfig  # noqa: E402
 from autotune.options import (  # noqa: E402
     DEFAULT_CONFIRM_ROUNDS,
     DEFAULT_CONFIRM_TARGET,
@@ -43,13 +43,13 @@ from autotune.options import (  # noqa: E402
 )
 from autotune.search.confirm import Candidate, Plan, candidates, conclusion, confirm  # noqa: E402
 from autotune.search.events import SilentView  # noqa: E402
-from autotune.search.outcome import Scoring  # noqa: E402
+from autotune.search.outcome import Scoring, record_measurement  # noqa: E402
 from autotune.search.runner import MeasureJob, ProcessRunner  # noqa: E402
 from autotune.study.confirmation import Run  # noqa: E402
-from autotune.study.records import MEMORY_CONSTRAINT, StudyKey, config_key  # noqa: E402
-from autotune.study.results import load_study  # noqa: E402
+from autotune.study.records import Role, StudyKey, TrialKey, config_key  # noqa: E402
+from autotune.study.results import load_study, study_identity, study_summary  # noqa: E402
 from autotune.study.storage import open_storage  # noqa: E402
-from autotune.trial.protocol import TrialResult  # noqa: E402
+from autotune.trial.protocol import Measurement, TrialResult, TrialStatus  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 MODELS = {
@@ -79,10 +79,10 @@ def record(model: str, rounds: int) -> dict[str, Any]:
                         "--studies-dir", studies], cwd=ROOT, check=True, capture_output=True)
         name = Path(MODELS[model][1]).stem
         study = load_study(name, studies)
-        identity = study.user_attrs[StudyKey.IDENTITY]
-        baseline = from_baseline(study.user_attrs[StudyKey.BASELINE_CONFIG], "cpu")
+        identity = study_identity(study)
+        baseline = study_summary(study).baseline_config
         entries = candidates(study, baseline, TOP)
-        runner = ProcessRunner(identity["model_path"], identity["model_args"],
+        runner = ProcessRunner(identity.model_path, identity.model_args,
                                Path(studies) / name, vars(SETTINGS), memory_limit_bytes=None,
                                core_shares=None, on_phase=lambda text, number: None)
         runs: list[list[dict[str, Any]]] = [[] for _ in entries]
@@ -92,15 +92,16 @@ def record(model: str, rounds: int) -> dict[str, Any]:
                 order = list(range(len(entries)))
                 shuffle.shuffle(order)
                 for i in order:
-                    result = runner.measure(TrainConfig.from_dict(entries[i].config),
+                    result = runner.measure(entries[i].config,
                                             MeasureJob(f"race-{i}-{round_}", 600, "cpu",
                                                        profile=False))
+                    m = result.measurement
                     runs[i].append({"status": str(result.status), "wall_s": result.wall_s,
-                                    "samples_per_sec": result.metrics.get("samples_per_sec")})
+                                    "samples_per_sec": m.samples_per_sec if m else None})
                 print(f"{model}: round {round_ + 1}/{rounds}", flush=True)
         finally:
             runner.close()
-    return {"model": model, "candidates": [{"config": e.config, "trial": e.trial,
+    return {"model": model, "candidates": [{"config": e.config.to_dict(), "trial": e.trial,
                                             "search_samples_per_sec": e.search_samples_per_sec,
                                             "runs": r} for e, r in zip(entries, runs)]}
 
@@ -117,28 +118,30 @@ def replay(recorded: dict[str, Any], seed: int) -> dict[str, Any]:
         return Run("ok", samples_per_sec=rate, objective=rate) if rate else None
 
     entries = recorded["candidates"]
-    full = [Candidate(e["config"], e["trial"], True, e["search_samples_per_sec"],
-                      [run_of(e, r) for r in picked]) for e in entries]
+    configs = [TrainConfig.from_dict(e["config"]) for e in entries]
+    full = [Candidate(config, e["trial"], True, e["search_samples_per_sec"],
+                      [run_of(e, r) for r in picked]) for config, e in zip(configs, entries)]
     full_walls = sum(e["runs"][r]["wall_s"] for e in entries for r in picked)
     before = conclusion(full, full[-1])
 
     spent: list[float] = []
-    by_config = {config_key(e["config"]): e for e in entries}
+    by_config = {config_key(config): e for config, e in zip(configs, entries)}
 
     def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
         round_ = int(job.name.split("-")[-1])  # confirm's job names end with the round
         measured = by_config[config_key(config)]["runs"][picked[round_]]
         spent.append(measured["wall_s"])
-        return TrialResult(measured["status"], "", {"samples_per_sec":
-                                                    measured["samples_per_sec"]})
+        rate = measured["samples_per_sec"]
+        return TrialResult(measured["status"], measurement=Measurement(rate) if rate else None,
+                           wall_s=measured["wall_s"])
 
     with tempfile.TemporaryDirectory() as folder:
         # the race reads its candidates from a study: one that holds them as trials
         study = optuna.create_study(storage=open_storage(None, Path(folder)),
                                     study_name="replay", direction="maximize")
-        _told(study, entries)
-        after = confirm(study, TrainConfig.from_dict(entries[-1]["config"]),
-                        Scoring("cpu", None, 0.1, 0.0), measure, SilentView(),
+        scoring = Scoring("cpu", None, 0.1, 0.0)
+        _told(study, configs, entries, scoring)
+        after = confirm(study, configs[-1], scoring, measure, SilentView(),
                         Plan(top=len(entries) - 1, rounds=DEFAULT_CONFIRM_ROUNDS, max_rounds=count,
                              target=DEFAULT_CONFIRM_TARGET),
                         time_limit_s=600, device="cpu", directory=Path(folder))
@@ -148,18 +151,17 @@ def replay(recorded: dict[str, Any], seed: int) -> dict[str, Any]:
             "full_verdict_speedup": before.speedup, "race_speedup": after.speedup}
 
 
-def _told(study: Any, entries: list[dict[str, Any]]) -> None:
+def _told(study: Any, configs: list[TrainConfig], entries: list[dict[str, Any]],
+          scoring: Scoring) -> None:
     """The candidates as finished trials (the baseline first), so `confirm` chooses them."""
-    for number, entry in enumerate([entries[-1], *entries[:-1]]):
+    for number, i in enumerate([len(entries) - 1, *range(len(entries) - 1)]):
         trial = study.ask()
-        rate = entry["search_samples_per_sec"] or 1.0
-        for key, value in {"config": entry["config"], "status": "ok", "constraint": 0.0,
-                           "role": "baseline" if number == 0 else "search",
-                           "samples_per_sec": rate}.items():
-            trial.set_user_attr(key, value)
-        trial.set_constraint(MEMORY_CONSTRAINT, 0.0)
-        study.tell(trial, rate)
-    study.set_user_attr(StudyKey.BASELINE_CONFIG, entries[-1]["config"])
+        trial.set_user_attr(TrialKey.CONFIG, configs[i].to_dict())
+        trial.set_user_attr(TrialKey.ROLE, Role.BASELINE if number == 0 else Role.SEARCH)
+        rate = entries[i]["search_samples_per_sec"] or 1.0
+        record_measurement(study, trial, TrialResult(
+            TrialStatus.OK, measurement=Measurement(rate), config=configs[i]), scoring)
+    study.set_user_attr(StudyKey.BASELINE_CONFIG, configs[-1].to_dict())
 
 
 def main() -> None:

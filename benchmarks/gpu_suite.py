@@ -50,6 +50,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from autotune.study.results import load_study, study_summary  # noqa: E402
+from autotune.trial.protocol import Measurement  # noqa: E402
+
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 COMPILE_MODES = ("none", "reduce-overhead", "max-autotune", "default",
                  "max-autotune-no-cudagraphs")
@@ -201,25 +204,27 @@ def _json_or_text(text: str) -> object:
         return text[-20000:]
 
 
-def summary_line(record: dict) -> str:
-    """What a step gave, in one line."""
-    out = record.get("stdout")
+def summary_line(record: dict, out: Path) -> str:
+    """What a step gave, in one line: bench's figures, or the study's, read back typed."""
+    printed = record.get("stdout")
     if record["step"] == "env":
         env = record["environment"]
         names = ", ".join(d["name"] for d in env["devices"]) or "no GPU"
         return f"torch {env['torch']} CUDA {env['cuda']}: {names}"
     if record.get("returncode") is None:
         return f"killed after {record['timed_out_after_s']:.0f} s"
-    if isinstance(out, dict) and "status" in out:
-        rate = out.get("samples_per_sec")
-        figures = (f"{rate:,.0f} samples/s, peak {(out.get('peak_memory_bytes') or 0) / 2**30:.2f}"
-                   f" GiB, compiles {out.get('graphs_compiled')} "
-                   f"(window {out.get('graphs_compiled_in_window')}), CUDA graphs recorded "
-                   f"{out.get('cudagraph_recordings')}" if rate else out.get("message", "")[:160])
-        return f"{out['status']}: {figures}"
-    if isinstance(out, dict):
-        return (f"best {out.get('best_samples_per_sec')} samples/s, speedup "
-                f"{out.get('speedup')}, statuses {out.get('statuses')}")
+    if isinstance(printed, dict) and "status" in printed:  # `bench --json`: a measurement
+        m = Measurement.from_json(printed)
+        figures = (f"{m.samples_per_sec:,.0f} samples/s, peak "
+                   f"{(m.peak_memory_bytes or 0) / 2**30:.2f} GiB, compiles {m.graphs_compiled} "
+                   f"(window {m.graphs_compiled_in_window}), CUDA graphs recorded "
+                   f"{m.cudagraph_recordings}" if m.samples_per_sec
+                   else printed.get("message", "")[:160])
+        return f"{printed['status']}: {figures}"
+    if isinstance(printed, dict):  # `run --json`: the study it made
+        summary = study_summary(load_study(printed["study"], out / "studies"))
+        return (f"best {summary.best_samples_per_sec} samples/s, speedup "
+                f"{summary.speedup}, statuses {summary.statuses}")
     return f"exit {record['returncode']}: {record.get('stderr', '')[-160:]}"
 
 
@@ -237,7 +242,7 @@ def dry_run(steps: list[Step], out: Path) -> None:
         "--set", "compile_mode=none", "--window-steps", "3", "--window-seconds", "0.2",
         "--warmup-max-seconds", "5", "--profile-steps", "1", "--time-limit", "120"), 150)
     record = run_step(cpu, out)
-    print(f"{cpu.name}: {summary_line(record)}")
+    print(f"{cpu.name}: {summary_line(record, out)}")
 
 
 def main() -> int:
@@ -275,7 +280,8 @@ def main() -> int:
             return 0
         print(f"{step.name} ...", flush=True)
         record = run_step(step, args.out)
-        print(f"{step.name} ({record['wall_s']:.0f} s): {summary_line(record)}", flush=True)
+        print(f"{step.name} ({record['wall_s']:.0f} s): {summary_line(record, args.out)}",
+              flush=True)
     print("every step has a result")
     return 0
 

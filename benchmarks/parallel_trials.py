@@ -18,9 +18,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-import optuna
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from autotune.study.records import trial_records  # noqa: E402
+from autotune.study.results import load_study, study_summary  # noqa: E402
+
 MODEL = ["--model", "models/mlp.py", "--device", "cpu", "--model-arg", "feature_dim=32",
          "--model-arg", "hidden=64", "--model-arg", "layers=2", "--model-arg",
          "num_samples=4096", "--global-batch-size", "256", "--fix", "compile_mode=none"]
@@ -28,24 +31,23 @@ MODEL = ["--model", "models/mlp.py", "--device", "cpu", "--model-arg", "feature_
 
 def run_study(workers: int, trials: int, seed: int) -> dict:
     with tempfile.TemporaryDirectory() as studies:
-        done = subprocess.run(
+        subprocess.run(
             [sys.executable, "-m", "autotune", "run", *MODEL, "--studies-dir", studies,
              "--trials", str(trials), "--workers", str(workers), "--seed", str(seed),
-             "--confirm-repeats", "0", "--json"],
+             "--confirm-repeats", "0"],
             cwd=ROOT, capture_output=True, text=True, check=True)
-        summary = json.loads(done.stdout)
-        storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
-            str(Path(studies) / "mlp" / "journal.log")))
-        measured = [t for t in optuna.load_study(study_name="mlp", storage=storage).trials
-                    if "measure_wall_s" in t.user_attrs and "duplicate_of" not in t.user_attrs]
-    shares = [((t.user_attrs["wall_s"] - t.user_attrs["measure_wall_s"]) / t.user_attrs["wall_s"],
-               t.user_attrs["setup_s"] / t.user_attrs["wall_s"]) for t in measured]
+        study = load_study("mlp", studies)
+        wall_s = study_summary(study).tuning_wall_s
+        measured = [(r.wall_s, r.measurement) for r in trial_records(study)
+                    if r.measurement is not None and r.measurement.measure_wall_s is not None
+                    and r.wall_s and not r.duplicate]
+    shares = [((wall - m.measure_wall_s) / wall, m.setup_s / wall) for wall, m in measured]
     return {"workers": workers, "trials": len(measured),
-            "wall_s": summary["tuning_wall_s"],
-            "trials_per_hour": len(measured) / summary["tuning_wall_s"] * 3600,
+            "wall_s": wall_s,
+            "trials_per_hour": len(measured) / wall_s * 3600,
             "startup_share": statistics.median(s for s, _ in shares),
             "build_share": statistics.median(b for _, b in shares),
-            "trial_wall_s": statistics.median(t.user_attrs["wall_s"] for t in measured)}
+            "trial_wall_s": statistics.median(wall for wall, _ in measured)}
 
 
 def main() -> None:

@@ -61,7 +61,7 @@ from autotune.config import TrainConfig, from_baseline
 from autotune.options import MeasureSettings
 from autotune.search.isolation import run_isolated
 from autotune.trial.contention import cpu_ticks, other_share
-from autotune.trial.protocol import TrialRequest
+from autotune.trial.protocol import Measurement, TrialRequest, TrialResult, TrialStatus
 from autotune.trial.workload import load_workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -144,7 +144,7 @@ device = torch.device("cpu")
 setup, _, _ = build_setup(workload, workload.train_config(config, "cpu"), device,
                           lambda phase: None)
 for _ in sys.stdin:
-    figures = measure_setup(setup, MeasureSettings(**settings), describe(device)).to_dict()
+    figures = measure_setup(setup, MeasureSettings(**settings), describe(device)).to_json()
     print(json.dumps(figures), flush=True)
 """
 
@@ -158,7 +158,7 @@ class OneProcess:
                                     config.to_dict(), asdict(settings)])
         self.process: subprocess.Popen | None = None
 
-    def measure(self) -> dict[str, Any]:
+    def measure(self) -> TrialResult:
         if self.process is None:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", ONE_PROCESS_CHILD, self.argument], cwd=ROOT,
@@ -169,10 +169,11 @@ class OneProcess:
         self.process.stdin.flush()
         line = self.process.stdout.readline()
         if not line:
-            return {"status": "error", "message": f"exited with {self.process.wait()}",
-                    "wall_s": time.monotonic() - started}
-        return {"status": "ok", "message": "measured", "wall_s": time.monotonic() - started,
-                **json.loads(line)}
+            return TrialResult(TrialStatus.ERROR, f"exited with {self.process.wait()}",
+                               wall_s=time.monotonic() - started)
+        return TrialResult(TrialStatus.OK, "measured",
+                           measurement=Measurement.from_json(json.loads(line)),
+                           wall_s=time.monotonic() - started)
 
     def close(self) -> None:
         if self.process is not None:
@@ -236,13 +237,11 @@ def measure_floor(threshold: float) -> dict[str, Any]:
 
 
 def measure_case(reference: Reference, config: TrainConfig,
-                 settings: MeasureSettings) -> dict[str, Any]:
+                 settings: MeasureSettings) -> TrialResult:
     request = TrialRequest(model_path=str(ROOT / reference.path), config=config.to_dict(),
                            device="cpu", model_args=reference.model_args,
                            settings=asdict(settings))
-    result = run_isolated(request, 600)
-    return {"status": result.status, "message": result.message, "wall_s": result.wall_s,
-            **result.metrics}
+    return run_isolated(request, 600)
 
 
 def cases(models: list[str]) -> dict[str, tuple[Reference, TrainConfig]]:
@@ -271,15 +270,21 @@ def one_run(key: str, protocol: str, condition: str, repeat: int,
                    None, m.get("wall_s", 0.0), load, waited, share)
     reference, config = chosen[key]
     if protocol == ONE_PROCESS:
-        m = resident[key].measure()
+        result = resident[key].measure()
     else:
-        m = measure_case(reference, config, PROTOCOLS[protocol])
-    return Run(key, protocol, condition, repeat, m["status"], m.get("samples_per_sec"),
-               m.get("other_cpu_share"), bool(m.get("disturbed")),
-               m.get("windows_remeasured", 0), m.get("window_s"), m.get("window_steps"),
-               m.get("step_time_precision"), m["wall_s"], load, waited, share,
-               {k: m.get(k) for k in ("cpu_threads", "warmup_steps", "step_time_cv",
-                                       "measure_wall_s", "message")})
+        result = measure_case(reference, config, PROTOCOLS[protocol])
+    m = result.measurement
+    if m is None:
+        return Run(key, protocol, condition, repeat, result.status.value, wall_s=result.wall_s,
+                   load_before=load, quiet_wait_s=waited, share_before=share,
+                   extra={**dict.fromkeys(("cpu_threads", "warmup_steps", "step_time_cv",
+                                           "measure_wall_s")), "message": result.message})
+    return Run(key, protocol, condition, repeat, result.status.value, m.samples_per_sec,
+               m.other_cpu_share, m.disturbed, m.windows_remeasured, m.window_s,
+               m.window_steps, m.step_time_precision, result.wall_s, load, waited, share,
+               {"cpu_threads": m.cpu_threads, "warmup_steps": m.warmup_steps,
+                "step_time_cv": m.step_time_cv, "measure_wall_s": m.measure_wall_s,
+                "message": result.message})
 
 
 def spread(values: list[float]) -> float | None:

@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +53,20 @@ from autotune.options import MeasureSettings, TuneOptions  # noqa: E402
 from autotune.search.isolation import run_isolated  # noqa: E402
 from autotune.search.runner import MeasureJob  # noqa: E402
 from autotune.search.tuner import Tuner  # noqa: E402
-from autotune.study.records import COUNTS_AGAINST_BUDGET, config_key  # noqa: E402
-from autotune.trial.protocol import LoaderRate, ProbeReport, TrialRequest, TrialResult  # noqa: E402
+from autotune.study.records import (  # noqa: E402
+    COUNTS_AGAINST_BUDGET,
+    RAN_OUT,
+    config_key,
+    trial_records,
+)
+from autotune.trial.protocol import (  # noqa: E402
+    LoaderRate,
+    Measurement,
+    ProbeReport,
+    TrialRequest,
+    TrialResult,
+    TrialStatus,
+)
 
 RESULTS = ROOT / "benchmarks" / "results"
 SETTINGS = MeasureSettings(window_steps=3, window_seconds=0.5, warmup_max_seconds=4,
@@ -123,24 +135,40 @@ def measure_grid(bench: Bench, space_file: str, repeats: int) -> dict[str, Any]:
             result = run_isolated(TrialRequest(
                 model_path=str(ROOT / bench.model), config=config.to_dict(), device="cpu",
                 model_args=bench.model_args, settings=vars(SETTINGS)), 600)
+            m = result.measurement
+            figures = m.to_json() if m is not None else {}
             runs[config_key(config)]["runs"].append(
-                {"status": result.status, "wall_s": result.wall_s, "metrics": {
-                    k: v for k, v in result.metrics.items()
+                {"status": result.status.value, "wall_s": result.wall_s, "metrics": {
+                    k: v for k, v in figures.items()
                     if k not in ("top_operators", "findings", "trace_path")}})
             print(f"grid pass {repeat + 1}/{repeats}, {index + 1}/{len(configs)}: "
-                  f"{result.status} {result.metrics.get('samples_per_sec', 0):,.0f}/s "
+                  f"{result.status} {m.samples_per_sec if m else 0:,.0f}/s "
                   f"({time.monotonic() - started:.0f} s)", flush=True)
     return {"model": bench.model, "model_args": bench.model_args, "space": bench.space,
             "settings": vars(SETTINGS), "loader_rates": [r.to_dict() for r in loader],
             "configs": list(runs.values())}
 
 
+def grid_key(entry: dict[str, Any]) -> str:
+    """A grid configuration's `config_key` (knobs added since the grid was measured take their
+    defaults)."""
+    return config_key(TrainConfig.from_dict(entry["config"]))
+
+
+def observed(run: dict[str, Any]) -> TrialResult:
+    """One measured run of the grid as the trial's result ("metrics": its measurement)."""
+    return TrialResult(run["status"], "replayed", wall_s=run["wall_s"],
+                       measurement=Measurement.from_json(run["metrics"])
+                       if run["metrics"] else None)
+
+
 def truth(entry: dict[str, Any], limit: int) -> float:
     """The configuration's rate (mean of its runs); 0 when it does not fit."""
-    runs = entry["runs"]
-    if any(r["status"] != "ok" or r["metrics"]["peak_memory_bytes"] > limit for r in runs):
+    runs = [observed(r) for r in entry["runs"]]
+    if any(r.status != TrialStatus.OK or r.measurement is None or
+           (r.measurement.peak_memory_bytes or 0) > limit for r in runs):
         return 0.0
-    return statistics.mean(r["metrics"]["samples_per_sec"] for r in runs)
+    return statistics.mean(r.measurement.samples_per_sec for r in runs)
 
 
 # -- replay -----------------------------------------------------------------------------------
@@ -149,30 +177,26 @@ class Replay:
     """One seed's view of the grid: which measured run each configuration returns."""
 
     def __init__(self, grid: dict[str, Any], seed: int, limit: int) -> None:
-        self.table = {config_key(c["config"]): c for c in grid["configs"]}
+        self.table = {grid_key(c): c for c in grid["configs"]}
         self.seed, self.limit = seed, limit
-        self.spent: list[tuple[str, float, str]] = []  # (config key, wall s, status)
+        # (config key, wall s, status)
+        self.spent: list[tuple[str, float, TrialStatus]] = []
 
-    def run(self, config: TrainConfig | dict[str, Any],
-            screen_below: float | None = None) -> TrialResult:
+    def run(self, config: TrainConfig, screen_below: float | None = None) -> TrialResult:
         key = config_key(config)
         entry = self.table[key]
         digest = hashlib.sha256(f"{self.seed}:{key}".encode()).digest()
-        observed = entry["runs"][digest[0] % len(entry["runs"])]
-        metrics, wall = dict(observed["metrics"]), observed["wall_s"]
-        if screen_below is not None and metrics["screen_samples_per_sec"] < screen_below:
-            wall += metrics["screen_done_s"] - metrics["measure_wall_s"]
-            metrics.update(samples_per_sec=metrics["screen_samples_per_sec"], screened=True)
-        status = observed["status"]
-        if status == "ok" and metrics["peak_memory_bytes"] > self.limit:
-            status = "over_memory"
-        self.spent.append((key, wall, "screened" if metrics.get("screened") else status))
-        return TrialResult(observed["status"], "replayed", metrics, wall_s=wall)
-
-    def observed_rate(self, key: str) -> float:
-        result = self.run(self.table[key]["config"])
-        self.spent.pop()
-        return result.metrics["samples_per_sec"]
+        result = observed(entry["runs"][digest[0] % len(entry["runs"])])
+        m, wall, status = result.measurement, result.wall_s, result.status
+        if m is not None and screen_below is not None and \
+                m.screen_samples_per_sec is not None and m.screen_samples_per_sec < screen_below:
+            wall += m.screen_done_s - m.measure_wall_s
+            m = replace(m, samples_per_sec=m.screen_samples_per_sec, screened=True)
+        if status == TrialStatus.OK and m is not None and \
+                (m.peak_memory_bytes or 0) > self.limit:
+            status = TrialStatus.OVER_MEMORY
+        self.spent.append((key, wall, TrialStatus.SCREENED if m and m.screened else status))
+        return replace(result, measurement=m, wall_s=wall, config=config)
 
 
 class ReplayRunner:
@@ -201,36 +225,35 @@ def run_tuner(bench: Bench, grid: dict[str, Any], report: ProbeReport, space_fil
         tuner = Tuner(options(bench, studies, space_file, budget, seed, limit, plain, corner),
                       runner=runner)
         tuner.run()
-        trials = tuner.study.get_trials(deepcopy=False)
+        records = trial_records(tuner.study)
     steps, best, best_score = [], None, -math.inf
-    for t in trials:
-        attrs = t.user_attrs
-        if "duplicate_of" in attrs or attrs.get("status") not in COUNTS_AGAINST_BUDGET:
+    for r in records:
+        if r.duplicate or r.status not in COUNTS_AGAINST_BUDGET:
             continue
-        if attrs.get("constraint") == 0.0 and t.value is not None and t.value > best_score:
-            best, best_score = config_key(attrs["config"]), t.value
-        steps.append((config_key(attrs["config"]), attrs["wall_s"], attrs["status"], best))
+        if r.score is not None and r.score > best_score:
+            best, best_score = config_key(r.config), r.score
+        steps.append((config_key(r.config), r.wall_s, r.status, best))
     return steps
 
 
-def run_largest_fit(bench: Bench, grid: dict[str, Any], baseline: dict[str, Any], seed: int,
+def run_largest_fit(bench: Bench, grid: dict[str, Any], baseline: TrainConfig, seed: int,
                     limit: int) -> list[tuple[str, float, str, str | None]]:
     replay = Replay(grid, seed, limit)
     steps, best = [], None
     for micro in bench.space["micro_batch_size"]:
-        config = {**baseline, "micro_batch_size": micro,
-                  "grad_accum_steps": bench.global_batch // micro}
+        config = baseline.replace(micro_batch_size=micro,
+                                  grad_accum_steps=bench.global_batch // micro)
         replay.run(config)
         key, wall, status = replay.spent[-1]
-        if status == "ok":
+        if status == TrialStatus.OK:
             best = key
         steps.append((key, wall, status, best))
-        if status != "ok":
+        if status != TrialStatus.OK:
             break
     return steps
 
 
-def run_memory_sweep(bench: Bench, grid: dict[str, Any], baseline: dict[str, Any], seed: int,
+def run_memory_sweep(bench: Bench, grid: dict[str, Any], baseline: TrainConfig, seed: int,
                      limit: int) -> list[tuple[str, float, str, str | None]]:
     replay = Replay(grid, seed, limit)
     micros = bench.space["micro_batch_size"]
@@ -238,13 +261,13 @@ def run_memory_sweep(bench: Bench, grid: dict[str, Any], baseline: dict[str, Any
 
     def measure(micro: int) -> None:
         nonlocal best, best_rate
-        config = {**baseline, "micro_batch_size": micro,
-                  "grad_accum_steps": bench.global_batch // micro}
-        result = replay.run(config)
+        config = baseline.replace(micro_batch_size=micro,
+                                  grad_accum_steps=bench.global_batch // micro)
+        m = replay.run(config).measurement
         key, wall, status = replay.spent[-1]
-        peaks[micro] = result.metrics.get("peak_memory_bytes")
-        if status == "ok" and result.metrics["samples_per_sec"] > best_rate:
-            best, best_rate = key, result.metrics["samples_per_sec"]
+        peaks[micro] = m.peak_memory_bytes if m else None
+        if status == TrialStatus.OK and m.samples_per_sec > best_rate:
+            best, best_rate = key, m.samples_per_sec
         steps.append((key, wall, status, best))
 
     measure(micros[0])
@@ -270,7 +293,7 @@ def summarise(runs: list[list[tuple]], optimum: float, truths: dict[str, float]
                 break
         trials_to.append(reached[0] if reached else math.inf)
         wall_to.append(reached[1] if reached else math.inf)
-        ooms.append(sum(1 for _, _, status, _ in steps if status in ("oom", "over_memory")))
+        ooms.append(sum(1 for _, _, status, _ in steps if status in RAN_OUT))
     return {"regret_median": statistics.median(regrets),
             "trials_to_97_median": _finite(statistics.median(trials_to)),
             "wall_s_to_97_median": _finite(statistics.median(wall_to)),
@@ -332,7 +355,7 @@ def main() -> None:
         grid = measure_grid(bench, space_file, args.repeats)
         grid_file.write_text(json.dumps(grid, indent=1))
     limit = (args.memory_limit_mib or bench.memory_limit_mib) * 2**20
-    truths = {config_key(c["config"]): truth(c, limit) for c in grid["configs"]}
+    truths = {grid_key(c): truth(c, limit) for c in grid["configs"]}
     optimum = max(truths.values())
     budget = args.budget or len(truths) // 4
     with tempfile.TemporaryDirectory() as studies:
@@ -340,7 +363,7 @@ def main() -> None:
         tuner.close()
     report = tuner.probe
     report.loader_rates = [LoaderRate(**r) for r in grid["loader_rates"]]
-    baseline = tuner.baseline.to_dict()
+    baseline = tuner.baseline
     strategies: dict[str, Callable[[int], list]] = {
         "autotune": lambda s: run_tuner(bench, grid, report, space_file, s, budget, limit),
         "autotune without the fast corner (ablation)":
@@ -365,7 +388,7 @@ def main() -> None:
         "memory_limit_bytes": limit, "fitting": sum(1 for v in truths.values() if v > 0),
         "optimum_samples_per_sec": optimum,
         "optimum_config": next(c["config"] for c in grid["configs"]
-                               if truths[config_key(c["config"])] == optimum),
+                               if truths[grid_key(c)] == optimum),
         "grid_wall_s": sum(r["wall_s"] for r in grid_runs) / len(grid_runs) * len(truths),
         "grid_oom": sum(1 for v in truths.values() if v == 0),
         "strategies": rows}

@@ -48,9 +48,9 @@ def trial(model: str, args: dict[str, Any], server: ForkServer | None,
     request = TrialRequest(model_path=str(ROOT / model), config={}, device="cpu",
                            model_args=args)
     result = run_isolated(request, 600, log, server=server)
-    metrics = result.metrics
-    measuring = metrics.get("warmup_s", 0.0) + metrics.get("window_s", 0.0)
-    return {"status": result.status, "wall_s": result.wall_s, "measuring_s": measuring,
+    m = result.measurement
+    measuring = m.warmup_s + m.window_s if m is not None else 0.0
+    return {"status": result.status.value, "wall_s": result.wall_s, "measuring_s": measuring,
             "overhead_s": result.wall_s - measuring,
             "overhead_share": 1 - measuring / result.wall_s if result.wall_s else None}
 

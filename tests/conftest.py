@@ -143,7 +143,8 @@ class PostgresServer:
     def start(self) -> None:
         subprocess.run([*self.as_user, self.pg_ctl, "-D", str(self.data), "-w", "-l",
                         str(self.data / "server.log"), "-o",
-                        f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1",
+                        f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1 "
+                        "-c max_connections=400",
                         "start"], check=True, capture_output=True)
 
     def stop(self) -> None:

@@ -25,20 +25,20 @@ def test_figures_read_in_the_unit_that_suits_them() -> None:
 
 
 def test_a_configuration_in_one_line_names_only_what_differs_from_pytorch() -> None:
-    plain = TrainConfig(micro_batch_size=8).to_dict()
+    plain = TrainConfig(micro_batch_size=8)
     assert short_config(plain) == "mb=8x1 fp32 for_loop"
     tuned = TrainConfig(micro_batch_size=8, grad_accum_steps=4, precision="bf16",
                         activation_checkpointing="selective", optimizer_impl="fused",
                         num_workers=2, prefetch_factor=4, persistent_workers=True,
-                        compile_mode="default").to_dict()
+                        compile_mode="default")
     assert short_config(tuned) == ("mb=8x4 bf16 ckpt=selective fused workers=2/pf=4/persist "
                                    "compile=default")
 
 
 def test_a_change_of_optimizer_says_it_changes_the_update_rule_and_float8_its_scales():
-    baseline = TrainConfig(optimizer_impl="foreach").to_dict()
+    baseline = TrainConfig(optimizer_impl="foreach")
     changed = TrainConfig(optimizer="adamw_8bit", precision="fp8_rowwise",
-                          compile_mode="default").to_dict()
+                          compile_mode="default")
     # the AdamW implementation means nothing under another optimizer: not named as a change
     assert describe_changes(changed, baseline) == \
         "float8 (rowwise scales) + 8-bit AdamW (another update rule) + torch.compile"

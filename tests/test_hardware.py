@@ -1,6 +1,7 @@
-"""`hardware`: which GPU a name, an id or a MIG slice is, what its data sheet says, and which
-device and cores a trial gets. All of it runs without a GPU: NVML is replaced by a small
-stand-in that answers as the real library does for the machine described."""
+"""`hardware`: which GPU a name, an id or a MIG slice is, what its data sheet says, which
+device and cores a trial gets, and why a device refuses a configuration. All of it runs without
+a GPU: NVML is replaced by a small stand-in that answers as the real library does for the
+machine described."""
 
 from __future__ import annotations
 
@@ -10,16 +11,18 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from autotune.config import TrainConfig
 from autotune.hardware import (
     PEAK_TFLOPS,
+    DeviceInfo,
     core_shares,
     cpu_name,
     describe,
-    device_domains,
-    device_refusals,
     table_peak_tflops,
     trial_device,
+    unsupported_reason,
     usable_cpus,
+    value_reason,
     visible_entries,
 )
 
@@ -219,22 +222,41 @@ def test_more_trials_than_cores_still_get_one_core_each() -> None:
     assert all(len(share) == 1 for share in shares)
 
 
-# --- what a device never tries, and why --------------------------------------------------------
+# --- why a device refuses a configuration ----------------------------------------------------
 
-def test_the_values_a_device_refuses_are_grouped_by_reason_and_never_offered():
-    from autotune.config import TrainConfig
-
+def test_a_refusal_names_the_knob_at_fault_once_then_the_devices_reason():
     info = describe(torch.device("cpu"))
-    refused = device_refusals(TrainConfig(), info, attention=True)
-    offered = device_domains(TrainConfig(), info, attention=True)
-    # one reason, said once for both float8 values
-    assert [vs for (_, reason), vs in refused.items() if "float8" in reason] == \
-        [["fp8_tensorwise", "fp8_rowwise"]]
-    assert {v for (k, _), vs in refused.items() if k == "attention_backend" for v in vs} == \
-        {"efficient", "cudnn"}
-    for (knob, reason), values in refused.items():
-        assert reason and not set(values) & set(offered[knob])
-    # every candidate value is either offered or refused with a reason
-    assert set(offered["precision"]) | {v for (k, _), vs in refused.items()
-                                        if k == "precision" for v in vs} == \
-        {"fp32", "tf32", "bf16", "fp16", "fp8_tensorwise", "fp8_rowwise"}
+    fp8 = TrainConfig(precision="fp8_tensorwise", compile_mode="default")
+    reason = unsupported_reason(fp8, info)
+    assert reason.startswith("precision=fp8_tensorwise: float8 training needs a CUDA GPU of "
+                             "compute capability 8.9+")
+    assert reason.count("fp8_tensorwise") == 1
+    # the reason alone, for a caller that names the value itself
+    assert value_reason("precision", "fp8_tensorwise", info) == reason.split(": ", 1)[1]
+    assert value_reason("compile_mode", "reduce-overhead", info) == \
+        "compile modes that capture CUDA graphs need a CUDA device"
+    # a knob the value needs, at fault instead, is named
+    v100 = DeviceInfo(type="cuda", index=0, name="Tesla V100-SXM2-16GB",
+                      total_memory_bytes=16 * 2**30, cpu_count=8, bf16=False, tf32=False,
+                      fused_adamw=False, cuda_graphs=True)
+    assert value_reason("fsdp_reduce_dtype", "bf16", v100) == \
+        "precision=bf16: Tesla V100-SXM2-16GB has no bf16 support"
+
+
+def test_a_missing_library_is_named_only_where_the_device_would_run_the_value(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchao", None)  # an environment without torchao
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)
+    cpu = describe(torch.device("cpu"))
+    # installing torchao would not help a CPU: the device's reason is the one given
+    on_cpu = value_reason("precision", "fp8_tensorwise", cpu)
+    assert "compute capability 8.9" in on_cpu and "pip install" not in on_cpu
+    h100 = DeviceInfo(type="cuda", index=0, name="NVIDIA H100 80GB HBM3",
+                      total_memory_bytes=80 * 2**30, cpu_count=16, bf16=True, tf32=True,
+                      fused_adamw=True, cuda_graphs=True, fp8=True)
+    assert value_reason("precision", "fp8_rowwise", h100) == \
+        "float8 training is torchao's: pip install torchao"
+    # eager float8 cannot run with torchao either: that is the reason given
+    eager = unsupported_reason(TrainConfig(precision="fp8_rowwise"), h100)
+    assert "runs compiled only" in eager and "pip install" not in eager
+    # no device refuses 8-bit AdamW: the library is what it lacks
+    assert value_reason("optimizer", "adamw_8bit", cpu).endswith("pip install bitsandbytes")

@@ -66,3 +66,22 @@ def test_no_modules_import_each_other_in_a_circle() -> None:
     for module in graph:
         if module != "autotune":  # the package's face re-exports from below
             visit(module, ())
+
+
+# Started by name in a process of their own (`python -c "from autotune.trial.child import
+# child_main"`, torchrun's `-m autotune.trial.child`), never imported on the tuner's side.
+ENTRY_POINTS = {"autotune.trial.child", "autotune.trial.server", "autotune.trial.warm"}
+
+
+def test_outside_the_trial_process_only_its_protocol_is_imported() -> None:
+    """What crosses the process boundary is `trial/protocol`'s typed records: the tuner's side,
+    the read side and the display never reach into the trial's own modules. The package's face
+    (`autotune/__init__.py`) is the exception: it hands the training functions on to users'
+    scripts and to the exported ones."""
+    for module, targets in _imports().items():
+        if module == "autotune" or module.startswith("autotune.trial"):
+            continue
+        reached = {t for t in targets if t.startswith("autotune.trial")}
+        assert reached <= {"autotune.trial.protocol"}, f"{module} imports {reached}"
+    for entry in ENTRY_POINTS:
+        assert Path(PACKAGE.parent, *entry.split(".")).with_suffix(".py").is_file(), entry

@@ -13,17 +13,20 @@ import optuna
 from autotune.formatting import format_seconds
 from autotune.options import MeasureSettings
 from autotune.search.runner import ROUND_WINDOW_STEPS
-from autotune.study.records import COUNTS_AGAINST_BUDGET, Role, TrialKey
-from autotune.trial.protocol import TrialStatus
+from autotune.study.records import COUNTS_AGAINST_BUDGET, Role, TrialRecord, trial_records
+from autotune.trial.protocol import Measurement, TrialStatus
 
 # Paired rounds an answer needs: with two, a 95% interval spans t = 12.7 standard errors, with
 # three 4.3.
 MIN_ROUNDS = 3
+# The default budget grows at most to this many times itself for an answer: a person who
+# planned for the default is never told an hour.
+MAX_GROWTH = 3
 
 
 def trial_seconds(study: optuna.Study) -> float | None:
     """A trial's wall time, process start to result: the median over the trials that ran."""
-    walls = [t.user_attrs[TrialKey.WALL_S] for t in _measured(study)]
+    walls = [r.wall_s for r in _measured(study)]
     return statistics.median(walls) if walls else None
 
 
@@ -32,46 +35,53 @@ def search_trial_seconds(study: optuna.Study, screening: bool) -> float | None:
     on, a mix of it and a screened trial's (stopped after its screening window), in the share
     of search trials screened so far (a half before any: Laplace's rule)."""
     measured = _measured(study)
-    unscreened = [t for t in measured if t.user_attrs.get(TrialKey.STATUS) != TrialStatus.SCREENED]
-    full = [t.user_attrs[TrialKey.WALL_S] for t in unscreened]
+    unscreened = [r for r in measured if r.status != TrialStatus.SCREENED]
+    full = [r.wall_s for r in unscreened]
     if not full:
         return trial_seconds(study)
     if not screening:
         return statistics.median(full)
-    searched = [t for t in measured if t.user_attrs.get(TrialKey.ROLE) != Role.BASELINE]
-    screened = [t.user_attrs[TrialKey.WALL_S] for t in searched
-                if t.user_attrs.get(TrialKey.STATUS) == TrialStatus.SCREENED]
+    searched = [r for r in measured if r.role != Role.BASELINE]
+    screened = [r.wall_s for r in searched if r.status == TrialStatus.SCREENED]
     # before one is seen: a full trial's wall less what follows its screening window
     cut = statistics.median(screened) if screened else statistics.median(
-        t.user_attrs[TrialKey.WALL_S] - t.user_attrs.get("window_s", 0.0) for t in unscreened)
+        r.wall_s - (r.measurement.window_s if r.measurement else 0.0) for r in unscreened)
     share = (len(screened) + 1) / (len(searched) + 2)
     return share * cut + (1 - share) * statistics.median(full)
 
 
 def round_run_seconds(study: optuna.Study, settings: MeasureSettings) -> float | None:
-    """A confirmation run's wall time, priced at the baseline's trial (the baseline runs in
-    every round; a compiled trial's start-up would price every run at its own): its wall less
-    the timed window and the screening, plus the round run's own window
-    (`runner.ROUND_WINDOW_STEPS` steps, or the window's minimum seconds where those are
-    longer). Before the baseline has run, the median of the trials that have."""
-    measured = [t for t in _measured(study)
-                if t.user_attrs.get("step_time_median_s") and t.user_attrs.get("window_s")]
-    baseline = [t for t in measured if t.user_attrs.get(TrialKey.ROLE) == Role.BASELINE]
-    runs = []
-    for trial in baseline or measured:
-        a = trial.user_attrs
-        step = a["step_time_median_s"]
-        window = max(settings.window_seconds, ROUND_WINDOW_STEPS * step)
-        screen = settings.screen_steps * step
-        runs.append(max(window, a[TrialKey.WALL_S] - a["window_s"] - screen + window))
+    """A confirmation run's wall time (`run_price_s`), priced at the baseline's trial (the
+    baseline runs in every round; a compiled trial's start-up would price every run at its
+    own). Before the baseline has run, the median of the trials that have."""
+    measured = [r for r in _measured(study) if r.measurement is not None
+                and r.measurement.step_time_median_s and r.measurement.window_s]
+    baseline = [r for r in measured if r.role == Role.BASELINE]
+    runs = [run_price_s(r.wall_s, r.measurement, settings) for r in baseline or measured]
     return statistics.median(runs) if runs else None
 
 
-def _measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+def run_price_s(wall_s: float, measurement: Measurement, settings: MeasureSettings) -> float:
+    """What a confirmation run of a measured configuration will take: what it does, priced
+    from the trial's phases: the process's start, the build, the first step, the warm-up,
+    then one window of its own (`runner.ROUND_WINDOW_STEPS` steps, or the window's minimum
+    seconds where those are longer). Not the trial's screening, its disturbed windows
+    measured again, its sync tracing or its profiler window: a round run does none of them.
+    A trial stored before phases were recorded: its wall less its windows."""
+    m = measurement
+    step = m.step_time_median_s or 0.0
+    window = max(settings.window_seconds, ROUND_WINDOW_STEPS * step)
+    phases = m.phases
+    if phases is None or m.measure_wall_s is None:
+        return max(window, wall_s - m.window_s - settings.screen_steps * step + window)
+    process_start = max(0.0, wall_s - m.measure_wall_s)
+    return process_start + phases.build_s + phases.first_step_s + phases.warmup_s + window
+
+
+def _measured(study: optuna.Study) -> list[TrialRecord]:
     """The trials that ran a process to its end and were not repeats, with their wall time."""
-    return [t for t in study.get_trials(deepcopy=False)
-            if t.user_attrs.get(TrialKey.STATUS) in COUNTS_AGAINST_BUDGET
-            and TrialKey.DUPLICATE_OF not in t.user_attrs and t.user_attrs.get(TrialKey.WALL_S)]
+    return [r for r in trial_records(study)
+            if r.status in COUNTS_AGAINST_BUDGET and not r.duplicate and r.wall_s]
 
 
 @dataclass(frozen=True)
@@ -114,6 +124,60 @@ def answer_budget_s(run_s: float, share: float) -> float:
     """The least wall time a study needs for an answer with an interval: `MIN_ROUNDS` paired
     rounds of one candidate and the baseline, within the confirmation's share."""
     return confirmation_seconds(2, run_s) / share
+
+
+@dataclass(frozen=True)
+class BudgetGrowth:
+    """The default budget against the least an answer with an interval needs
+    (`answer_budget_s`): kept, grown to it, or grown to `MAX_GROWTH` times and still short."""
+
+    default_s: float
+    needed_s: float
+    budget_s: float
+    share: float
+
+    @property
+    def grew(self) -> bool:
+        return self.budget_s > self.default_s
+
+    @property
+    def short(self) -> bool:
+        """Even the grown budget cannot hold the rounds an answer needs."""
+        return self.needed_s > self.budget_s
+
+    @property
+    def answering_timeout_s(self) -> float:
+        """The `--timeout` (the search's time; the confirmation's share comes after it) whose
+        study holds the least rounds, to the minute."""
+        return math.ceil(self.needed_s * (1 - self.share) / 60) * 60
+
+    def describe(self, run_s: float) -> str:
+        if not self.grew:
+            return ""
+        said = (f"a confirmation run takes about {format_seconds(run_s)} here: the default "
+                f"budget grows from {format_seconds(self.default_s)} to "
+                f"{format_seconds(self.budget_s)}")
+        if not self.short:
+            return (f"{said}, so that the confirmation ({self.share:.0%} of the study at most) "
+                    f"has room for {MIN_ROUNDS} paired rounds of the best and your settings, "
+                    "the least that gives an answer an interval")
+        return (f"{said} ({MAX_GROWTH}x, the most it grows); an answer with an interval "
+                f"needs {format_seconds(self.needed_s)} in all: the speedup's interval may "
+                f"stay unknown (--timeout {self.answering_timeout_flag}, the search's time "
+                "before the confirmation, would answer it)")
+
+    @property
+    def answering_timeout_flag(self) -> str:
+        return f"{self.answering_timeout_s / 60:.0f}m"
+
+
+def grow_budget(default_s: float, run_s: float, share: float) -> BudgetGrowth:
+    """The default budget, grown (to the minute, at most `MAX_GROWTH` times) where the
+    confirmation's share of it cannot hold `MIN_ROUNDS` paired rounds."""
+    needed = answer_budget_s(run_s, share)
+    budget = default_s if needed <= default_s else \
+        min(math.ceil(needed / 60) * 60, MAX_GROWTH * default_s)
+    return BudgetGrowth(default_s, needed, budget, share)
 
 
 def candidates_that_fit(budget_s: float, run_s: float, share: float, top: int) -> int:

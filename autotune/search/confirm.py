@@ -1,9 +1,11 @@
-"""Confirmation: the answer comes from paired rounds of fresh runs, with its uncertainty, not
-from the luckiest search trial.
+"""Confirmation: the answer comes from paired rounds, with its uncertainty, not from the
+luckiest search trial.
 
 When the budget ends, the top configurations measured in full and the baseline are re-measured
 in rounds: each round runs every candidate still in the race and the baseline once, in a
-shuffled order, so that whatever the machine does drifts over all of them alike. The rounds are
+shuffled order, so that whatever the machine does drifts over all of them alike. A round is a
+turn of each one's warm process (`search.warm`: seconds apart, so many rounds) where memory
+holds them all, else a fresh process for each run. The rounds are
 a race (successive elimination, as in F-race): after each one, a candidate whose paired interval
 against the leader lies below 1 is dropped, and says so; only those that could still win are
 measured again. Rounds are added until one candidate is left besides the baseline and its
@@ -25,10 +27,9 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import optuna
 from optuna.trial import TrialState
@@ -43,15 +44,41 @@ from autotune.options import (
 from autotune.search.events import StudyView
 from autotune.search.outcome import Scoring
 from autotune.search.runner import MeasureJob
+from autotune.search.warm import (
+    WARM_MAX_ROUNDS,
+    WARM_ROUNDS_PER_ROUND,
+    WARM_WORTH_ROUNDS,
+    WarmRounds,
+    WarmStart,
+    WarmUnavailable,
+    warm_or_why,
+)
 from autotune.search.worker import Measure
 from autotune.stats import Ratio, paired_ratio
-from autotune.study.confirmation import FAILED, CandidateSummary, Confirmation, Drift, Run
-from autotune.study.records import Role, StudyKey, TrialKey, config_key, rankable, trial_records
-from autotune.trial.measure import time_to_train_s
+from autotune.study.confirmation import (
+    FAILED,
+    FRESH_ROUNDS,
+    WARM_TURNS,
+    CandidateSummary,
+    Confirmation,
+    Drift,
+    Run,
+)
+from autotune.study.records import (
+    Role,
+    StudyKey,
+    TrialKey,
+    TrialRecord,
+    config_key,
+    rankable,
+    trial_records,
+)
 from autotune.trial.protocol import TrialResult, TrialStatus
 
 # Tuners ending together each claim the confirmation; the claim standing after this wins.
 CLAIM_SETTLE_S = 1.0
+# Warm rounds take seconds: the time left is told every this many.
+WARM_REPORT_EVERY = 10
 
 
 @dataclass(frozen=True)
@@ -70,25 +97,44 @@ class Plan:
     budget_ends: float | None = None
 
 
+# One figure of a run: what rounds are compared by.
+Figure = Callable[[Run], "float | None"]
+
+
+def rate(run: Run) -> float | None:
+    """Samples/sec in the run's timed window."""
+    return run.samples_per_sec
+
+
+def objective(run: Run) -> float | None:
+    """What the study maximises: the rate, or over a whole run of --train-steps steps."""
+    return run.objective
+
+
+def time_to_train(run: Run) -> float | None:
+    return run.time_to_train_s
+
+
 @dataclass
 class Candidate:
     """One configuration being confirmed, with its run in each round (None: it failed)."""
 
-    config: dict[str, Any]
+    config: TrainConfig
     trial: int | None
     feasible: bool
     search_samples_per_sec: float | None = None
     runs: list[Run | None] = field(default_factory=list)
     search_precision: float | None = None  # the search trial's median known within ±this
+    search_peak_bytes: float | None = None  # its peak memory in the search (warm processes')
 
     @property
     def ok(self) -> bool:
         return all(run is not None for run in self.runs)
 
-    def values(self, key: str) -> list[float]:
+    def values(self, figure: Figure) -> list[float]:
         """The figure from every round that has it."""
-        return [getattr(run, key) for run in self.runs
-                if run is not None and getattr(run, key) is not None]
+        return [value for run in self.runs if run is not None
+                and (value := figure(run)) is not None]
 
 
 def should_confirm(study: optuna.Study, owner: str, view: StudyView) -> bool:
@@ -99,7 +145,8 @@ def should_confirm(study: optuna.Study, owner: str, view: StudyView) -> bool:
         view.note("another tuner is still running trials of this study; the last one to "
                   "finish confirms the best")
         return False
-    confirmed = (study.user_attrs.get(StudyKey.CONFIRMATION) or {}).get("at", 0)
+    stored = study.user_attrs.get(StudyKey.CONFIRMATION)
+    confirmed = Confirmation.from_json(stored).at if stored else 0
     last = max((t.datetime_complete.timestamp() for t in study.get_trials(
         deepcopy=False, states=(TrialState.COMPLETE,)) if t.datetime_complete), default=0)
     if confirmed > last:
@@ -124,32 +171,82 @@ def candidates(study: optuna.Study, baseline: TrainConfig, top: int) -> list[Can
         key = config_key(r.config)
         if len(chosen) < top and key not in chosen:
             chosen[key] = Candidate(r.config, r.number, True, r.samples_per_sec,
-                                    search_precision=r.get("step_time_precision"))
+                                    search_precision=_precision(r), search_peak_bytes=_peak(r))
     baseline_trial = next((r for r in records if r.role == Role.BASELINE
                            and r.state == TrialState.COMPLETE.name), None)
     reference = Candidate(
-        baseline.to_dict(), baseline_trial.number if baseline_trial else None,
+        baseline, baseline_trial.number if baseline_trial else None,
         bool(baseline_trial and baseline_trial.feasible),
         baseline_trial.samples_per_sec if baseline_trial else None,
-        search_precision=baseline_trial.get("step_time_precision") if baseline_trial else None)
+        search_precision=_precision(baseline_trial) if baseline_trial else None,
+        search_peak_bytes=_peak(baseline_trial) if baseline_trial else None)
     return [*chosen.values(), reference]  # the baseline last, as the reference
+
+
+def _precision(record: TrialRecord) -> float | None:
+    """Within what the search trial knew its median step time."""
+    return record.measurement.step_time_precision if record.measurement else None
+
+
+def _peak(record: TrialRecord) -> float | None:
+    return record.measurement.peak_memory_bytes if record.measurement else None
 
 
 def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measure: Measure,
             view: StudyView, plan: Plan, *, time_limit_s: float, device: str,
-            directory: Path) -> Confirmation | None:
+            directory: Path, warm: WarmStart | None = None) -> Confirmation | None:
     """Paired rounds as a race: after each round, a candidate measurably slower than the leader
     (its paired interval against the leader below 1) is dropped, and only those that could
     still win are measured again. It ends when one candidate is left besides the baseline and
     its speedup is known within the target, or at the cap; the outcome is stored in the study
     and returned. None, with nothing run, when the search measured no candidate besides the
-    baseline in full: there is nothing to race it against."""
+    baseline in full: there is nothing to race it against.
+
+    With `warm` (and memory for them all), each round is a turn of every candidate's warm
+    process (`search.warm`): seconds instead of process starts, so the least rounds are
+    `WARM_ROUNDS_PER_ROUND` times more and beyond them time caps the race, not a count."""
     entries = candidates(study, baseline, plan.top)
     if len(entries) == 1:
         view.note("no configuration besides your settings was measured in full (the others "
                   "were stopped at screening or failed): nothing to confirm")
         return None
+    turns, warm_plan = _warm_rounds(entries, scoring, warm, view, plan)
+    try:
+        return _race(study, entries, scoring, measure, view, warm_plan, plan, turns,
+                     time_limit_s=time_limit_s, device=device, directory=directory)
+    finally:
+        if turns is not None:
+            turns.close()
+
+
+def _warm_rounds(entries: Sequence[Candidate], scoring: Scoring, warm: WarmStart | None,
+                 view: StudyView, plan: Plan) -> tuple[WarmRounds | None, Plan]:
+    """Warm processes for the candidates, where the plan has room for more rounds than they
+    cost to start, the objective is a rate, and the memory holds them all; with the plan's
+    rounds counted in warm ones."""
+    if plan.max_rounds <= WARM_WORTH_ROUNDS:
+        return None, plan
+    if scoring.train_steps:
+        view.note("measuring in fresh-process rounds: --train-steps times whole runs from "
+                  "their first step")
+        return None, plan
+    turns, why = warm_or_why(warm, [e.config for e in entries],
+                             [e.search_peak_bytes for e in entries], "confirm")
+    view.note(why)
+    if turns is None:
+        return None, plan
+    least = plan.rounds * WARM_ROUNDS_PER_ROUND
+    timed = plan.ends_by is not None or plan.budget_ends is not None
+    most = WARM_MAX_ROUNDS if timed else plan.max_rounds * WARM_ROUNDS_PER_ROUND
+    return turns, replace(plan, rounds=least, max_rounds=max(least, most))
+
+
+def _race(study: optuna.Study, entries: list[Candidate], scoring: Scoring, measure: Measure,
+          view: StudyView, plan: Plan, fresh_plan: Plan, turns: WarmRounds | None, *,
+          time_limit_s: float, device: str, directory: Path) -> Confirmation:
+    """The rounds of `confirm`, in warm turns while `turns` answer, else in fresh runs."""
     reference = entries[-1]
+    measured = WARM_TURNS if turns is not None else FRESH_ROUNDS
     racing = list(range(len(entries)))
     shuffle = random.Random(0)
     start, rounds, kept_disturbed, run_s = time.monotonic(), 0, 0, 0.0
@@ -164,22 +261,35 @@ def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measur
         rounds += 1
         order = list(racing)
         shuffle.shuffle(order)
-        runs = [_run(entries[i], i, rounds, scoring, measure, view, time_limit_s, device,
-                     directory, len(entries)) for i in order]
+        runs = None
+        if turns is not None:
+            try:
+                runs = [turns.turn(i) for i in order]
+            except WarmUnavailable as exc:
+                view.note(f"a warm process stopped ({exc}): the rest in fresh-process rounds")
+                turns.close()
+                turns, plan, measured = None, fresh_plan, FRESH_ROUNDS
+        if runs is None:
+            runs = [_run(entries[i], i, rounds, scoring, measure, view, time_limit_s, device,
+                         directory, len(entries)) for i in order]
         run_s = max(run_s, (time.monotonic() - began) / len(order))
         if any(run is not None and run.disturbed for run in runs):
             # Measured again while the caps leave room (the minimum of clean rounds within the
             # rounds' cap, another round within the time's); a machine that stays busy gets its
-            # rounds kept (paired, so still comparable).
+            # rounds kept (paired, so still comparable). Warm turns are paired seconds apart,
+            # so a load that moves is in both sides: kept and counted, not waited out, and not
+            # a note each (they come by the dozen).
             in_time = plan.ends_by is None or \
                 time.monotonic() + run_s * len(order) <= plan.ends_by
-            if in_time and plan.max_rounds - rounds >= plan.rounds - len(reference.runs):
+            if turns is None and in_time and \
+                    plan.max_rounds - rounds >= plan.rounds - len(reference.runs):
                 view.note(f"confirmation round {rounds} was disturbed by another process: "
                           "measuring it again")
                 continue
             kept_disturbed += 1
-            view.note(f"confirmation round {rounds} was disturbed by another process: kept, "
-                      "the machine stayed busy")
+            if turns is None:
+                view.note(f"confirmation round {rounds} was disturbed by another process: "
+                          "kept, the machine stayed busy")
         for i, run in zip(order, runs):
             entries[i].runs.append(run)
         for i, why in _eliminated(entries, racing, reference):
@@ -189,7 +299,7 @@ def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measur
                       f"the race after round {len(reference.runs)}: {why}")
         leader = _leader(entries, reference)
         known = leader is None or leader is reference or \
-            (paired(leader, reference, "objective").half_width or 1.0) <= plan.target
+            (paired(leader, reference, objective).half_width or 1.0) <= plan.target
         one_left = sum(entries[i] is not reference for i in racing) <= 1
         if len(reference.runs) >= plan.rounds and one_left and known:
             break
@@ -198,12 +308,12 @@ def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measur
             left_s = min(left_s, max(0.0, plan.ends_by - time.monotonic()))
         # the least rounds run whatever the cap
         left_s = max(left_s, (plan.rounds - len(reference.runs)) * run_s * len(racing))
-        if left_s > 0:
+        if left_s > 0 and (turns is None or len(reference.runs) % WARM_REPORT_EVERY == 0):
             racers = f"{len(racing)} configuration{'s' if len(racing) != 1 else ''}"
             view.time_left(f"confirmation round {len(reference.runs)} done, {racers} racing: at "
                            f"most about {format_seconds(left_s)} more")
     result = conclusion(entries, reference, wall_s=time.monotonic() - start, target=plan.target,
-                        disturbed_rounds=kept_disturbed)
+                        disturbed_rounds=kept_disturbed, measured=measured)
     study.set_user_attr(StudyKey.CONFIRMATION, result.to_json())
     return result
 
@@ -225,7 +335,7 @@ def _eliminated(entries: Sequence[Candidate], racing: Sequence[int],
             continue
         if leader is None:
             continue
-        ratio = paired(entry, leader, "objective")
+        ratio = paired(entry, leader, objective)
         if ratio.high is not None and ratio.high < 1.0:
             out.append((i, f"{ratio.value:.2f}x [{ratio.low:.2f}-{ratio.high:.2f}] of the "
                            "leader's speed"))
@@ -241,26 +351,25 @@ def _run(entry: Candidate, index: int, round_: int, scoring: Scoring, measure: M
     trace = directory / "traces" / f"candidate-{index}.json" if round_ == 1 else None
     job = MeasureJob(f"confirm-{index}-{round_ - 1}", time_limit_s, device, trace=trace,
                      profile=trace is not None, round_run=True)
-    return run_of(measure(TrainConfig.from_dict(entry.config), job), scoring)
+    return run_of(measure(entry.config, job), scoring)
 
 
 def run_of(result: TrialResult, scoring: Scoring) -> Run | None:
     """A fresh run's figures, or None when it did not run within memory (or diverged)."""
-    if scoring.classify(result)[0] != TrialStatus.OK:
+    m = result.measurement
+    if scoring.classify(result)[0] != TrialStatus.OK or m is None:
         return None
-    metrics = result.metrics
-    return Run(status=TrialStatus.OK.value, samples_per_sec=metrics["samples_per_sec"],
-               objective=scoring.objective_rate(metrics),
-               peak_memory_bytes=metrics.get("peak_memory_bytes"), mfu=metrics.get("mfu"),
-               step_time_median_s=metrics.get("step_time_median_s"),
-               time_to_train_s=time_to_train_s(metrics, scoring.train_steps)
+    return Run(status=TrialStatus.OK.value, samples_per_sec=m.samples_per_sec,
+               objective=scoring.objective_rate(m), peak_memory_bytes=m.peak_memory_bytes,
+               mfu=m.mfu, step_time_median_s=m.step_time_median_s,
+               time_to_train_s=m.time_to_train_s(scoring.train_steps)
                if scoring.train_steps else None,
-               disturbed=bool(metrics.get("disturbed")), trace=metrics.get("trace_path"))
+               disturbed=m.disturbed, trace=m.trace_path)
 
 
-def paired(entry: Candidate, reference: Candidate, key: str) -> Ratio:
+def paired(entry: Candidate, reference: Candidate, figure: Figure) -> Ratio:
     """entry / reference, paired by round over the rounds both ran."""
-    pairs = [(getattr(a, key), getattr(b, key)) for a, b in zip(entry.runs, reference.runs)
+    pairs = [(figure(a), figure(b)) for a, b in zip(entry.runs, reference.runs)
              if a is not None and b is not None]
     if not pairs:
         return Ratio(float("nan"), None, None, 0)
@@ -274,17 +383,19 @@ def _leader(entries: Sequence[Candidate], reference: Candidate) -> Candidate | N
     if not ranked:
         return None
     if not reference.ok or not reference.runs:
-        return max(ranked, key=lambda e: statistics.median(e.values("objective")))
+        return max(ranked, key=lambda e: statistics.median(e.values(objective)))
     return max(ranked, key=lambda e: 1.0 if e is reference else
-               paired(e, reference, "objective").value)
+               paired(e, reference, objective).value)
 
 
 def _changes(entry: Candidate, reference: Candidate) -> int:
-    return sum(entry.config[k] != v for k, v in reference.config.items())
+    mine = entry.config.to_dict()
+    return sum(mine[k] != v for k, v in reference.config.to_dict().items())
 
 
 def conclusion(entries: list[Candidate], reference: Candidate, *, wall_s: float = 0.0,
-               target: float = 0.0, disturbed_rounds: int = 0) -> Confirmation:
+               target: float = 0.0, disturbed_rounds: int = 0,
+               measured: str = FRESH_ROUNDS) -> Confirmation:
     """The fastest, the recommendation (the simplest as fast as the fastest) and the speedup
     of the recommendation over the baseline with its interval."""
     fastest = _leader(entries, reference)
@@ -294,13 +405,13 @@ def conclusion(entries: list[Candidate], reference: Candidate, *, wall_s: float 
         contender=None, speedup=None, speedup_ci=None, no_measurable_difference=None,
         search_speedup=None, widened=False,
         rounds=len(reference.runs), wall_s=wall_s, at=time.time(), target=target,
-        drift=drift(reference), disturbed_rounds=disturbed_rounds)
+        drift=drift(reference), disturbed_rounds=disturbed_rounds, measured=measured)
     if fastest is None:
         return outcome
     tied = [e for e in entries if e.ok and e.feasible and e.runs and
-            (e is fastest or paired(e, fastest, "objective").includes_one)]
+            (e is fastest or paired(e, fastest, objective).includes_one)]
     recommended = min(tied, key=lambda e: (_changes(e, reference),
-                                           -paired(e, fastest, "objective").value
+                                           -paired(e, fastest, objective).value
                                            if e is not fastest else -1.0))
     index = entries.index
     speedup, speedup_ci = (1.0 if reference.runs else None), None
@@ -311,12 +422,12 @@ def conclusion(entries: list[Candidate], reference: Candidate, *, wall_s: float 
     decisive = fastest if recommended is reference else recommended
     if decisive is reference:
         contenders = [e for e in entries if e is not reference and e.feasible
-                      and paired(e, reference, "samples_per_sec").low is not None]
-        decisive = max(contenders, key=lambda e: paired(e, reference, "samples_per_sec").value,
+                      and paired(e, reference, rate).low is not None]
+        decisive = max(contenders, key=lambda e: paired(e, reference, rate).value,
                        default=reference)
     search, widened = None, False
     if decisive is not reference and reference.runs:
-        ratio = paired(decisive, reference, "samples_per_sec")
+        ratio = paired(decisive, reference, rate)
         speedup_ci = (ratio.low, ratio.high) if ratio.low is not None else None
         search = _search_ratio(decisive, reference)
         if speedup_ci is not None and search is not None and \
@@ -354,15 +465,15 @@ def _search_ratio(entry: Candidate, reference: Candidate) -> tuple[float, float,
 
 def _summary(entry: Candidate, reference: Candidate) -> CandidateSummary:
     """What the study stores of one candidate: its runs and their medians."""
-    rates = entry.values("samples_per_sec")
-    ratio = paired(entry, reference, "samples_per_sec") if entry is not reference else None
+    rates = entry.values(rate)
+    ratio = paired(entry, reference, rate) if entry is not reference else None
     return CandidateSummary(
         config=entry.config, trial=entry.trial, feasible=entry.feasible, ok=entry.ok,
         runs=tuple(r if r is not None else Run(FAILED) for r in entry.runs),
         median=statistics.median(rates) if rates else None,
         spread=(max(rates) - min(rates)) / 2 if rates else None,
-        objective=_median(entry.values("objective")),
-        time_to_train_s=_median(entry.values("time_to_train_s")),
+        objective=_median(entry.values(objective)),
+        time_to_train_s=_median(entry.values(time_to_train)),
         search_samples_per_sec=entry.search_samples_per_sec,
         speedup=ratio.value if ratio else 1.0,
         speedup_ci=(ratio.low, ratio.high) if ratio and ratio.low is not None else None,
@@ -372,7 +483,7 @@ def _summary(entry: Candidate, reference: Candidate) -> CandidateSummary:
 def drift(reference: Candidate) -> Drift | None:
     """The baseline at the start of the search against the end (the confirmation rounds):
     a drift beyond the rounds' own spread is the machine changing under the study."""
-    rates = reference.values("samples_per_sec")
+    rates = reference.values(rate)
     start = reference.search_samples_per_sec
     if not rates or not start:
         return None

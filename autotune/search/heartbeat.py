@@ -116,8 +116,9 @@ def lost(trial: FrozenTrial, owner: str, now: float) -> str | None:
 def requeue(study: optuna.Study, trial: FrozenTrial, retry: int) -> None:
     """Queue the trial's configuration again, remembering what it re-runs."""
     attrs = {TrialKey.REQUEUED_FROM: trial.number, TrialKey.RETRY: retry}
-    if trial.user_attrs.get(TrialKey.ROLE):
-        attrs[TrialKey.ROLE] = trial.user_attrs[TrialKey.ROLE]
+    for key in (TrialKey.ROLE, TrialKey.CHANGED):
+        if trial.user_attrs.get(key):
+            attrs[key] = trial.user_attrs[key]
     study.enqueue_trial(dict(trial.params), user_attrs=attrs)
 
 

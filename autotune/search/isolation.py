@@ -99,7 +99,7 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
     elif ranks > 1:
         result = _group_result(rank_results, missing, ranks, child.returncode, log)
     elif result_file.exists():
-        result = TrialResult(**json.loads(result_file.read_text()))
+        result = TrialResult.from_json(json.loads(result_file.read_text()))
     elif child.returncode < 0:
         name = signal.Signals(-child.returncode).name
         hint = " (possibly the kernel's OOM killer)" if name == "SIGKILL" else ""
@@ -113,9 +113,8 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
         scratch.unlink(missing_ok=True)
     if not any(workdir.iterdir()):
         workdir.rmdir()
-    result.log_path, result.wall_s, result.returncode = str(log), wall, child.returncode
-    result.phase = phase
-    return result
+    return replace(result, log_path=str(log), wall_s=wall, returncode=child.returncode,
+                   phase=phase)
 
 
 def _start(request: TrialRequest, request_file: Path, result_file: Path, phase_file: Path,
@@ -162,15 +161,14 @@ def _group_result(results: list[TrialResult], missing: list[int], ranks: int,
     whose collective failed because a peer died is only a consequence), else a rank that died
     without a result, else rank 0's figures, which cover the group."""
     failed = sorted((r for r in results if r.status != TrialStatus.OK),
-                    key=lambda r: (_from_a_peer(r), r.metrics.get("ended_at", 0.0)))
+                    key=lambda r: (_from_a_peer(r), r.ended_at or 0.0))
     if failed and not (_from_a_peer(failed[0]) and missing):
         first = failed[0]
-        first.message = f"rank {first.metrics['rank']} of {ranks}: {first.message}"
-        return first
+        return replace(first, message=f"rank {first.rank} of {ranks}: {first.message}")
     if missing:
         return TrialResult(TrialStatus.CRASH, f"rank {missing[0]} of {ranks} died with no result "
                            f"(torchrun exited with code {returncode}); see {log}")
-    return next(r for r in results if r.metrics.get("rank", 0) == 0)
+    return next(r for r in results if r.rank == 0)
 
 
 def _from_a_peer(result: TrialResult) -> bool:
@@ -180,7 +178,7 @@ def _from_a_peer(result: TrialResult) -> bool:
 
 
 def _rank_results(result_file: Path, ranks: int) -> list[TrialResult]:
-    return [TrialResult(**json.loads(path.read_text())) for path in
+    return [TrialResult.from_json(json.loads(path.read_text())) for path in
             (rank_result_path(result_file, r) for r in range(ranks)) if path.exists()]
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from autotune.config import TrainConfig
 from autotune.study.records import MEASURED_PEAK, RAN_OUT, TrialRecord
 
 # A configuration is skipped only when its predicted peak is this far above the limit: the fit
@@ -29,12 +29,11 @@ MEMORY_MARGIN = 0.05
 FAMILY_WORDS = "precision, checkpointing, compile, loader, optimizer and attention kernel"
 
 
-def memory_family(config: Mapping[str, Any]) -> tuple[str, str, str, bool, str, str]:
+def memory_family(config: TrainConfig) -> tuple[str, str, str, bool, str, str]:
     """The knobs that change how memory grows with the micro-batch (the attention kernel: the
     math one keeps each head's score matrix), or what it starts from (the optimizer's state)."""
-    return (config["precision"], config["activation_checkpointing"], config["compile_mode"],
-            config["num_workers"] == 0, config.get("optimizer", "adamw"),
-            config.get("attention_backend", "auto"))
+    return (config.precision, config.activation_checkpointing, config.compile_mode,
+            config.num_workers == 0, config.optimizer, config.attention_backend)
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,7 @@ class MemoryModel:
         for t in trials:
             if not t.config:
                 continue
-            family, micro = memory_family(t.config), t.config["micro_batch_size"]
+            family, micro = memory_family(t.config), t.config.micro_batch_size
             if t.status in MEASURED_PEAK and t.peak_memory_bytes:
                 peaks.setdefault(family, {}).setdefault(micro, []).append(
                     float(t.peak_memory_bytes))
@@ -79,15 +78,15 @@ class MemoryModel:
         self.fits = {family: fit for family, by_micro in peaks.items()
                      if (fit := _fit(by_micro)) is not None}
 
-    def predict(self, config: Mapping[str, Any]) -> float | None:
+    def predict(self, config: TrainConfig) -> float | None:
         """The predicted peak in bytes, or None until two micro-batches of the family ran."""
         fit = self.fits.get(memory_family(config))
-        return fit.predict(config["micro_batch_size"]) if fit else None
+        return fit.predict(config.micro_batch_size) if fit else None
 
-    def verdict(self, config: Mapping[str, Any], limit_bytes: int | None,
+    def verdict(self, config: TrainConfig, limit_bytes: int | None,
                 margin: float = MEMORY_MARGIN) -> MemoryVerdict | None:
         """Why `config` would not fit under `limit_bytes`, or None when it may."""
-        family, micro = memory_family(config), config["micro_batch_size"]
+        family, micro = memory_family(config), config.micro_batch_size
         wall, fit = self._walls.get(family), self.fits.get(family)
         if wall is not None and fit is not None and fit.per_sample_bytes > 0 and \
                 micro >= wall[0]:

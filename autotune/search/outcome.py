@@ -2,7 +2,7 @@
 
 Objective: score = samples/sec x (1 - stall_penalty x stall fraction); with `--train-steps S`
 the samples/sec is over a whole run of S steps, build, compile and warm-up included
-(`measure.time_to_train_s`). Out-of-memory (or peak memory above the capacity less the
+(`Measurement.time_to_train_s`). Out-of-memory (or peak memory above the capacity less the
 headroom) and configurations the model or device cannot run are COMPLETE trials with score 0
 and a violated constraint, so TPE learns where the wall is; a trial that crashed, raised or
 timed out is FAIL.
@@ -11,11 +11,11 @@ timed out is FAIL.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
+from autotune.config import TrainConfig
 from autotune.errors import ContractError
 from autotune.search.memory_model import MemoryVerdict
 from autotune.search.shortcuts import SCREEN_FRACTION
@@ -27,8 +27,7 @@ from autotune.study.records import (
     TrialKey,
     TrialRecord,
 )
-from autotune.trial.measure import FIRST_STEP, time_to_train_s
-from autotune.trial.protocol import TrialResult, TrialStatus
+from autotune.trial.protocol import FIRST_STEP, Measurement, TrialResult, TrialStatus
 
 
 @dataclass(frozen=True)
@@ -41,68 +40,75 @@ class Scoring:
     stall_penalty: float
     train_steps: int | None = None
     # The user's settings: a diverged trial names the knobs it changed from them.
-    baseline: dict[str, Any] | None = None
+    baseline: TrainConfig | None = None
 
-    def classify(self, result: TrialResult) -> tuple[str, str]:
+    def classify(self, result: TrialResult) -> tuple[TrialStatus, str]:
         """The trial's status and message: a loss that became NaN or inf is `diverged`, a
         measured peak above the allowed memory `over_memory`, a run stopped after its screening
         window `screened`."""
         limit = self.memory_limit_bytes
-        peak = result.metrics.get("peak_memory_bytes")
-        if result.status == TrialStatus.OK and result.metrics.get("loss_finite") is False:
+        m = result.measurement
+        if result.status != TrialStatus.OK or m is None:
+            return result.status, result.message
+        if not m.loss_finite:
             return TrialStatus.DIVERGED, (
-                f"the loss became {result.metrics.get('final_loss')} in the timed window, "
-                f"{changed_knobs(result.config or {}, self.baseline)}: never ranked nor "
-                "recommended")
-        if result.status == TrialStatus.OK and limit and peak and peak > limit:
+                f"the loss became {m.final_loss} in the timed window, "
+                f"{changed_knobs(result.config, self.baseline)}: never ranked nor recommended")
+        if limit and m.peak_memory_bytes and m.peak_memory_bytes > limit:
             return TrialStatus.OVER_MEMORY, (
-                f"peak memory {peak / 2**30:.2f} GiB is above the {limit / 2**30:.2f} GiB "
-                f"allowed (capacity less {self.memory_headroom:.0%} headroom)")
-        if result.status == TrialStatus.OK and result.metrics.get("screened"):
+                f"peak memory {m.peak_memory_bytes / 2**30:.2f} GiB is above the "
+                f"{limit / 2**30:.2f} GiB allowed (capacity less {self.memory_headroom:.0%} "
+                "headroom)")
+        if m.screened:
             return TrialStatus.SCREENED, (
-                f"stopped after screening: {result.metrics['samples_per_sec']:,.0f} "
-                f"samples/sec is below {SCREEN_FRACTION:.0%} of the best so far")
+                f"stopped after screening: {m.samples_per_sec:,.0f} samples/sec is below "
+                f"{SCREEN_FRACTION:.0%} of the best so far")
         return result.status, result.message
 
-    def objective_rate(self, metrics: dict[str, Any]) -> float:
+    def objective_rate(self, m: Measurement) -> float:
         """Samples/sec in the timed window, or over a whole run of --train-steps steps."""
         if not self.train_steps:
-            return float(metrics["samples_per_sec"])
-        per_step = metrics["window_samples"] / metrics["window_steps"]
-        return self.train_steps * per_step / time_to_train_s(metrics, self.train_steps)
+            return float(m.samples_per_sec)
+        per_step = m.window_samples / m.window_steps
+        return self.train_steps * per_step / m.time_to_train_s(self.train_steps)
 
-    def score(self, metrics: dict[str, Any]) -> float:
-        return self.objective_rate(metrics) * (
-            1 - self.stall_penalty * stall_fraction(metrics, self.device_type))
+    def score(self, m: Measurement) -> float:
+        return self.objective_rate(m) * (1 - self.stall_penalty * stall_fraction(
+            m, self.device_type))
 
 
-def changed_knobs(config: dict[str, Any], baseline: dict[str, Any] | None) -> str:
+def changed_knobs(config: TrainConfig | None, baseline: TrainConfig | None) -> str:
     """The knob values of `config` that differ from the baseline's, in words."""
+    values = config.to_dict() if config else {}
     if baseline is None:
-        return "with " + ", ".join(f"{k}={v}" for k, v in config.items())
-    changed = [f"{k}={v}" for k, v in config.items() if baseline.get(k) != v]
+        return "with " + ", ".join(f"{k}={v}" for k, v in values.items())
+    base = baseline.to_dict()
+    changed = [f"{k}={v}" for k, v in values.items() if base[k] != v]
     return "with " + ", ".join(changed) if changed else "with your own settings (the baseline's)"
 
 
-def stall_fraction(metrics: dict[str, Any], device_type: str) -> float:
+def stall_fraction(m: Measurement, device_type: str) -> float:
     """The step's own stalls plus the loader's waits in the timed window: device idle on CUDA,
     host syncs (per step time) on CPU. The profiler window that measures the first runs on
     prefetched micro-batches, so the loader's waits are counted once."""
-    loader = metrics.get("data_wait_fraction") or 0.0
-    if device_type == "cuda" and metrics.get("device_idle_fraction") is not None:
-        return min(1.0, float(metrics["device_idle_fraction"]) + loader)
-    step = metrics.get("step_time_median_s") or 0.0
-    sync = metrics.get("host_sync_s_per_step") or 0.0
+    loader = m.data_wait_fraction or 0.0
+    if device_type == "cuda" and m.device_idle_fraction is not None:
+        return min(1.0, m.device_idle_fraction + loader)
+    step = m.step_time_median_s or 0.0
+    sync = m.host_sync_s_per_step or 0.0
     return min(1.0, (sync / step if step else 0.0) + loader)
 
 
 def record_measurement(study: optuna.Study, trial: Trial, result: TrialResult,
                        scoring: Scoring) -> None:
-    """Every figure as user attributes, then the state, score and constraint. A result that
-    says the user's input is bad raises ContractError after it is recorded."""
-    metrics = dict(result.metrics)
-    for name, value in metrics.items():
-        trial.set_user_attr(name, value)
+    """The measurement and how the trial ran as user attributes, then the state, score and
+    constraint. A result that says the user's input is bad raises ContractError after it is
+    recorded."""
+    if result.measurement is not None:
+        trial.set_user_attr(TrialKey.MEASUREMENT, result.measurement.to_json())
+    if result.unsupported is not None:
+        trial.set_user_attr(TrialKey.UNSUPPORTED_KNOB, result.unsupported.knob)
+        trial.set_user_attr(TrialKey.UNSUPPORTED_VALUE, result.unsupported.value)
     trial.set_user_attr(TrialKey.LOG_PATH, result.log_path)
     trial.set_user_attr(TrialKey.WALL_S, result.wall_s)
     status, message = scoring.classify(result)
@@ -114,12 +120,12 @@ def record_measurement(study: optuna.Study, trial: Trial, result: TrialResult,
     trial.set_user_attr(TrialKey.MESSAGE, message)
     if status in INFEASIBLE:
         tell_complete(study, trial, 0.0, feasible=False)
-    elif status in FEASIBLE:
+    elif status in FEASIBLE and result.measurement is not None:
+        m = result.measurement
         if scoring.train_steps:
-            trial.set_user_attr(TrialKey.TIME_TO_TRAIN,
-                                time_to_train_s(metrics, scoring.train_steps))
-        trial.set_user_attr(TrialKey.STALL, stall_fraction(metrics, scoring.device_type))
-        tell_complete(study, trial, scoring.score(metrics), feasible=True)
+            trial.set_user_attr(TrialKey.TIME_TO_TRAIN, m.time_to_train_s(scoring.train_steps))
+        trial.set_user_attr(TrialKey.STALL, stall_fraction(m, scoring.device_type))
+        tell_complete(study, trial, scoring.score(m), feasible=True)
     else:
         study.tell(trial, state=TrialState.FAIL)
         if result.bad_input:
@@ -128,7 +134,8 @@ def record_measurement(study: optuna.Study, trial: Trial, result: TrialResult,
 
 def compile_ran_out_of_time(trial: Trial, result: TrialResult) -> bool:
     """A compiled configuration killed at its limit in its first step, and not yet retried."""
-    compiled = trial.user_attrs.get(TrialKey.CONFIG, {}).get("compile_mode", "none") != "none"
+    stored = trial.user_attrs.get(TrialKey.CONFIG)
+    compiled = stored is not None and TrainConfig.from_dict(stored).compile_mode != "none"
     return compiled and result.phase == FIRST_STEP and not trial.user_attrs.get(TrialKey.RETRY)
 
 
@@ -170,7 +177,7 @@ def record_predicted_oom(study: optuna.Study, trial: Trial, verdict: MemoryVerdi
 
 def record_unsupported(study: optuna.Study, trial: Trial, known: TrialRecord) -> None:
     """Not run: an earlier trial found one of its settings unsupported on this model."""
-    knob, value = known.get(TrialKey.UNSUPPORTED_KNOB), known.get(TrialKey.UNSUPPORTED_VALUE)
+    knob, value = known.unsupported.knob, known.unsupported.value
     trial.set_user_attr(TrialKey.STATUS, str(TrialStatus.UNSUPPORTED))
     trial.set_user_attr(TrialKey.MESSAGE, f"not run: {knob}={value} is unsupported on this "
                                           f"model (trial {known.number}: {known.message})")
@@ -181,5 +188,5 @@ def record_unsupported(study: optuna.Study, trial: Trial, known: TrialRecord) ->
 
 def record_interrupted(study: optuna.Study, trial: Trial) -> None:
     trial.set_user_attr(TrialKey.STATUS, str(TrialStatus.INTERRUPTED))
-    trial.set_user_attr(TrialKey.MESSAGE, "interrupted by the user; re-queued")
+    trial.set_user_attr(TrialKey.MESSAGE, "interrupted (Ctrl-C or SIGTERM); re-queued")
     study.tell(trial, state=TrialState.FAIL)

@@ -15,11 +15,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
+
 from autotune.config import TrainConfig
-from autotune.errors import ContractError, RunFailed
+from autotune.errors import ContractError, RunFailed, never_trained_message
+from autotune.hardware import describe
+from autotune.search.domains import probe_candidates
 from autotune.search.forkserver import ForkServer, ForkServerUnavailable
 from autotune.search.isolation import run_isolated
-from autotune.trial.protocol import ProbeReport, TrialRequest, TrialResult
+from autotune.trial.protocol import (
+    SCRIPT_STARTUP,
+    ProbeReport,
+    TrialRequest,
+    TrialResult,
+    TrialStatus,
+)
 
 
 @dataclass(frozen=True)
@@ -56,7 +66,8 @@ class ProbeFailed(RunFailed):
 class Runner(Protocol):
     """Runs the model file's code: the probe once, then trials."""
 
-    def probe(self, device: str, time_limit_s: float) -> ProbeReport: ...
+    def probe(self, device: str, time_limit_s: float,
+              optimizer_change: bool = False) -> ProbeReport: ...
     def measure(self, config: TrainConfig, job: MeasureJob) -> TrialResult: ...
     def close(self) -> None: ...
 
@@ -69,8 +80,11 @@ class ProcessRunner:
                  core_shares: list[list[int]] | None,
                  on_phase: Callable[[str, int | None], None],
                  stop: threading.Event | None = None, nproc_per_node: int = 1,
-                 groups: dict[str, list[str]] | None = None) -> None:
+                 groups: dict[str, list[str]] | None = None,
+                 script_args: list[str] | None = None) -> None:
         self.model_path, self.model_args, self.directory = model_path, model_args, directory
+        # A training script's arguments (`model_path` is the script), None for a model file.
+        self.script_args = script_args
         # ranks per trial, and per worker's device the GPUs of its group (--devices)
         self.nproc_per_node, self.groups = nproc_per_node, groups or {}
         self.settings, self.memory_limit_bytes = settings, memory_limit_bytes
@@ -79,28 +93,43 @@ class ProcessRunner:
         self._server: ForkServer | None = None
         self._started = False
 
-    def probe(self, device: str, time_limit_s: float) -> ProbeReport:
-        """The ProbeReport of the model file on `device`; ContractError for bad input,
-        ProbeFailed when the probe could not finish. It runs without the memory limit: it
-        measures what works, not what fits."""
+    def probe(self, device: str, time_limit_s: float,
+              optimizer_change: bool = False) -> ProbeReport:
+        """The ProbeReport of the model file on `device`, which tries the values a search
+        offers there; ContractError for bad input, ProbeFailed when the probe could not finish.
+        It runs without the memory limit: it measures what works, not what fits."""
         server = self._fork_server(time_limit_s)
+        candidates = probe_candidates(describe(torch.device(device)), optimizer_change)
         request = TrialRequest(model_path=self.model_path, config={}, device=device,
-                               model_args=self.model_args, job="probe")
+                               model_args=self.model_args, job="probe",
+                               script_args=self.script_args,
+                               settings={"candidates": candidates})
         result = run_isolated(request, time_limit_s, self.directory / "logs" / "probe.log",
                               on_phase=lambda text: self.on_phase(text, None), server=server)
         if result.bad_input:
             raise ContractError(result.message)
+        if self.script_args is not None and result.status == TrialStatus.TIMEOUT and \
+                result.phase == SCRIPT_STARTUP:
+            raise ContractError(never_trained_message(Path(self.model_path).name, time_limit_s))
         if result.status != "ok":
-            raise ProbeFailed(f"the model file's probe ended as {result.status}: "
+            raise ProbeFailed(f"the {'script' if self.script_args is not None else 'model file'}"
+                              f"'s probe ended as {result.status}: "
                               f"{result.message} (log: {result.log_path})")
-        return ProbeReport.from_dict(result.metrics)
+        return result.probe
 
     def measure(self, config: TrainConfig, job: MeasureJob) -> TrialResult:
+        return run_isolated(self.request(config, job), job.time_limit_s,
+                            self.directory / "logs" / f"{job.name}.log",
+                            on_phase=lambda text: self.on_phase(text, job.number),
+                            stop=self.stop, server=self._fork_server(job.time_limit_s))
+
+    def request(self, config: TrainConfig, job: MeasureJob) -> TrialRequest:
+        """What a trial process of `job` is asked (a warm process is asked the same)."""
         # Compiled graphs are cached under the study, so each (mode, shapes) compiles once.
         cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(self.directory / "inductor")
-        request = TrialRequest(
+        return TrialRequest(
             model_path=self.model_path, config=config.to_dict(), device=job.device,
-            model_args=self.model_args,
+            model_args=self.model_args, script_args=self.script_args,
             settings={**self.settings, "screen_below": job.screen_below,
                       **({} if job.profile else {"profile_steps": 0}),
                       **(self._round_window() if job.round_run else {}),
@@ -109,10 +138,6 @@ class ProcessRunner:
             trace_path=str(job.trace) if job.trace else None, inductor_cache_dir=cache,
             nproc_per_node=self.nproc_per_node, group_devices=self.groups.get(job.device),
             **self._cores(job.slot))
-        return run_isolated(request, job.time_limit_s,
-                            self.directory / "logs" / f"{job.name}.log",
-                            on_phase=lambda text: self.on_phase(text, job.number),
-                            stop=self.stop, server=self._fork_server(job.time_limit_s))
 
     def _round_window(self) -> dict[str, Any]:
         steps = min(ROUND_WINDOW_STEPS, self.settings.get("window_steps", ROUND_WINDOW_STEPS))
@@ -133,8 +158,9 @@ class ProcessRunner:
 
     def _fork_server(self, start_timeout_s: float) -> ForkServer | None:
         """The fork server, started on first use; None when it cannot start (trials then start
-        as fresh interpreters)."""
-        if not self._started:
+        as fresh interpreters), and for a training script, which nothing may run before its
+        trial does."""
+        if not self._started and self.script_args is None:
             self._started = True
             self.on_phase("importing torch and the model file", None)
             try:

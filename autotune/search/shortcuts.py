@@ -40,7 +40,7 @@ def next_corner(records: Sequence[TrialRecord], space: SearchSpace, memory_limit
         if r.role == Role.BASELINE:
             if r.under_way:
                 return None
-            own = (r.config or {}).get("micro_batch_size", cap)
+            own = r.config.micro_batch_size if r.config else cap
             if r.peak_memory_bytes and memory_limit and r.status in MEASURED_PEAK:
                 cap = largest_fitting_micro(micros, r.peak_memory_bytes, own, state_bytes(),
                                             memory_limit)
@@ -52,7 +52,7 @@ def next_corner(records: Sequence[TrialRecord], space: SearchSpace, memory_limit
         if r.under_way or (settled and r.status not in TOO_BIG):
             return None
         if r.config:
-            tried.append(r.config["micro_batch_size"])
+            tried.append(r.config.micro_batch_size)
     smaller = [m for m in micros if m <= cap and m < min(tried, default=math.inf)]
     return space.params_for(space.fast_corner(max(smaller))) if smaller else None
 
@@ -71,7 +71,8 @@ def planned_loader(records: Sequence[TrialRecord], rates: Sequence[LoaderRate],
     model's consumption (samples/sec without its data waits); None when the model is
     loader-bound and the proposal should be measured as it is."""
     consumption = max((rate for r in records if r.status == TrialStatus.OK
-                       and (rate := consumption_rate(r.samples_per_sec, r.data_wait_fraction))),
+                       and (rate := consumption_rate(r.samples_per_sec,
+                                                     r.measurement.data_wait_fraction))),
                       default=0.0)
     chosen = choose_loader(rates, consumption, workers_share_cores=workers_share_cores)
     return (chosen, consumption) if chosen is not None else None

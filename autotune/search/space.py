@@ -1,8 +1,8 @@
 """The search space of the Optuna study: what to try, limited to what this device can run.
 
-Every knob gets a domain (the values a trial may take): the values `hardware.unsupported_reason`
-accepts for this device, plus the baseline's own value, narrowed by the user's `--fix` and
-`--space`. The batch knobs follow one of two rules:
+Every knob gets a domain (the values a trial may take): the values `domains.device_domains`
+offers on this device (those `hardware` says it runs), the baseline's own among them, narrowed by
+the user's `--fix` and `--space`. The batch knobs follow one of two rules:
 
 - fixed effective batch (the default): micro_batch_size ranges over the divisors of the
   effective batch G and grad_accum_steps = G // micro_batch_size is derived, not searched, so
@@ -40,8 +40,9 @@ from autotune.config import (
     read_yaml,
 )
 from autotune.errors import AutotuneError, ConfigError
-from autotune.hardware import DeviceInfo, device_domains, powers_of_two, value_reason
+from autotune.hardware import DeviceInfo, value_reason
 from autotune.options import DEFAULT_MAX_GRAD_ACCUM
+from autotune.search.domains import device_domains, powers_of_two
 
 # Knobs in the order `suggest` asks for them; grad_accum_steps comes last, after the micro-batch
 # it depends on. num_workers precedes the knobs it conditions.
@@ -142,16 +143,27 @@ class SearchSpace:
         """The configuration an expert tries first, at micro-batch `micro`: each knob of
         FAST_FIRST at its first offered value, the others at the baseline's (else their first
         value); in free-batch mode the accumulation nearest the baseline's effective batch."""
-        base = self.baseline
+        return self._near_baseline(lambda knob: (micro,) if knob == "micro_batch_size"
+                                   else FAST_FIRST.get(knob, ()))
+
+    def with_changes(self, changes: Mapping[str, Any]) -> TrainConfig:
+        """The baseline with `changes` (knob -> value), the rest as in `fast_corner`: what an
+        expert measures to see what one change (or a few) does alone."""
+        return self._near_baseline(lambda knob: (changes[knob],) if knob in changes else ())
+
+    def _near_baseline(self, preferred: Callable[[str], Sequence[Any]]) -> TrainConfig:
+        """Each knob at its first `preferred` value the space offers, else the baseline's (else
+        its first value); the accumulation nearest the baseline's effective batch."""
+        base, chosen = self.baseline, {}
 
         def categorical(knob: str, choices: Sequence[Any]) -> Any:
-            if knob == "micro_batch_size":
-                return micro
-            preferred = [v for v in FAST_FIRST.get(knob, ()) if v in choices]
+            offered = [v for v in preferred(knob) if v in choices]
             own = getattr(base, knob)
-            return preferred[0] if preferred else own if own in choices else choices[0]
+            chosen[knob] = offered[0] if offered else own if own in choices else choices[0]
+            return chosen[knob]
 
         def integer(knob: str, low: int, high: int) -> int:
+            micro = chosen.get("micro_batch_size", self.domains["micro_batch_size"][0])
             target = round(base.micro_batch_size * base.grad_accum_steps / micro)
             return min(max(target, low), high)
 
@@ -257,7 +269,7 @@ def build_space(baseline: TrainConfig, info: DeviceInfo, dataset_size: int, *,
     narrowed: dict[str, tuple] = {}
     if space_file is not None:
         for knob, values in load_space_file(space_file).items():
-            narrowed[knob] = _supported(knob, values, info, f"{space_file}: {knob}")
+            narrowed[knob] = _supported(knob, values, info, f"{space_file}: ")
     for knob, value in (fixes or {}).items():
         source = f"--fix {knob}={value}"
         if knob not in knob_names():
@@ -268,7 +280,7 @@ def build_space(baseline: TrainConfig, info: DeviceInfo, dataset_size: int, *,
             raise SpaceError(f"{source} contradicts {space_file}, which lists {knob}: "
                              f"{list(narrowed[knob])}; fix one of those values or drop one of "
                              "the two")
-        narrowed[knob] = _supported(knob, [fixed], info, source)
+        narrowed[knob] = _supported(knob, [fixed], info, "--fix ")
         reason = (left_out or {}).get(knob, {}).get(fixed)
         if reason is not None and fixed != getattr(baseline, knob):
             raise SpaceError(f"{source}: left out on this model and machine: {reason}")
@@ -355,12 +367,13 @@ def load_space_file(path: str | Path) -> dict[str, list[Any]]:
     return out
 
 
-def _supported(knob: str, values: Sequence[Any], info: DeviceInfo, source: str) -> tuple:
-    """The user's values, in their order without repeats; any the device refuses is an error."""
+def _supported(knob: str, values: Sequence[Any], info: DeviceInfo, where: str) -> tuple:
+    """The user's values, in their order without repeats; any the device refuses is an error
+    (`where` the user said it: "--fix " or the space file's name)."""
     for value in values:
         reason = value_reason(knob, value, info)
         if reason is not None:
-            raise SpaceError(f"{source}: {knob}={value} is not supported on {info}: {reason}")
+            raise SpaceError(f"{where}{knob}={value}: not on this device: {reason}")
     return tuple(dict.fromkeys(values))
 
 

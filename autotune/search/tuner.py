@@ -8,38 +8,28 @@ confirmation (`confirm`), orphan recovery (`heartbeat`), the summary (`results`)
 
 from __future__ import annotations
 
-import hashlib
 import math
 import shutil
 import threading
 import time
 import warnings
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import optuna
-import torch
-from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
-from autotune.config import from_baseline
-from autotune.errors import ConfigError, ContractError
+from autotune.config import loader_settings
+from autotune.errors import ContractError
 from autotune.formatting import format_seconds
-from autotune.hardware import (
-    DeviceInfo,
-    core_shares,
-    describe,
-    device_refusals,
-    parse_device,
-)
+from autotune.hardware import DeviceInfo, core_shares, describe, parse_device
 from autotune.options import DEFAULT_TIME_BUDGET_S, TuneOptions
 from autotune.search.budget import (
-    MIN_ROUNDS,
+    BudgetGrowth,
     Forecast,
-    answer_budget_s,
     candidates_that_fit,
     forecast,
+    grow_budget,
     plan_time,
     round_run_seconds,
     search_trial_seconds,
@@ -47,26 +37,17 @@ from autotune.search.budget import (
 )
 from autotune.search.confirm import Plan, confirm, should_confirm
 from autotune.search.events import SilentView, StudyView
-from autotune.search.group_checks import group_left_out
 from autotune.search.heartbeat import recover_orphans, tuner_name
+from autotune.search.opening import StudyOpener
 from autotune.search.outcome import Scoring
 from autotune.search.runner import ProcessRunner, Runner
-from autotune.search.space import build_space
+from autotune.search.warm import warm_start
 from autotune.search.worker import Search, measured_trials, run_workers
-from autotune.study.records import Role, StudyKey, TrialKey, study_machines
+from autotune.study.records import Role, StudyKey, TrialKey
 from autotune.study.results import study_summary
-from autotune.study.storage import JOURNAL_FILE, open_storage, study_dir, validate_study_name
+from autotune.study.storage import JOURNAL_FILE, study_dir, validate_study_name
 from autotune.study.summary import StudySummary
-from autotune.trial.loader_rates import loader_settings
-from autotune.trial.protocol import LoaderRate, ProbeReport
-
-# Sets TPE's share of random start-up trials when the budget is a time, not a count.
-TYPICAL_TRIALS = 20
-# How long a tuner waits for a study that another has just created to be recorded (its
-# creator writes a few attributes right after creating it).
-RECORD_WAIT_S = 60.0
-# The longest a process-group check may take (a value that hangs a collective ends here).
-GROUP_CHECK_LIMIT_S = 120.0
+from autotune.trial.protocol import LoaderRate
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -77,8 +58,7 @@ class Tuner:
 
     Nothing here imports or calls the model file: its facts and what works on this machine come
     from the capability probe (`probe`), run by the `runner` in a child process and cached in
-    the study. Every check runs before the study is written to, so a rejected run leaves the
-    storage as it found it.
+    the study (`opening`).
     """
 
     def __init__(self, options: TuneOptions, view: StudyView | None = None,
@@ -97,9 +77,10 @@ class Tuner:
         self.time_budget_s = None if opts.trials or opts.timeout_s else DEFAULT_TIME_BUDGET_S
         self.owner = tuner_name()
         self.stop = threading.Event()  # set by a worker that failed: the others end too
-        model = Path(opts.model_path)
+        model = Path(opts.workload_path)
         if not model.is_file():
-            raise ContractError(f"model file not found: {model}")
+            what = "training script" if opts.script_path else "model file"
+            raise ContractError(f"{what} not found: {model}")
         name = validate_study_name(opts.study or model.stem)
         self.directory = study_dir(opts.studies_dir, name)
         self._new_folder = opts.storage is None and not self.directory.exists()
@@ -107,9 +88,9 @@ class Tuner:
             str(model), opts.model_args, self.directory, vars(opts.settings),
             memory_limit_bytes=opts.memory_limit_bytes, core_shares=self.core_shares,
             on_phase=lambda text, number: self.view.phase(text, number), stop=self.stop,
-            nproc_per_node=opts.nproc_per_node, groups=groups)
+            nproc_per_node=opts.nproc_per_node, groups=groups, script_args=opts.script_argv)
         try:
-            self._prepare(name, info)
+            self._open(name, info)
         except BaseException:
             self.close()
             # The folder goes only while no study is in it: another tuner started beside this
@@ -119,110 +100,17 @@ class Tuner:
                 shutil.rmtree(self.directory, ignore_errors=True)
             raise
 
-    def _prepare(self, name: str, info: DeviceInfo) -> None:
+    def _open(self, name: str, info: DeviceInfo) -> None:
+        """The study, probed and checked (`opening`), then how its trials are scored."""
         opts = self.options
-        self.storage = open_storage(opts.storage, self.directory, retry_s=opts.storage_retry_s)
-        fingerprint = probe_fingerprint(opts.model_path, opts.model_args, info.name,
-                                        opts.nproc_per_node)
-        identity = {"model_path": str(Path(opts.model_path).resolve()),
-                    "model_args": opts.model_args, "device_type": self.device.type,
-                    **({"nproc_per_node": opts.nproc_per_node}
-                       if opts.nproc_per_node > 1 else {})}
-        sampler = optuna.samplers.TPESampler(
-            seed=opts.seed, multivariate=True, group=True,
-            n_startup_trials=min(10, max(3, (opts.trials or TYPICAL_TRIALS) // 3)))
-        probed: ProbeReport | None = None
-        while True:
-            existing = self._recorded(name)
-            self.probe = probed = self._probed(existing, fingerprint, probed)
-            self._plan_space(info)
-            if existing is not None:
-                _check_same(existing, identity, self.space.describe())
-                self._note_another_machine(existing, info)
-                self.study = optuna.load_study(study_name=name, storage=self.storage,
-                                               sampler=sampler)
-                break
-            try:
-                self.study = optuna.create_study(study_name=name, storage=self.storage,
-                                                 sampler=sampler, direction="maximize")
-                break
-            except optuna.exceptions.DuplicatedStudyError:
-                continue  # another tuner created it while this one probed: join it
-        self._new_study = existing is None
-        self._record(identity, info, fingerprint)
-        self.scoring = Scoring(self.device.type, self.memory_limit(), opts.memory_headroom,
-                               opts.stall_penalty, opts.train_steps, self.baseline.to_dict())
+        opener = StudyOpener(opts, self.device, self.runner, self.view, self.directory)
+        opener.open(name, info)
+        self.study, self.storage, self.probe = opener.study, opener.storage, opener.probe
+        self.baseline, self.space = opener.baseline, opener.space
+        self.capacity_bytes, self._new_study = opener.capacity_bytes, opener.new_study
+        self.scoring = Scoring(self.device.type, opener.memory_limit(), opts.memory_headroom,
+                               opts.stall_penalty, opts.train_steps, self.baseline)
         recover_orphans(self.study, self.storage, self.owner, self.view.note)
-
-    def _recorded(self, name: str) -> optuna.Study | None:
-        """The study of that name, or None. A study another tuner has just created is read
-        once that tuner has recorded what it is for (its identity is written last), waiting
-        at most `RECORD_WAIT_S`."""
-        deadline = time.monotonic() + RECORD_WAIT_S
-        while True:
-            study = _existing(name, self.storage)
-            if study is None or StudyKey.IDENTITY in study.user_attrs or \
-                    time.monotonic() > deadline:
-                return study
-            time.sleep(0.2)
-
-    def _plan_space(self, info: DeviceInfo) -> None:
-        """The baseline and the space from the probe's report; checks the memory limit."""
-        opts = self.options
-        try:
-            self.baseline = from_baseline(self.probe.baseline, self.device.type,
-                                          opts.nproc_per_node)
-        except ConfigError as exc:
-            raise ContractError(f"{opts.model_path}: BASELINE: {exc}") from None
-        # The space keeps each rank's micro x accumulation; the global batch is N times it.
-        per_rank = opts.global_batch // opts.nproc_per_node if opts.global_batch else None
-        self.space = build_space(self.baseline, info, self.probe.dataset_size,
-                                 global_batch=per_rank, free_batch=opts.free_batch,
-                                 fixes=opts.fixes, space_file=opts.space_file,
-                                 max_grad_accum=opts.max_grad_accum,
-                                 left_out=self.probe.left_out_values(),
-                                 world_size=opts.nproc_per_node,
-                                 convolutional=self.probe.convolutional,
-                                 attention=self.probe.attention,
-                                 optimizer_change=opts.allow_optimizer_change)
-        refused = device_refusals(self.baseline, info, opts.nproc_per_node,
-                                  self.probe.convolutional, self.probe.attention,
-                                  opts.allow_optimizer_change)
-        for (knob, reason), values in refused.items():
-            self.view.note(f"not on this device: {knob}={', '.join(map(str, values))}: {reason}")
-        self.capacity_bytes = opts.memory_limit_bytes or info.total_memory_bytes
-        self._check_memory_limit()
-
-    def _probed(self, existing: optuna.Study | None, fingerprint: str,
-                probed: ProbeReport | None = None) -> ProbeReport:
-        """The probe's report: the study's own while the model file, its arguments, the device
-        and torch are the same (also when this tuner probed too, while another created the
-        study: two probes of a busy machine can disagree, and a study has one space);
-        otherwise `probed`, or a probe now, in a child process."""
-        cached = existing.user_attrs.get(StudyKey.PROBE) if existing is not None else None
-        if cached and cached["fingerprint"] == fingerprint:
-            report = ProbeReport.from_dict(cached["report"])
-            if probed is not None and report.left_out != probed.left_out:
-                self.view.note("another tuner created this study while this one probed: its "
-                               "probe's findings decide the space (left out: "
-                               f"{'; '.join(i.describe() for i in report.left_out) or 'none'})")
-            return report
-        if probed is not None:
-            return probed
-        self.view.note("probing what the model and this machine can do (once per study)")
-        report = self.runner.probe(str(self.device), self.options.trial_time_limit_s)
-        ranks = self.options.nproc_per_node
-        if ranks > 1:
-            self.view.note(f"checking DDP and FSDP on the model in process groups of {ranks} "
-                           "ranks")
-            report.left_out += group_left_out(
-                self.runner, from_baseline(report.baseline, self.device.type, ranks),
-                str(self.device), min(self.options.trial_time_limit_s, GROUP_CHECK_LIMIT_S),
-                describe(self.device).bf16,
-                on_check=lambda what: self.view.phase(f"checking {what}", None))
-        for item in report.left_out:
-            self.view.note(f"left out: {item.describe()}")
-        return report
 
     def close(self) -> None:
         """End the runner's processes (the fork server)."""
@@ -230,55 +118,10 @@ class Tuner:
 
     def memory_limit(self) -> int | None:
         """The capacity less the headroom: a trial whose peak is above it is infeasible."""
-        if not self.capacity_bytes:
-            return None
-        return int(self.capacity_bytes * (1 - self.options.memory_headroom))
+        return self.scoring.memory_limit_bytes
 
     def measured_trials(self) -> int:
         return measured_trials(self.study)
-
-    def _check_memory_limit(self) -> None:
-        """A limit below the model's own training state (fp32 weights, gradients and AdamW's
-        two moments) cannot fit any configuration: say so before making a study."""
-        limit, state = self.options.memory_limit_bytes, self.probe.state_bytes
-        if limit and state > limit:
-            raise ConfigError(
-                f"--memory-limit {limit / 2**20:.0f} MiB is below what the model alone needs "
-                f"to train: {state / 2**20:.0f} MiB for its weights, gradients and AdamW's "
-                "two moments")
-
-    def _record(self, identity: dict[str, Any], info: DeviceInfo, fingerprint: str) -> None:
-        """What this study is for, written once every check has passed; its identity last, as
-        the sign that the rest is there (`_recorded`)."""
-        study = self.study
-        first = self._new_study or StudyKey.IDENTITY not in study.user_attrs
-        if first:
-            study.set_user_attr(StudyKey.DEVICE_NAME, info.name)
-            study.set_user_attr(StudyKey.BASELINE_CONFIG, self.baseline.to_dict())
-            study.set_user_attr(StudyKey.CREATED_AT, time.time())
-        machines = study_machines(study.user_attrs)
-        if info.name not in machines:
-            machines.append(info.name)
-        study.set_user_attr(StudyKey.DEVICE_NAMES, machines)
-        study.set_user_attr(StudyKey.PROBE, {"fingerprint": fingerprint,
-                                             "report": self.probe.to_dict()})
-        study.set_user_attr(StudyKey.SPACE, self.space.describe())
-        study.set_user_attr(StudyKey.FREE_BATCH, self.space.free_batch)
-        study.set_user_attr(StudyKey.MEMORY, {"capacity_bytes": self.capacity_bytes,
-                                              "limit_bytes": self.memory_limit(),
-                                              "headroom": self.options.memory_headroom})
-        if first:
-            study.set_user_attr(StudyKey.IDENTITY, identity)
-
-    def _note_another_machine(self, study: optuna.Study, info: DeviceInfo) -> None:
-        """A study resumed on another machine (a cloud VM that came back on another host, say)
-        mixes rates that cannot be compared: say so before any trial runs."""
-        machines = study_machines(study.user_attrs)
-        if machines and info.name not in machines:
-            self.view.note(f"warning: this study's trials were measured on {', '.join(machines)}"
-                           f"; this machine is {info.name}: their rates are not comparable "
-                           "with rates measured here (the confirmation measures the finalists "
-                           "again, side by side, here)")
 
     def discard_if_new(self) -> None:
         """Remove a study this run created and that holds only a rejected first trial, so that
@@ -302,14 +145,18 @@ class Tuner:
         run_s = round_run_seconds(study, opts.settings) or trial_s
         top = opts.confirm_top
         deadline = finish_by = min(deadline, self._budget_ends())
+        study.set_user_attr(StudyKey.SHORT_BUDGET, None)
         if trial_s and self.time_budget_s:
-            if opts.confirm_repeats >= 1:
-                top = self._plan_an_answer(run_s)
+            growth = self._plan_an_answer(run_s) if opts.confirm_repeats >= 1 else None
+            if growth is not None:
+                top = candidates_that_fit(self.time_budget_s, run_s, opts.confirm_share,
+                                          opts.confirm_top)
             candidates = min(top, max(1, measured_trials(study))) + 1
             plan = plan_time(self.time_budget_s, self.started, time.monotonic(), trial_s,
                              run_s, candidates, opts.confirm_share if opts.confirm_repeats
                              else 0.0, opts.confirm_max_rounds)
-            self.view.note(plan.describe(self.time_budget_s, candidates))
+            self.view.note(announcement(self._budget_ends(), plan.describe(
+                self.time_budget_s, candidates), growth.describe(run_s) if growth else ""))
             finish_by, deadline = plan.search_ends_at + plan.trial_s, plan.search_ends_at
 
         def tell_time_left() -> None:
@@ -319,7 +166,8 @@ class Tuner:
                 self.view.time_left(self._forecast(trial_s, run_s, deadline, top).describe())
 
         search.after_trial = tell_time_left
-        tell_time_left()
+        if not (trial_s and self.time_budget_s):  # else the announcement has just said it
+            tell_time_left()
         run_workers(search, self.devices, opts.trials, deadline, finish_by)
         study.set_user_attr(StudyKey.TUNING_WALL_S, study.user_attrs.get(
             StudyKey.TUNING_WALL_S, 0.0) + time.monotonic() - started)
@@ -348,23 +196,18 @@ class Tuner:
             fast_corner=opts.fast_corner_first, loader_rates=self._planned_loader_rates(),
             state_bytes=lambda: self.probe.state_bytes, stop=self.stop)
 
-    def _plan_an_answer(self, run_s: float) -> int:
-        """Under the default time budget: grow it where runs are so slow that the
-        confirmation's share could not hold an answer with an interval, and say so; returns
-        how many candidates the confirmation can take besides the baseline."""
+    def _plan_an_answer(self, run_s: float) -> BudgetGrowth:
+        """Under the default time budget: grow it (at most `MAX_GROWTH` times) where runs are
+        so slow that the confirmation's share could not hold an answer with an interval; where
+        even that is short, the study remembers what an answer needs, for its verdict."""
         opts = self.options
-        needed = answer_budget_s(run_s, opts.confirm_share)
-        if needed > self.time_budget_s:
-            grown = math.ceil(needed / 60) * 60
-            self.view.note(
-                f"a confirmation run takes about {format_seconds(run_s)} here: the default "
-                f"budget grows from {format_seconds(self.time_budget_s)} to "
-                f"{format_seconds(grown)}, so that the confirmation ({opts.confirm_share:.0%} "
-                f"of the study at most) has room for {MIN_ROUNDS} paired rounds of the best "
-                "and your settings, the least that gives an answer an interval")
-            self.time_budget_s = grown
-        return candidates_that_fit(self.time_budget_s, run_s, opts.confirm_share,
-                                   opts.confirm_top)
+        growth = grow_budget(self.time_budget_s, run_s, opts.confirm_share)
+        self.time_budget_s = growth.budget_s
+        if growth.short:
+            self.study.set_user_attr(StudyKey.SHORT_BUDGET, {
+                "budget_s": growth.budget_s, "needed_s": growth.needed_s,
+                "timeout": growth.answering_timeout_flag})
+        return growth
 
     def _budget_ends(self) -> float:
         return self.started + self.time_budget_s if self.time_budget_s else math.inf
@@ -378,9 +221,11 @@ class Tuner:
                     target=opts.confirm_target,
                     ends_by=time.monotonic() + self._searched_s() * share / (1 - share),
                     budget_ends=budget_ends if math.isfinite(budget_ends) else None)
+        warm = warm_start(self.runner, str(self.device), opts.trial_time_limit_s) \
+            if isinstance(self.runner, ProcessRunner) else None
         confirmation = confirm(study, self.baseline, self.scoring, self.runner.measure,
                                self.view, plan, time_limit_s=opts.trial_time_limit_s,
-                               device=str(self.device), directory=self.directory)
+                               device=str(self.device), directory=self.directory, warm=warm)
         if confirmation and confirmation.winner and confirmation.winner.trace and \
                 Path(confirmation.winner.trace).is_file():
             shutil.copyfile(confirmation.winner.trace, self.directory / "best-trace.json")
@@ -414,41 +259,13 @@ class Tuner:
 
 
 
-def probe_fingerprint(model_path: str | Path, model_args: Mapping[str, Any],
-                      device_name: str, nproc_per_node: int = 1) -> str:
-    """What the probe's answer depends on: the model file's bytes, its arguments, the device,
-    torch's version and the ranks of a process group."""
-    digest = hashlib.sha256(Path(model_path).read_bytes())
-    digest.update(repr(sorted(model_args.items())).encode())
-    digest.update(f"{device_name}|{torch.__version__}".encode())
-    if nproc_per_node > 1:
-        digest.update(f"|ranks={nproc_per_node}".encode())
-    return digest.hexdigest()
-
-
-def _existing(name: str, storage: BaseStorage) -> optuna.Study | None:
-    """The study of that name in the storage, read without writing anything, or None."""
-    try:
-        storage.get_study_id_from_name(name)
-    except KeyError:
-        return None
-    return optuna.load_study(study_name=name, storage=storage)
-
-
-def _check_same(study: optuna.Study, identity: dict[str, Any], space: dict[str, Any]) -> None:
-    """A study belongs to one model file, its arguments, one device kind and one space."""
-    existing = study.user_attrs.get(StudyKey.IDENTITY)
-    if existing is not None and existing != identity:
-        raise ConfigError(
-            f"study {study.study_name!r} was made for {existing['model_path']} "
-            f"{existing['model_args']} on {existing['device_type']}; use --study NAME to "
-            "start another study")
-    previous = study.user_attrs.get(StudyKey.SPACE)
-    if previous and previous["domains"] != space["domains"]:
-        raise ConfigError(
-            f"study {study.study_name!r} searched another space ({previous['domains']}); "
-            "Optuna cannot change a study's choices: run with the same --fix/--space options, "
-            "or use --study NAME to start another study")
+def announcement(ends_at: float, plan: str, growth: str) -> str:
+    """The one line, after the baseline, of when the run ends (a `time.monotonic()` time, as
+    the wall clock shows it) and what it does by then."""
+    left = max(0.0, ends_at - time.monotonic())
+    clock = time.strftime("%H:%M", time.localtime(time.time() + left))
+    return (f"this run ends by {clock} (in {format_seconds(left)}): {plan}"
+            + (f"; {growth}" if growth else ""))
 
 
 def _devices(opts: TuneOptions) -> tuple[list[Any], dict[str, list[str]]]:

@@ -17,12 +17,14 @@ from typing import Any
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
+from optuna.samplers import BaseSampler, PartialFixedSampler
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from autotune.config import TrainConfig
 from autotune.errors import Interrupted, RunFailed
 from autotune.search.events import StudyView
+from autotune.search.expert import kept_at_baseline, next_expert_trial
 from autotune.search.heartbeat import Heartbeat, recover_orphans, requeue
 from autotune.search.loader_plan import apply_loader
 from autotune.search.memory_model import MemoryModel
@@ -47,6 +49,7 @@ from autotune.study.records import (
     TrialRecord,
     config_key,
     fresh_records,
+    trial_records,
 )
 from autotune.study.storage import trial_id
 from autotune.trial.protocol import LoaderRate, TrialResult, TrialStatus
@@ -82,14 +85,19 @@ class Search:
     after_trial: Callable[[], None] = lambda: None  # tells the time left, say
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
+    # The study's own sampler; knobs that lost alone are fixed around it (`_queue_expert`).
+    sampler: BaseSampler = field(init=False)
+    kept: dict[str, Any] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.sampler = self.study.sampler
 
 
 def measured_trials(study: optuna.Study) -> int:
     """Trials that ran a process to its end, failed ones included: the budget. Repeats,
     predicted OOMs and known failures are free; interrupted and orphaned trials run again."""
-    return sum(1 for t in study.get_trials(deepcopy=False, states=FINISHED)
-               if TrialKey.DUPLICATE_OF not in t.user_attrs
-               and t.user_attrs.get(TrialKey.STATUS) in COUNTS_AGAINST_BUDGET)
+    return sum(1 for r in trial_records(study)
+               if r.finished and not r.duplicate and r.status in COUNTS_AGAINST_BUDGET)
 
 
 def run_workers(search: Search, devices: Sequence[Any], budget: int | None,
@@ -153,6 +161,9 @@ def _work(search: Search, heartbeat: Heartbeat, device: Any, budget: int | None,
             continue
         try:
             measured = run_trial(search, trial, device, finish_by, slot)
+        except KeyboardInterrupt:
+            _interrupted(search, trial, tid)
+            raise Interrupted from None
         finally:
             heartbeat.discard(tid)
         if measured:
@@ -165,21 +176,38 @@ def _work(search: Search, heartbeat: Heartbeat, device: Any, budget: int | None,
 
 
 def _ask(search: Search, budget: int | None) -> Trial | None:
-    """The next trial (the fast corner first when due), or None while the rest of the budget
-    is running elsewhere."""
+    """The next trial (the fast corner, then an expert's trials, when due), or None while the
+    rest of the budget is running elsewhere."""
     running = len(search.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
     if budget is not None and measured_trials(search.study) + running >= budget:
         return None
     if search.shortcuts and search.fast_corner:
-        corner = next_corner([TrialRecord.of(t) for t in search.study.get_trials(deepcopy=False)],
-                             search.space, search.scoring.memory_limit_bytes,
-                             search.state_bytes)
-        if corner is not None:
-            search.study.enqueue_trial(corner, user_attrs={TrialKey.ROLE: Role.FAST_CORNER})
+        _queue_expert(search, [TrialRecord.of(t)
+                               for t in search.study.get_trials(deepcopy=False)])
     trial = search.study.ask()
     trial.set_user_attr(TrialKey.OWNER, search.owner)
     trial.set_user_attr(TrialKey.HEARTBEAT_S, search.heartbeat_s)
     return trial
+
+
+def _queue_expert(search: Search, records: Sequence[TrialRecord]) -> None:
+    """Queue the fast corner when due, else the expert's next trial (`expert`); and keep the
+    knobs that lost alone at the baseline's value in the sampler's proposals."""
+    corner = next_corner(records, search.space, search.scoring.memory_limit_bytes,
+                         search.state_bytes)
+    if corner is not None:
+        search.study.enqueue_trial(corner, user_attrs={TrialKey.ROLE: Role.FAST_CORNER})
+        return
+    expert = next_expert_trial(records, search.space)
+    if expert is not None:
+        search.study.enqueue_trial(expert.params, user_attrs={
+            TrialKey.ROLE: expert.role, TrialKey.CHANGED: list(expert.changed)})
+    kept = kept_at_baseline(records, search.space)
+    if kept != search.kept:
+        search.kept = kept
+        search.view.note("kept at the baseline's value, having lost alone: " +
+                         ", ".join(f"{k}={v}" for k, v in kept.items()))
+        search.study.sampler = PartialFixedSampler(kept, search.sampler)
 
 
 def run_trial(search: Search, trial: Trial, device: Any, finish_by: float,
@@ -210,12 +238,12 @@ def run_trial(search: Search, trial: Trial, device: Any, finish_by: float,
         return False
     memory = MemoryModel(records) if shortcuts else None
     limit = search.scoring.memory_limit_bytes
-    verdict = memory.verdict(config.to_dict(), limit) if memory else None
+    verdict = memory.verdict(config, limit) if memory else None
     if verdict is not None:
         record_predicted_oom(study, trial, verdict)
         search.view.trial_finished(_record(study, trial))
         return False
-    predicted = memory.predict(config.to_dict()) if memory else None
+    predicted = memory.predict(config) if memory else None
     if predicted is not None:
         trial.set_user_attr(TrialKey.PREDICTED_PEAK, predicted)
     search.view.trial_started(trial.number, config, role, str(device))
@@ -224,12 +252,7 @@ def run_trial(search: Search, trial: Trial, device: Any, finish_by: float,
     job = MeasureJob(f"trial-{trial.number}", min(search.trial_time_limit_s, remaining),
                      str(device), trial.number, screen_below(records) if shortcuts else None,
                      slot=slot)
-    try:
-        result = search.measure(config, job)
-    except KeyboardInterrupt:
-        record_interrupted(study, trial)
-        requeue(study, study.trials[trial.number], trial.user_attrs.get(TrialKey.RETRY, 0))
-        raise Interrupted from None
+    result = search.measure(config, job)
     try:
         record_measurement(study, trial, result, search.scoring)
     except UpdateFinishedTrialError:
@@ -247,14 +270,23 @@ def run_trial(search: Search, trial: Trial, device: Any, finish_by: float,
     return True
 
 
+def _interrupted(search: Search, trial: Trial, tid: int) -> None:
+    """Ctrl-C or SIGTERM while `trial` was under way: unless it was recorded already, it is
+    recorded as interrupted and its configuration queued for the next run."""
+    if search.storage.get_trial(tid).state != TrialState.RUNNING:
+        return
+    record_interrupted(search.study, trial)
+    requeue(search.study, search.study.trials[trial.number],
+            trial.user_attrs.get(TrialKey.RETRY, 0))
+
+
 def _known_unsupported(records: Sequence[TrialRecord],
                        config: TrainConfig) -> TrialRecord | None:
     """An earlier trial that found a setting of `config` unsupported on this model: the same
     value cannot run now either, so no process is spent on it."""
     return next((r for r in records if r.status == TrialStatus.UNSUPPORTED
-                 and r.get(TrialKey.UNSUPPORTED_KNOB) is not None
-                 and getattr(config, r.get(TrialKey.UNSUPPORTED_KNOB))
-                 == r.get(TrialKey.UNSUPPORTED_VALUE)), None)
+                 and r.unsupported is not None
+                 and getattr(config, r.unsupported.knob) == r.unsupported.value), None)
 
 
 def _record(study: optuna.Study, trial: Trial) -> TrialRecord:
@@ -277,7 +309,8 @@ def _plan_loader(search: Search, trial: Trial, config: TrainConfig,
 def _previous(study: optuna.Study, key: str) -> FrozenTrial | None:
     """A finished trial of the same configuration whose outcome will not change."""
     for t in study.get_trials(deepcopy=False, states=FINISHED):
-        if config_key(t.user_attrs.get(TrialKey.CONFIG, {})) != key:
+        stored = t.user_attrs.get(TrialKey.CONFIG)
+        if stored is None or config_key(TrainConfig.from_dict(stored)) != key:
             continue
         if t.state == TrialState.COMPLETE or t.user_attrs.get(TrialKey.STATUS) in DETERMINISTIC:
             return t

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from matplotlib.axes import Axes
@@ -15,6 +15,10 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, MaxNLocator, NullLocator
+
+from autotune.study.records import TrialRecord
+from autotune.study.summary import CompileRow
+from autotune.trial.protocol import TrialStatus as S
 
 PRECISION_COLORS = {"fp32": "#4c72b0", "tf32": "#55a868", "bf16": "#dd8452", "fp16": "#c44e52"}
 _OTHER_COLOR = "#7f7f7f"
@@ -30,6 +34,8 @@ _GIB = 1024 ** 3
 _MIB = 1024 ** 2
 _DPI = 110
 _NO_TRIALS = "no measured trials"
+# Outcomes with no rate, drawn in a strip below the rates.
+_STRIP = (S.OOM, S.OOM_PREDICTED, S.UNSUPPORTED)
 
 
 def _to_png(fig: Figure) -> bytes:
@@ -56,27 +62,21 @@ def _num(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _config(record: Mapping[str, Any]) -> Mapping[str, Any]:
-    config = record.get("config")
-    return config if isinstance(config, Mapping) else {}
+def _micro_batch(record: TrialRecord) -> int | None:
+    return record.config.micro_batch_size if record.config else None
 
 
-def _micro_batch(record: Mapping[str, Any]) -> int | None:
-    value = _num(_config(record).get("micro_batch_size"))
-    return int(value) if value is not None and value > 0 else None
-
-
-def _precision(record: Mapping[str, Any]) -> str:
-    return str(_config(record).get("precision", "other"))
+def _precision(record: TrialRecord) -> str:
+    return record.config.precision if record.config else "other"
 
 
 def _color(precision: str) -> str:
     return PRECISION_COLORS.get(precision, _OTHER_COLOR)
 
 
-def _fresh(records: Iterable[Any] | None) -> list[Mapping[str, Any]]:
+def _fresh(records: Iterable[TrialRecord]) -> list[TrialRecord]:
     """Records that were actually run or decided on, not reused repeats of earlier trials."""
-    return [r for r in records or [] if isinstance(r, Mapping) and not r.get("duplicate")]
+    return [r for r in records if not r.duplicate]
 
 
 def _precision_order(precisions: Iterable[str]) -> list[str]:
@@ -109,7 +109,7 @@ def _legend_outside(ax: Axes, handles: list[Any]) -> None:
                   fontsize="small", frameon=False)
 
 
-def throughput_vs_micro_batch(records: list[dict]) -> bytes:
+def throughput_vs_micro_batch(records: Sequence[TrialRecord]) -> bytes:
     """Samples/sec against micro-batch size per precision; trials without a rate in a strip."""
     fig = Figure(figsize=(7, 4), layout="constrained")
     ax = fig.add_subplot()
@@ -118,15 +118,15 @@ def throughput_vs_micro_batch(records: list[dict]) -> bytes:
     over: list[tuple[str, int, float]] = []
     strip: list[tuple[str, int, str]] = []
     for record in _fresh(records):
-        mbs, status = _micro_batch(record), record.get("status")
+        mbs, status = _micro_batch(record), record.status
         if mbs is None:
             continue
-        sps = _num(record.get("samples_per_sec"))
-        if status == "ok" and sps is not None:
+        sps = _num(record.samples_per_sec)
+        if status == S.OK and sps is not None:
             ok.append((_precision(record), mbs, sps))
-        elif status == "over_memory" and sps is not None:
+        elif status == S.OVER_MEMORY and sps is not None:
             over.append((_precision(record), mbs, sps))
-        elif status in ("oom", "oom_predicted", "unsupported"):
+        elif status in _STRIP:
             strip.append((_precision(record), mbs, status))
     if not (ok or over or strip):
         _empty(ax, _NO_TRIALS)
@@ -154,9 +154,9 @@ def throughput_vs_micro_batch(records: list[dict]) -> bytes:
         color = _color(precision)
         nudge = 2 ** (0.08 * (index - (len(precisions) - 1) / 2))
         styles = {
-            "oom": {"marker": "x", "color": color},
-            "oom_predicted": {"marker": "D", "facecolors": "none", "edgecolors": color},
-            "unsupported": {"marker": "s", "facecolors": "#bbbbbb", "edgecolors": color},
+            S.OOM: {"marker": "x", "color": color},
+            S.OOM_PREDICTED: {"marker": "D", "facecolors": "none", "edgecolors": color},
+            S.UNSUPPORTED: {"marker": "s", "facecolors": "#bbbbbb", "edgecolors": color},
         }
         for status, style in styles.items():
             sizes = [m * nudge for p, m, s in strip if p == precision and s == status]
@@ -179,12 +179,12 @@ def throughput_vs_micro_batch(records: list[dict]) -> bytes:
                           label="measured (fits)")),
         (bool(over), Line2D([], [], color="black", marker="^", markerfacecolor="none",
                             linestyle="", label="over memory (ran, does not fit)")),
-        (any(s == "oom" for *_, s in strip),
+        (any(s == S.OOM for *_, s in strip),
          Line2D([], [], color="black", marker="x", linestyle="", label="out of memory")),
-        (any(s == "oom_predicted" for *_, s in strip),
+        (any(s == S.OOM_PREDICTED for *_, s in strip),
          Line2D([], [], color="black", marker="D", markerfacecolor="none", linestyle="",
                 label="predicted OOM (not run)")),
-        (any(s == "unsupported" for *_, s in strip),
+        (any(s == S.UNSUPPORTED for *_, s in strip),
          Line2D([], [], color="black", marker="s", markerfacecolor="#bbbbbb", linestyle="",
                 label="unsupported")),
     ]
@@ -192,7 +192,7 @@ def throughput_vs_micro_batch(records: list[dict]) -> bytes:
     return _to_png(fig)
 
 
-def memory_vs_micro_batch(records: list[dict], capacity_bytes: int | None,
+def memory_vs_micro_batch(records: Sequence[TrialRecord], capacity_bytes: int | None,
                           limit_bytes: int | None) -> bytes:
     """Peak memory against micro-batch size, with the device capacity and the allowed limit."""
     fig = Figure(figsize=(7, 4), layout="constrained")
@@ -202,14 +202,14 @@ def memory_vs_micro_batch(records: list[dict], capacity_bytes: int | None,
     points: list[tuple[str, str, int, float, bool]] = []
     ooms: list[tuple[str, int]] = []
     for record in _fresh(records):
-        mbs, status = _micro_batch(record), record.get("status")
+        mbs, status = _micro_batch(record), record.status
         if mbs is None:
             continue
-        peak = _num(record.get("peak_memory_bytes"))
-        if status in ("ok", "over_memory") and peak is not None:
-            checkpointing = str(_config(record).get("activation_checkpointing", "none"))
-            points.append((_precision(record), checkpointing, mbs, peak, status == "ok"))
-        elif status == "oom":
+        peak = _num(record.peak_memory_bytes)
+        if status in (S.OK, S.OVER_MEMORY) and peak is not None:
+            checkpointing = record.config.activation_checkpointing
+            points.append((_precision(record), checkpointing, mbs, peak, status == S.OK))
+        elif status == S.OOM:
             ooms.append((_precision(record), mbs))
     if not (points or ooms):
         _empty(ax, _NO_TRIALS)
@@ -281,11 +281,11 @@ def _draw_best(ax: Axes, trials: list[tuple[float, float | None]], color: str) -
     return True
 
 
-def _ok_score(record: Mapping[str, Any]) -> float | None:
-    return _num(record.get("score")) if record.get("status") == "ok" else None
+def _ok_score(record: TrialRecord) -> float | None:
+    return _num(record.score) if record.status == S.OK else None
 
 
-def best_so_far(records: list[dict]) -> bytes:
+def best_so_far(records: Sequence[TrialRecord]) -> bytes:
     """Best score so far, by trial number (left) and by minutes of wall time (right)."""
     fig = Figure(figsize=(11, 4), layout="constrained")
     by_number, by_time = fig.subplots(1, 2)
@@ -293,21 +293,18 @@ def best_so_far(records: list[dict]) -> bytes:
     by_time.set_title("Best so far by wall time")
     fresh = _fresh(records)
 
-    numbered = sorted((r for r in fresh if _num(r.get("number")) is not None),
-                      key=lambda r: _num(r.get("number")))
-    if _draw_best(by_number, [(_num(r.get("number")), _ok_score(r)) for r in numbered],
-                  "#4c72b0"):
+    numbered = sorted(fresh, key=lambda r: r.number)
+    if _draw_best(by_number, [(r.number, _ok_score(r)) for r in numbered], "#4c72b0"):
         by_number.set_xlabel("trial number")
         by_number.xaxis.set_major_locator(MaxNLocator(integer=True))
         by_number.legend(loc="best", fontsize="small")
     else:
         _empty(by_number, _NO_TRIALS)
 
-    ended = sorted((r for r in fresh if _num(r.get("end")) is not None),
-                   key=lambda r: _num(r.get("end")))
-    starts = [s for s in (_num(r.get("start")) for r in fresh) if s is not None]
-    origin = min(starts, default=_num(ended[0].get("end")) if ended else None)
-    timed = [((_num(r.get("end")) - origin) / 60, _ok_score(r)) for r in ended]
+    ended = sorted((r for r in fresh if r.end is not None), key=lambda r: r.end)
+    starts = [r.start for r in fresh if r.start is not None]
+    origin = min(starts, default=ended[0].end if ended else None)
+    timed = [((r.end - origin) / 60, _ok_score(r)) for r in ended]
     if _draw_best(by_time, timed, "#55a868"):
         by_time.set_xlim(left=0)
         by_time.set_xlabel("wall time (minutes since the first trial started)")
@@ -351,19 +348,16 @@ def importance_bars(importances: dict[str, dict[str, float]]) -> bytes:
     return _to_png(fig)
 
 
-def compile_payoff(rows: list[dict]) -> bytes:
+def compile_payoff(rows: Sequence[CompileRow]) -> bytes:
     """Extra start-up time of compiling against the steady-state gain it buys, with break-even."""
     fig = Figure(figsize=(7, 4), layout="constrained")
     ax = fig.add_subplot()
     ax.set_title("Compile time vs steady-state gain")
     points = []
-    for row in rows or []:
-        if not isinstance(row, Mapping):
-            continue
-        cost, gain = _num(row.get("compile_s")), _num(row.get("gain"))
+    for row in rows:
+        cost, gain = _num(row.compile_s), _num(row.gain)
         if cost is not None and gain is not None:
-            points.append((str(row.get("label", "")), cost, gain * 100,
-                           _num(row.get("break_even_steps"))))
+            points.append((row.label, cost, gain * 100, _num(row.break_even_steps)))
     if not points:
         _empty(ax, "no compile measurements")
         return _to_png(fig)

@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console, Group
 from rich.table import Table
@@ -22,12 +22,17 @@ from autotune.formatting import (
     format_seconds,
     short_config,
 )
+from autotune.study.confirmation import WARM_TURNS
 from autotune.study.records import TrialRecord
 from autotune.study.summary import ProcessGroupFigures, StudySummary
-from autotune.trial.profiling import OperatorStat
-
-if TYPE_CHECKING:
-    from autotune.trial.deep_profile import ProfileReport
+from autotune.trial.protocol import (
+    Finding,
+    Measurement,
+    OperatorStat,
+    ProfileReport,
+    TrialResult,
+    TrialStatus,
+)
 
 # The keys `autotune bench --json` always carries (None where not measurable).
 BENCH_KEYS = ("samples_per_sec", "step_time_median_s", "step_time_p90_s", "step_time_cv",
@@ -36,78 +41,72 @@ BENCH_KEYS = ("samples_per_sec", "step_time_median_s", "step_time_p90_s", "step_
               "other_cpu_share", "disturbed", "cpu_threads", "cpu_affinity")
 
 
-def bench_record(result: Mapping[str, Any], device: str, config: Mapping[str, Any]) -> dict:
-    """The flat JSON of one bench: status, config and every figure (None when absent)."""
-    metrics = result.get("metrics") or {}
-    record: dict[str, Any] = {"status": result["status"], "message": result.get("message", ""),
-                              "device": device, "config": dict(config)}
-    record.update({key: metrics.get(key) for key in BENCH_KEYS})
-    record.update({k: v for k, v in metrics.items() if k not in record})
-    record.update({"log_path": result.get("log_path"), "wall_s": result.get("wall_s")})
+def bench_json(result: TrialResult, device: str, knobs: Mapping[str, Any]) -> dict[str, Any]:
+    """`autotune bench --json`: status, config and every figure (None when absent)."""
+    config = result.config.to_dict() if result.config else dict(knobs)
+    figures = result.measurement.to_json() if result.measurement else {}
+    figures.pop("version", None)
+    record: dict[str, Any] = {"status": result.status.value, "message": result.message,
+                              "device": device, "config": config,
+                              **{key: figures.get(key) for key in BENCH_KEYS}}
+    record.update({k: v for k, v in figures.items() if k not in record})
+    if result.unsupported is not None:
+        record.update(unsupported_knob=result.unsupported.knob,
+                      unsupported_value=result.unsupported.value)
+    record.update({"log_path": result.log_path, "wall_s": result.wall_s})
     return record
 
 
-def bench_tables(record: Mapping[str, Any], title: str) -> Group:
+def bench_tables(m: Measurement, device: str, title: str) -> Group:
     """The figures of one measurement, then its top operators."""
     figures = Table(title=title, show_header=False, title_justify="left")
     figures.add_column("figure", style="bold")
     figures.add_column("value", justify="right")
     figures.add_column("how it was measured", style="dim")
-    steady = "steady" if record.get("steady") else "not steady: bound reached"
+    steady = "steady" if m.steady else "not steady: bound reached"
     rows = [
-        ("samples/sec", f"{record['samples_per_sec']:.1f}",
-         f"{record.get('window_samples')} samples over a {record.get('window_s', 0):.2f} s "
-         f"window of {record.get('window_steps')} steps, data loading included"),
-        ("step time median", format_seconds(record["step_time_median_s"]), "per optimizer step"),
-        ("step time p90", format_seconds(record["step_time_p90_s"]), ""),
-        ("step time CV", format_percent(record["step_time_cv"]), "spread of step times"),
-        ("median known within", _fmt(record["step_time_precision"], "±{:.1%}"),
+        ("samples/sec", f"{m.samples_per_sec:.1f}",
+         f"{m.window_samples} samples over a {m.window_s:.2f} s window of {m.window_steps} "
+         "steps, data loading included"),
+        ("step time median", format_seconds(m.step_time_median_s), "per optimizer step"),
+        ("step time p90", format_seconds(m.step_time_p90_s), ""),
+        ("step time CV", format_percent(m.step_time_cv), "spread of step times"),
+        ("median known within", _fmt(m.step_time_precision, "±{:.1%}"),
          "95% interval of the median step time (order statistics)"),
-        ("time to first step", format_seconds(record["time_to_first_step_s"]),
+        ("time to first step", format_seconds(m.time_to_first_step_s),
          "compile and loader start-up included"),
-        ("set-up", format_seconds(record.get("setup_s")), "model and loader build"),
-        ("warm-up steps", str(record.get("warmup_steps")), steady),
-        ("peak memory", format_bytes(record["peak_memory_bytes"]),
-         "max reserved by the CUDA allocator" if str(record["device"]).startswith("cuda")
+        ("set-up", format_seconds(m.setup_s), "model and loader build"),
+        ("warm-up steps", str(m.warmup_steps), steady),
+        ("peak memory", format_bytes(m.peak_memory_bytes),
+         "max reserved by the CUDA allocator" if device.startswith("cuda")
          else "peak RSS of the trial process"),
-        ("data wait", format_percent(record["data_wait_fraction"]),
-         "of the window blocked on loader"),
-        ("host syncs/step", _fmt(record["host_syncs_per_step"], "{:.1f}"),
+        ("data wait", format_percent(m.data_wait_fraction), "of the window blocked on loader"),
+        ("host syncs/step", _fmt(m.host_syncs_per_step, "{:.1f}"),
          "profiler window after the timed one"),
-        ("device idle", format_percent(record["device_idle_fraction"]), "CUDA only"),
-        ("MFU", format_percent(record["mfu"]), "model FLOPs over the precision's peak (CUDA only)"),
-        ("CPU threads", _fmt(record["cpu_threads"], "{}"),
-         f"intra-op threads, on CPUs {_cpu_list(record['cpu_affinity'])}"),
-        ("other processes", format_percent(record["other_cpu_share"]),
-         _contention_how(record)),
+        ("device idle", format_percent(m.device_idle_fraction), "CUDA only"),
+        ("MFU", format_percent(m.mfu), "model FLOPs over the precision's peak (CUDA only)"),
+        ("CPU threads", _fmt(m.cpu_threads, "{}"),
+         f"intra-op threads, on CPUs {_cpu_list(m.cpu_affinity)}"),
+        ("other processes", format_percent(m.other_cpu_share), _contention_how(m)),
     ]
     for row in rows:
         figures.add_row(*row)
     parts: list[Any] = [figures]
-    operators = record.get("top_operators") or []
-    if operators:
-        ops = Table(title="top operators (profiler window)", title_justify="left")
-        for name, justify in (("operator", "left"), ("calls", "right"), ("self", "right"),
-                              ("total", "right"), ("share", "right")):
-            ops.add_column(name, justify=justify)
-        for op in operators:
-            ops.add_row(op["name"], str(op["calls"]), format_seconds(op["self_time_s"]),
-                        format_seconds(op["total_time_s"]), format_percent(op["share"]))
-        parts.append(ops)
-    findings = record.get("findings") or []
-    if findings:
-        parts.append(findings_text(findings))
+    if m.top_operators:
+        parts.append(stats_table(m.top_operators, "top operators (profiler window)"))
+    if m.findings:
+        parts.append(findings_text(m.findings))
     return Group(*parts)
 
 
-def findings_text(findings: Sequence[Mapping[str, Any]]) -> Text:
+def findings_text(findings: Sequence[Finding]) -> Text:
     """Numbered findings, the costliest first: what, what to do, and where in the code."""
     text = Text("findings (what to fix first)\n", style="bold")
     for i, finding in enumerate(findings, 1):
-        text.append(f"{i}. {finding['title']}", style="bold yellow")
-        text.append(f"  ({finding['share']:.0%} of the window)\n", style="dim")
-        text.append(f"   {finding['advice']}\n")
-        for line in finding["where"]:
+        text.append(f"{i}. {finding.title}", style="bold yellow")
+        text.append(f"  ({finding.share:.0%} of the window)\n", style="dim")
+        text.append(f"   {finding.advice}\n")
+        for line in finding.where:
             text.append(f"   {line}\n", style="cyan")
     return text
 
@@ -133,7 +132,7 @@ def print_profile(result: ProfileReport, console: Console, title: str) -> None:
     for kind, stats in result.tables.items():
         console.print(stats_table(stats, OPERATOR_TABLE_TITLES[kind]))
     if result.findings:
-        console.print(findings_text([f.to_dict() for f in result.findings]))
+        console.print(findings_text(result.findings))
     else:
         console.print("no finding: nothing above its threshold")
     for name, path in result.files.items():
@@ -149,24 +148,26 @@ def device_line(info: Any) -> str:
             f"{format_bytes(info.total_memory_bytes)}")
 
 
-def config_table(config: Mapping[str, Any]) -> Table:
+def config_table(config: TrainConfig) -> Table:
     table = Table(title="configuration", show_header=False, title_justify="left")
     table.add_column("knob", style="bold")
     table.add_column("value")
-    for knob, value in config.items():
+    for knob, value in config.to_dict().items():
         table.add_row(knob, str(value))
     return table
 
 
-def print_bench(record: Mapping[str, Any], console: Console, title: str) -> None:
-    console.print(config_table(record["config"]))
-    if record["status"] == "ok":
-        console.print(bench_tables(record, title))
-        if record.get("trace_path"):
-            console.print(f"trace: {record['trace_path']} (open in https://ui.perfetto.dev)")
+def print_bench(result: TrialResult, device: str, console: Console, title: str) -> None:
+    if result.config is not None:
+        console.print(config_table(result.config))
+    if result.status == TrialStatus.OK and result.measurement is not None:
+        console.print(bench_tables(result.measurement, device, title))
+        if result.measurement.trace_path:
+            console.print(f"trace: {result.measurement.trace_path} (open in "
+                          "https://ui.perfetto.dev)")
     else:
-        console.print(Text.assemble((record["status"], "bold red"), ": ", record["message"]))
-    console.print(Text(f"log: {record.get('log_path')}", style="dim"))
+        console.print(Text.assemble((result.status.value, "bold red"), ": ", result.message))
+    console.print(Text(f"log: {result.log_path}", style="dim"))
 
 
 def _fmt(value: float | None, pattern: str) -> str:
@@ -186,16 +187,18 @@ def _cpu_list(cpus: Sequence[int] | None) -> str:
     return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
-def _contention_how(record: Mapping[str, Any]) -> str:
+def _contention_how(m: Measurement) -> str:
     """Whether the window was disturbed, and how often it was measured again."""
-    again = record.get("windows_remeasured") or 0
+    again = m.windows_remeasured
     retried = f"; re-measured {again} time{'s' if again != 1 else ''}" if again else ""
-    if record.get("disturbed"):
-        slow = record.get("device_slowdowns") or []
-        others = record.get("device_other_processes")
+    if m.disturbed:
+        slow, others = m.device_slowdowns, m.device_other_processes
         extra = (f", {others} other process(es) on the device" if others else "") + \
             (f", device clocks held back ({', '.join(slow)})" if slow else "")
-        return f"DISTURBED: share of the trial's CPUs{extra}{retried}; the rate is low"
+        steady = (f"; a steady load (at least {m.machine_load:.0%} in every window): the "
+                  "machine's state, not measured again"
+                  if m.steady_load and m.machine_load is not None else "")
+        return f"DISTURBED: share of the trial's CPUs{extra}{retried}{steady}; the rate is low"
     return f"share of the trial's CPUs in the window{retried}"
 
 
@@ -223,11 +226,12 @@ def stats_table(stats: Sequence[OperatorStat], title: str) -> Table:
 def trial_row(record: TrialRecord, reason_width: int | None = 60) -> tuple[str, ...]:
     """One trial in a line: number, configuration, samples/sec, peak memory, status, reason (its
     first line, cut to `reason_width` for a table)."""
-    ok = record.status == "ok"
+    ok = record.status == TrialStatus.OK
     message = "" if ok else record.message
     if record.disturbed and not message:
-        message = format_disturbance(record.other_cpu_share)
-    status = f"repeat of #{record.duplicate_of}" if record.duplicate else record.status
+        message = format_disturbance(record.measurement.other_cpu_share,
+                                     record.measurement.steady_load)
+    status = f"repeat of #{record.duplicate_of}" if record.duplicate else record.label
     sps = record.samples_per_sec
     return (str(record.number), short_config(record.config) if record.config else "",
             f"{sps:.1f}" if sps and ok else "",
@@ -262,14 +266,13 @@ def studies_table(rows: Sequence[Mapping[str, Any]]) -> Table:
 
 def summary_tables(summary: StudySummary) -> Group:
     """Best beside baseline knob by knob, then the figures and the trial counts."""
-    title = f"study {summary.study}: {summary.model} on {summary.device}"
+    script = f" {' '.join(summary.script_args)}" if summary.script_args else ""
+    title = f"study {summary.study}: {summary.model}{script} on {summary.device}"
     knobs = Table(title=title, title_justify="left")
     knobs.add_column("knob", style="bold")
     knobs.add_column("baseline")
     knobs.add_column("best")
-    best, base = summary.best_config or {}, summary.baseline_config or {}
-    for knob in base or best:
-        a, b = base.get(knob), best.get(knob)
+    for knob, a, b in knob_rows(summary):
         knobs.add_row(knob, str(a), Text(str(b), style="bold green" if a != b else ""))
     figures = Table(show_header=False, title="result", title_justify="left")
     figures.add_column("figure", style="bold")
@@ -277,7 +280,11 @@ def summary_tables(summary: StudySummary) -> Group:
     figures.add_column("how", style="dim")
     for row in result_rows(summary):
         figures.add_row(*row)
-    parts: list[Any] = [Text(summary.verdict, style="bold"), knobs, figures]
+    parts: list[Any] = [Text(summary.verdict, style="bold")]
+    if summary.script_answer is not None:
+        parts += [Text("in your script's terms:", style="bold"),
+                  *(Text(f"  {line}", style="bold green") for line in summary.script_lines())]
+    parts += [knobs, figures]
     for line in left_out_lines(summary):
         parts.append(Text(line, style="dim"))
     for warning in summary.warnings:
@@ -286,6 +293,13 @@ def summary_tables(summary: StudySummary) -> Group:
         parts.append(Text(f"verified {verification.describe()}",
                           style="green" if verification.holds else "bold yellow"))
     return Group(*parts)
+
+
+def knob_rows(summary: StudySummary) -> list[tuple[str, Any, Any]]:
+    """(knob, baseline's value, best's value) for the knobs that apply to the study."""
+    base = summary.baseline_config.to_dict() if summary.baseline_config else {}
+    best = summary.best_config.to_dict() if summary.best_config else {}
+    return [(knob, base.get(knob), best.get(knob)) for knob in summary.knobs]
 
 
 def speedup_text(summary: StudySummary) -> str:
@@ -306,7 +320,9 @@ def speedup_text(summary: StudySummary) -> str:
 def result_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
     """(figure, value, how it was measured): the answer, then how the study went."""
     confirmed = summary.confirmation
-    how = (f"median of {confirmed.confirmation_repeats} paired rounds of fresh runs, ± half "
+    runs = "warm turns" if confirmed and confirmed.confirmation_measured == WARM_TURNS \
+        else "fresh runs"
+    how = (f"median of {confirmed.confirmation_repeats} paired rounds of {runs}, ± half "
            "the range" if confirmed else "single trial, not confirmed")
     rows = [
         ("best samples/sec", format_rate(summary.best_samples_per_sec, summary.best_spread),
@@ -346,6 +362,9 @@ def result_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
         ("retried", str(summary.retried_trials),
          "trials queued to run again: their tuner died (orphaned), or their compile ran "
          "out of time"),
+        *_time_rows(summary),
+        ("queued", _trial_numbers(summary.queued_trials),
+         "not under way: they run when the same command runs again"),
         ("disturbed", _trial_numbers(summary.disturbed_trials),
          "trials timed while other processes used the CPUs; never ranked above a clean one"),
     ]
@@ -372,6 +391,27 @@ def group_rows(group: ProcessGroupFigures | None) -> list[tuple[str, str, str]]:
 def left_out_lines(summary: StudySummary) -> list[str]:
     """The knob values the capability probe kept out of the search, each with its reason."""
     return [f"left out: {item.describe()}" for item in summary.left_out]
+
+
+def _time_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
+    """Where the baseline trial's wall time went, phase by phase (where it was recorded)."""
+    probe = [("probe", format_seconds(summary.probe_s),
+              "once per study, before the baseline, within the first run's budget")] \
+        if summary.probe_s else []
+    number = summary.baseline_trial.number if summary.baseline_trial else None
+    times = next((t for t in summary.trial_times if t.trial == number), None)
+    if times is None:
+        return probe
+    p = times.phases
+    parts = [("start", times.process_start_s), ("build", p.build_s),
+             ("first step", p.first_step_s), ("warm-up", p.warmup_s),
+             ("screening", p.screen_s), ("window", p.window_s),
+             ("re-measured", p.remeasure_s), ("sync tracing", p.sync_tracing_s),
+             ("profiling", p.profile_s)]
+    shown = ", ".join(f"{name} {format_seconds(s)}" for name, s in parts if s)
+    return [*probe, (f"baseline trial #{number}", f"{format_seconds(times.wall_s)}: {shown}",
+                     "a confirmation run is priced from its start, build, first step, "
+                     "warm-up and one short window")]
 
 
 def _trial_numbers(numbers: Sequence[int]) -> str:
@@ -411,10 +451,14 @@ def search_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
 
 def summary_markdown(summary: StudySummary) -> str:
     """The same summary as a markdown file for the study folder."""
-    best, base = summary.best_config or {}, summary.baseline_config or {}
-    lines = [f"# autotune study `{summary.study}`", "", f"**{summary.verdict}**", "",
-             f"- model: `{summary.model}` {summary.model_args or ''}",
-             f"- device: {summary.device}"]
+    lines = [f"# autotune study `{summary.study}`", "", f"**{summary.verdict}**", ""]
+    if summary.script_args is not None:
+        lines += ["In your script's terms:", "", "```",
+                  *summary.script_lines(), "```", "",
+                  f"- script: `{summary.model}` `{' '.join(summary.script_args)}`"]
+    else:
+        lines.append(f"- model: `{summary.model}` {summary.model_args or ''}")
+    lines.append(f"- device: {summary.device}")
     lines += [f"- {name}: {value}" + (f" ({how})" if how else "")
               for name, value, how in result_rows(summary)]
     lines += [f"- {line}" for line in left_out_lines(summary)]
@@ -422,8 +466,7 @@ def summary_markdown(summary: StudySummary) -> str:
     lines.append("")
     lines += [f"> warning: {w}" for w in summary.warnings]
     lines += ["", "| knob | baseline | best |", "|---|---|---|"]
-    for knob in base or best:
-        a, b = base.get(knob), best.get(knob)
+    for knob, a, b in knob_rows(summary):
         lines.append(f"| {knob} | {a} | {'**' + str(b) + '**' if a != b else b} |")
     return "\n".join(lines) + "\n"
 
@@ -432,7 +475,7 @@ def write_study_files(summary: StudySummary, directory: Path) -> StudySummary:
     """best.yaml, best.json and summary.md in the study folder; returns the summary naming
     every file of the study there (best-trace.json too, when the confirmation kept one)."""
     if summary.best_config:
-        best = TrainConfig.from_dict(summary.best_config)
+        best = summary.best_config
         best.save(directory / "best.yaml")
         (directory / "best.json").write_text(json.dumps(
             {**best.to_dict(), VERDICT: summary.verdict}, indent=2) + "\n")

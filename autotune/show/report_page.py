@@ -10,7 +10,7 @@ import base64
 import html
 import statistics
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import optuna
@@ -25,11 +25,11 @@ from autotune.formatting import (
     short_config,
 )
 from autotune.show import plots
-from autotune.show.report import group_rows, left_out_lines, speedup_text
-from autotune.study.confirmation import CandidateSummary, Confirmation
+from autotune.show.report import group_rows, knob_rows, left_out_lines, speedup_text
+from autotune.study.confirmation import WARM_TURNS, CandidateSummary, Run, stored_confirmation
 from autotune.study.records import StudyKey, TrialRecord, trial_records
 from autotune.study.results import compile_rows, study_summary
-from autotune.study.summary import StudySummary
+from autotune.study.summary import CompileRow, StudySummary
 
 MIN_TRIALS_FOR_IMPORTANCE = 4
 _EVALUATORS = {"fANOVA": lambda: FanovaImportanceEvaluator(seed=0),
@@ -101,18 +101,20 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]],
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
-def _confirmed(entry: CandidateSummary | None, key: str) -> float | None:
+def _confirmed(entry: CandidateSummary | None, figure: Callable[[Run], float | None]
+               ) -> float | None:
     """The median of one figure over a candidate's confirmation runs."""
-    runs = [getattr(r, key) for r in (entry.ok_runs() if entry else [])
-            if getattr(r, key) is not None]
-    return statistics.median(runs) if runs else None
+    values = [v for r in (entry.ok_runs() if entry else []) if (v := figure(r)) is not None]
+    return statistics.median(values) if values else None
 
 
 def _headline(summary: StudySummary) -> str:
     """The verdict, then where the best's figure comes from."""
     if not summary.best_config:
         return f"<b>{_e(summary.verdict)}</b>."
-    how = "confirmed by paired rounds of fresh runs" if summary.confirmed else \
+    runs = "warm turns" if summary.confirmation and \
+        summary.confirmation.confirmation_measured == WARM_TURNS else "fresh runs"
+    how = f"confirmed by paired rounds of {runs}" if summary.confirmed else \
         "single trial, not confirmed"
     return (f"<b>{_e(summary.verdict)}</b>.<br>Best: {_e(short_config(summary.best_config))} "
             f"at {format_rate(summary.best_samples_per_sec)} samples/sec ({how}) against the "
@@ -121,19 +123,18 @@ def _headline(summary: StudySummary) -> str:
 
 
 def _best_vs_baseline(study: optuna.Study, summary: StudySummary) -> str:
-    best, base = summary.best_config or {}, summary.baseline_config or {}
-    knob_rows = []
-    for knob in base or best:
-        a, b = base.get(knob), best.get(knob)
+    rows = []
+    for knob, a, b in knob_rows(summary):
         cls = ' class="changed"' if a != b else ""
-        knob_rows.append(f"<tr{cls}><td>{_e(knob)}</td><td>{_e(a)}</td><td>{_e(b)}</td></tr>")
+        rows.append(f"<tr{cls}><td>{_e(knob)}</td><td>{_e(a)}</td><td>{_e(b)}</td></tr>")
     knobs = ("<table><tr><th>knob</th><th>baseline</th><th>best</th></tr>"
-             f"{''.join(knob_rows)}</table>")
-    stored = study.user_attrs.get(StudyKey.CONFIRMATION)
-    confirmation = Confirmation.from_json(stored) if summary.confirmed and stored else None
+             f"{''.join(rows)}</table>")
+    confirmation = stored_confirmation(study.user_attrs.get(StudyKey.CONFIRMATION)) \
+        if summary.confirmed else None
     winner = confirmation.winner if confirmation else None
     baseline = confirmation.baseline if confirmation else None
-    how = (f"median of {confirmation.rounds} paired rounds of fresh runs ± half their "
+    runs = "warm turns" if confirmation and confirmation.measured == WARM_TURNS else "fresh runs"
+    how = (f"median of {confirmation.rounds} paired rounds of {runs} ± half their "
            "range; the speedup's 95% interval from the rounds' paired ratios"
            if confirmation else "from the search trials; not confirmed")
     figures = _table(["figure", "baseline", "best"], [
@@ -141,11 +142,13 @@ def _best_vs_baseline(study: optuna.Study, summary: StudySummary) -> str:
                                     baseline.spread if baseline else None),
          format_rate(summary.best_samples_per_sec, summary.best_spread)),
         ("speedup", "1.00x", speedup_text(summary)),
-        ("peak memory", format_bytes(_confirmed(baseline, "peak_memory_bytes")),
+        ("peak memory", format_bytes(_confirmed(baseline, lambda r: r.peak_memory_bytes)),
          format_bytes(summary.best_peak_memory_bytes)),
-        ("MFU", format_percent(_confirmed(baseline, "mfu")), format_percent(summary.best_mfu)),
-        ("step time (median)", format_seconds(_confirmed(baseline, "step_time_median_s")),
-         format_seconds(_confirmed(winner, "step_time_median_s"))),
+        ("MFU", format_percent(_confirmed(baseline, lambda r: r.mfu)),
+         format_percent(summary.best_mfu)),
+        ("step time (median)",
+         format_seconds(_confirmed(baseline, lambda r: r.step_time_median_s)),
+         format_seconds(_confirmed(winner, lambda r: r.step_time_median_s))),
     ], numeric=(1, 2))
     group = summary.process_group
     ranks = _table(["process group (best trial)", "figure", "how"], group_rows(group)) \
@@ -161,44 +164,43 @@ def _operators_and_findings(study: optuna.Study, summary: StudySummary) -> str:
     number = summary.best_trial
     if number is None:
         return "<p>No best configuration yet.</p>"
-    best = TrialRecord.of(study.trials[number])
-    ops = best.get("top_operators") or []
+    m = TrialRecord.of(study.trials[number]).measurement
+    ops = m.top_operators if m else ()
     parts = [f"<p class='muted'>From trial #{number}'s profiler window (after its timed "
              "window, so the profiler did not slow the figure above).</p>"]
-    findings = best.get("findings") or []
+    findings = m.findings if m else ()
     if findings:
         for i, f in enumerate(findings, 1):
-            where = "\n".join(f["where"])
+            where = "\n".join(f.where)
             parts.append(
-                f'<div class="finding"><b>{i}. {_e(f["title"])}</b> '
-                f'<span class="muted">({f["share"]:.0%} of the window)</span>'
-                f"<br>{_e(f['advice'])}" + (f"<pre>{_e(where)}</pre>" if where else "")
+                f'<div class="finding"><b>{i}. {_e(f.title)}</b> '
+                f'<span class="muted">({f.share:.0%} of the window)</span>'
+                f"<br>{_e(f.advice)}" + (f"<pre>{_e(where)}</pre>" if where else "")
                 + "</div>")
     else:
         parts.append("<p>No finding: no copy-, sync-, loader- or launch-bound pattern above its "
                      "threshold in this configuration.</p>")
     if ops:
-        kind = "device" if best.get("device_idle_fraction") is not None else "CPU"
+        kind = "device" if m.device_idle_fraction is not None else "CPU"
         parts.append(_table(
             ["operator", "calls", f"self {kind} (ms)", "total (ms)", "share"],
-            [(o["name"], o["calls"], f"{o['self_time_s'] * 1e3:.3f}",
-              f"{o['total_time_s'] * 1e3:.3f}", f"{o['share']:.1%}") for o in ops],
+            [(o.name, o.calls, f"{o.self_time_s * 1e3:.3f}", f"{o.total_time_s * 1e3:.3f}",
+              f"{o.share:.1%}") for o in ops],
             numeric=(1, 2, 3, 4)))
-    trace = (study.user_attrs.get(StudyKey.CONFIRMATION) or {}).get("winner") or {}
-    if trace.get("trace"):
+    confirmation = stored_confirmation(study.user_attrs.get(StudyKey.CONFIRMATION))
+    if confirmation and confirmation.winner.trace:
         parts.append("<p class='muted'>Trace: best-trace.json in the study folder (open it "
                      "in ui.perfetto.dev or chrome://tracing).</p>")
     return "".join(parts)
 
 
-def _compile_section(rows: list[dict[str, Any]]) -> str:
+def _compile_section(rows: Sequence[CompileRow]) -> str:
     if not rows:
         return "<p>No compiled configuration was measured with an uncompiled reference.</p>"
     table = _table(
         ["trial", "configuration", "reference", "compile time", "steady gain", "pays off after"],
-        [(r["label"], r["config"], r["reference"], format_seconds(r["compile_s"]),
-          f"{r['gain'] * 100:+.1f}%",
-          "never" if r["break_even_steps"] is None else f"{r['break_even_steps']:,.0f} steps")
+        [(r.label, r.config, r.reference, format_seconds(r.compile_s), f"{r.gain * 100:+.1f}%",
+          "never" if r.break_even_steps is None else f"{r.break_even_steps:,.0f} steps")
          for r in rows], numeric=(3, 4, 5))
     return (_img(plots.compile_payoff(rows), "compile time vs gain") + table +
             "<p class='muted'>Compile time: the extra time to the first optimizer step over the "
@@ -209,10 +211,11 @@ def _compile_section(rows: list[dict[str, Any]]) -> str:
 def _trials_table(records: Sequence[TrialRecord]) -> str:
     return _table(
         ["#", "status", "configuration", "samples/sec", "peak memory", "other CPU use"],
-        [(r.number, r.status + (" (repeat)" if r.duplicate else "")
+        [(r.number, r.label + (" (repeat)" if r.duplicate else "")
           + (" (disturbed)" if r.disturbed else ""), short_config(r.config),
           format_rate(r.samples_per_sec), format_bytes(r.peak_memory_bytes),
-          format_percent(r.other_cpu_share)) for r in records],
+          format_percent(r.measurement.other_cpu_share if r.measurement else None))
+         for r in records],
         numeric=(3, 4, 5))
 
 
@@ -220,24 +223,23 @@ def build_report(study: optuna.Study) -> str:
     """The whole page as one HTML string."""
     summary = study_summary(study)
     records = [r for r in trial_records(study) if r.config]
-    rows = [r.to_dict() for r in records]
     memory = study.user_attrs.get(StudyKey.MEMORY) or {}
     importances, importance_note = param_importances(study)
     compile_table = compile_rows(records)
     title = f"autotune study {study.study_name}"
     sections = [
         ("a. Samples/sec vs micro-batch size",
-         _img(plots.throughput_vs_micro_batch(rows), "samples/sec vs micro-batch") +
+         _img(plots.throughput_vs_micro_batch(records), "samples/sec vs micro-batch") +
          "<p class='muted'>Each point is one measured trial; crosses at the bottom ran out of "
          "memory, hollow markers were over the allowed memory or predicted not to fit.</p>"),
         ("b. Peak memory vs micro-batch size",
-         _img(plots.memory_vs_micro_batch(rows, memory.get("capacity_bytes"),
+         _img(plots.memory_vs_micro_batch(records, memory.get("capacity_bytes"),
                                           memory.get("limit_bytes")), "peak memory") +
          f"<p class='muted'>Capacity {format_bytes(memory.get('capacity_bytes'))}; allowed "
          f"{format_bytes(memory.get('limit_bytes'))} (headroom "
          f"{format_percent(memory.get('headroom'))}). On CPU, peak memory is the trial "
          "process's peak resident set.</p>"),
-        ("c. Best so far", _img(plots.best_so_far(rows), "best so far") +
+        ("c. Best so far", _img(plots.best_so_far(records), "best so far") +
          "<p class='muted'>Objective: samples/sec less the stall penalty.</p>"),
         ("d. Parameter importance",
          (_img(plots.importance_bars(importances), "parameter importance")

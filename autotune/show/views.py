@@ -33,7 +33,7 @@ class PlainView:
 
     def trial_started(self, number: int, config: Any, role: str, device: str = "") -> None:
         where = f" on {device}" if device else ""
-        self.console.print(f"trial {number} ({role}){where}: {short_config(config.to_dict())}",
+        self.console.print(f"trial {number} ({role}){where}: {short_config(config)}",
                            markup=False, highlight=False, soft_wrap=True)
 
     def phase(self, text: str, number: int | None = None) -> None:
@@ -98,7 +98,7 @@ class LiveView(PlainView):
 
     def trial_started(self, number: int, config: Any, role: str, device: str = "") -> None:
         where = f" on {device}" if device else ""
-        self.running[number] = f"trial {number} ({role}){where}: {short_config(config.to_dict())}"
+        self.running[number] = f"trial {number} ({role}){where}: {short_config(config)}"
         self.live.update(self._render())
 
     def phase(self, text: str, number: int | None = None) -> None:

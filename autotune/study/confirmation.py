@@ -11,7 +11,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from autotune.config import TrainConfig
+
 FAILED = "failed"
+# How the rounds were measured: each candidate kept warm in its own process taking turns of a
+# fraction of a second (`autotune.search.warm`), or a fresh process for every run.
+WARM_TURNS = "warm paired turns"
+FRESH_ROUNDS = "fresh rounds"
 
 
 @dataclass(frozen=True)
@@ -42,7 +48,7 @@ class CandidateSummary:
     """One confirmed configuration: its runs, their median and its speedup over the baseline
     paired by round (the baseline's own is 1.0)."""
 
-    config: dict[str, Any]
+    config: TrainConfig
     trial: int | None
     feasible: bool
     ok: bool
@@ -61,13 +67,15 @@ class CandidateSummary:
 
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
-        return {**data, "runs": [run.to_json() for run in self.runs],
+        return {**data, "config": self.config.to_dict(),
+                "runs": [run.to_json() for run in self.runs],
                 "speedup_ci": list(self.speedup_ci) if self.speedup_ci else None}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> CandidateSummary:
         ci = data.get("speedup_ci")
         return cls(**{**{f.name: data.get(f.name) for f in fields(cls)},
+                      "config": TrainConfig.from_dict(data["config"]),
                       "runs": tuple(_run(r) for r in data["runs"]),
                       "speedup_ci": tuple(ci) if ci else None})
 
@@ -113,6 +121,14 @@ class Confirmation:
     target: float
     drift: Drift | None
     disturbed_rounds: int
+    measured: str = FRESH_ROUNDS  # WARM_TURNS or FRESH_ROUNDS (a study from before: fresh)
+
+    @property
+    def in_rounds(self) -> str:
+        """How many rounds, and how they were measured, in words."""
+        plural = "s" if self.rounds != 1 else ""
+        warm = " of warm turns" if self.measured == WARM_TURNS else ""
+        return f"{self.rounds} paired round{plural}{warm}"
 
     @property
     def difference_unknown(self) -> bool:
@@ -135,7 +151,7 @@ class Confirmation:
                 "rounds": self.rounds, "repeats": self.rounds, "wall_s": self.wall_s,
                 "at": self.at, "target": self.target,
                 "drift": self.drift.to_json() if self.drift else None,
-                "disturbed_rounds": self.disturbed_rounds}
+                "disturbed_rounds": self.disturbed_rounds, "measured": self.measured}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Confirmation:
@@ -156,7 +172,14 @@ class Confirmation:
                    target=data.get("target", 0.0),
                    drift=Drift(**{**drift, "end_range": tuple(drift["end_range"])})
                    if drift else None,
-                   disturbed_rounds=data.get("disturbed_rounds", 0))
+                   disturbed_rounds=data.get("disturbed_rounds", 0),
+                   measured=data.get("measured", FRESH_ROUNDS))
+
+
+def stored_confirmation(stored: Mapping[str, Any] | None) -> Confirmation | None:
+    """The confirmation a study stored (`StudyKey.CONFIRMATION`), or None: none ran, or it
+    found nothing to recommend."""
+    return Confirmation.from_json(stored) if stored and stored.get("winner") else None
 
 
 def _run(data: Mapping[str, Any]) -> Run:

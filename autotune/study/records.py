@@ -1,22 +1,22 @@
-"""What a trial is in the study: its status, the names of what it stores, and one plain record
+"""What a trial is in the study: its status, the names of what it stores, and one typed record
 of it, built in one place from an Optuna trial, that every reader of a study uses.
 
-A trial's figures and bookkeeping are Optuna user attributes; the names below are the only
-spelling of those keys. Statuses are strings in the storage, and `TrialStatus` compares and
-hashes as its value: `"oom" in RAN_OUT` and `TrialStatus.OOM in RAN_OUT` agree.
+A trial's measurement (`Measurement.to_json()`) and bookkeeping are Optuna user attributes; the
+names below are the only spelling of those keys, and `TrialRecord.of` the only reader of them.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.trial.protocol import TrialStatus
+from autotune.config import TrainConfig
+from autotune.trial.protocol import Measurement, TrialStatus, UnsupportedSetting
 
 S = TrialStatus
 # Measured and within memory: the trials the search ranks.
@@ -47,13 +47,16 @@ class Role:
 
     BASELINE = "baseline"        # the model file's BASELINE, always first
     FAST_CORNER = "fast-corner"  # the configuration an expert tries first
+    ONE_CHANGE = "one-change"    # one of the fast corner's changes alone (`search/expert`)
+    WINNERS = "winners"          # the changes that won alone, together (`search/expert`)
     SEARCH = "search"            # proposed by the sampler
 
 
 class TrialKey:
-    """Names of a trial's user attributes besides its measured figures (`Measurement`)."""
+    """Names of a trial's user attributes."""
 
     CONFIG = "config"
+    MEASUREMENT = "measurement"  # its `Measurement.to_json()`
     ROLE = "role"
     STATUS = "status"
     MESSAGE = "message"
@@ -73,13 +76,14 @@ class TrialKey:
     RETRY = "retry"
     UNSUPPORTED_KNOB = "unsupported_knob"    # the setting a trial found it cannot run
     UNSUPPORTED_VALUE = "unsupported_value"
+    CHANGED = "changed"          # the knobs an expert's trial changes from the baseline
 
 
 # About a trial rather than its configuration's outcome: a repeat does not copy them (a repeat
 # of a re-run is not itself a re-run).
 BOOKKEEPING = frozenset({TrialKey.CONFIG, TrialKey.ROLE, TrialKey.OWNER, TrialKey.HEARTBEAT,
                          TrialKey.HEARTBEAT_S, TrialKey.REQUEUED_FROM, TrialKey.RETRY,
-                         TrialKey.LOADER_PLAN})
+                         TrialKey.LOADER_PLAN, TrialKey.CHANGED})
 
 
 class StudyKey:
@@ -100,6 +104,9 @@ class StudyKey:
     CONFIRMATION = "confirmation"
     CONFIRMATION_CLAIM = "confirmation_claim"
     VERIFICATIONS = "verifications"        # `autotune verify`'s checks of the answer, in order
+    # The default budget, grown its most, could not hold an answer with an interval: what it
+    # kept, what an answer needs, the --timeout that would answer it (None: it could).
+    SHORT_BUDGET = "short_budget"
 
 
 # Optuna's constraint name (> 0 = violated): fits in memory and runs on this model and device.
@@ -112,60 +119,82 @@ def study_machines(user_attrs: dict[str, Any]) -> list[str]:
     return user_attrs.get(StudyKey.DEVICE_NAMES) or ([first] if first else [])
 
 
-def config_key(config: Any) -> str:
-    """One string per configuration (a TrainConfig or its dict), for finding repeats."""
-    data = config.to_dict() if hasattr(config, "to_dict") else config
-    return json.dumps(data, sort_keys=True)
+def config_key(config: TrainConfig) -> str:
+    """One string per configuration, for finding repeats."""
+    return json.dumps(config.to_dict(), sort_keys=True)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrialRecord:
-    """One trial as every reader of a study sees it (`TrialRecord.of`)."""
+    """One trial as every reader of a study sees it (`TrialRecord.of`), typed: its
+    configuration, its `Measurement` when it measured one, and its bookkeeping."""
 
     number: int
-    status: str
-    config: dict[str, Any] | None = None
+    status: TrialStatus | None  # how it ended; None while it waits or runs
     state: str = "COMPLETE"
+    config: TrainConfig | None = None
     role: str = Role.SEARCH
     message: str = ""
     value: float | None = None
     constraint: float | None = None
-    samples_per_sec: float | None = None
-    peak_memory_bytes: float | None = None
+    measurement: Measurement | None = None
     predicted_peak_bytes: float | None = None
-    time_to_first_step_s: float | None = None
-    step_time_median_s: float | None = None
-    data_wait_fraction: float | None = None
-    other_cpu_share: float | None = None
-    disturbed: bool = False
     duplicate_of: int | None = None
     retry: int = 0
     requeued_from: int | None = None
     owner: str = ""
     start: float | None = None
     end: float | None = None
-    attrs: dict[str, Any] = field(default_factory=dict, repr=False)
+    wall_s: float | None = None
+    log_path: str | None = None
+    time_to_train_s: float | None = None
+    unsupported: UnsupportedSetting | None = None
+    changed: tuple[str, ...] = ()  # the knobs an expert's trial changes (`search/expert`)
 
     @classmethod
     def of(cls, trial: FrozenTrial) -> TrialRecord:
         a = trial.user_attrs
+        status = a.get(TrialKey.STATUS)
+        config = a.get(TrialKey.CONFIG)
+        knob = a.get(TrialKey.UNSUPPORTED_KNOB)
         return cls(
-            number=trial.number, status=a.get(TrialKey.STATUS, trial.state.name.lower()),
-            config=a.get(TrialKey.CONFIG), state=trial.state.name,
+            number=trial.number, status=TrialStatus(status) if status else None,
+            state=trial.state.name,
+            config=TrainConfig.from_dict(config) if config else None,
             role=a.get(TrialKey.ROLE, Role.SEARCH), message=a.get(TrialKey.MESSAGE, ""),
             value=trial.value if trial.state == TrialState.COMPLETE else None,
-            constraint=a.get(TrialKey.CONSTRAINT), samples_per_sec=a.get("samples_per_sec"),
-            peak_memory_bytes=a.get("peak_memory_bytes"),
+            constraint=a.get(TrialKey.CONSTRAINT), measurement=stored_measurement(a),
             predicted_peak_bytes=a.get(TrialKey.PREDICTED_PEAK),
-            time_to_first_step_s=a.get("time_to_first_step_s"),
-            step_time_median_s=a.get("step_time_median_s"),
-            data_wait_fraction=a.get("data_wait_fraction"),
-            other_cpu_share=a.get("other_cpu_share"), disturbed=bool(a.get("disturbed")),
             duplicate_of=a.get(TrialKey.DUPLICATE_OF), retry=a.get(TrialKey.RETRY, 0),
             requeued_from=a.get(TrialKey.REQUEUED_FROM), owner=a.get(TrialKey.OWNER, ""),
             start=trial.datetime_start.timestamp() if trial.datetime_start else None,
             end=trial.datetime_complete.timestamp() if trial.datetime_complete else None,
-            attrs=dict(a))
+            wall_s=a.get(TrialKey.WALL_S), log_path=a.get(TrialKey.LOG_PATH),
+            time_to_train_s=a.get(TrialKey.TIME_TO_TRAIN),
+            unsupported=UnsupportedSetting(knob, a.get(TrialKey.UNSUPPORTED_VALUE))
+            if knob is not None else None,
+            changed=tuple(a.get(TrialKey.CHANGED, ())))
+
+    @property
+    def label(self) -> str:
+        """Its status, or while it has none `running`, or `queued` (WAITING: it runs when a
+        run of the study asks for it, not before)."""
+        if self.status is not None:
+            return self.status.value
+        return "queued" if self.state == TrialState.WAITING.name else self.state.lower()
+
+    @property
+    def samples_per_sec(self) -> float | None:
+        return self.measurement.samples_per_sec if self.measurement else None
+
+    @property
+    def peak_memory_bytes(self) -> float | None:
+        return self.measurement.peak_memory_bytes if self.measurement else None
+
+    @property
+    def disturbed(self) -> bool:
+        """Timed while other processes used its CPUs (or its GPU)."""
+        return bool(self.measurement and self.measurement.disturbed)
 
     @property
     def duplicate(self) -> bool:
@@ -189,15 +218,15 @@ class TrialRecord:
     def under_way(self) -> bool:
         return self.state in (TrialState.WAITING.name, TrialState.RUNNING.name)
 
-    def get(self, key: str, default: Any = None) -> Any:
-        """Any stored figure by name (`top_operators`, `mfu`, ...)."""
-        return self.attrs.get(key, default)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data for plots and tables: every field, `score` and `duplicate` included."""
-        data = asdict(self)
-        del data["attrs"]
-        return {**data, "score": self.score, "duplicate": self.duplicate}
+def stored_measurement(attrs: Mapping[str, Any]) -> Measurement | None:
+    """A trial's measurement from its attributes: the versioned record, or, in a study written
+    before it had one, the figures stored as attributes of their own."""
+    if TrialKey.MEASUREMENT in attrs:
+        return Measurement.from_json(attrs[TrialKey.MEASUREMENT])
+    if "samples_per_sec" in attrs:
+        return Measurement.from_json(attrs)
+    return None
 
 
 def trial_records(study: optuna.Study) -> list[TrialRecord]:

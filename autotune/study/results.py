@@ -3,17 +3,20 @@ report print. Nothing here runs a trial or needs the tuner."""
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.trial import TrialState
 
+from autotune.config import CONDITIONS, DISTRIBUTED_KNOBS, TrainConfig, knob_names
 from autotune.errors import ConfigError
-from autotune.formatting import format_disturbance, short_config
-from autotune.study.confirmation import Confirmation
+from autotune.formatting import format_disturbance, format_seconds, short_config
+from autotune.study.confirmation import Confirmation, stored_confirmation
 from autotune.study.records import (
     MEASURED_PEAK,
     RAN_OUT,
@@ -28,14 +31,22 @@ from autotune.study.storage import JOURNAL_FILE, open_storage, study_dir
 from autotune.study.summary import (
     BaselineTrial,
     CompilePayoff,
+    CompileRow,
     ConfirmedFigures,
     MemoryPredictions,
     ProcessGroupFigures,
     StudySummary,
+    TrialTimes,
 )
 from autotune.study.verdict import confirmed_verdict, search_verdict
 from autotune.study.verification import Verification
-from autotune.trial.protocol import LeftOut, LoaderRate, TrialStatus
+from autotune.trial.protocol import (
+    LeftOut,
+    LoaderRate,
+    ScriptAnswer,
+    StudyIdentity,
+    TrialStatus,
+)
 
 
 def load_study(name: str, studies_dir: str | Path = "studies",
@@ -71,21 +82,44 @@ def _study_rows(backend: optuna.storages.BaseStorage) -> list[dict[str, Any]]:
         rows.append({"study": s.study_name, "trials": s.n_trials,
                      "created": s.datetime_start.isoformat(timespec="seconds")
                      if s.datetime_start else None,
-                     "model": s.user_attrs.get(StudyKey.IDENTITY, {}).get("model_path"),
-                     "confirmed": bool((s.user_attrs.get(StudyKey.CONFIRMATION) or {})
-                                       .get("winner"))})
+                     "model": identity.model_path if (identity := _identity(s.user_attrs))
+                     else None,
+                     "confirmed": stored_confirmation(s.user_attrs.get(StudyKey.CONFIRMATION))
+                     is not None})
     return rows
+
+
+def study_identity(study: optuna.Study) -> StudyIdentity | None:
+    """What the study measures, or None for a study whose first run has not recorded it."""
+    return _identity(study.user_attrs)
+
+
+def _identity(attrs: dict[str, Any]) -> StudyIdentity | None:
+    stored = attrs.get(StudyKey.IDENTITY)
+    return StudyIdentity.from_json(stored) if stored else None
+
+
+def trial_times(records: Iterable[TrialRecord]) -> tuple[TrialTimes, ...]:
+    """Each measured trial's wall time, phase by phase (trials that recorded them)."""
+    return tuple(
+        TrialTimes(r.number, r.wall_s, max(0.0, r.wall_s - r.measurement.measure_wall_s)
+                   if r.wall_s and r.measurement.measure_wall_s is not None else None,
+                   r.measurement.phases)
+        for r in records if not r.duplicate and r.measurement and r.measurement.phases)
 
 
 def study_summary(study: optuna.Study) -> StudySummary:
     """Everything `show` prints, from the storage alone."""
-    records = trial_records(study)
-    statuses = Counter(r.status for r in records)
+    every = trial_records(study)
+    # A trial left queued (WAITING) is no run's work in progress: it runs when the same command
+    # runs again, and is listed as such, not counted among the trials.
+    records = [r for r in every if r.state != TrialState.WAITING.name]
+    statuses = Counter(r.label for r in records)
     attrs = study.user_attrs
-    stored = attrs.get(StudyKey.CONFIRMATION)
-    confirmation = Confirmation.from_json(stored) if stored and stored.get("winner") else None
-    baseline_config = attrs.get(StudyKey.BASELINE_CONFIG)
-    identity = attrs.get(StudyKey.IDENTITY, {})
+    confirmation = stored_confirmation(attrs.get(StudyKey.CONFIRMATION))
+    stored_baseline = attrs.get(StudyKey.BASELINE_CONFIG)
+    baseline_config = TrainConfig.from_dict(stored_baseline) if stored_baseline else None
+    identity = _identity(attrs)
     best = max(rankable(records), key=lambda r: r.value, default=None)
     baseline_trial = next((r for r in records if r.role == Role.BASELINE and r.finished), None)
     probe = (attrs.get(StudyKey.PROBE) or {}).get("report") or {}
@@ -100,10 +134,10 @@ def study_summary(study: optuna.Study) -> StudySummary:
     verdict = confirmed_verdict(confirmation, baseline_config or confirmation.baseline.config) \
         if confirmation is not None else \
         search_verdict(best_config, figures["speedup"], baseline_config)
+    verdict += _left_unknown(attrs.get(StudyKey.SHORT_BUDGET), figures.get("confirmation"))
     best_trial = figures["best_trial"]
     if attrs.get(StudyKey.FREE_BATCH, False) and best_config and baseline_config:
-        best_eb = best_config["micro_batch_size"] * best_config["grad_accum_steps"]
-        base_eb = baseline_config["micro_batch_size"] * baseline_config["grad_accum_steps"]
+        best_eb, base_eb = best_config.effective_batch_size, baseline_config.effective_batch_size
         if best_eb != base_eb:
             warnings.append(f"the effective batch changed from {base_eb} to {best_eb}: the "
                             "learning rate may need rescaling")
@@ -118,10 +152,13 @@ def study_summary(study: optuna.Study) -> StudySummary:
             "other processes used the CPUs while every trial that fitted was timed: the "
             "figures are low and their ranking uncertain; measure again on a quiet machine")
     return StudySummary(
-        study=study.study_name, model=identity.get("model_path"),
-        model_args=identity.get("model_args"), device=attrs.get(StudyKey.DEVICE_NAME),
-        devices=tuple(devices), nproc_per_node=identity.get("nproc_per_node", 1),
+        study=study.study_name, model=identity.model_path if identity else None,
+        model_args=identity.model_args if identity else None,
+        device=attrs.get(StudyKey.DEVICE_NAME), devices=tuple(devices),
+        nproc_per_node=identity.nproc_per_node if identity else 1,
         best_config=best_config, baseline_config=baseline_config,
+        knobs=applicable_knobs(attrs.get(StudyKey.SPACE), best_config, baseline_config,
+                               identity.nproc_per_node if identity else 1),
         verdict=verdict,
         trials=dict(Counter(r.state for r in records)), statuses=dict(statuses),
         oom_trials=sum(statuses.get(s, 0) for s in RAN_OUT),
@@ -131,31 +168,78 @@ def study_summary(study: optuna.Study) -> StudySummary:
         train_steps=(attrs.get(StudyKey.OBJECTIVE) or {}).get("train_steps"),
         memory_predictions=prediction_errors(r for r in records if not r.duplicate),
         loader_rates=tuple(LoaderRate(**r) for r in rates) if rates is not None else None,
-        baseline_trial=BaselineTrial(baseline_trial.number, baseline_trial.status,
+        baseline_trial=BaselineTrial(baseline_trial.number, baseline_trial.label,
                                      baseline_trial.message) if baseline_trial else None,
         # knob values the capability probe found failing or pointless here, with the reason
         left_out=tuple(LeftOut(**x) for x in probe.get("left_out", [])),
         convolutional=bool(probe.get("convolutional")),
         warnings=tuple(warnings),
+        queued_trials=tuple(r.number for r in every if r.state == TrialState.WAITING.name),
         disturbed_trials=tuple(r.number for r in records if r.disturbed and not r.duplicate),
         best_disturbed=best_disturbed, compile_payoff=compile_payoff(records, best_trial),
+        trial_times=trial_times(records),
+        probe_s=(attrs.get(StudyKey.PROBE) or {}).get("wall_s"),
         verifications=tuple(Verification.from_json(v)
                             for v in attrs.get(StudyKey.VERIFICATIONS, [])),
         process_group=process_group_figures(
             next((r for r in records if r.number == best_trial), None)),
+        script_args=identity.script_args if identity else None,
+        script_answer=script_answer(records, best_config)
+        if identity and identity.script_args is not None else None,
         **figures)
+
+
+def script_answer(records: list[TrialRecord], config: TrainConfig | None) -> ScriptAnswer | None:
+    """A script study's answer in the script's own terms: what the last measured trial of
+    `config` found the script must change to run it."""
+    answers = [r.measurement.script_answer for r in records
+               if r.config == config and r.measurement is not None
+               and r.measurement.script_answer is not None]
+    return answers[-1] if answers else None
+
+
+def applicable_knobs(space: Mapping[str, Any] | None, best: TrainConfig | None,
+                     baseline: TrainConfig | None, nproc_per_node: int) -> tuple[str, ...]:
+    """The knobs worth a row: the batch, those the study searched (more than one value) that
+    mean something for the baseline or the best (`CONDITIONS`), and any the best changes. A
+    study from before the space was stored shows all but a process group's knobs, which one
+    process has not."""
+    configs = [c.to_dict() for c in (baseline, best) if c is not None]
+    domains = (space or {}).get("domains")
+    shown = []
+    for knob in knob_names():
+        changed = len({json.dumps(c[knob]) for c in configs}) > 1
+        if domains is None:
+            searched = nproc_per_node > 1 or knob not in DISTRIBUTED_KNOBS
+        else:
+            searched = knob in ("micro_batch_size", "grad_accum_steps") or \
+                len(domains.get(knob, ())) > 1
+        meaningful = knob not in CONDITIONS or any(CONDITIONS[knob].holds(c) for c in configs)
+        if changed or (searched and meaningful):
+            shown.append(knob)
+    return tuple(shown)
 
 
 def process_group_figures(record: TrialRecord | None) -> ProcessGroupFigures | None:
     """The ranks' own figures of a process group's trial (None for a trial of one process)."""
-    if record is None or (record.get("world_size") or 1) <= 1:
+    m = record.measurement if record else None
+    if m is None or m.world_size <= 1:
         return None
     return ProcessGroupFigures(
-        world_size=record.get("world_size"),
-        rank_samples_per_sec=tuple(record.get("rank_samples_per_sec") or ()),
-        rank_peak_memory_bytes=tuple(record.get("rank_peak_memory_bytes") or ()),
-        communication_fraction=record.get("communication_fraction"),
-        straggler_rank=record.get("straggler_rank"))
+        world_size=m.world_size, rank_samples_per_sec=m.rank_samples_per_sec,
+        rank_peak_memory_bytes=m.rank_peak_memory_bytes,
+        communication_fraction=m.communication_fraction, straggler_rank=m.straggler_rank)
+
+
+def _left_unknown(short: Mapping[str, Any] | None, confirmed: ConfirmedFigures | None) -> str:
+    """What a default budget too short for an answer (grown its most) left unknown, and the
+    `--timeout` that would answer it; nothing where the rounds gave an interval anyway."""
+    if not short or (confirmed is not None and confirmed.speedup_ci is not None):
+        return ""
+    return (f" Left unknown: the speedup's interval (an answer needs "
+            f"{format_seconds(short['needed_s'])}, the run kept the default budget grown to "
+            f"{format_seconds(short['budget_s'])}, its most); `--timeout {short['timeout']}` "
+            "would answer it.")
 
 
 def _confirmed_figures(confirmation: Confirmation) -> dict[str, Any]:
@@ -179,7 +263,8 @@ def _confirmed_figures(confirmation: Confirmation) -> dict[str, Any]:
             best_search_samples_per_sec=winner.search_samples_per_sec,
             fastest_config=fastest.config, fastest_speedup=fastest.speedup,
             fastest_speedup_ci=fastest.speedup_ci, best_time_to_train_s=winner.time_to_train_s,
-            baseline_time_to_train_s=baseline.time_to_train_s)}
+            baseline_time_to_train_s=baseline.time_to_train_s,
+            confirmation_measured=confirmation.measured)}
 
 
 def _search_figures(records: Sequence[TrialRecord], best: TrialRecord | None,
@@ -197,12 +282,13 @@ def _search_figures(records: Sequence[TrialRecord], best: TrialRecord | None,
     base_sps = baseline.samples_per_sec if baseline else None
     figures.update(
         best_config=best.config, best_samples_per_sec=best_sps, best_trial=best.number,
-        best_peak_memory_bytes=best.peak_memory_bytes, best_mfu=best.get("mfu"),
+        best_peak_memory_bytes=best.peak_memory_bytes, best_mfu=best.measurement.mfu,
         baseline_samples_per_sec=base_sps,
         speedup=best_sps / base_sps if best_sps and base_sps else None)
     if baseline is not None and baseline.disturbed and not best.disturbed:
         warnings.append(
-            f"baseline trial #{baseline.number} {format_disturbance(baseline.other_cpu_share)}"
+            f"baseline trial #{baseline.number} "
+            f"{format_disturbance(baseline.measurement.other_cpu_share)}"
             "; its rate is low and the speedup overstated")
     return figures
 
@@ -257,15 +343,15 @@ def compile_payoff(records: Sequence[TrialRecord],
     """What compiling cost and gained, and after how many steps it pays for itself: for the
     best configuration when it is compiled, else for the compiled one that gained most."""
     rows = compile_rows(records)
-    row = next((r for r in rows if r["trial"] == best_trial), None) or \
-        max(rows, key=lambda r: r["gain"], default=None)
+    row = next((r for r in rows if r.trial == best_trial), None) or \
+        max(rows, key=lambda r: r.gain, default=None)
     if row is None:
         return None
-    return CompilePayoff(**{k: row[k] for k in ("trial", "reference", "compile_s", "gain",
-                                                 "break_even_steps")})
+    return CompilePayoff(trial=row.trial, reference=row.reference, compile_s=row.compile_s,
+                         gain=row.gain, break_even_steps=row.break_even_steps)
 
 
-def compile_rows(records: Sequence[TrialRecord]) -> list[dict[str, Any]]:
+def compile_rows(records: Sequence[TrialRecord]) -> list[CompileRow]:
     """For each measured compiled configuration: what compiling cost at start-up, what it
     gains per step, and the training steps after which it has paid for itself.
 
@@ -274,30 +360,29 @@ def compile_rows(records: Sequence[TrialRecord]) -> list[dict[str, Any]]:
     compiled trial with none of these is left out rather than credited with precision's gain.
     """
     ok = [r for r in records if r.status == TrialStatus.OK and not r.duplicate and r.config
-          and r.samples_per_sec and r.time_to_first_step_s is not None]
-    plain = [r for r in ok if r.config["compile_mode"] == "none"]
+          and r.samples_per_sec and r.measurement.time_to_first_step_s is not None]
+    plain = [r for r in ok if r.config.compile_mode == "none"]
     rows = []
     for rec in ok:
         config = rec.config
-        if config["compile_mode"] == "none":
+        if config.compile_mode == "none":
             continue
         ref, how = _reference(rec, plain)
         if ref is None:
             continue
-        compile_s = rec.time_to_first_step_s - ref.time_to_first_step_s
+        compile_s = rec.measurement.time_to_first_step_s - ref.measurement.time_to_first_step_s
         gain = rec.samples_per_sec / ref.samples_per_sec - 1
-        per_step = config["micro_batch_size"] * config["grad_accum_steps"]
-        saved = per_step * (1 / ref.samples_per_sec - 1 / rec.samples_per_sec)
-        rows.append({
-            "label": f"#{rec.number} {config['compile_mode']}", "trial": rec.number,
-            "config": short_config(config), "reference": f"#{ref.number} ({how})",
-            "compile_s": compile_s, "gain": gain,
-            "break_even_steps": max(0.0, compile_s) / saved if saved > 0 else None})
+        saved = config.effective_batch_size * (1 / ref.samples_per_sec - 1 / rec.samples_per_sec)
+        rows.append(CompileRow(
+            label=f"#{rec.number} {config.compile_mode}", trial=rec.number,
+            config=short_config(config), reference=f"#{ref.number} ({how})",
+            compile_s=compile_s, gain=gain,
+            break_even_steps=max(0.0, compile_s) / saved if saved > 0 else None))
     return rows
 
 
-def _twin_key(config: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple(v for k, v in sorted(config.items()) if k != "compile_mode")
+def _twin_key(config: TrainConfig) -> tuple[Any, ...]:
+    return tuple(v for k, v in sorted(config.to_dict().items()) if k != "compile_mode")
 
 
 def _reference(rec: TrialRecord,
@@ -310,8 +395,8 @@ def _reference(rec: TrialRecord,
     twin = [r for r in plain if _twin_key(r.config) == _twin_key(config)]
     if twin:
         return fastest(twin), "same knobs, uncompiled"
-    same = [r for r in plain if r.config["precision"] == config["precision"]]
-    near = [r for r in same if r.config["micro_batch_size"] == config["micro_batch_size"]]
+    same = [r for r in plain if r.config.precision == config.precision]
+    near = [r for r in same if r.config.micro_batch_size == config.micro_batch_size]
     if near:
         return fastest(near), "same precision and micro-batch"
     if same:

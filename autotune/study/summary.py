@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from autotune.config import TrainConfig
+from autotune.study.confirmation import FRESH_ROUNDS
 from autotune.study.verification import Verification
-from autotune.trial.protocol import LeftOut, LoaderRate
+from autotune.trial.protocol import LeftOut, LoaderRate, PhaseTimes, ScriptAnswer
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,19 @@ class CompilePayoff:
 
 
 @dataclass(frozen=True)
+class CompileRow:
+    """One compiled trial against its uncompiled reference: the report's compile table."""
+
+    label: str
+    trial: int
+    config: str
+    reference: str
+    compile_s: float
+    gain: float
+    break_even_steps: float | None
+
+
+@dataclass(frozen=True)
 class ProcessGroupFigures:
     """How the best trial's ranks went, when trials are process groups: each rank's own rate and
     peak memory, the share of the step with a collective in flight, and the rank that held
@@ -59,6 +74,17 @@ class ProcessGroupFigures:
 
 
 @dataclass(frozen=True)
+class TrialTimes:
+    """Where one measured trial's wall time went: the process's start (imports, the model
+    file loaded) and the measurement's phases, so that a price can be checked against them."""
+
+    trial: int
+    wall_s: float | None
+    process_start_s: float | None
+    phases: PhaseTimes
+
+
+@dataclass(frozen=True)
 class ConfirmedFigures:
     """What only the confirmation's paired rounds tell."""
 
@@ -68,11 +94,12 @@ class ConfirmedFigures:
     no_measurable_difference: bool | None
     confirmation_repeats: int
     best_search_samples_per_sec: float | None
-    fastest_config: dict[str, Any] | None
+    fastest_config: TrainConfig | None
     fastest_speedup: float | None
     fastest_speedup_ci: tuple[float, float] | None
     best_time_to_train_s: float | None
     baseline_time_to_train_s: float | None
+    confirmation_measured: str = FRESH_ROUNDS  # or WARM_TURNS (`study.confirmation`)
 
 
 @dataclass(frozen=True)
@@ -86,13 +113,15 @@ class StudySummary:
     device: str | None
     devices: tuple[str, ...]
     nproc_per_node: int  # ranks of each trial's process group (1: a process of its own)
-    best_config: dict[str, Any] | None
+    best_config: TrainConfig | None
     best_samples_per_sec: float | None
     best_spread: float | None
     best_trial: int | None
     best_peak_memory_bytes: float | None
     best_mfu: float | None
-    baseline_config: dict[str, Any] | None
+    baseline_config: TrainConfig | None
+    # The knobs that apply to this study (searched, or changed), in `TrainConfig`'s order.
+    knobs: tuple[str, ...]
     baseline_samples_per_sec: float | None
     speedup: float | None
     # The answer in one sentence (`verdict`): what to change and by how much, or why not.
@@ -110,13 +139,30 @@ class StudySummary:
     left_out: tuple[LeftOut, ...]
     convolutional: bool  # the model has 2-D or 3-D convolutions (the probe's finding)
     warnings: tuple[str, ...]
+    # Trials queued for the next run of the same command (interrupted, or left when the
+    # budget ended): no run's pending work.
+    queued_trials: tuple[int, ...]
     disturbed_trials: tuple[int, ...]
     best_disturbed: bool
     compile_payoff: CompilePayoff | None
     confirmation: ConfirmedFigures | None = None
     process_group: ProcessGroupFigures | None = None  # of the best trial's search run
     verifications: tuple[Verification, ...] = ()
+    trial_times: tuple[TrialTimes, ...] = ()  # of the measured trials that recorded phases
+    probe_s: float | None = None  # the capability probe's wall time, once per study
     files: dict[str, str] = field(default_factory=dict)
+    # A script's study: its own arguments, and the answer in its own terms (None: a model
+    # file's study, or no measured trial of the answer says it).
+    script_args: tuple[str, ...] | None = None
+    script_answer: ScriptAnswer | None = None
+
+    def script_lines(self) -> list[str]:
+        """The answer as the script's user applies it: the flags to add to its command line,
+        or the keyword arguments to change in its code; none for a model file's study."""
+        if self.script_answer is None:
+            return []
+        return self.script_answer.lines() or ["keep the script's own settings: nothing to "
+                                              "change"]
 
     @property
     def confirmed(self) -> bool:
@@ -133,7 +179,8 @@ class StudySummary:
     def to_json(self) -> dict[str, Any]:
         """Plain data, the keys `autotune show --json` has always printed."""
         data = {f.name: _plain(getattr(self, f.name)) for f in fields(self)
-                if f.name not in ("confirmation", "process_group", "verifications", "files")}
+                if f.name not in ("confirmation", "process_group", "verifications", "files",
+                                  "script_args", "script_answer")}
         data["confirmed"] = self.confirmed
         if self.confirmation is not None:
             data.update(_plain(self.confirmation))
@@ -143,6 +190,11 @@ class StudySummary:
             data["verifications"] = [v.to_json() for v in self.verifications]
         if self.files:
             data["files"] = dict(self.files)
+        if self.script_args is not None:  # a script's study
+            data["script_args"] = list(self.script_args)
+            data["script_answer"] = _plain(self.script_answer)
+            data["answer_in_script_terms"] = self.script_lines()
+            data["script_flags"] = self.script_answer.flags() if self.script_answer else []
         return data
 
 

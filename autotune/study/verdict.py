@@ -4,18 +4,16 @@ summary.md and best.json all print this one sentence."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from autotune.config import TrainConfig
 from autotune.formatting import describe_changes
 from autotune.study.confirmation import CandidateSummary, Confirmation
 
 
-def confirmed_verdict(confirmation: Confirmation, baseline: dict[str, Any]) -> str:
+def confirmed_verdict(confirmation: Confirmation, baseline: TrainConfig) -> str:
     """The verdict of the paired rounds: the recommendation with its speedup over the user's
     settings, or the user's settings kept, with the closest contender's figure."""
     winner, contender = confirmation.winner, confirmation.contender
-    rounds = confirmation.rounds
-    in_rounds = f"{rounds} paired round{'s' if rounds != 1 else ''}"
+    in_rounds = confirmation.in_rounds
     if winner is None:
         return "not known: no configuration ran in every confirmation round"
     if winner.config != baseline:
@@ -47,8 +45,8 @@ def confirmed_verdict(confirmation: Confirmation, baseline: dict[str, Any]) -> s
             f"{_interval(interval)}) by the objective, with fewer changes")
 
 
-def search_verdict(best: dict[str, Any] | None, speedup: float | None,
-                   baseline: dict[str, Any] | None) -> str:
+def search_verdict(best: TrainConfig | None, speedup: float | None,
+                   baseline: TrainConfig | None) -> str:
     """The verdict of a study with no confirmation: the search's single trials."""
     if best is None:
         return "no answer: no configuration was measured within memory"
@@ -59,7 +57,7 @@ def search_verdict(best: dict[str, Any] | None, speedup: float | None,
             "search trials; confirm it (--confirm-repeats) before you change your training")
 
 
-def _figure(candidate: CandidateSummary, baseline: dict[str, Any]) -> str:
+def _figure(candidate: CandidateSummary, baseline: TrainConfig) -> str:
     return f"{describe_changes(candidate.config, baseline)} is {candidate.speedup:.2f}x"
 
 

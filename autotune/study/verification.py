@@ -8,7 +8,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from autotune.config import TrainConfig
 from autotune.formatting import describe_changes
+from autotune.study.confirmation import FRESH_ROUNDS, WARM_TURNS
 
 
 @dataclass(frozen=True)
@@ -18,13 +20,14 @@ class Verification:
 
     at: float                                  # time.time() when it ended
     machine: str
-    subject: dict[str, Any]                    # the configuration measured against the baseline
-    baseline: dict[str, Any]
+    subject: TrainConfig                       # the configuration measured against the baseline
+    baseline: TrainConfig
     rounds: int
     speedup: float | None                      # subject / baseline, paired by round
     speedup_ci: tuple[float, float] | None
     claimed: float | None
     claimed_ci: tuple[float, float] | None
+    measured: str = FRESH_ROUNDS  # WARM_TURNS or FRESH_ROUNDS (a verification from before)
 
     @property
     def holds(self) -> bool | None:
@@ -44,8 +47,10 @@ class Verification:
         what = describe_changes(self.subject, self.baseline)
         if self.speedup is None:
             return f"{when} on {self.machine}: {what} did not run in every round; nothing to say"
+        how = "paired round{} of warm turns" if self.measured == WARM_TURNS else \
+            "fresh paired round{}"
         found = f"{what} is {self.speedup:.2f}x{_interval(self.speedup_ci)} in {self.rounds} " \
-            f"fresh paired round{'s' if self.rounds != 1 else ''}"
+            f"{how.format('s' if self.rounds != 1 else '')}"
         claim = f"{self.claimed:.2f}x{_interval(self.claimed_ci)}" if self.claimed else "none"
         if self.holds is None:
             verdict = f"the claim ({claim}) cannot be checked"
@@ -56,7 +61,8 @@ class Verification:
         return f"{when} on {self.machine}: {found}; {verdict}"
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "holds": self.holds,
+        return {**asdict(self), "subject": self.subject.to_dict(),
+                "baseline": self.baseline.to_dict(), "holds": self.holds,
                 "speedup_ci": list(self.speedup_ci) if self.speedup_ci else None,
                 "claimed_ci": list(self.claimed_ci) if self.claimed_ci else None}
 
@@ -65,6 +71,8 @@ class Verification:
         values = {k: v for k, v in data.items() if k != "holds"}
         for key in ("speedup_ci", "claimed_ci"):
             values[key] = tuple(values[key]) if values.get(key) else None
+        for key in ("subject", "baseline"):
+            values[key] = TrainConfig.from_dict(values[key])
         return cls(**values)
 
 

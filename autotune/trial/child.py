@@ -21,6 +21,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from autotune.trial.protocol import (
     TrialRequest,
     TrialResult,
     TrialStatus,
+    UnsupportedSetting,
     rank_pid_path,
     rank_result_path,
 )
@@ -42,10 +44,11 @@ OOM_MARKER_PAIRS = (("cublas_status_not_initialized", "cublascreate"),)
 
 
 # What a child can be asked to do: module and function, each called as
-# fn(workload, config, device, settings, trace_path, progress) -> figures (plain JSON data).
-JOBS = {"measure": ("autotune.trial.measure", "measure_job"),
-        "probe": ("autotune.trial.probe", "probe_job"),
-        "profile": ("autotune.trial.deep_profile", "profile_job")}
+# fn(workload, config, device, settings, trace_path, progress), and the field of the
+# `TrialResult` its answer goes in.
+JOBS = {"measure": ("autotune.trial.measure", "measure_job", "measurement"),
+        "probe": ("autotune.trial.probe", "probe_job", "probe"),
+        "profile": ("autotune.trial.deep_profile", "profile_job", "profile")}
 
 
 def child_main() -> None:
@@ -65,7 +68,7 @@ def run_child(request_file: Path, result_file: Path) -> None:
         result_file = rank_result_path(result_file, rank)
         _watch_tuner(raw.pop("parent_pid"))
     else:
-        _watch_parent(raw.pop("parent_pid"))
+        watch_parent(raw.pop("parent_pid"))
     phase_file = Path(raw.pop("phase_file"))
     request = TrialRequest(**raw)
     if request.inductor_cache_dir:
@@ -85,10 +88,9 @@ def run_child(request_file: Path, result_file: Path) -> None:
         result = TrialResult(TrialStatus.OOM, "MemoryError (the process ran out of memory while "
                                     "reporting a failure)")
     if ranks > 1:
-        result.metrics.setdefault("rank", rank)
-        result.metrics.setdefault("ended_at", time.time())
+        result = replace(result, rank=rank, ended_at=time.time())
     tmp = result_file.with_name(result_file.name + ".tmp")
-    tmp.write_text(json.dumps(result.to_dict()))
+    tmp.write_text(json.dumps(result.to_json()))
     tmp.replace(result_file)
     sys.stdout.flush()
     # Skip interpreter teardown: DataLoader workers and compile pools can hang it. A rank that
@@ -121,7 +123,19 @@ def _run_job(request: TrialRequest, on_phase: Callable[[str], None]) -> TrialRes
             torch.set_num_threads(request.threads)
         if request.memory_limit_bytes:
             limit_memory(device, request.memory_limit_bytes)
-        module, name = JOBS[request.job]
+        module, name, answer = JOBS[request.job]
+        if request.script_args is not None:  # the user's own script, not a model file
+            from autotune.trial.script.job import script_job
+
+            try:
+                config, figures = script_job(request, device, launched_world_size(), on_phase)
+            except ConfigError as exc:
+                if request.job == "probe":  # the script's own settings: the user's to fix
+                    raise
+                # A trial's knobs the script's library refuses together: this trial's outcome,
+                # not a study-ending mistake of the user's.
+                raise Unsupported(str(exc)) from None
+            return TrialResult(TrialStatus.OK, "measured", config=config, **{answer: figures})
         job = getattr(importlib.import_module(module), name)
         on_phase("loading the model file")
         workload = load_workload(request.model_path, request.model_args)
@@ -131,13 +145,13 @@ def _run_job(request: TrialRequest, on_phase: Callable[[str], None]) -> TrialRes
         if reason and request.job != "probe":  # the probe finds what the baseline can do
             raise Unsupported(reason)
         figures = job(workload, config, device, request.settings, request.trace_path, on_phase)
-        return TrialResult(TrialStatus.OK, "measured", figures, config=config.to_dict())
+        return TrialResult(TrialStatus.OK, "measured", config=config, **{answer: figures})
     except (ContractError, ConfigError) as exc:
         return _failed(TrialStatus.ERROR, exc, bad_input=True)
     except Unsupported as exc:
         result = _failed(TrialStatus.UNSUPPORTED, exc)
         if exc.knob is not None:  # the setting that cannot run, so no trial tries it again
-            result.metrics = {"unsupported_knob": exc.knob, "unsupported_value": exc.value}
+            result = replace(result, unsupported=UnsupportedSetting(exc.knob, exc.value))
         return result
     except BaseException as exc:
         _lift_memory_limit()
@@ -199,7 +213,7 @@ def _note_phase(phase_file: Path, phase: str) -> None:
     phase_file.write_text(phase)
 
 
-def _watch_parent(parent_pid: int) -> None:
+def watch_parent(parent_pid: int) -> None:
     """Exit as soon as the process that started this trial is gone."""
     def watch() -> None:
         while True:

@@ -70,6 +70,18 @@ class Contention:
         return "; ".join(parts) or "not measured"
 
 
+def same_load(earlier: Contention, later: Contention) -> bool:
+    """Two windows disturbed by about the same load (other processes' shares within a factor
+    of two of each other, or only the device's other processes in both): a load that was
+    there all along, the machine's state, which waiting will not clear."""
+    if not (earlier.disturbed and later.disturbed):
+        return False
+    a, b = earlier.other_cpu_share, later.other_cpu_share
+    if a is None or b is None:
+        return a is None and b is None
+    return min(a, b) >= 0.5 * max(a, b)
+
+
 class ContentionProbe:
     """Brackets a window: `start()` before it, `stop()` after, for the trial process `pid`."""
 

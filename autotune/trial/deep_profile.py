@@ -12,7 +12,6 @@ import os
 import pickle
 import socket
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ import torch
 
 from autotune.config import TrainConfig
 from autotune.options import MeasureSettings
-from autotune.trial.diagnosis import Finding
 from autotune.trial.measure import (
     Progress,
     build_setup,
@@ -31,58 +29,25 @@ from autotune.trial.measure import (
     warm_up,
 )
 from autotune.trial.profiling import (
-    OperatorStat,
     allocator_timeline,
     memory_categories,
     operator_tables,
     profile_steps,
 )
+from autotune.trial.protocol import ProfileReport
 from autotune.trial.workload import Workload
-
-
-@dataclass
-class ProfileReport:
-    """What `autotune profile` found for one configuration."""
-
-    config: dict[str, Any]
-    device: str
-    steps: int
-    samples_per_sec: float
-    window_s: float
-    self_cpu_total_s: float
-    self_device_total_s: float | None
-    host_syncs_per_step: float
-    device_idle_fraction: float | None
-    data_wait_fraction: float
-    tables: dict[str, list[OperatorStat]]
-    findings: list[Finding]
-    memory_timeline: tuple[list[float], dict[str, list[int]]]
-    files: dict[str, str]
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data: what profile.json holds, and the memory timeline with it."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ProfileReport:
-        times, series = data["memory_timeline"]
-        return cls(**{**data, "memory_timeline": (times, series),
-                      "tables": {kind: [OperatorStat(**stat) for stat in stats]
-                                 for kind, stats in data["tables"].items()},
-                      "findings": [Finding(**f) for f in data["findings"]]})
 
 
 def profile_job(workload: Workload, config: TrainConfig, device: torch.device,
                 settings: Mapping[str, Any], trace_path: str | None,
-                progress: Progress) -> dict[str, Any]:
+                progress: Progress) -> ProfileReport:
     """A child process's job (`child.JOBS`): profile, write the trace under `settings["out"]`,
     and return the report, its memory timeline included (the tuner's side draws it)."""
-    report = profile_config(workload, config, device, Path(settings["out"]),
+    return profile_config(workload, config, device, Path(settings["out"]),
                             steps=settings["steps"],
                             settings=MeasureSettings(
                                 warmup_max_seconds=settings["warmup_max_seconds"]),
                             top=settings["top"], progress=progress)
-    return report.to_dict()
 
 
 def profile_config(workload: Workload, config: TrainConfig, device: torch.device, out_dir: Path,
@@ -137,12 +102,12 @@ def profile_config(workload: Workload, config: TrainConfig, device: torch.device
     median = summary.window_s / steps
     findings = findings_of(prof, setup, summary, median, data_wait / summary.window_s, sites)
     return ProfileReport(
-        config=setup.config.to_dict(), device=str(device), steps=steps,
+        config=setup.config, device=str(device), steps=steps,
         samples_per_sec=samples / summary.window_s, window_s=summary.window_s,
         self_cpu_total_s=summary.self_cpu_total_s,
         self_device_total_s=summary.self_device_total_s,
         host_syncs_per_step=summary.host_syncs_per_step,
         device_idle_fraction=summary.device_idle_fraction,
         data_wait_fraction=min(1.0, data_wait / summary.window_s),
-        tables=operator_tables(prof, top), findings=findings, memory_timeline=timeline,
+        tables=operator_tables(prof, top), findings=tuple(findings), memory_timeline=timeline,
         files=files)

@@ -8,7 +8,6 @@ each expensive operator, and a short traced step with the tensor methods that fo
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import linecache
 import os
@@ -29,6 +28,7 @@ from torch.autograd import DeviceType
 
 import autotune
 from autotune.trial.profiling import HOST_SYNC_NAMES, PYTHON_FUNCTION, is_operator
+from autotune.trial.protocol import Finding
 
 # The share of the window a problem must cost before it is worth a finding.
 COPY_SHARE = 0.15
@@ -64,20 +64,6 @@ _LIBRARY_ROOTS = tuple(
 
 _AUTOTUNE_ROOT = str(Path(autotune.__file__).parent.resolve()) + os.sep
 _DATA_LOADING = os.path.join("torch", "utils", "data", "")
-
-
-@dataclass
-class Finding:
-    """One problem: what it costs, what to do, and the user's lines it comes from."""
-
-    kind: str
-    share: float
-    title: str
-    advice: str
-    where: list[str]
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclass
@@ -302,7 +288,7 @@ def _sync_finding(sites: list[SyncSite], syncs_per_step: float, sync_s_per_step:
                 f"finished, so the GPU idles while Python catches up; {cost}. Keep running "
                 "values as tensors (accumulate on the device), read them once per logging "
                 "interval, and avoid Python branches on tensor values."),
-        where=where)
+        where=tuple(where))
 
 
 def _copy_finding(ops: list[Any], total_s: float, on_cuda: bool) -> Finding | None:
@@ -321,7 +307,7 @@ def _copy_finding(ops: list[Any], total_s: float, on_cuda: bool) -> Finding | No
                 "Broadcast instead of repeating, keep the layout the next matmul wants instead of "
                 "permuting back and forth, and use fused kernels such as "
                 "torch.nn.functional.scaled_dot_product_attention for attention."),
-        where=_functions_and_copy_lines(copies, on_cuda))
+        where=tuple(_functions_and_copy_lines(copies, on_cuda)))
 
 
 def _hot_operator_finding(ops: list[Any], total_s: float, on_cuda: bool) -> Finding | None:
@@ -341,14 +327,14 @@ def _hot_operator_finding(ops: list[Any], total_s: float, on_cuda: bool) -> Find
         advice=("One operator dominates the step. Check the shapes it runs on: a tensor blown up "
                 "by repeat/expand or broadcasting before an element-wise op multiplies its cost; "
                 "torch.compile fuses chains of element-wise ops into one kernel."),
-        where=_functions_and_copy_lines(events, on_cuda))
+        where=tuple(_functions_and_copy_lines(events, on_cuda)))
 
 
 def _matmul_finding(ops: list[Any], total_s: float, on_cuda: bool,
                     precision: str) -> Finding | None:
     if precision in ("bf16", "fp16") or (on_cuda and precision == "tf32"):
         return None
-    matmuls = [e for e in ops if e.name in MATMUL_OPS and "float" in (e.input_dtypes or [])]
+    matmuls = [e for e in ops if e.name in MATMUL_OPS and _on_float32(e)]
     share = sum(_self_time(e, on_cuda) for e in matmuls) / total_s if total_s else 0.0
     if share < FP32_MATMUL_SHARE:
         return None
@@ -361,7 +347,15 @@ def _matmul_finding(ops: list[Any], total_s: float, on_cuda: bool,
                   "traffic and is faster on CPUs with AVX512-BF16 or AMX.")
     return Finding(kind="fp32_matmul", share=share,
                    title=f"{share:.0%} of {'device' if on_cuda else 'CPU'} time in fp32 matmuls",
-                   advice=advice, where=where)
+                   advice=advice, where=tuple(where))
+
+
+def _on_float32(event: Any) -> bool:
+    """Whether a matmul event ran on float32 inputs. Events of torch before 2.12 carry no
+    dtypes (the GPU machine's torch 2.11 raised here on every fp32 trial): the precision
+    already says fp32 there, so the matmul counts."""
+    dtypes = getattr(event, "input_dtypes", None)
+    return dtypes is None or "float" in dtypes
 
 
 def _launch_finding(events: list[Any], ops: list[Any], steps: int, on_cuda: bool,
@@ -382,7 +376,7 @@ def _launch_finding(events: list[Any], ops: list[Any], steps: int, on_cuda: bool
             advice=("The GPU finishes each tiny kernel before Python launches the next. "
                     "compile_mode=reduce-overhead (CUDA graphs) or default (fusion) removes "
                     "most launches; a larger micro-batch gives each kernel more work."),
-            where=[])
+            where=())
     tiny = [e for e in ops if e.self_cpu_time_total * 1e-6 < TINY_CPU_OP_S]
     tiny_s = sum(e.self_cpu_time_total for e in tiny) * 1e-6
     share = tiny_s / total_s if total_s else 0.0
@@ -394,7 +388,7 @@ def _launch_finding(events: list[Any], ops: list[Any], steps: int, on_cuda: bool
                f"{TINY_CPU_OP_S * 1e6:.0f} us each take {share:.0%} of CPU time"),
         advice=("Per-operator dispatch costs as much as the work. torch.compile fuses them; a "
                 "larger micro-batch gives each operator more work."),
-        where=[])
+        where=())
 
 
 def _loader_finding(data_wait_fraction: float, config: Any) -> Finding | None:
@@ -406,7 +400,7 @@ def _loader_finding(data_wait_fraction: float, config: Any) -> Finding | None:
         advice=(f"The DataLoader (num_workers={config.num_workers}) cannot keep up. More "
                 "workers, a larger prefetch_factor, persistent_workers, and pin_memory on CUDA "
                 "overlap loading with compute; a cheaper __getitem__/collate_fn helps most."),
-        where=["your build_dataset's __getitem__ and collate_fn"])
+        where=("your build_dataset's __getitem__ and collate_fn",))
 
 
 def diagnose(prof: Any, *, config: Any, steps: int, step_s: float, data_wait_fraction: float,

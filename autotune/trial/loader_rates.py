@@ -6,7 +6,7 @@ per study by the capability probe, for every (num_workers, prefetch_factor) the 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -18,12 +18,6 @@ from autotune.trial.training import make_loader
 
 PROBE_BATCHES = 20
 PROBE_SECONDS = 1.0
-
-
-def loader_settings(domains: Mapping[str, Sequence[Any]]) -> list[tuple[int, int | None]]:
-    """Every (num_workers, prefetch_factor) of a space; prefetch means nothing without workers."""
-    return [(w, p) for w in domains["num_workers"]
-            for p in ((None,) if w == 0 else domains["prefetch_factor"])]
 
 
 def measure_loader_rates(dataset: Dataset, collate: Callable[[list[Any]], Any] | None,

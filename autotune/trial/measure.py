@@ -9,8 +9,10 @@
    delivered / window wall time, so data loading is in the figure. Per-step times come from
    CUDA events (read once completed, no host sync) or the host clock on CPU.
    Every window is bracketed by `contention`: one that other processes disturbed is measured
-   again after a pause (bounded, with back-off); if it stays disturbed the least disturbed one
-   is kept and the measurement says so (`disturbed`, `other_cpu_share`).
+   again after a pause (bounded, with back-off), once at most; a load the warm-up and screening
+   saw too is the machine's steady state and is not waited out. If it stays disturbed the least
+   disturbed one is kept and the measurement says so (`disturbed`, `other_cpu_share`,
+   `machine_load`, `steady_load`).
    Before it, a short screening window: with `screen_below` set, a configuration slower than
    that stops there (multi-fidelity: the full window only for promising ones); a disturbed
    screening window stops nothing.
@@ -28,9 +30,9 @@ import resource
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -47,82 +49,17 @@ from autotune.hardware import (
 from autotune.options import MeasureSettings
 from autotune.stats import median_precision
 from autotune.trial.compile_events import CompileCount, compile_count
-from autotune.trial.contention import Contention, ContentionProbe
-from autotune.trial.diagnosis import Finding, SyncSite, diagnose, trace_host_syncs
+from autotune.trial.contention import Contention, ContentionProbe, same_load
+from autotune.trial.diagnosis import SyncSite, diagnose, trace_host_syncs
 from autotune.trial.profiling import ProfileSummary, collection_paused, profile_steps
+from autotune.trial.protocol import FIRST_STEP, Finding, Measurement, PhaseTimes, WarmTurn
 from autotune.trial.training import TrainingSetup, move_to_device, setup_from_workload
 from autotune.trial.workload import Workload
-
-
-@dataclass
-class Measurement:
-    """Every figure of one measured configuration; None where it cannot be measured here."""
-
-    samples_per_sec: float
-    window_s: float
-    window_steps: int
-    window_samples: int
-    step_time_median_s: float
-    step_time_p90_s: float
-    step_time_cv: float
-    time_to_first_step_s: float
-    setup_s: float
-    warmup_steps: int
-    steady: bool
-    peak_memory_bytes: int | None
-    data_wait_fraction: float
-    host_syncs_per_step: float | None = None
-    host_sync_s_per_step: float | None = None
-    device_idle_fraction: float | None = None
-    flops_per_sample: float | None = None
-    mfu: float | None = None
-    peak_allocated_bytes: int | None = None
-    peak_reserved_bytes: int | None = None
-    device_memory_used_bytes: int | None = None
-    final_loss: float | None = None
-    # Every step's loss in the timed window was finite (checked on the device, read once).
-    loss_finite: bool = True
-    top_operators: list[dict[str, Any]] = field(default_factory=list)
-    findings: list[dict[str, Any]] = field(default_factory=list)
-    trace_path: str | None = None
-    warmup_s: float = 0.0
-    screen_samples_per_sec: float | None = None
-    screen_done_s: float | None = None  # from the start of the build to the screen's end
-    screened: bool = False
-    # torch.compile's work (`compile_events`): in the whole measurement, and inside the windows
-    # (screening and timed), where each one distorts the figure.
-    graphs_compiled: int | None = None
-    graphs_compiled_in_window: int | None = None
-    cudagraph_recordings: int | None = None
-    cudagraph_recordings_in_window: int | None = None
-    device_total_memory_bytes: int | None = None  # as the trial sees it (a MIG slice's own)
-    step_time_precision: float | None = None  # the median step time known within ±this
-    cpu_threads: int | None = None            # intra-op threads the trial ran
-    cpu_affinity: list[int] = field(default_factory=list)  # CPUs it was allowed to run on
-    other_cpu_share: float | None = None      # other processes' share of the trial's CPUs
-    disturbed: bool = False                   # the kept window was still above the threshold
-    windows_remeasured: int = 0               # windows re-measured because of contention
-    device_other_processes: int | None = None
-    device_slowdowns: list[str] = field(default_factory=list)
-    # A process group's trial: samples_per_sec is the group's (every rank's samples over the
-    # slowest rank's window), peak_memory_bytes the largest rank's; each rank's own below.
-    world_size: int = 1
-    rank_samples_per_sec: list[float] = field(default_factory=list)
-    rank_peak_memory_bytes: list[int | None] = field(default_factory=list)
-    communication_fraction: float | None = None  # of the profiled steps (rank 0's)
-    straggler_rank: int | None = None  # a rank more than STRAGGLER slower than the fastest
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 Progress = Callable[[str], None]
 # A rank whose own work in a step (its step time less its share in collectives) is this much
 # longer than the fastest rank's holds the others back.
 STRAGGLER = 0.10
-# The phase a trial reports while its first step runs: a timeout here in a compiled
-# configuration is the compile, which the compile cache makes faster the next time.
-FIRST_STEP = "first step (compile and loader start-up included)"
 
 
 def measure_config(workload: Workload, config: TrainConfig, device: torch.device,
@@ -137,13 +74,13 @@ def measure_config(workload: Workload, config: TrainConfig, device: torch.device
 
 def measure_job(workload: Workload, config: TrainConfig, device: torch.device,
                 settings: Mapping[str, Any], trace_path: str | None,
-                progress: Progress) -> dict[str, Any]:
+                progress: Progress) -> Measurement:
     """A trial process's job (`child.JOBS`): every figure of one measurement, and how long
     it took (the rest of the trial's wall time is process start, imports, loading the file)."""
     start = time.perf_counter()
     figures = measure_config(workload, config, device, MeasureSettings(**settings), trace_path,
-                             progress).to_dict()
-    return {**figures, "measure_wall_s": time.perf_counter() - start}
+                             progress)
+    return replace(figures, measure_wall_s=time.perf_counter() - start)
 
 
 def build_setup(workload: Workload, config: TrainConfig, device: torch.device,
@@ -184,6 +121,10 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
     synchronize(device)
     time_to_first = time.perf_counter() - begun
 
+    # What ran beside the warm-up and the screening (long enough to read where a screening
+    # window alone is a few ticks): a load the timed window sees too was there all along.
+    before = ContentionProbe(settings.contention_threshold, device)
+    before.start()
     report("warming up")
     start = time.perf_counter()
     warmup_steps, steady = warm_up(setup, batches, settings)
@@ -192,6 +133,7 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
     probe = ContentionProbe(settings.contention_threshold, device)
     screen_rate = screen_done = None
     screened = False
+    phase_start = time.perf_counter()
     if settings.screen_steps > 0:
         report("screening")
         steps = settings.screen_steps
@@ -201,19 +143,30 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
         screen_done = setup_s + time.perf_counter() - begun
         screened = settings.screen_below is not None and screen_rate < settings.screen_below \
             and not window.contention.disturbed
-    remeasured = 0
+    screen_s = time.perf_counter() - phase_start
+    seen = before.stop()
+    timing = _Timing(window, 0, 0.0, window.contention.other_cpu_share,
+                     window.contention.disturbed) if screened else None
+    remeasure_s = 0.0
     if not screened:
         report("timing")
-        window, remeasured = _undisturbed_window(setup, batches, settings, probe, report)
+        phase_start = time.perf_counter()
+        timing = _undisturbed_window(setup, batches, settings, probe, report, seen)
+        window = timing.kept
+        remeasure_s = time.perf_counter() - phase_start - timing.first_s
     compiled_after = compile_count()
 
     times = window.step_times
     median = statistics.median(times)
     # The training's peak, before the profiler's own event storage adds to the process's.
-    memory = _peak_memory(device)
+    memory = peak_memory(device)
     profile, findings = None, []
+    sync_tracing_s = profile_s = 0.0
     if settings.profile_steps > 0 and not screened:
+        phase_start = time.perf_counter()
         sites = sync_sites(setup, batches, report)
+        sync_tracing_s = time.perf_counter() - phase_start
+        phase_start = time.perf_counter()
         report("profiling")
         captured: list[Any] = []
         profiled = prefetched(setup, batches, settings.profile_steps)
@@ -224,6 +177,7 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
                                 on_profile=captured.append)
         findings = findings_of(captured[0], setup, profile, median,
                              window.data_wait_s / window.seconds, sites)
+        profile_s = time.perf_counter() - phase_start
     mean = statistics.fmean(times)
     samples_per_sec = window.samples / window.seconds
     mfu = None
@@ -232,18 +186,13 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
         mfu = flops_per_sample * samples_per_sec / peak
     # the kept window's own: not the screening's, nor a disturbed window measured again
     compiled, in_window = compiled_after - compiled_before, window.compiled
-    group = _group_figures(setup, window, median, memory["peak_memory_bytes"],
-                           profile.communication_fraction if profile else None)
-    if group:
-        samples_per_sec, memory["peak_memory_bytes"] = group.pop("samples_per_sec"), \
-            group.pop("peak_memory_bytes")
-    return Measurement(
+    figures = Measurement(
         samples_per_sec=samples_per_sec,
         window_s=window.seconds,
         window_steps=len(times),
         window_samples=window.samples,
         step_time_median_s=median,
-        step_time_p90_s=_percentile(times, 0.9),
+        step_time_p90_s=percentile(times, 0.9),
         step_time_cv=statistics.pstdev(times) / mean if mean > 0 else 0.0,
         time_to_first_step_s=time_to_first,
         setup_s=setup_s,
@@ -256,8 +205,8 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
         flops_per_sample=flops_per_sample,
         mfu=mfu,
         final_loss=window.final_loss, loss_finite=window.loss_finite,
-        top_operators=[asdict(op) for op in profile.top_operators] if profile else [],
-        findings=[f.to_dict() for f in findings],
+        top_operators=profile.top_operators if profile else (),
+        findings=tuple(findings),
         trace_path=profile.trace_path if profile else None,
         warmup_s=warmup_s,
         screen_samples_per_sec=screen_rate,
@@ -269,51 +218,53 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
         cudagraph_recordings_in_window=in_window.cudagraph_recordings,
         step_time_precision=median_precision(times),
         cpu_threads=torch.get_num_threads(),
-        cpu_affinity=probe.cpus,
+        cpu_affinity=tuple(probe.cpus),
         other_cpu_share=window.contention.other_cpu_share,
         disturbed=window.contention.disturbed,
-        windows_remeasured=remeasured,
+        windows_remeasured=timing.remeasured,
+        machine_load=timing.load, steady_load=timing.steady_load,
         device_other_processes=window.contention.device_other_processes,
-        device_slowdowns=window.contention.device_slowdowns,
-        **memory,
-        **group,
+        device_slowdowns=tuple(window.contention.device_slowdowns),
+        peak_memory_bytes=memory.peak, peak_allocated_bytes=memory.allocated,
+        peak_reserved_bytes=memory.reserved, device_memory_used_bytes=memory.device_used,
+        device_total_memory_bytes=memory.device_total,
+        phases=PhaseTimes(build_s=setup_s, first_step_s=time_to_first, warmup_s=warmup_s,
+                          screen_s=screen_s, window_s=timing.first_s, remeasure_s=remeasure_s,
+                          sync_tracing_s=sync_tracing_s, profile_s=profile_s),
     )
+    return _as_group(figures, setup, window, median,
+                     profile.communication_fraction if profile else None)
 
 
-def _group_figures(setup: TrainingSetup, window: _Window, step_s: float, peak: int | None,
-                   communication: float | None) -> dict[str, Any]:
-    """Every rank's figures, gathered: the group's rate (all samples over the slowest window),
-    the largest peak, and the straggler, if a rank's own work is STRAGGLER slower. The
-    window's loss counts as finite only if every rank's was."""
+def _as_group(figures: Measurement, setup: TrainingSetup, window: _Window, step_s: float,
+              communication: float | None) -> Measurement:
+    """A process group's figures from every rank's, gathered: the group's rate (all samples
+    over the slowest window), the largest peak, and the straggler, if a rank's own work is
+    STRAGGLER slower; the window's loss finite only if every rank's was. A process of its
+    own keeps its figures."""
     if setup.world is None:
-        return {}
+        return figures
     ranks = setup.world.gather({"samples": window.samples, "seconds": window.seconds,
-                                "peak": peak, "step_s": step_s, "communication": communication,
-                                "finite": window.loss_finite})
-    window.loss_finite = all(r["finite"] for r in ranks)
+                                "peak": figures.peak_memory_bytes, "step_s": step_s,
+                                "communication": communication, "finite": window.loss_finite})
     work = [r["step_s"] * (1 - (r["communication"] or 0.0)) for r in ranks]
     slowest = max(range(len(ranks)), key=work.__getitem__)
-    straggler = slowest if work[slowest] > min(work) * (1 + STRAGGLER) else None
-    peaks = [r["peak"] for r in ranks]
-    return {"samples_per_sec": sum(r["samples"] for r in ranks) /
-            max(r["seconds"] for r in ranks),
-            "peak_memory_bytes": max((p for p in peaks if p is not None), default=None),
-            "world_size": len(ranks),
-            "rank_samples_per_sec": [r["samples"] / r["seconds"] for r in ranks],
-            "rank_peak_memory_bytes": peaks, "communication_fraction": communication,
-            "straggler_rank": straggler}
+    return replace(
+        group_figures(figures, ranks), communication_fraction=communication,
+        straggler_rank=slowest if work[slowest] > min(work) * (1 + STRAGGLER) else None)
 
 
-def time_to_train_s(metrics: Mapping[str, Any], steps: int) -> float:
-    """Wall time of `steps` optimizer steps from a fresh start, as a real run would spend it:
-    the build, the first step (compile included), the warm-up steps as measured, then the
-    rest at the timed window's pace (data loading included)."""
-    start = metrics["setup_s"] + metrics["time_to_first_step_s"]
-    warmup_steps, warmup_s = metrics["warmup_steps"], metrics["warmup_s"]
-    if steps <= 1 + warmup_steps:
-        return start + warmup_s * max(0, steps - 1) / max(1, warmup_steps)
-    steady = metrics["window_s"] / metrics["window_steps"]
-    return start + warmup_s + (steps - 1 - warmup_steps) * steady
+def group_figures(figures: Measurement, ranks: list[dict[str, Any]]) -> Measurement:
+    """The group's rate (all ranks' `samples` over the slowest rank's `seconds`), the largest
+    `peak`, the loss finite only if every rank's was, and each rank's own figures."""
+    peaks = tuple(r["peak"] for r in ranks)
+    return replace(
+        figures, samples_per_sec=sum(r["samples"] for r in ranks) /
+        max(r["seconds"] for r in ranks),
+        peak_memory_bytes=max((p for p in peaks if p is not None), default=None),
+        loss_finite=all(r["finite"] for r in ranks), world_size=len(ranks),
+        rank_samples_per_sec=tuple(r["samples"] / r["seconds"] for r in ranks),
+        rank_peak_memory_bytes=peaks)
 
 
 def prefetched(setup: TrainingSetup, batches: Iterator[Any], steps: int) -> Iterator[Any]:
@@ -381,15 +332,47 @@ def warm_up(setup: TrainingSetup, batches: Iterator[Any],
     return len(times), False
 
 
+def timed_turn(setup: TrainingSetup, batches: Iterator[Any], settings: MeasureSettings,
+               steps: int, seconds: float) -> WarmTurn:
+    """At least `steps` optimizer steps and `seconds`, timed as a window is (data loading
+    included, synchronised only at its edges, bracketed by the contention probe): one turn of
+    a warm process."""
+    probe = ContentionProbe(settings.contention_threshold, setup.device)
+    window = _timed_window(setup, batches, replace(
+        settings, window_steps=steps, window_seconds=seconds, window_max_seconds=seconds,
+        window_max_steps=steps), probe)
+    return WarmTurn(samples=window.samples, seconds=window.seconds,
+                    peak_memory_bytes=peak_memory(setup.device).peak,
+                    disturbed=window.contention.disturbed, loss_finite=window.loss_finite)
+
+
+class _Timing(NamedTuple):
+    kept: _Window
+    remeasured: int
+    first_s: float           # the first timed window's wall time
+    load: float | None       # the least share other processes took of any window
+    steady_load: bool        # every window saw a load: the machine's state
+
+
 def _undisturbed_window(setup: TrainingSetup, batches: Iterator[Any], settings: MeasureSettings,
-                        probe: ContentionProbe, report: Progress) -> tuple[_Window, int]:
-    """The timed window, measured again when other processes disturbed it: once the machine
-    is quiet again (waiting at most 1, 2, 4... x the back-off, `contention_retries` times)
-    and after a few untimed steps. The first clean window is kept, else the least disturbed;
-    returns it and how many windows were measured again."""
+                        probe: ContentionProbe, report: Progress,
+                        seen: Contention | None = None) -> _Timing:
+    """The timed window, measured again when other processes disturbed it and their load came
+    and went: once the machine is quiet (waiting at most 1, 2, 4... x the back-off,
+    `contention_retries` times) and after a few untimed steps, at most
+    `contention_remeasures` times. A load the warm-up and screening (`seen`) saw too, at the
+    same level, is the machine's state: recorded and flagged, not waited out or measured again.
+    The first clean window is kept, else the least disturbed."""
+    start = time.perf_counter()
     windows = [_timed_window(setup, batches, settings, probe)]
-    for retry in range(settings.contention_retries):
-        if not windows[-1].contention.disturbed:
+    first_s = time.perf_counter() - start
+    steady = seen is not None and same_load(seen, windows[0].contention)
+    if steady:
+        report(f"{windows[0].contention.describe()} in the window, as in the warm-up: the "
+               "machine's steady load, kept and flagged")
+    for retry in range(0 if steady else settings.contention_retries):
+        if not windows[-1].contention.disturbed or \
+                len(windows) > settings.contention_remeasures:
             break
         wait_s = settings.contention_backoff_s * 2**retry
         report(f"{windows[-1].contention.describe()} in the window: waiting up to "
@@ -402,7 +385,10 @@ def _undisturbed_window(setup: TrainingSetup, batches: Iterator[Any], settings: 
         windows.append(_timed_window(setup, batches, settings, probe))
     kept = min(windows, key=lambda w: (w.contention.disturbed,
                                        w.contention.other_cpu_share or 0.0))
-    return kept, len(windows) - 1
+    every = [w.contention for w in windows] + ([seen] if seen is not None else [])
+    shares = [c.other_cpu_share for c in every if c.other_cpu_share is not None]
+    return _Timing(kept, len(windows) - 1, first_s, min(shares, default=None),
+                   all(c.disturbed for c in every))
 
 
 class _StepClock:
@@ -519,20 +505,24 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
     return ordered[index]
 
 
-def _peak_memory(device: torch.device) -> dict[str, int | None]:
+class _Peaks(NamedTuple):
+    peak: int
+    allocated: int | None = None
+    reserved: int | None = None
+    device_used: int | None = None
+    device_total: int | None = None
+
+
+def peak_memory(device: torch.device) -> _Peaks:
     """CUDA: allocator peaks and NVML's device figure; CPU: the process's peak RSS."""
     if device.type == "cuda":
         reserved = torch.cuda.max_memory_reserved(device)
-        return {"peak_memory_bytes": reserved,
-                "peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
-                "peak_reserved_bytes": reserved,
-                "device_memory_used_bytes": nvml_memory_used(device.index or 0),
-                "device_total_memory_bytes": cuda_total_memory(device)}
-    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"peak_memory_bytes": rss_kib * 1024}
+        return _Peaks(reserved, torch.cuda.max_memory_allocated(device), reserved,
+                      nvml_memory_used(device.index or 0), cuda_total_memory(device))
+    return _Peaks(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)

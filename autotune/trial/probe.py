@@ -3,7 +3,8 @@ baseline, so that the search only ever proposes what works here and is worth try
 
 The probe (`probe_job`, run in a child process like a trial) reads the workload's facts (the
 file's BASELINE, the dataset's size, the model's training state) and tries, on the user's model
-and this machine, each knob value that can fail or be pointless:
+and this machine, each knob value that can fail or be pointless, of those the search would offer
+on this device (the tuner's side sends them in the request's settings, `candidates`):
 
 - precision: bf16 (and fp16 on CUDA) for one short timed run against the baseline's precision;
   a value that fails is left out, and on CPU one more than `SLOWER` times slower than fp32 too
@@ -33,17 +34,17 @@ import contextlib
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from autotune.config import FP8_PRECISIONS, TrainConfig, from_baseline
-from autotune.hardware import cpu_has_native_bf16, describe, device_domains, unsupported_reason
+from autotune.config import FP8_PRECISIONS, TrainConfig, from_baseline, loader_settings
+from autotune.hardware import cpu_has_native_bf16, describe, unsupported_reason
 from autotune.trial.child import is_oom
 from autotune.trial.float8 import MIN_FEATURES, large_linears
-from autotune.trial.loader_rates import loader_settings, measure_loader_rates
+from autotune.trial.loader_rates import measure_loader_rates
 from autotune.trial.protocol import LeftOut, ProbeReport
 from autotune.trial.training import (
     CHECK_SAMPLES,
@@ -56,6 +57,7 @@ from autotune.trial.training import (
     nonfinite_problem,
     sample_batch,
     setup_from_workload,
+    training_state_bytes,
 )
 from autotune.trial.workload import Workload, check_loss
 
@@ -68,15 +70,9 @@ TIMED_STEPS = 3
 Progress = Callable[[str], None]
 
 
-def training_state_bytes(model: Any) -> int:
-    """What training the model costs before any activation: fp32 weights, their gradients and
-    AdamW's two moments."""
-    return 4 * sum(p.numel() * p.element_size() for p in model.parameters())
-
-
 def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
               settings: Mapping[str, Any], trace_path: str | None,
-              progress: Progress) -> dict[str, Any]:
+              progress: Progress) -> ProbeReport:
     """A child process's job (`child.JOBS`): the ProbeReport of `workload` on `device`,
     `config` being its baseline."""
     progress("building the dataset")
@@ -88,16 +84,12 @@ def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
                          parameters=sum(p.numel() for p in model.parameters()),
                          convolutional=has_convolutions(model))
     del model
-    info = describe(device)
-    if unsupported_reason(config, info):  # a BASELINE this device cannot run: its defaults
+    if unsupported_reason(config, describe(device)):  # a BASELINE this device cannot run
         config = from_baseline({"micro_batch_size": config.micro_batch_size,
                                 "grad_accum_steps": config.grad_accum_steps}, device.type)
-    # The values the search would offer here: those worth a try.
     trials = _Trials(workload, dataset, device, progress)
     report.attention = trials.calls_attention()
-    # every optimizer is tried, so that a study resumed with --allow-optimizer-change knows
-    offered = device_domains(config, info, convolutional=report.convolutional,
-                             attention=report.attention, optimizer_change=True)
+    offered = _offered(settings["candidates"], config, report)
     progress("one baseline step (the reference)")
     try:
         reference = trials.run(config, timed=True)
@@ -121,7 +113,26 @@ def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
     progress("timing the DataLoader alone")
     report.loader_rates = measure_loader_rates(dataset, workload.hook("collate_fn"),
                                                config.micro_batch_size, sorted(usable, key=str))
-    return report.to_dict()
+    return report
+
+
+def _offered(candidates: Mapping[str, Sequence[Any]], config: TrainConfig,
+             report: ProbeReport) -> dict[str, tuple]:
+    """The values worth a try here: those the search sent (`settings["candidates"]`: what it
+    offers on this device besides a baseline's own, every optimizer among them), memory formats
+    only for a model with convolutions, attention kernels only for one that calls them, and the
+    baseline's own DataLoader setting among the others (every space holds its baseline)."""
+    offered = {knob: tuple(values) for knob, values in candidates.items()}
+    if not report.convolutional:
+        offered["memory_format"] = ()
+    if not report.attention:
+        offered["attention_backend"] = ()
+    offered["num_workers"] = tuple(sorted({*offered["num_workers"], config.num_workers}))
+    if config.num_workers:
+        offered["prefetch_factor"] = tuple(sorted(
+            {*offered["prefetch_factor"], config.prefetch_factor},
+            key=lambda v: (v is not None, v or 0)))
+    return offered
 
 
 @dataclass

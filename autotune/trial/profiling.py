@@ -7,7 +7,6 @@ device, how much of the window the device sits idle, and which operators cost th
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import json
 import os
@@ -24,6 +23,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from autotune.trial.protocol import OperatorStat
 from autotune.trial.training import NEXT_BATCH
 
 # Each profiled step is a range named as torch.profiler's own schedule names them, so
@@ -63,15 +63,6 @@ MEMORY_CATEGORIES = ("parameter", "optimizer_state", "input", "temporary", "acti
 
 
 @dataclass
-class OperatorStat:
-    name: str
-    calls: int
-    self_time_s: float
-    total_time_s: float
-    share: float
-
-
-@dataclass
 class ProfileSummary:
     steps: int
     window_s: float
@@ -80,14 +71,11 @@ class ProfileSummary:
     device_idle_fraction: float | None
     self_cpu_total_s: float
     self_device_total_s: float | None
-    top_operators: list[OperatorStat]
+    top_operators: tuple[OperatorStat, ...]
     trace_path: str | None
     # Share of the window with a collective in flight (gloo's on the host, NCCL's kernels on
     # the GPU), overlapped with compute or not; None in a process of its own.
     communication_fraction: float | None = None
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 def _synchronize(device: torch.device | None) -> None:
@@ -201,7 +189,7 @@ def _cpu_total_us(averages: Iterable[Any]) -> float:
 
 def _operator_stats(
     averages: Iterable[Any], by_device: bool, total_us: float, top: int
-) -> list[OperatorStat]:
+) -> tuple[OperatorStat, ...]:
     """Top CPU-side operators by self time; on CUDA, device time is credited to the op
     that launched it, so kernels appear under readable aten names."""
     rows = []
@@ -225,7 +213,7 @@ def _operator_stats(
             )
         )
     rows.sort(key=lambda r: r.self_time_s, reverse=True)
-    return rows[:top]
+    return tuple(rows[:top])
 
 
 @contextmanager
@@ -326,7 +314,7 @@ def _summary(prof: profile, steps: int, on_cuda: bool, trace_path: str | os.Path
     )
 
 
-def operator_tables(prof: profile, top: int = 10) -> dict[str, list[OperatorStat]]:
+def operator_tables(prof: profile, top: int = 10) -> dict[str, tuple[OperatorStat, ...]]:
     """Top operators of a raw profile: by self device time (CUDA only), by self CPU time, and
     by (operator, input shape), the last ranked by device time where there is one."""
     averages = prof.key_averages()

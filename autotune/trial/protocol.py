@@ -1,19 +1,26 @@
-"""What crosses the process boundary: what a trial process is asked and what it answers, as
-plain JSON data both ways.
+"""What crosses a boundary, as typed records with their JSON: the process boundary between the
+tuner and a trial, and the storage's between the run that wrote a study and whoever reads it.
 
 The tuner's side (`autotune.search.isolation`) writes a `TrialRequest` to a file, the trial's
 side (`autotune.trial.child`) runs it and writes a `TrialResult` back; `TrialStatus` names how a
-trial ended, in the result and in the study storage alike. The capability probe's answer is a
-`ProbeReport` (its `LeftOut` values and `LoaderRate`s), which the study caches.
+trial ended, in the result and in the study storage alike. A result carries what its job
+answered: a `Measurement` (with its `Finding`s and `OperatorStat`s), the capability probe's
+`ProbeReport` (its `LeftOut` values and `LoaderRate`s, which the study caches), or a
+`ProfileReport`. The study stores its `StudyIdentity` and each trial's `Measurement`. Each record
+is turned back into its type the moment it is read (`from_json`), never read by string key.
+Nothing here imports torch.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 from typing import Any
+
+from autotune.config import TrainConfig
 
 
 class TrialStatus(str, Enum):
@@ -41,6 +48,14 @@ class TrialStatus(str, Enum):
     __hash__ = str.__hash__
 
 
+# The phase a trial reports while its first step runs: a timeout here in a compiled
+# configuration is the compile, which the compile cache makes faster the next time.
+FIRST_STEP = "first step (compile and loader start-up included)"
+# The phase of a script trial until its script calls Trainer.train or Trainer.fit: a timeout
+# here is a script that never started a supported trainer.
+SCRIPT_STARTUP = "the script's own start-up, until its Trainer.train or Trainer.fit"
+
+
 @dataclass
 class TrialRequest:
     """Everything a child needs for one job; plain JSON data. Knobs `config` leaves out come
@@ -62,6 +77,9 @@ class TrialRequest:
     nproc_per_node: int = 1
     # The GPUs of the group, one per rank, as the tuner names them (None: the first N it sees).
     group_devices: list[str] | None = None
+    # A user's own training script instead of a model file (`model_path` is the script), run
+    # with these arguments; None: a model file.
+    script_args: list[str] | None = None
 
 
 def rank_result_path(result_file: Path, rank: int) -> Path:
@@ -74,25 +92,351 @@ def rank_pid_path(result_file: Path, rank: int) -> Path:
     return result_file.with_name(f"{result_file.name}.rank{rank}.pid")
 
 
-@dataclass
+@dataclass(frozen=True)
+class ScriptAnswer:
+    """A configuration in a training script's own terms: what it changes from its own settings
+    (`changes`: where it is said, TrainingArguments, Trainer, a DataModule's attribute or a
+    torch line, to its fields and values), and how its TrainingArguments are given
+    (`parsed_by`: an HfArgumentParser method, so the flags on its command line; None: in code)."""
+
+    library: str
+    changes: dict[str, dict[str, Any]]
+    parsed_by: str | None = None
+
+    @property
+    def on_command_line(self) -> bool:
+        return self.parsed_by == "parse_args_into_dataclasses"
+
+    def flags(self) -> list[str]:
+        """The command-line flags to add (HfArgumentParser's spelling), where the script parses
+        its TrainingArguments from its command line; else none."""
+        if not self.on_command_line:
+            return []
+        out = []
+        for name, value in self.changes.get("TrainingArguments", {}).items():
+            if value is True:
+                out.append(f"--{name}")
+            else:  # HfArgumentParser reads a mapping as JSON, everything else as its text
+                out += [f"--{name}", json.dumps(value) if isinstance(value, dict) else str(value)]
+        return out
+
+    def keyword_lines(self) -> list[str]:
+        """`Where(name=value, ...)`, one line per place in the code that changes."""
+        return [f"{where}({', '.join(f'{k}={v!r}' for k, v in values.items())})"
+                for where, values in self.changes.items()]
+
+    def lines(self) -> list[str]:
+        """The answer as the user applies it: the flags to add to the command line, or the
+        keyword arguments to change in the code."""
+        if not self.changes:
+            return []
+        if self.on_command_line:
+            return [" ".join(self.flags())]
+        return self.keyword_lines()
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ScriptAnswer:
+        return cls(library=data["library"], changes={k: dict(v) for k, v in
+                                                     data["changes"].items()},
+                   parsed_by=data.get("parsed_by"))
+
+
+@dataclass(frozen=True)
+class OperatorStat:
+    """One operator's share of a profiled window."""
+
+    name: str
+    calls: int
+    self_time_s: float
+    total_time_s: float
+    share: float
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem: what it costs, what to do, and the user's lines it comes from."""
+
+    kind: str
+    share: float
+    title: str
+    advice: str
+    where: tuple[str, ...]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Finding:
+        return cls(**{**data, "where": tuple(data["where"])})
+
+
+# Bumped when a field of `Measurement` changes meaning or goes; a field added is read as its
+# default from records written before it.
+MEASUREMENT_VERSION = 1
+PHASE_TIMES_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PhaseTimes:
+    """Where a measurement's wall time went, phase by phase, in seconds: what a run that does
+    only some of them (a confirmation run: no re-measures, no profiler) is priced from."""
+
+    build_s: float = 0.0          # model, dataset and loader built (FLOPs counted on CUDA)
+    first_step_s: float = 0.0     # the first optimizer step: compile and loader start-up
+    warmup_s: float = 0.0         # steps until steady
+    screen_s: float = 0.0         # the short screening window
+    window_s: float = 0.0         # the first timed window
+    remeasure_s: float = 0.0      # disturbed windows measured again: waits, untimed steps
+    sync_tracing_s: float = 0.0   # the step traced for the lines that read tensors back
+    profile_s: float = 0.0        # the profiler window, its micro-batches fetched before it
+
+    @property
+    def total_s(self) -> float:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": PHASE_TIMES_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PhaseTimes:
+        """From `to_json`'s data; phases it lacks take 0."""
+        version = data.get("version", PHASE_TIMES_VERSION)
+        if version > PHASE_TIMES_VERSION:
+            raise ValueError(f"phase times of format {version}, newer than this autotune's "
+                             f"{PHASE_TIMES_VERSION}: upgrade autotune to read them")
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: float(v) for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Every figure of one measured configuration; None where it cannot be measured here."""
+
+    samples_per_sec: float
+    window_s: float = 0.0
+    window_steps: int = 0
+    window_samples: int = 0
+    step_time_median_s: float | None = None
+    step_time_p90_s: float | None = None
+    step_time_cv: float | None = None
+    time_to_first_step_s: float | None = None
+    setup_s: float = 0.0
+    warmup_steps: int = 0
+    steady: bool = False
+    peak_memory_bytes: int | None = None
+    data_wait_fraction: float | None = None
+    host_syncs_per_step: float | None = None
+    host_sync_s_per_step: float | None = None
+    device_idle_fraction: float | None = None
+    flops_per_sample: float | None = None
+    mfu: float | None = None
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    device_memory_used_bytes: int | None = None
+    final_loss: float | None = None
+    # Every step's loss in the timed window was finite (checked on the device, read once).
+    loss_finite: bool = True
+    top_operators: tuple[OperatorStat, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    trace_path: str | None = None
+    warmup_s: float = 0.0
+    screen_samples_per_sec: float | None = None
+    screen_done_s: float | None = None  # from the start of the build to the screen's end
+    screened: bool = False
+    # torch.compile's work (`compile_events`): in the whole measurement, and inside the windows
+    # (screening and timed), where each one distorts the figure.
+    graphs_compiled: int | None = None
+    graphs_compiled_in_window: int | None = None
+    cudagraph_recordings: int | None = None
+    cudagraph_recordings_in_window: int | None = None
+    device_total_memory_bytes: int | None = None  # as the trial sees it (a MIG slice's own)
+    step_time_precision: float | None = None  # the median step time known within ±this
+    cpu_threads: int | None = None            # intra-op threads the trial ran
+    cpu_affinity: tuple[int, ...] = ()        # CPUs it was allowed to run on
+    other_cpu_share: float | None = None      # other processes' share of the trial's CPUs
+    disturbed: bool = False                   # the kept window was still above the threshold
+    windows_remeasured: int = 0               # windows re-measured because of contention
+    # The least share other processes took of any window the trial timed (its warm-up and
+    # screening included): the load there all along; and whether every window saw one (the
+    # machine's state).
+    machine_load: float | None = None
+    steady_load: bool = False
+    device_other_processes: int | None = None
+    device_slowdowns: tuple[str, ...] = ()
+    # A process group's trial: samples_per_sec is the group's (every rank's samples over the
+    # slowest rank's window), peak_memory_bytes the largest rank's; each rank's own below.
+    world_size: int = 1
+    rank_samples_per_sec: tuple[float, ...] = ()
+    rank_peak_memory_bytes: tuple[int | None, ...] = ()
+    communication_fraction: float | None = None  # of the profiled steps (rank 0's)
+    straggler_rank: int | None = None  # a rank more than 10% slower than the fastest
+    measure_wall_s: float | None = None  # the measurement's own wall time in the trial
+    # A script trial's configuration in the script's own terms (None: a model file's trial).
+    script_answer: ScriptAnswer | None = None
+    phases: PhaseTimes | None = None  # None in a study written before phases were recorded
+
+    def time_to_train_s(self, steps: int) -> float:
+        """Wall time of `steps` optimizer steps from a fresh start, as a real run would spend
+        it: the build, the first step (compile included), the warm-up steps as measured, then
+        the rest at the timed window's pace (data loading included)."""
+        start = self.setup_s + (self.time_to_first_step_s or 0.0)
+        if steps <= 1 + self.warmup_steps:
+            return start + self.warmup_s * max(0, steps - 1) / max(1, self.warmup_steps)
+        steady = self.window_s / self.window_steps
+        return start + self.warmup_s + (steps - 1 - self.warmup_steps) * steady
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data with its format's version."""
+        return {"version": MEASUREMENT_VERSION, **asdict(self),
+                "phases": self.phases.to_json() if self.phases else None}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Measurement:
+        """From `to_json`'s data, or from a study written before measurements had a version
+        (its figures were a trial's attributes among others): keys that are not figures are
+        ignored, figures it lacks take their defaults."""
+        version = data.get("version", MEASUREMENT_VERSION)
+        if version > MEASUREMENT_VERSION:
+            raise ValueError(f"a measurement of format {version}, newer than this autotune's "
+                             f"{MEASUREMENT_VERSION}: upgrade autotune to read it")
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        for name in _TUPLES:
+            if values.get(name) is not None:
+                values[name] = tuple(values[name])
+        values["top_operators"] = tuple(OperatorStat(**op)
+                                        for op in data.get("top_operators") or ())
+        values["findings"] = tuple(Finding.from_json(f) for f in data.get("findings") or ())
+        if values.get("script_answer") is not None:
+            values["script_answer"] = ScriptAnswer.from_json(values["script_answer"])
+        phases = data.get("phases")
+        values["phases"] = PhaseTimes.from_json(phases) if phases else None
+        return cls(**values)
+
+
+_TUPLES = ("cpu_affinity", "device_slowdowns", "rank_samples_per_sec", "rank_peak_memory_bytes")
+
+
+@dataclass(frozen=True)
+class ProfileReport:
+    """What `autotune profile` found for one configuration."""
+
+    config: TrainConfig
+    device: str
+    steps: int
+    samples_per_sec: float
+    window_s: float
+    self_cpu_total_s: float
+    self_device_total_s: float | None
+    host_syncs_per_step: float
+    device_idle_fraction: float | None
+    data_wait_fraction: float
+    tables: dict[str, tuple[OperatorStat, ...]]
+    findings: tuple[Finding, ...]
+    memory_timeline: tuple[list[float], dict[str, list[int]]]
+    files: dict[str, str]
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data: what profile.json holds, and the memory timeline with it."""
+        return {**asdict(self), "config": self.config.to_dict()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ProfileReport:
+        times, series = data["memory_timeline"]
+        return cls(**{**data, "config": TrainConfig.from_dict(data["config"]),
+                      "memory_timeline": (times, series),
+                      "tables": {kind: tuple(OperatorStat(**stat) for stat in stats)
+                                 for kind, stats in data["tables"].items()},
+                      "findings": tuple(Finding.from_json(f) for f in data["findings"])})
+
+
+@dataclass(frozen=True)
+class UnsupportedSetting:
+    """The setting a trial found it cannot run, so that no later trial tries it again."""
+
+    knob: str
+    value: Any
+
+
+# Bumped when a field of `TrialResult` changes meaning or goes.
+RESULT_VERSION = 1
+
+
+@dataclass(frozen=True)
 class TrialResult:
-    """What became of one trial. `bad_input` marks a contract or config error of the user's."""
+    """What became of one trial: how it ended and what its job answered (a measurement, the
+    probe's report or a profile). `bad_input` marks a contract or config error of the user's."""
 
     status: TrialStatus
     message: str = ""
-    metrics: dict[str, Any] = field(default_factory=dict)
+    measurement: Measurement | None = None
+    probe: ProbeReport | None = None
+    profile: ProfileReport | None = None
+    unsupported: UnsupportedSetting | None = None
     log_path: str | None = None
     wall_s: float = 0.0
     bad_input: bool = False
     returncode: int | None = None
-    config: dict[str, Any] | None = None  # the configuration the child ran, BASELINE applied
+    config: TrainConfig | None = None  # the configuration the child ran, BASELINE applied
     phase: str = ""  # the last phase the child reported: where a timeout or a crash struck
+    rank: int = 0  # of a process group's rank: which, and when it ended
+    ended_at: float | None = None
 
     def __post_init__(self) -> None:
-        self.status = TrialStatus(self.status)
+        object.__setattr__(self, "status", TrialStatus(self.status))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
+        """Plain data for the result file, with its format's version."""
+        return {"version": RESULT_VERSION, "status": self.status.value,
+                "message": self.message,
+                "measurement": self.measurement.to_json() if self.measurement else None,
+                "probe": self.probe.to_dict() if self.probe else None,
+                "profile": self.profile.to_json() if self.profile else None,
+                "unsupported": asdict(self.unsupported) if self.unsupported else None,
+                "log_path": self.log_path, "wall_s": self.wall_s, "bad_input": self.bad_input,
+                "returncode": self.returncode,
+                "config": self.config.to_dict() if self.config else None,
+                "phase": self.phase, "rank": self.rank, "ended_at": self.ended_at}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TrialResult:
+        if data.get("version") != RESULT_VERSION:
+            raise ValueError(f"a trial result of format {data.get('version')}; this autotune "
+                             f"reads {RESULT_VERSION} (the trial ran another version)")
+
+        def read(key: str, parse: Any) -> Any:
+            return parse(data[key]) if data.get(key) is not None else None
+
+        return cls(status=TrialStatus(data["status"]), message=data["message"],
+                   measurement=read("measurement", Measurement.from_json),
+                   probe=read("probe", ProbeReport.from_dict),
+                   profile=read("profile", ProfileReport.from_json),
+                   unsupported=read("unsupported", lambda u: UnsupportedSetting(**u)),
+                   log_path=data["log_path"], wall_s=data["wall_s"],
+                   bad_input=data["bad_input"], returncode=data["returncode"],
+                   config=read("config", TrainConfig.from_dict), phase=data["phase"],
+                   rank=data["rank"], ended_at=data["ended_at"])
+
+
+@dataclass(frozen=True)
+class WarmTurn:
+    """One turn of a warm process (`autotune.trial.warm`): N optimizer steps timed with data
+    loading included, the process's peak memory so far, and whether another process took a
+    share of the cores during it."""
+
+    samples: int
+    seconds: float
+    peak_memory_bytes: int | None = None
+    disturbed: bool = False
+    loss_finite: bool = True
+
+    @property
+    def samples_per_sec(self) -> float:
+        return self.samples / self.seconds
+
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> WarmTurn:
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
 @dataclass(frozen=True)
@@ -147,3 +491,41 @@ class ProbeReport:
         for item in self.left_out:
             out.setdefault(item.knob, {})[item.value] = item.reason
         return out
+
+
+@dataclass(frozen=True)
+class StudyIdentity:
+    """What a study measures and where: one model file with its arguments, one kind of device,
+    the ranks of each trial. A study is never resumed for another."""
+
+    model_path: str
+    model_args: dict[str, Any]
+    device_type: str
+    nproc_per_node: int = 1
+    # A training script's own arguments (`model_path` is the script); None: a model file.
+    script_args: tuple[str, ...] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data; the ranks only where a trial has several, the script's arguments only
+        for a script (as studies always stored them)."""
+        data: dict[str, Any] = {"model_path": self.model_path, "model_args": self.model_args,
+                                "device_type": self.device_type}
+        if self.nproc_per_node > 1:
+            data["nproc_per_node"] = self.nproc_per_node
+        if self.script_args is not None:
+            data["script_args"] = list(self.script_args)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StudyIdentity:
+        script_args = data.get("script_args")
+        return cls(model_path=data["model_path"], model_args=dict(data["model_args"] or {}),
+                   device_type=data["device_type"],
+                   nproc_per_node=data.get("nproc_per_node", 1),
+                   script_args=tuple(script_args) if script_args is not None else None)
+
+    def describe(self) -> str:
+        if self.script_args is not None:
+            return f"{self.model_path} {' '.join(self.script_args)} on {self.device_type}".replace(
+                "  ", " ")
+        return f"{self.model_path} {self.model_args} on {self.device_type}"

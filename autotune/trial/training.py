@@ -209,9 +209,9 @@ def setup_training(
             lambda m, batch: check_loss(loss_fn(m, batch), loss_source), checkpoint_modules,
             precision=config.precision)
     if config.precision in FP8_PRECISIONS and not convert_to_float8(model, config.precision):
-        raise Unsupported(f"precision={config.precision} has no linear layer to run in float8 "
-                          f"here: none has both sides >= {MIN_FEATURES} features and divisible "
-                          "by 16 (smaller ones are faster in bf16)",
+        raise Unsupported(f"no linear layer to run in float8 here: none has both sides >= "
+                          f"{MIN_FEATURES} features and divisible by 16 (smaller ones are "
+                          "faster in bf16)",
                           knob="precision", value=config.precision)
     if world is not None:
         blocks = list(checkpoint_modules(model)) if checkpoint_modules else \
@@ -462,13 +462,13 @@ def apply_verified_checkpointing(
             raise
         except Exception as exc:
             applied = f" (with {how})" if how else ""
-            raise Unsupported(f"activation_checkpointing={mode} breaks this model{applied}, "
-                              f"which trains without it: {type(exc).__name__}: {exc}",
+            raise Unsupported(f"activation checkpointing breaks this model{applied}, which "
+                              f"trains without it: {type(exc).__name__}: {exc}",
                               knob="activation_checkpointing", value=mode) from exc
     change = _what_changed(reference, checked)
     if change:
-        raise Unsupported(f"activation_checkpointing={mode} changes what this model learns "
-                          f"(with {how}): {change}", knob="activation_checkpointing", value=mode)
+        raise Unsupported(f"activation checkpointing changes what this model learns (with "
+                          f"{how}): {change}", knob="activation_checkpointing", value=mode)
 
 
 def checkpointing_problem(build_model: Callable[[], nn.Module], batch: Any, loss_fn: LossFn,
@@ -629,3 +629,9 @@ def move_to_device(batch: Any, device: torch.device, non_blocking: bool = False,
         f"to(device) method, and is not a dict, tuple, list or dataclass of such. Give {kind} "
         "a to(device) method, or define `def to_device(batch, device):` in the model file "
         "returning the batch on the device")
+
+
+def training_state_bytes(model: Any) -> int:
+    """What training the model costs before any activation: fp32 weights, their gradients and
+    AdamW's two moments."""
+    return 4 * sum(p.numel() * p.element_size() for p in model.parameters())

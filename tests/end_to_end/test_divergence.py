@@ -9,7 +9,9 @@ import re
 
 import pytest
 
+from autotune.study.records import trial_records
 from autotune.study.results import load_study
+from autotune.trial.protocol import TrialStatus
 
 from ..conftest import CONFIRM_ONCE, FAST, TEST_MODELS, run_cli
 
@@ -26,15 +28,14 @@ def test_diverging_settings_are_left_out_or_recorded_and_never_recommended(tmp_p
            "samples: training would diverge" in " ".join(done.stderr.split())
     summary = json.loads(done.stdout)
     assert summary["statuses"].get("diverged", 0) >= 1, summary["statuses"]
-    trials = load_study("fragile", tmp_path).get_trials(deepcopy=False)
-    diverged = [t for t in trials if t.user_attrs.get("status") == "diverged"]
+    records = trial_records(load_study("fragile", tmp_path))
+    diverged = [r for r in records if r.status == TrialStatus.DIVERGED]
     for trial in diverged:
-        micro = trial.user_attrs["config"]["micro_batch_size"]
+        micro = trial.config.micro_batch_size
         assert micro >= 32
-        assert f"micro_batch_size={micro}" in trial.user_attrs["message"]
-        assert re.search(r"the loss became (nan|inf) in the timed window",
-                         trial.user_attrs["message"])
-        assert trial.user_attrs["loss_finite"] is False
+        assert f"micro_batch_size={micro}" in trial.message
+        assert re.search(r"the loss became (nan|inf) in the timed window", trial.message)
+        assert trial.measurement.loss_finite is False
     assert f"trial {diverged[0].number}: diverged" in done.stderr
     assert summary["best_config"]["micro_batch_size"] < 32
     assert summary["best_config"]["precision"] == "fp32"

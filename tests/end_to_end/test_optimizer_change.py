@@ -8,7 +8,9 @@ import json
 import pytest
 
 from autotune.config import TrainConfig
+from autotune.study.records import trial_records
 from autotune.study.results import load_study
+from autotune.trial.protocol import TrialStatus
 
 from ..conftest import CONFIRM_ONCE, FAST, run_cli
 
@@ -32,12 +34,12 @@ def test_a_study_allowed_to_change_the_optimizer_measures_it_and_says_so(optimiz
     # what this CPU never tries, and why
     assert "not on this device: precision=fp8_tensorwise, fp8_rowwise: float8 training needs " \
            "a CUDA GPU of compute capability 8.9+" in done.stderr
-    trials = load_study("mlp", tmp_path).get_trials(deepcopy=False)
+    trials = trial_records(load_study("mlp", tmp_path))
     # the baseline with the file's AdamW, then the other optimizer on the same model (stopped
     # at screening where it is below 75% of the baseline's rate)
-    assert [t.user_attrs["config"]["optimizer"] for t in trials] == ["adamw", optimizer]
-    assert trials[1].user_attrs["status"] in ("ok", "screened")
-    assert trials[1].user_attrs["samples_per_sec"] > 0
+    assert [t.config.optimizer for t in trials] == ["adamw", optimizer]
+    assert trials[1].status in (TrialStatus.OK, TrialStatus.SCREENED)
+    assert trials[1].samples_per_sec > 0
     summary = json.loads(done.stdout)
     best = TrainConfig.load(tmp_path / "mlp" / "best.yaml")
     assert best.optimizer == summary["best_config"]["optimizer"]

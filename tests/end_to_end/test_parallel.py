@@ -18,6 +18,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.hardware import core_shares
+from autotune.study.records import trial_records
 from autotune.study.results import load_study
 
 from ..conftest import CONFIRM_ONCE, FAST, ROOT, run_cli
@@ -103,7 +104,7 @@ def running_trial_of(studies: Path, storage: str | None, pid: int, after: int = 
                  and t.user_attrs.get("owner", "").endswith(f":{pid}")), None)
 
 
-def check_accounted(study: optuna.Study, budget: int, lost: int) -> None:
+def check_accounted(study: optuna.Study, budget: int, lost: int, confirmed: bool = True) -> None:
     trials = study.get_trials(deepcopy=False)
     assert all(t.state in FINISHED for t in trials), Counter(t.state.name for t in trials)
     measured = [t for t in trials if t.state == TrialState.COMPLETE
@@ -120,8 +121,9 @@ def check_accounted(study: optuna.Study, budget: int, lost: int) -> None:
     assert len(reruns) == 1 and reruns[0].state == TrialState.COMPLETE, \
         [(t.number, t.state.name, t.user_attrs) for t in reruns]
     assert reruns[0].params == orphan.params
-    assert study.user_attrs["confirmation"]["winner"] is not None, \
-        study.user_attrs["confirmation"]
+    if confirmed:
+        assert study.user_attrs["confirmation"]["winner"] is not None, \
+            study.user_attrs["confirmation"]
 
 
 @pytest.mark.slow
@@ -233,7 +235,9 @@ def test_a_frozen_tuner_loses_its_trial_by_heartbeat(tmp_path) -> None:
     out, err = frozen.communicate(timeout=600)
     assert frozen.returncode == 0, err
     study = study_of(tmp_path, None)
-    check_accounted(study, 5, trial.number)
+    # Five trials of a tiny model may all screen below the baseline (CI, 2026-11-25): then
+    # there is nothing to confirm, which is not what this test is about.
+    check_accounted(study, 5, trial.number, confirmed=False)
     assert "no heartbeat" in study.trials[trial.number].user_attrs["message"]
 
 
@@ -251,9 +255,9 @@ def test_workers_option_runs_trials_at_once(tmp_path) -> None:
         "some trials overlapped in time"
     # Each ran pinned to its own share of the cores, so the other was not its contention.
     shares = core_shares(2)
-    measured = [t.user_attrs for t in trials if "cpu_affinity" in t.user_attrs]
-    assert measured and all(a["cpu_affinity"] in shares
-                            and a["cpu_threads"] == len(a["cpu_affinity"]) for a in measured)
+    measured = [r.measurement for r in trial_records(study_of(tmp_path, None)) if r.measurement]
+    assert measured and all(list(m.cpu_affinity) in shares
+                            and m.cpu_threads == len(m.cpu_affinity) for m in measured)
 
 
 @pytest.mark.slow
@@ -289,11 +293,15 @@ def test_storage_down_too_long_is_a_clear_error(postgres, tmp_path) -> None:
 
 
 def _completed(url: str, name: str) -> int:
+    """Polled: each call's connections are closed, or a long wait uses up the server's."""
+    storage = optuna.storages.RDBStorage(url)
     try:
-        study = optuna.load_study(study_name=name, storage=url)
+        study = optuna.load_study(study_name=name, storage=storage)
+        return sum(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
     except KeyError:
         return 0
-    return sum(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
+    finally:
+        storage.engine.dispose()
 
 
 @pytest.mark.slow

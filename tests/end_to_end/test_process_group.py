@@ -13,6 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from autotune.study.records import TrialRecord, trial_records
+from autotune.study.results import load_study
+from autotune.trial.protocol import TrialStatus
+
 from ..conftest import FAST, ROOT, TINY_SOURCE, run_cli
 
 pytestmark = pytest.mark.slow
@@ -46,8 +50,8 @@ def test_a_two_rank_study_measures_ddp_and_fsdp_and_exports_both(write_model, tm
     assert summary["nproc_per_node"] == 2
     shown = json.loads(run_cli("show", model.stem, "--studies-dir", str(tmp_path),
                                "--json").stdout)
-    measured = {t["config"]["parallelism"] for t in _trials(tmp_path, model.stem)
-                if t["status"] == "ok"}
+    measured = {r.config.parallelism for r in _trials(tmp_path, model.stem)
+                if r.status == TrialStatus.OK}
     assert measured == {"ddp", "fsdp"}
     group = shown["process_group"]
     assert group["world_size"] == 2 and len(group["rank_samples_per_sec"]) == 2
@@ -64,11 +68,8 @@ def test_a_two_rank_study_measures_ddp_and_fsdp_and_exports_both(write_model, tm
     assert ("DDPStrategy" if best == "ddp" else "ModelParallelStrategy") in lightning.stdout
 
 
-def _trials(studies: Path, name: str) -> list[dict]:
-    from autotune.study.records import trial_records
-    from autotune.study.results import load_study
-
-    return [r.to_dict() for r in trial_records(load_study(name, str(studies), None))]
+def _trials(studies: Path, name: str) -> list[TrialRecord]:
+    return trial_records(load_study(name, str(studies), None))
 
 
 def test_a_tuner_killed_mid_trial_leaves_no_rank_and_the_study_resumes(write_model, tmp_path):

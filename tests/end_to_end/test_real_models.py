@@ -55,7 +55,7 @@ def test_real_library_model_tunes_to_a_confirmed_result(name: str, tmp_path: Pat
     failed = [(r.number, r.status, r.message) for r in records
               if r.status not in FEASIBLE | {TrialStatus.UNSUPPORTED}]
     assert not failed
-    checkpointed = [r for r in records if r.config["activation_checkpointing"] != "none"]
+    checkpointed = [r for r in records if r.config.activation_checkpointing != "none"]
     assert checkpointed
     for record in checkpointed:
         assert record.status in FEASIBLE or record.message, (record.number, record.status)

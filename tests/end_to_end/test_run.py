@@ -4,6 +4,7 @@ disk; resume, SIGKILL, Ctrl-C, out-of-memory trials."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -14,8 +15,10 @@ import optuna
 import pytest
 
 from autotune.config import TrainConfig
+from autotune.study.records import TrialRecord, trial_records
 from autotune.study.results import load_study
 from autotune.study.storage import open_storage
+from autotune.trial.protocol import TrialStatus
 
 from ..conftest import CONFIRM_ONCE, FAST, ROOT, run_cli
 
@@ -33,6 +36,10 @@ def run_study(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.Co
 
 def trials_of(tmp_path: Path, name: str = "mlp") -> list[optuna.trial.FrozenTrial]:
     return load_study(name, tmp_path).get_trials(deepcopy=False)
+
+
+def records_of(tmp_path: Path, name: str = "mlp") -> list[TrialRecord]:
+    return trial_records(load_study(name, tmp_path))
 
 
 def test_study_finds_a_configuration_at_least_as_fast_and_continues(tmp_path) -> None:
@@ -55,10 +62,9 @@ def test_study_finds_a_configuration_at_least_as_fast_and_continues(tmp_path) ->
     first = trials[0]
     assert first.user_attrs["role"] == "baseline"
     assert first.user_attrs["config"] == summary["baseline_config"]
-    ok = [t for t in trials if t.user_attrs.get("status") == "ok"]
-    assert all(Path(t.user_attrs["log_path"]).exists() for t in ok)
-    assert all(t.user_attrs["samples_per_sec"] > 0 and "step_time_p90_s" in t.user_attrs
-               for t in ok)
+    ok = [r for r in records_of(tmp_path) if r.status == TrialStatus.OK]
+    assert all(Path(r.log_path).exists() for r in ok)
+    assert all(r.samples_per_sec > 0 and r.measurement.step_time_p90_s > 0 for r in ok)
     searched = [t for t in trials if t.user_attrs.get("role") != "baseline"]
     assert all(t.user_attrs["config"]["micro_batch_size"] *
                t.user_attrs["config"]["grad_accum_steps"] == 256 for t in searched)
@@ -239,6 +245,40 @@ def test_ctrl_c_records_the_trial_and_exits_130(tmp_path) -> None:
     assert queued and queued[0].user_attrs["requeued_from"] == interrupted[0].number
 
 
+@pytest.mark.slow
+def test_a_sigterm_mid_trial_leaves_nothing_running_and_the_rerun_measures_it(tmp_path) -> None:
+    """A scheduler's stop: `show` lists no running trial, the stopped one queued for the next
+    run, and the same command run again measures that configuration."""
+    tuner = _start_study(tmp_path, 20)
+    _wait_for(lambda: (tmp_path / "mlp" / "logs" / "trial-1.log").exists())
+    tuner.send_signal(signal.SIGTERM)
+    tuner.communicate(timeout=60)
+    [stopped] = [r for r in records_of(tmp_path) if r.status == TrialStatus.INTERRUPTED]
+    shown = run_cli("show", "mlp", "--studies-dir", str(tmp_path), "--json")
+    summary = json.loads(shown.stdout)
+    assert "RUNNING" not in summary["trials"] and "WAITING" not in summary["trials"]
+    assert "running" not in summary["statuses"]
+    [queued] = summary["queued_trials"]
+    [baseline] = [t for t in summary["trial_times"] if t["trial"] == 0]
+    phases = baseline["phases"]
+    assert phases["build_s"] > 0 and phases["window_s"] > 0 and phases["profile_s"] > 0
+    assert baseline["process_start_s"] + sum(phases.values()) <= baseline["wall_s"]
+    table = run_cli("show", "mlp", "--studies-dir", str(tmp_path)).stdout
+    [counts] = [line for line in table.splitlines() if "by Optuna state" in line]
+    assert "running" not in counts and "waiting" not in counts and f"1: #{queued}" in table
+    # The probe's cost is the study's too: shown beside the baseline's phases.
+    assert summary["probe_s"] > 0
+    assert re.search(r"probe\s+│\s+[0-9.]+ (s|min)", table), table
+
+    measured = sum(1 for r in records_of(tmp_path) if r.samples_per_sec is not None)
+    rerun = _start_study(tmp_path, measured + 1)
+    out, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, err
+    again = records_of(tmp_path)[queued]
+    assert again.requeued_from == stopped.number and again.finished
+    assert again.config == stopped.config
+
+
 def test_a_repeat_of_a_rerun_is_not_itself_a_rerun(tmp_path) -> None:
     """A repeat copies its configuration's outcome, not the bookkeeping of the trial it
     repeats: re-run and retry counts stay true."""
@@ -248,10 +288,9 @@ def test_a_repeat_of_a_rerun_is_not_itself_a_rerun(tmp_path) -> None:
     assert run_study(tmp_path, "--trials", "1", "--confirm-repeats", "0").returncode == 0
     study.enqueue_trial({}, user_attrs={"role": "baseline"})
     assert run_study(tmp_path, "--trials", "2", "--confirm-repeats", "0").returncode == 0
-    repeat = next(t for t in trials_of(tmp_path) if t.user_attrs.get("duplicate_of") == 0)
-    assert "requeued_from" not in repeat.user_attrs and "retry" not in repeat.user_attrs
-    assert repeat.user_attrs["samples_per_sec"] == trials_of(tmp_path)[0].user_attrs[
-        "samples_per_sec"]
+    repeat = next(r for r in records_of(tmp_path) if r.duplicate_of == 0)
+    assert repeat.requeued_from is None and repeat.retry == 0
+    assert repeat.measurement == records_of(tmp_path)[0].measurement
 
 
 def test_a_study_resumed_on_another_machine_says_its_rates_are_not_comparable(tmp_path) -> None:
@@ -311,8 +350,8 @@ def test_a_burner_started_halfway_is_flagged_and_the_speedup_keeps_its_interval(
     assert tuner.returncode == 0, err
     summary = json.loads(run_cli("show", "mlp", "--studies-dir", str(tmp_path), "--json").stdout)
     assert summary["disturbed_trials"], "no trial was flagged while the burner ran"
-    flagged = {t.number: t.user_attrs.get("other_cpu_share") for t in trials_of(tmp_path)
-               if t.user_attrs.get("disturbed")}
+    flagged = {r.number: r.measurement.other_cpu_share for r in records_of(tmp_path)
+               if r.disturbed}
     assert set(summary["disturbed_trials"]) <= set(flagged)
     assert all(share is not None and share > 0.05 for share in flagged.values())
     assert summary["confirmed"], "the busy machine left no confirmation round"

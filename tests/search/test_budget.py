@@ -9,14 +9,19 @@ import pytest
 
 from autotune.options import MeasureSettings
 from autotune.search.budget import (
+    MAX_GROWTH,
     answer_budget_s,
     candidates_that_fit,
     forecast,
+    grow_budget,
     plan_time,
     round_run_seconds,
+    run_price_s,
     search_trial_seconds,
 )
+from autotune.study.records import TrialKey
 from autotune.study.storage import open_storage
+from autotune.trial.protocol import Measurement, PhaseTimes
 
 
 def test_a_slow_model_grows_the_budget_to_hold_an_answer_and_still_searches() -> None:
@@ -31,6 +36,28 @@ def test_a_slow_model_grows_the_budget_to_hold_an_answer_and_still_searches() ->
     assert plan.confirm_rounds == 3
     assert plan.search_trials == 7
     assert plan.search_ends_at + plan.trial_s + 6 * 75 <= 1500 + 1e-9
+
+
+def test_the_default_budget_grows_at_most_three_times_and_says_what_an_answer_needs() -> None:
+    """The issue's run: a confirmation run priced at 4.1 min needs an 82 min study for three
+    paired rounds within 30%; the 10 min default grows to 30 min, no more, and says once that
+    the interval may stay unknown and which --timeout would answer it."""
+    growth = grow_budget(600, 246, 0.3)
+    assert growth.needed_s == pytest.approx(4920)
+    assert growth.budget_s == MAX_GROWTH * 600 == 1800
+    assert growth.grew and growth.short
+    # the search's share of the 82 min an answer needs, to the minute: 57.4 -> 58 min
+    assert growth.answering_timeout_flag == "58m"
+    said = growth.describe(246)
+    assert "grows from 10.0 min to 30.0 min (3x, the most it grows)" in said
+    assert "--timeout 58m, the search's time before the confirmation, would answer it" in said
+    # README command 1 on a quiet machine: 68 s runs need 23 min, within the cap
+    quiet = grow_budget(600, 68.41, 0.3)
+    assert quiet.budget_s == 23 * 60 and quiet.grew and not quiet.short
+    assert "room for 3 paired rounds" in quiet.describe(68.41)
+    # a fast model keeps the default, and there is nothing to say
+    fast = grow_budget(600, 5, 0.3)
+    assert fast.budget_s == 600 and not fast.grew and fast.describe(5) == ""
 
 
 def test_with_time_to_spare_the_confirmation_gets_its_share() -> None:
@@ -81,8 +108,9 @@ def test_a_confirmation_run_is_priced_from_the_baseline_less_its_long_window(tmp
     study = optuna.create_study(storage=open_storage(None, tmp_path), study_name="s")
     for role, wall in (("baseline", 112.0), ("search", 300.0), ("search", 320.0)):
         trial = study.ask()
-        for key, value in {"status": "ok", "role": role, "wall_s": wall, "window_s": 54.0,
-                           "step_time_median_s": 5.4}.items():
+        figures = Measurement(samples_per_sec=1.0, window_s=54.0, step_time_median_s=5.4)
+        for key, value in {TrialKey.STATUS: "ok", TrialKey.ROLE: role, TrialKey.WALL_S: wall,
+                           TrialKey.MEASUREMENT: figures.to_json()}.items():
             trial.set_user_attr(key, value)
         study.tell(trial, 1.0)
     expected = 112.0 - 54.0 - 3 * 5.4 + 3 * 5.4
@@ -92,6 +120,35 @@ def test_a_confirmation_run_is_priced_from_the_baseline_less_its_long_window(tmp
     assert fast == pytest.approx(112.0 - 54.0 - 3 * 5.4 + 20.0)
 
 
+def test_a_confirmation_run_is_priced_from_what_it_does_not_the_trials_detours() -> None:
+    """The issue's baseline beside a package install: 288 s of trial, of which two windows
+    measured again (120 s), sync tracing (20 s) and the profiler (40 s). A round run starts
+    the process (8 s), builds (10 s), takes its first step (5 s), warms up (30 s) and times
+    one short window (3 steps of 2 s): 59 s, none of the detours."""
+    phases = PhaseTimes(build_s=10.0, first_step_s=5.0, warmup_s=30.0, screen_s=6.0,
+                        window_s=40.0, remeasure_s=120.0, sync_tracing_s=20.0,
+                        profile_s=40.0)
+    figures = Measurement(samples_per_sec=1.0, window_s=40.0, step_time_median_s=2.0,
+                          measure_wall_s=phases.total_s, phases=phases)
+    wall = 8.0 + phases.total_s
+    assert run_price_s(wall, figures, MeasureSettings(window_seconds=1.0)) == \
+        pytest.approx(8.0 + 10.0 + 5.0 + 30.0 + 3 * 2.0)
+    # the same trial stored before phases were recorded: its wall less its windows
+    old = Measurement(samples_per_sec=1.0, window_s=40.0, step_time_median_s=2.0)
+    assert run_price_s(wall, old, MeasureSettings(window_seconds=1.0)) == \
+        pytest.approx(wall - 40.0 - 3 * 2.0 + 3 * 2.0)
+
+
+def test_phase_times_cross_the_boundary_and_old_measurements_have_none() -> None:
+    phases = PhaseTimes(build_s=1.0, remeasure_s=2.5)
+    figures = Measurement(samples_per_sec=3.0, phases=phases)
+    again = Measurement.from_json(figures.to_json())
+    assert again == figures and again.phases.remeasure_s == 2.5
+    stored = figures.to_json()
+    del stored["phases"]
+    assert Measurement.from_json(stored).phases is None
+
+
 def test_a_search_trial_is_priced_between_a_full_and_a_screened_one(tmp_path) -> None:
     """Before any search trial, half are taken to be screened (their wall less the window);
     then the share screened so far; with screening off, full trials alone."""
@@ -99,8 +156,9 @@ def test_a_search_trial_is_priced_between_a_full_and_a_screened_one(tmp_path) ->
 
     def told(status: str, wall: float, role: str = "search") -> None:
         trial = study.ask()
-        for key, value in {"status": status, "wall_s": wall, "window_s": 6.0,
-                           "role": role}.items():
+        figures = Measurement(samples_per_sec=1.0, window_s=6.0)
+        for key, value in {TrialKey.STATUS: status, TrialKey.WALL_S: wall,
+                           TrialKey.MEASUREMENT: figures.to_json(), TrialKey.ROLE: role}.items():
             trial.set_user_attr(key, value)
         study.tell(trial, 1.0)
 

@@ -24,13 +24,18 @@ from autotune.search.runner import MeasureJob
 from autotune.search.verify import verify
 from autotune.show.report import result_rows, speedup_text
 from autotune.study.confirmation import Run
-from autotune.study.records import MEMORY_CONSTRAINT, StudyKey
+from autotune.study.records import MEMORY_CONSTRAINT, StudyKey, TrialKey
 from autotune.study.results import study_summary
 from autotune.study.storage import open_storage
 from autotune.study.verdict import confirmed_verdict
-from autotune.trial.protocol import TrialResult
+from autotune.trial.protocol import Measurement, TrialResult, TrialStatus
 
 BASE = TrainConfig(micro_batch_size=64)
+
+
+def measured(rate: float, disturbed: bool = False) -> TrialResult:
+    return TrialResult(TrialStatus.OK, "measured",
+                       measurement=Measurement(samples_per_sec=rate, disturbed=disturbed))
 
 
 def run(rate: float) -> Run:
@@ -39,7 +44,7 @@ def run(rate: float) -> Run:
 
 def candidate(config: TrainConfig, rates: list[float | None],
               search: float | None = None) -> Candidate:
-    return Candidate(config.to_dict(), 1, True, search,
+    return Candidate(config, 1, True, search,
                      [run(r) if r is not None else None for r in rates])
 
 
@@ -47,7 +52,7 @@ def test_a_clear_speedup_is_recommended_with_its_interval() -> None:
     baseline = candidate(BASE, [100, 110, 95, 105])
     faster = candidate(BASE.replace(precision="bf16"), [150, 166, 142, 158])
     result = conclusion([faster, baseline], baseline)
-    assert result.winner.config["precision"] == "bf16"
+    assert result.winner.config.precision == "bf16"
     low, high = result.speedup_ci
     assert low < result.speedup < high and low > 1.4
     assert result.no_measurable_difference is False
@@ -58,21 +63,21 @@ def test_a_difference_inside_the_noise_keeps_the_simpler_configuration() -> None
     lucky = candidate(BASE.replace(optimizer_impl="fused", num_workers=1,
                                    prefetch_factor=2), [104, 108, 99, 107])
     result = conclusion([lucky, baseline], baseline)
-    assert result.fastest.config["optimizer_impl"] == "fused"
-    assert result.winner.config == BASE.to_dict()  # no change beats two changes
+    assert result.fastest.config.optimizer_impl == "fused"
+    assert result.winner.config == BASE  # no change beats two changes
     assert result.speedup == 1.0 and result.no_measurable_difference
     one_change = candidate(BASE.replace(optimizer_impl="fused"), [103, 111, 96, 106])
-    result = conclusion([lucky, one_change, baseline.__class__(BASE.to_dict(), 0, False, None,
+    result = conclusion([lucky, one_change, baseline.__class__(BASE, 0, False, None,
                                                              baseline.runs)], baseline)
     # the baseline did not fit in the search: of the two tied, the one with fewer changes
-    assert result.winner.config["num_workers"] == 0
+    assert result.winner.config.num_workers == 0
 
 
 def test_a_candidate_that_failed_a_round_is_not_recommended() -> None:
     baseline = candidate(BASE, [100, 100, 100])
     flaky = candidate(BASE.replace(micro_batch_size=128), [300, None, 300])
     result = conclusion([flaky, baseline], baseline)
-    assert result.winner.config == BASE.to_dict()
+    assert result.winner.config == BASE
 
 
 def test_drift_beyond_the_rounds_spread_is_reported() -> None:
@@ -102,14 +107,14 @@ def test_rounds_are_added_until_the_speedup_is_known_and_a_disturbed_round_is_re
             profiled.append(job.name)
         rate = (150.0 if config.precision == "bf16" else 100.0) * next(noise)
         disturbed = len(calls) in (3, 4)
-        return TrialResult("ok", "measured", {"samples_per_sec": rate, "disturbed": disturbed})
+        return measured(rate, disturbed=disturbed)
 
     scoring = Scoring("cpu", None, 0.1, 0.0)
     result = confirm(_study(tmp_path), BASE, scoring, measure, SilentView(),
                      Plan(top=1, rounds=3, max_rounds=10, target=0.03), time_limit_s=60,
                      device="cpu", directory=tmp_path)
     assert result.rounds >= 3 and len(calls) == 2 * (result.rounds + 1)
-    assert result.winner.config["precision"] == "bf16"
+    assert result.winner.config.precision == "bf16"
     low, high = result.speedup_ci
     assert (high - low) / 2 / result.speedup <= 0.03 and low > 1.4
     # only the first round profiles (its traces are the report's); the rest time the rate
@@ -124,14 +129,14 @@ def test_a_machine_that_stays_busy_keeps_its_rounds_and_says_so(tmp_path) -> Non
     def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
         calls.append(job.name)
         rate = 150.0 if config.precision == "bf16" else 100.0
-        return TrialResult("ok", "measured", {"samples_per_sec": rate, "disturbed": True})
+        return measured(rate, disturbed=True)
 
     result = confirm(_study(tmp_path), BASE, Scoring("cpu", None, 0.1, 0.0), measure,
                      SilentView(), Plan(top=1, rounds=2, max_rounds=3, target=0.03),
                      time_limit_s=60, device="cpu", directory=tmp_path)
     assert len(calls) == 2 * 3  # one round measured again, two kept
     assert result.rounds == 2 and result.disturbed_rounds == 2
-    assert result.winner.config["precision"] == "bf16"
+    assert result.winner.config.precision == "bf16"
     assert result.speedup_ci is not None
 
 
@@ -140,7 +145,7 @@ def test_a_baseline_faster_than_everything_keeps_its_closest_contenders_interval
     slower = candidate(BASE.replace(precision="bf16"), [60, 64, 58, 62])
     close = candidate(BASE.replace(optimizer_impl="fused"), [90, 101, 85, 96])
     result = conclusion([slower, close, baseline], baseline)
-    assert result.winner.config == BASE.to_dict() and result.speedup == 1.0
+    assert result.winner.config == BASE and result.speedup == 1.0
     low, high = result.speedup_ci  # fused against the baseline: how close it came
     assert 0.8 < low < high < 1.0
 
@@ -151,14 +156,14 @@ def test_one_round_leaves_the_difference_unknown_not_absent(tmp_path) -> None:
     none), with a warning naming the fastest's figure."""
     def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
         rate = 144.0 if config.precision == "bf16" else 100.0
-        return TrialResult("ok", "measured", {"samples_per_sec": rate})
+        return measured(rate)
 
     study = _study(tmp_path)
     result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), measure, SilentView(),
                      Plan(top=1, rounds=1, max_rounds=1, target=0.03), time_limit_s=60,
                      device="cpu", directory=tmp_path)
-    assert result.rounds == 1 and result.winner.config == BASE.to_dict()
-    assert result.fastest.config["precision"] == "bf16"
+    assert result.rounds == 1 and result.winner.config == BASE
+    assert result.fastest.config.precision == "bf16"
     assert result.speedup_ci is None and result.no_measurable_difference is None
 
     summary = study_summary(study)
@@ -179,7 +184,7 @@ def test_under_a_time_budget_rounds_go_on_while_the_longest_round_still_fits(tmp
     def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
         time.sleep(0.1)
         rate = (150.0 if config.precision == "bf16" else 100.0) * next(noise)
-        return TrialResult("ok", "measured", {"samples_per_sec": rate})
+        return measured(rate)
 
     ends_by = time.monotonic() + 1.5
     result = confirm(_study(tmp_path), BASE, Scoring("cpu", None, 0.1, 0.0), measure,
@@ -197,8 +202,7 @@ def test_a_time_budget_ends_the_least_rounds_too(tmp_path) -> None:
     rounds stop before the budget's end rather than at the least."""
     def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
         time.sleep(0.1)
-        return TrialResult("ok", "measured", {
-            "samples_per_sec": 150.0 if config.precision == "bf16" else 100.0})
+        return measured(150.0 if config.precision == "bf16" else 100.0)
 
     budget_ends = time.monotonic() + 0.65
     result = confirm(_study(tmp_path), BASE, Scoring("cpu", None, 0.1, 0.0), measure,
@@ -232,8 +236,7 @@ def test_the_race_drops_a_clearly_slower_candidate_and_keeps_two_close_ones(tmp_
 
     def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
         calls.append(kind(config))
-        return TrialResult("ok", "measured", {"samples_per_sec": rates[kind(config)]
-                                              * next(noise)})
+        return measured(rates[kind(config)] * next(noise))
 
     study = _study_of(tmp_path, [
         (BASE, 100.0, "ok"), (BASE.replace(optimizer_impl="fused"), 150.0, "ok"),
@@ -244,13 +247,13 @@ def test_the_race_drops_a_clearly_slower_candidate_and_keeps_two_close_ones(tmp_
     result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), measure, view,
                      Plan(top=4, rounds=2, max_rounds=8, target=0.005), time_limit_s=60,
                      device="cpu", directory=tmp_path)
-    assert "bf16" not in {c.config["precision"] for c in result.candidates}
+    assert "bf16" not in {c.config.precision for c in result.candidates}
     dropped_after = calls.count("selective")
     assert 2 <= dropped_after <= 4 and result.rounds == 8
     assert calls.count("fused") == calls.count("foreach") == calls.count("base") == 8
     assert any("out of the race" in line and "selective checkpointing" in line
                and "of the leader's speed" in line for line in view.lines)
-    assert result.winner.config["optimizer_impl"] in ("fused", "foreach")
+    assert result.winner.config.optimizer_impl in ("fused", "foreach")
 
 
 def _study_of(tmp_path, trials: list[tuple[TrainConfig, float, str]],
@@ -261,10 +264,11 @@ def _study_of(tmp_path, trials: list[tuple[TrainConfig, float, str]],
                                 direction="maximize")
     for number, (config, rate, status) in enumerate(trials):
         trial = study.ask()
-        for key, value in {"config": config.to_dict(), "status": status,
-                           "role": "baseline" if number == 0 else "search",
-                           "samples_per_sec": rate, "constraint": 0.0,
-                           "disturbed": number in disturbed}.items():
+        figures = Measurement(samples_per_sec=rate, disturbed=number in disturbed)
+        for key, value in {TrialKey.CONFIG: config.to_dict(), TrialKey.STATUS: status,
+                           TrialKey.ROLE: "baseline" if number == 0 else "search",
+                           TrialKey.MEASUREMENT: figures.to_json(),
+                           TrialKey.CONSTRAINT: 0.0}.items():
             trial.set_user_attr(key, value)
         trial.set_constraint(MEMORY_CONSTRAINT, 0.0)
         study.tell(trial, rate)
@@ -277,7 +281,7 @@ def test_verify_measures_the_answer_against_the_baseline_in_alternating_rounds(
     runs first alternating round by round, and records the check in the study."""
     def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
         calls.append((job.name, config.precision))
-        return TrialResult("ok", "measured", {"samples_per_sec": rate[config.precision]})
+        return measured(rate[config.precision])
 
     calls: list[tuple[str, str]] = []
     rate = {"bf16": 150.0, "fp32": 100.0}
@@ -309,9 +313,9 @@ def test_a_search_that_disagrees_with_the_rounds_widens_the_interval_and_says_so
     assert result.widened and result.search_speedup == pytest.approx(0.9)
     low, high = result.speedup_ci
     assert low == pytest.approx(0.9 * 0.96) and high > 1.2
-    assert result.winner.config == BASE.to_dict() and result.no_measurable_difference
-    assert result.contender.config["precision"] == "bf16"
-    verdict = confirmed_verdict(result, BASE.to_dict())
+    assert result.winner.config == BASE and result.no_measurable_difference
+    assert result.contender.config.precision == "bf16"
+    verdict = confirmed_verdict(result, BASE)
     assert verdict.startswith("not known: bf16 is 1.20x [0.86-")
     assert verdict.endswith("inside the noise; your settings kept")
     agreeing = candidate(BASE.replace(precision="bf16"), [120, 121, 119, 120], search=121)
@@ -325,7 +329,7 @@ def test_a_busy_machine_keeps_its_round_when_time_allows_no_other(tmp_path) -> N
     def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
         time.sleep(0.05)
         rate = 150.0 if config.precision == "bf16" else 100.0
-        return TrialResult("ok", "measured", {"samples_per_sec": rate, "disturbed": True})
+        return measured(rate, disturbed=True)
 
     result = confirm(_study(tmp_path), BASE, Scoring("cpu", None, 0.1, 0.0), measure,
                      SilentView(), Plan(top=1, rounds=2, max_rounds=5, target=0.03,
@@ -342,7 +346,7 @@ def test_a_baseline_with_no_candidate_beside_it_is_not_confirmed(tmp_path) -> No
 
     def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
         calls.append(config)
-        return TrialResult("ok", "measured", {"samples_per_sec": 100.0})
+        return measured(100.0)
 
     study = _study_of(tmp_path, [(BASE, 100.0, "ok"),
                                  (BASE.replace(precision="bf16"), 40.0, "screened")])
@@ -362,6 +366,6 @@ def test_the_baseline_is_raced_against_the_best_other_even_when_it_ranks_first(t
     trials = [(BASE, 100.0, "ok"), (BASE.replace(precision="bf16"), 90.0, "ok"),
               (BASE.replace(optimizer_impl="fused"), 60.0, "ok")]
     mixed = candidates(_study_of(tmp_path / "mixed", trials, frozenset({1})), BASE, top=1)
-    assert [c.config for c in mixed] == [trials[2][0].to_dict(), BASE.to_dict()]
+    assert [c.config for c in mixed] == [trials[2][0], BASE]
     busy = candidates(_study_of(tmp_path / "busy", trials, frozenset({1, 2})), BASE, top=1)
-    assert [c.config for c in busy] == [trials[1][0].to_dict(), BASE.to_dict()]
+    assert [c.config for c in busy] == [trials[1][0], BASE]

@@ -19,8 +19,7 @@ from autotune.cli import main
 from autotune.config import TrainConfig
 from autotune.search.forkserver import ForkServer
 from autotune.search.isolation import run_isolated
-from autotune.trial.measure import FIRST_STEP
-from autotune.trial.protocol import TrialRequest, TrialResult
+from autotune.trial.protocol import FIRST_STEP, TrialRequest, TrialResult
 
 from ..conftest import FAST, ROOT, TINY_SOURCE
 
@@ -56,7 +55,7 @@ def test_ok_trial_reports_metrics_and_keeps_its_log(launcher, write_model, tmp_p
     log = tmp_path / "logs" / "trial.log"
     result = isolated(launcher, request(write_model(TINY_SOURCE)), 120, log)
     assert result.status == "ok", result.message
-    assert result.metrics["samples_per_sec"] > 0
+    assert result.measurement.samples_per_sec > 0
     assert result.log_path == str(log) and "autotune trial: timing" in log.read_text()
 
 
@@ -276,7 +275,7 @@ def test_cpu_thread_share_reaches_the_trial(tmp_path) -> None:
     assert result.status == "ok", result.message
     assert "threads 1" in Path(result.log_path).read_text()
     assert f"cores [{cpu}]" in Path(result.log_path).read_text()
-    assert result.metrics["cpu_threads"] == 1 and result.metrics["cpu_affinity"] == [cpu]
+    assert result.measurement.cpu_threads == 1 and result.measurement.cpu_affinity == (cpu,)
 
 
 # --- a process group: every rank's end, every rank killed --------------------------------------
@@ -310,12 +309,12 @@ def _wait_gone(pids: list[int], seconds: float) -> list[int]:
 def test_a_process_group_trial_measures_every_rank(write_model) -> None:
     result = run_isolated(group_request(write_model(TINY_SOURCE)), 180)
     assert result.status == "ok", result.message
-    m = result.metrics
-    assert m["world_size"] == 2 and len(m["rank_samples_per_sec"]) == 2
+    m = result.measurement
+    assert m.world_size == 2 and len(m.rank_samples_per_sec) == 2
     # the group's rate is every rank's samples over the slowest rank's window
-    assert sum(m["rank_samples_per_sec"]) >= m["samples_per_sec"] * 0.999
-    assert m["peak_memory_bytes"] == max(m["rank_peak_memory_bytes"])
-    assert result.config["parallelism"] == "ddp"
+    assert sum(m.rank_samples_per_sec) >= m.samples_per_sec * 0.999
+    assert m.peak_memory_bytes == max(m.rank_peak_memory_bytes)
+    assert result.config.parallelism == "ddp"
 
 
 @pytest.mark.slow

@@ -7,18 +7,21 @@ import pytest
 from autotune.config import TrainConfig
 from autotune.search.memory_model import MemoryModel, largest_fitting_micro
 from autotune.study.records import TrialRecord
+from autotune.trial.protocol import Measurement, TrialStatus
 
 MIB = 2**20
 
 
-def config(micro: int, precision: str = "fp32") -> dict:
-    return TrainConfig(micro_batch_size=micro, precision=precision).to_dict()
+def config(micro: int, precision: str = "fp32") -> TrainConfig:
+    return TrainConfig(micro_batch_size=micro, precision=precision)
 
 
 def trial(number: int, micro: int, status: str, peak_mib: float | None = None,
           precision: str = "fp32", predicted: float | None = None) -> TrialRecord:
-    return TrialRecord(number=number, status=status, config=config(micro, precision),
-                       peak_memory_bytes=peak_mib * MIB if peak_mib else None,
+    peak = peak_mib * MIB if peak_mib else None
+    return TrialRecord(number=number, status=TrialStatus(status), config=config(micro, precision),
+                       measurement=Measurement(samples_per_sec=1.0, peak_memory_bytes=peak)
+                       if status in ("ok", "over_memory") else None,
                        predicted_peak_bytes=predicted)
 
 

@@ -41,7 +41,7 @@ def test_the_model_file_is_imported_once_for_the_probe_and_every_trial(write_mod
         made.close()
     assert report.dataset_size == 256
     assert [r.status for r in results] == ["ok", "ok"]
-    assert [bool(r.metrics["top_operators"]) for r in results] == [True, False]
+    assert [bool(r.measurement.top_operators) for r in results] == [True, False]
     assert len(imports.read_text().split()) == 1, "imported in the fork server only"
     assert (tmp_path / "study" / "logs" / "trial-1.log").exists()
 

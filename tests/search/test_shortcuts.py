@@ -9,7 +9,7 @@ from autotune.hardware import DeviceInfo
 from autotune.search.shortcuts import SCREEN_FRACTION, next_corner, planned_loader, screen_below
 from autotune.search.space import build_space
 from autotune.study.records import Role, TrialRecord
-from autotune.trial.protocol import LoaderRate
+from autotune.trial.protocol import LoaderRate, Measurement, TrialStatus
 
 MIB = 2**20
 CPU = DeviceInfo(type="cpu", index=None, name="test CPU", total_memory_bytes=2**34, cpu_count=2,
@@ -21,10 +21,15 @@ SPACE = build_space(BASELINE, CPU, 4096, fixes={"compile_mode": "none"})
 def record(number: int, config: TrainConfig, status: str, role: str = Role.SEARCH,
            peak_mib: float | None = None, rate: float | None = None,
            state: str = "COMPLETE") -> TrialRecord:
-    return TrialRecord(number=number, status=status, config=config.to_dict(), role=role,
-                       state=state, value=rate if status == "ok" else 0.0,
-                       constraint=0.0 if status == "ok" else 1.0, samples_per_sec=rate,
-                       peak_memory_bytes=peak_mib * MIB if peak_mib else None)
+    measured = rate is not None or peak_mib is not None
+    return TrialRecord(number=number, status=None if state in ("WAITING", "RUNNING") else
+                       TrialStatus(status),
+                       config=config, role=role, state=state,
+                       value=rate if status == "ok" else 0.0,
+                       constraint=0.0 if status == "ok" else 1.0,
+                       measurement=Measurement(samples_per_sec=rate or 0.0,
+                                               peak_memory_bytes=peak_mib * MIB if peak_mib
+                                               else None) if measured else None)
 
 
 def corner_of(params: dict) -> TrainConfig:

@@ -434,9 +434,12 @@ def test_space_without_workers_switches_the_loader_knobs_off():
     ({"fixes": {"foo": 1}}, "--fix foo=1: unknown knob 'foo'"),
     ({"fixes": {"precision": "fp8"}}, "precision must be one of fp32, tf32, bf16, fp16, "
                                       "fp8_tensorwise, fp8_rowwise; got 'fp8'"),
-    ({"fixes": {"precision": "fp16"}}, "precision=fp16 is not supported on cpu"),
-    ({"fixes": {"pin_memory": True}}, "pin_memory only helps copies to a CUDA device"),
-    ({"fixes": {"num_workers": 7}}, "num_workers=7 exceeds the 6 usable CPUs"),
+    ({"fixes": {"precision": "fp16"}}, "--fix precision=fp16: not on this device: fp16 needs"),
+    ({"fixes": {"pin_memory": True}},
+     "--fix pin_memory=True: not on this device: pinned memory only speeds up copies to a CUDA "
+     "device"),
+    ({"fixes": {"num_workers": 7}},
+     "--fix num_workers=7: not on this device: more DataLoader workers than the 6 usable CPUs"),
     ({"fixes": {"micro_batch_size": 7}}, "micro_batch_size=7 does not divide 32"),
     ({"fixes": {"micro_batch_size": 0}}, "micro_batch_size must be a positive integer"),
     ({"fixes": {"grad_accum_steps": 5}}, "grad_accum_steps=5 does not divide 32"),
@@ -467,7 +470,7 @@ def test_empty_dataset_is_refused():
 @pytest.mark.parametrize("text, message", [
     ("foo: [1]\n", "unknown knob 'foo'"),
     ("compile_mode: [none, turbo]\n", "compile_mode must be one of"),
-    ("precision: [fp32, fp16]\n", "precision=fp16 is not supported on cpu"),
+    ("precision: [fp32, fp16]\n", "precision=fp16: not on this device: fp16 needs"),
     ("micro_batch_size: [5, 7]\n", "micro_batch_size=5 does not divide 32; micro_batch_size=7"),
     ("precision: []\n", "precision: lists no values"),
     ("- fp32\n- bf16\n", "must be a mapping of knob"),

@@ -1,16 +1,18 @@
-"""`Tuner`: what one run hands its trials."""
+"""`Tuner` and the study it opens (`opening`): what one run hands its trials."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 
 import optuna
 
 from autotune.options import MeasureSettings, TuneOptions
-from autotune.search import tuner as tuner_module
+from autotune.search import opening
+from autotune.search.opening import probe_fingerprint
 from autotune.search.runner import MeasureJob
-from autotune.search.tuner import Tuner, probe_fingerprint
+from autotune.search.tuner import Tuner, announcement
 from autotune.study.storage import open_storage, study_dir
 
 from ..conftest import TINY_SOURCE
@@ -52,7 +54,7 @@ def test_a_study_whose_creator_died_before_recording_it_is_recorded_by_the_next(
     """A tuner killed between creating a study and recording what it is for leaves a bare
     study: the next tuner waits a moment for the record (`RECORD_WAIT_S`), then probes and
     records the study itself."""
-    monkeypatch.setattr(tuner_module, "RECORD_WAIT_S", 1.0)
+    monkeypatch.setattr(opening, "RECORD_WAIT_S", 1.0)
     model = write_model(TINY_SOURCE)
     studies = tmp_path / "studies"
     optuna.create_study(study_name="model", storage=open_storage(None, study_dir(studies,
@@ -75,3 +77,13 @@ def test_the_fingerprint_follows_the_file_its_arguments_and_the_machine(write_mo
     assert probe_fingerprint(path, {}, "cpu B") != first
     path.write_text(TINY_SOURCE + "\n# edited\n")
     assert probe_fingerprint(path, {}, "cpu A") != first
+
+
+def test_the_announcement_says_when_the_run_ends_what_it_does_and_why_it_grew() -> None:
+    ends = time.monotonic() + 1800
+    said = announcement(ends, "a trial takes about 30.00 s here", "the default budget grows")
+    clocks = {time.strftime("%H:%M", time.localtime(time.time() + s)) for s in (1795, 1800)}
+    assert any(said.startswith(f"this run ends by {c} (in 30.0 min): a trial takes about")
+               for c in clocks), said
+    assert said.endswith("; the default budget grows")
+    assert announcement(ends, "a plan", "").endswith(": a plan")

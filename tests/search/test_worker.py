@@ -3,20 +3,23 @@ that answers from a script, so the loop's own decisions are what is tested."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 from autotune.config import TrainConfig
 from autotune.options import TuneOptions
 from autotune.search.runner import MeasureJob
 from autotune.search.tuner import Tuner
+from autotune.study.records import trial_records
 from autotune.study.results import load_study
-from autotune.trial.measure import FIRST_STEP
-from autotune.trial.protocol import TrialResult
+from autotune.trial.protocol import FIRST_STEP, Measurement, TrialResult, TrialStatus
 
 from ..conftest import TINY_SOURCE
 
-METRICS = {"samples_per_sec": 1000.0, "window_samples": 800, "window_steps": 10,
-           "window_s": 0.8, "setup_s": 1.0, "time_to_first_step_s": 0.5, "warmup_steps": 3,
-           "warmup_s": 0.3, "step_time_median_s": 0.08, "data_wait_fraction": 0.0,
-           "peak_memory_bytes": 2**20}
+METRICS = Measurement(samples_per_sec=1000.0, window_samples=800, window_steps=10,
+                      window_s=0.8, setup_s=1.0, time_to_first_step_s=0.5, warmup_steps=3,
+                      warmup_s=0.3, step_time_median_s=0.08, data_wait_fraction=0.0,
+                      peak_memory_bytes=2**20)
 
 
 def test_a_compile_that_ran_out_of_time_runs_once_more(write_model, tmp_path) -> None:
@@ -26,7 +29,7 @@ def test_a_compile_that_ran_out_of_time_runs_once_more(write_model, tmp_path) ->
     def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
         jobs.append((config.to_dict(), job))
         if config.compile_mode == "none":
-            return TrialResult("ok", "measured", dict(METRICS))
+            return TrialResult(TrialStatus.OK, "measured", measurement=METRICS)
         return TrialResult("timeout", "still running", phase=FIRST_STEP)
 
     tuner = Tuner(TuneOptions(model_path=str(model), device="cpu", trials=3,
@@ -62,10 +65,9 @@ def test_under_the_time_budget_the_last_search_trial_gets_a_trials_time_to_finis
     def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
         jobs.append(job)
         time.sleep(0.5)
-        result = TrialResult("ok", "measured", {**METRICS,
-                                                "samples_per_sec": 1000.0 + len(jobs)})
-        result.wall_s = 5.0  # what each trial is priced at
-        return result
+        figures = replace(METRICS, samples_per_sec=1000.0 + len(jobs))
+        # wall_s: what each trial is priced at
+        return TrialResult(TrialStatus.OK, "measured", measurement=figures, wall_s=5.0)
 
     tuner = Tuner(TuneOptions(model_path=str(model), device="cpu", studies_dir=str(tmp_path),
                               confirm_repeats=0, seed=0))
@@ -77,3 +79,37 @@ def test_under_the_time_budget_the_last_search_trial_gets_a_trials_time_to_finis
     searched = [job for job in jobs if job.name.startswith("trial-") and job.number]
     assert searched, "the plan left time for search trials"
     assert min(job.time_limit_s for job in searched) >= 5.0 * 0.95
+
+
+def test_a_knob_that_lost_alone_is_kept_at_the_baselines_value_by_the_sampler(
+        tmp_path) -> None:
+    """Scripted: fused AdamW doubles the rate, channels_last halves it. The corner (both) is
+    split, each change is measured alone, and once channels_last has lost alone TPE proposes
+    contiguous tensors only: the one configuration left to measure is foreach AdamW, then the
+    space is exhausted."""
+    model = Path(__file__).parent.parent / "models" / "many_small_params.py"
+
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        rate = 100.0 * {"fused": 2.0, "foreach": 1.5}.get(config.optimizer_impl, 1.0) * \
+            (0.5 if config.memory_format == "channels_last" else 1.0)
+        return TrialResult(TrialStatus.OK, "measured",
+                           measurement=replace(METRICS, samples_per_sec=rate))
+
+    tuner = Tuner(TuneOptions(model_path=str(model), device="cpu", trials=8,
+                              model_args={"tensors": 8}, studies_dir=str(tmp_path),
+                              confirm_repeats=0, seed=0,
+                              fixes={"compile_mode": "none", "num_workers": 0,
+                                     "micro_batch_size": 8, "precision": "fp32"}))
+    tuner.runner.measure = measure  # the probe was real; the trials are scripted
+    try:
+        tuner.run()
+    finally:
+        tuner.close()
+    trials = trial_records(load_study(tuner.study.study_name, tmp_path))
+    measured = [t for t in trials if not t.duplicate]
+    assert [(t.role, t.changed) for t in measured[:4]] == [
+        ("baseline", ()), ("fast-corner", ()), ("one-change", ("optimizer_impl",)),
+        ("one-change", ("memory_format",))]
+    assert [(t.config.memory_format, t.config.optimizer_impl) for t in measured[4:]] == \
+        [("contiguous", "foreach")]
+    assert all(t.config.memory_format == "contiguous" for t in trials[4:])

@@ -3,36 +3,48 @@
 from __future__ import annotations
 
 import io
+import math
 import subprocess
 import sys
+from dataclasses import replace
 
 import matplotlib.image
 import pytest
 
+from autotune.config import TrainConfig
 from autotune.show import plots
+from autotune.study.records import FEASIBLE, INFEASIBLE, TrialRecord
+from autotune.study.summary import CompileRow
+from autotune.trial.protocol import Measurement, TrialStatus
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 GIB = 1024 ** 3
 
 
-def record(number: int, status: str = "ok", *, mbs: int = 8, precision: str = "bf16",
+def record(number: int, status: str = "ok", *, mbs: int | None = 8, precision: str = "bf16",
            checkpointing: str = "none", sps: float | None = 100.0, score: float | None = None,
            peak: int | None = 4 * GIB, start: float | None = None, end: float | None = None,
-           duplicate: bool = False) -> dict:
-    """A trial record as the tuner writes it; start/end default to one minute per trial."""
+           duplicate: bool = False) -> TrialRecord:
+    """A trial record as the study reads one back; start/end default to one minute per trial.
+    Without a micro-batch it has no configuration, without a rate no measurement."""
     begin = 1_700_000_000.0 + 60 * number if start is None else start
-    return {
-        "number": number, "status": status,
-        "config": {"micro_batch_size": mbs, "grad_accum_steps": 1, "precision": precision,
-                   "activation_checkpointing": checkpointing, "compile_mode": "none"},
-        "samples_per_sec": sps,
-        "score": (sps if status == "ok" else 0.0) if score is None else score,
-        "peak_memory_bytes": peak, "start": begin, "end": begin + 50 if end is None else end,
-        "duplicate": duplicate,
-    }
+    status = TrialStatus(status)
+    complete = status in FEASIBLE | INFEASIBLE
+    return TrialRecord(
+        number=number, status=status, state="COMPLETE" if complete else "FAIL",
+        config=TrainConfig(micro_batch_size=mbs, grad_accum_steps=1, precision=precision,
+                           activation_checkpointing=checkpointing, compile_mode="none")
+        if mbs is not None else None,
+        measurement=Measurement(samples_per_sec=sps, peak_memory_bytes=peak)
+        if sps is not None else None,
+        value=((sps if status == "ok" else 0.0) if score is None else score)
+        if complete else None,
+        constraint=(0.0 if status in FEASIBLE else 1.0) if complete else None,
+        start=begin, end=begin + 50 if end is None else end,
+        duplicate_of=number - 1 if duplicate else None)
 
 
-def sweep() -> list[dict]:
+def sweep() -> list[TrialRecord]:
     """Measured trials over micro-batch sizes and precisions, one over the memory limit."""
     rows = []
     for i, (mbs, precision) in enumerate([(m, p) for p in ("fp32", "bf16") for m in (2, 4, 8)]):
@@ -42,7 +54,7 @@ def sweep() -> list[dict]:
     return rows
 
 
-def failures() -> list[dict]:
+def failures() -> list[TrialRecord]:
     return [
         record(7, "oom", mbs=32, precision="bf16", sps=None, peak=None),
         record(8, "oom_predicted", mbs=64, precision="fp32", sps=None, peak=None),
@@ -83,7 +95,7 @@ def test_throughput_skips_duplicates_and_other_statuses():
     [],
     [record(0, "error", sps=None)],
     [record(0, "ok", sps=None, score=None)],
-    [record(0, "ok", mbs=None)],  # type: ignore[arg-type]
+    [record(0, "ok", mbs=None)],
     failures(),  # nothing measured: only the strip
 ], ids=["empty", "only-error", "ok-without-rate", "no-micro-batch", "only-failures"])
 def test_throughput_copes_with_partial_data(records):
@@ -131,8 +143,8 @@ def test_best_so_far_orders_by_number_and_ignores_duplicates():
     [],
     [record(0, "oom", sps=None), record(1, "error", sps=None)],
     [record(0, score=None, sps=None)],
-    [{**record(0), "start": None, "end": None}],
-    [{**record(0), "start": None}, {**record(1, sps=200.0), "start": None}],
+    [replace(record(0), start=None, end=None)],
+    [replace(record(0), start=None), replace(record(1, sps=200.0), start=None)],
 ], ids=["empty", "nothing-ok", "ok-without-score", "no-times", "no-starts"])
 def test_best_so_far_copes_with_partial_data(records):
     assert_png(plots.best_so_far(records))
@@ -155,8 +167,12 @@ def test_importance_bars_copes_with_empty_data(importances):
 
 def test_compile_payoff_with_and_without_break_even():
     rows = [
-        {"label": "default", "compile_s": 40.0, "gain": 0.25, "break_even_steps": 1200.0},
-        {"label": "max-autotune", "compile_s": 300.0, "gain": -0.05, "break_even_steps": None},
+        CompileRow(label="#1 default", trial=1, config="bf16 compile=default",
+                   reference="#0 (same knobs, uncompiled)", compile_s=40.0, gain=0.25,
+                   break_even_steps=1200.0),
+        CompileRow(label="#2 max-autotune", trial=2, config="bf16 compile=max-autotune",
+                   reference="#0 (same knobs, uncompiled)", compile_s=300.0, gain=-0.05,
+                   break_even_steps=None),
     ]
     data = plots.compile_payoff(rows)
     assert_png(data)
@@ -165,8 +181,9 @@ def test_compile_payoff_with_and_without_break_even():
 
 
 @pytest.mark.parametrize("rows", [
-    [], [{"label": "x", "compile_s": None, "gain": None, "break_even_steps": None}],
-], ids=["empty", "no-values"])
+    [], [CompileRow(label="x", trial=0, config="", reference="", compile_s=math.nan,
+                    gain=math.inf, break_even_steps=None)],
+], ids=["empty", "no-finite-values"])
 def test_compile_payoff_copes_with_empty_data(rows):
     assert_png(plots.compile_payoff(rows))
 

@@ -4,20 +4,27 @@ from __future__ import annotations
 
 from dataclasses import MISSING, fields, replace
 
+import optuna
 import torch
 from rich.console import Console
 
-from autotune.config import TrainConfig
+from autotune.config import DISTRIBUTED_KNOBS, TrainConfig
 from autotune.show.report import (
     OPERATOR_TABLE_TITLES,
+    knob_rows,
     stats_table,
     summary_markdown,
     summary_tables,
     trial_row,
 )
-from autotune.study.records import TrialRecord
+from autotune.study.records import StudyKey, TrialRecord
+from autotune.study.results import applicable_knobs, load_study, study_summary
+from autotune.study.storage import open_storage
 from autotune.study.summary import ConfirmedFigures, StudySummary
 from autotune.trial.profiling import operator_tables
+from autotune.trial.protocol import Measurement, ScriptAnswer, StudyIdentity, TrialStatus
+
+from ..study.test_results import _told
 
 
 def _text(renderable) -> str:
@@ -39,17 +46,22 @@ def test_operator_tables_of_a_raw_profile() -> None:
 
 
 def test_a_trial_line_names_its_outcome() -> None:
-    config = TrainConfig(micro_batch_size=8, precision="bf16").to_dict()
-    ok = TrialRecord(number=3, status="ok", config=config, samples_per_sec=1234.5,
-                     peak_memory_bytes=2 * 2**30)
+    config = TrainConfig(micro_batch_size=8, precision="bf16")
+    ok = TrialRecord(number=3, status=TrialStatus.OK, config=config,
+                     measurement=Measurement(samples_per_sec=1234.5,
+                                             peak_memory_bytes=2 * 2**30))
     assert trial_row(ok) == ("3", "mb=8x1 bf16 for_loop", "1234.5", "2.00 GiB", "ok", "")
-    repeat = TrialRecord(number=4, status="ok", config=config, duplicate_of=3)
+    repeat = TrialRecord(number=4, status=TrialStatus.OK, config=config, duplicate_of=3)
     assert trial_row(repeat)[4] == "repeat of #3"
-    failed = TrialRecord(number=5, status="oom", config=config, message="CUDA out of memory\n..")
+    failed = TrialRecord(number=5, status=TrialStatus.OOM, config=config,
+                         message="CUDA out of memory\n..")
     assert trial_row(failed)[4:] == ("oom", "CUDA out of memory")
-    busy = TrialRecord(number=6, status="ok", config=config, samples_per_sec=99.0,
-                       disturbed=True, other_cpu_share=0.47)
+    busy = TrialRecord(number=6, status=TrialStatus.OK, config=config,
+                       measurement=Measurement(samples_per_sec=99.0, disturbed=True,
+                                               other_cpu_share=0.47))
     assert trial_row(busy)[4:] == ("ok", "disturbed (other processes used 47% of the CPUs)")
+    waiting = TrialRecord(number=7, status=None, state="WAITING", config=config)
+    assert trial_row(waiting)[2:5] == ("", "", "queued")
 
 
 def _summary(**figures) -> StudySummary:
@@ -59,6 +71,7 @@ def _summary(**figures) -> StudySummary:
                            "statuses": {},
                            "oom_trials": 0, "retried_trials": 0, "free_batch": False,
                            "left_out": (), "warnings": (), "disturbed_trials": (),
+                           "queued_trials": (),
                            "best_disturbed": False, **figures})
 
 
@@ -68,12 +81,13 @@ def _confirmed(**figures) -> ConfirmedFigures:
 
 
 def test_summary_shows_best_beside_baseline_in_both_forms() -> None:
-    base = TrainConfig(micro_batch_size=8).to_dict()
-    best = TrainConfig(micro_batch_size=8, precision="bf16").to_dict()
+    base = TrainConfig(micro_batch_size=8)
+    best = TrainConfig(micro_batch_size=8, precision="bf16")
     confirmed = _confirmed(baseline_spread=2.0, speedup_ci=(1.9, 2.1), confirmation_repeats=2,
                            best_search_samples_per_sec=250.0)
     summary = _summary(study="mlp", model="models/mlp.py", device="cpu",
-                       best_config=best, baseline_config=base, best_samples_per_sec=200.0,
+                       best_config=best, baseline_config=base,
+                       knobs=applicable_knobs(None, best, base, 1), best_samples_per_sec=200.0,
                        best_spread=5.0, baseline_samples_per_sec=100.0, speedup=2.0,
                        trials={"COMPLETE": 4}, statuses={"ok": 4}, disturbed_trials=(2, 3),
                        confirmation=confirmed)
@@ -89,3 +103,78 @@ def test_summary_shows_best_beside_baseline_in_both_forms() -> None:
     assert markdown.startswith("# autotune study `mlp`")
     assert "| precision | fp32 | **bf16** |" in markdown
     assert "- disturbed: 2: #2, #3 (trials timed while other processes used the CPUs" in markdown
+
+
+def _stored_summary(tmp_path, nproc_per_node: int, base: TrainConfig, best: TrainConfig,
+                    space: dict | None = None) -> StudySummary:
+    """The summary of a study on storage: the baseline's trial and a faster one."""
+    study = optuna.create_study(study_name="s", storage=open_storage(None, tmp_path / "s"),
+                                direction="maximize")
+    study.set_user_attr(StudyKey.IDENTITY, StudyIdentity(
+        "models/mlp.py", {}, "cuda", nproc_per_node=nproc_per_node).to_json())
+    study.set_user_attr(StudyKey.BASELINE_CONFIG, base.to_dict())
+    if space is not None:
+        study.set_user_attr(StudyKey.SPACE, space)
+    _told(study, base, "ok", 100.0, role="baseline")
+    _told(study, best, "ok", 150.0)
+    return study_summary(load_study("s", tmp_path))
+
+
+def _listed(summary: StudySummary) -> tuple[set[str], str, str]:
+    """The knobs of the summary's rows, its markdown and its terminal tables."""
+    return ({knob for knob, _, _ in knob_rows(summary)}, summary_markdown(summary),
+            _text(summary_tables(summary)))
+
+
+def test_a_process_groups_knobs_are_listed_only_for_a_process_group(tmp_path) -> None:
+    base = TrainConfig(micro_batch_size=8)
+    one = _stored_summary(tmp_path / "one", 1, base, base.replace(precision="bf16"))
+    rows, markdown, text = _listed(one)
+    assert one.nproc_per_node == 1 and rows == set(one.knobs)
+    assert not rows & set(DISTRIBUTED_KNOBS)
+    assert {"micro_batch_size", "precision", "compile_mode"} <= rows
+    assert "| precision | fp32 | **bf16** |" in markdown
+    assert not any(f"| {knob} |" in markdown or knob in text for knob in DISTRIBUTED_KNOBS)
+
+    ddp = base.replace(parallelism="ddp")
+    group = _stored_summary(tmp_path / "group", 2, ddp,
+                            ddp.replace(parallelism="fsdp", precision="bf16"))
+    rows, markdown, text = _listed(group)
+    assert group.nproc_per_node == 2 and set(DISTRIBUTED_KNOBS) <= rows
+    assert "| parallelism | ddp | **fsdp** |" in markdown
+    assert "| ddp_static_graph | False | False |" in markdown
+    assert all(knob in text for knob in DISTRIBUTED_KNOBS)
+
+
+def test_a_knob_the_best_changed_is_listed_though_the_study_did_not_search_it(
+        tmp_path) -> None:
+    # The study searched the batch and precision only; its best changed the AdamW too.
+    space = {"domains": {**{knob: [value] for knob, value in TrainConfig().to_dict().items()},
+                         "micro_batch_size": [8, 16], "precision": ["fp32", "bf16"]}}
+    base = TrainConfig(micro_batch_size=8)
+    summary = _stored_summary(tmp_path, 1, base,
+                              base.replace(precision="bf16", optimizer_impl="fused"), space)
+    rows, markdown, _ = _listed(summary)
+    assert summary.knobs == ("micro_batch_size", "grad_accum_steps", "precision",
+                             "optimizer_impl")
+    assert "| optimizer_impl | for_loop | **fused** |" in markdown
+    assert "compile_mode" not in rows  # one value: not searched, not changed
+
+
+def test_a_script_studys_answer_is_in_its_own_terms_everywhere() -> None:
+    answer = ScriptAnswer("transformers", {"TrainingArguments": {
+        "per_device_train_batch_size": 16, "bf16": True}}, "parse_args_into_dataclasses")
+    summary = _summary(model="/w/train.py", script_args=("--output_dir", "out"),
+                       script_answer=answer, knobs=())
+    flags = "--per_device_train_batch_size 16 --bf16"
+    assert summary.script_lines() == [flags]
+    console = Console(record=True, width=200)
+    console.print(summary_tables(summary))
+    shown = console.export_text()
+    assert f"in your script's terms:\n  {flags}\n" in shown
+    markdown = summary_markdown(summary)
+    assert f"```\n{flags}\n```" in markdown
+    assert "- script: `/w/train.py` `--output_dir out`" in markdown
+    data = summary.to_json()
+    assert data["answer_in_script_terms"] == [flags] and data["script_flags"] == flags.split()
+    assert "script_args" not in _summary(knobs=()).to_json()  # a model file's, as before

@@ -12,6 +12,7 @@ from autotune.search.events import StudyView
 from autotune.show.views import LiveView, PlainView
 from autotune.study.records import TrialRecord
 from autotune.study.storage import open_storage
+from autotune.trial.protocol import Measurement, TrialStatus
 
 from ..study.test_results import _told
 
@@ -26,9 +27,10 @@ def test_plain_view_writes_one_line_per_event() -> None:
     config = TrainConfig(micro_batch_size=8, precision="bf16")
     view.trial_started(3, config, "search", "cpu")
     view.phase("warming up", 3)
-    view.trial_finished(TrialRecord(number=3, status="ok", config=config.to_dict(),
-                                    samples_per_sec=1234.5, peak_memory_bytes=2**30))
-    view.trial_finished(TrialRecord(number=4, status="oom", config=config.to_dict(),
+    view.trial_finished(TrialRecord(
+        number=3, status=TrialStatus.OK, config=config,
+        measurement=Measurement(samples_per_sec=1234.5, peak_memory_bytes=2**30)))
+    view.trial_finished(TrialRecord(number=4, status=TrialStatus.OOM, config=config,
                                     message="CUDA out of memory"))
     view.note("the space is exhausted")
     assert console.file.getvalue().splitlines() == [

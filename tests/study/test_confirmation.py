@@ -13,6 +13,7 @@ def test_the_confirmation_reads_back_as_it_was_stored() -> None:
     outcome = _confirmation()
     stored = json.loads(json.dumps(outcome.to_json()))
     assert Confirmation.from_json(stored) == outcome
+    assert stored["winner"]["config"]["precision"] == "bf16"  # plain data in the storage
     flaky = stored["candidates"][1]
     assert flaky["runs"][1] == {"status": "failed"} and not flaky["ok"]
     assert stored["repeats"] == stored["rounds"] == 3

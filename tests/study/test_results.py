@@ -3,12 +3,23 @@ what compiling paid for itself."""
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import optuna
 import pytest
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
-from autotune.study.records import MEMORY_CONSTRAINT, StudyKey, TrialRecord
+from autotune.study.confirmation import FRESH_ROUNDS
+from autotune.study.records import (
+    MEMORY_CONSTRAINT,
+    StudyKey,
+    TrialKey,
+    TrialRecord,
+    trial_records,
+)
 from autotune.study.results import (
     compile_rows,
     list_studies,
@@ -17,6 +28,7 @@ from autotune.study.results import (
     study_summary,
 )
 from autotune.study.storage import open_storage
+from autotune.trial.protocol import Measurement, TrialStatus
 
 
 def _told(study: optuna.Study, config: TrainConfig, status: str, rate: float | None,
@@ -24,16 +36,16 @@ def _told(study: optuna.Study, config: TrainConfig, status: str, rate: float | N
     """A finished trial, recorded as the tuner records one; with `other_cpu_share` above the
     threshold, its window was disturbed."""
     trial = study.ask()
-    if other_cpu_share is not None:
-        trial.set_user_attr("other_cpu_share", other_cpu_share)
-        trial.set_user_attr("disturbed", other_cpu_share > 0.05)
-    trial.set_user_attr("config", config.to_dict())
-    trial.set_user_attr("role", role)
-    trial.set_user_attr("status", status)
-    feasible = status == "ok"
     if rate is not None:
-        trial.set_user_attr("samples_per_sec", rate)
-    trial.set_user_attr("constraint", 0.0 if feasible else 1.0)
+        measurement = Measurement(
+            samples_per_sec=rate, other_cpu_share=other_cpu_share,
+            disturbed=other_cpu_share is not None and other_cpu_share > 0.05)
+        trial.set_user_attr(TrialKey.MEASUREMENT, measurement.to_json())
+    trial.set_user_attr(TrialKey.CONFIG, config.to_dict())
+    trial.set_user_attr(TrialKey.ROLE, role)
+    trial.set_user_attr(TrialKey.STATUS, status)
+    feasible = status == "ok"
+    trial.set_user_attr(TrialKey.CONSTRAINT, 0.0 if feasible else 1.0)
     trial.set_constraint(MEMORY_CONSTRAINT, 0.0 if feasible else 1.0)
     study.tell(trial, rate if feasible else 0.0)
 
@@ -50,7 +62,7 @@ def test_summary_of_an_unconfirmed_study_compares_the_best_trial_with_the_baseli
     _told(study, base.replace(micro_batch_size=32), "over_memory", 400.0)
     summary = study_summary(load_study("s", tmp_path))
     assert not summary.confirmed
-    assert summary.best_config["precision"] == "bf16"
+    assert summary.best_config.precision == "bf16"
     assert summary.speedup == pytest.approx(1.5)
     assert summary.oom_trials == 2
     assert summary.statuses == {"ok": 2, "oom": 1, "over_memory": 1}
@@ -91,25 +103,25 @@ def test_a_missing_study_is_bad_input(tmp_path) -> None:
 
 def _record(number: int, compile_mode: str, sps: float, first_step_s: float,
             precision: str = "fp32", micro: int = 64) -> TrialRecord:
-    return TrialRecord(number=number, status="ok", samples_per_sec=sps,
-                       time_to_first_step_s=first_step_s,
+    return TrialRecord(number=number, status=TrialStatus.OK,
+                       measurement=Measurement(samples_per_sec=sps,
+                                               time_to_first_step_s=first_step_s),
                        config=TrainConfig(micro_batch_size=micro, grad_accum_steps=2,
-                                          precision=precision,
-                                          compile_mode=compile_mode).to_dict())
+                                          precision=precision, compile_mode=compile_mode))
 
 
 def test_compile_break_even_from_its_uncompiled_twin() -> None:
     plain = _record(0, "none", sps=1000.0, first_step_s=1.0)
     compiled = _record(1, "default", sps=2000.0, first_step_s=31.0)
     slower = _record(2, "max-autotune", sps=900.0, first_step_s=11.0)
-    rows = {r["trial"]: r for r in compile_rows([plain, compiled, slower])}
+    rows = {r.trial: r for r in compile_rows([plain, compiled, slower])}
     # 128 samples a step: 0.128 s uncompiled, 0.064 s compiled; 30 s of compile pays off after
     # 30 / 0.064 steps.
-    assert rows[1]["compile_s"] == pytest.approx(30.0)
-    assert rows[1]["gain"] == pytest.approx(1.0)
-    assert rows[1]["break_even_steps"] == pytest.approx(30 / 0.064)
-    assert "same knobs" in rows[1]["reference"]
-    assert rows[2]["break_even_steps"] is None  # slower when compiled: never pays off
+    assert rows[1].compile_s == pytest.approx(30.0)
+    assert rows[1].gain == pytest.approx(1.0)
+    assert rows[1].break_even_steps == pytest.approx(30 / 0.064)
+    assert "same knobs" in rows[1].reference and rows[1].label == "#1 default"
+    assert rows[2].break_even_steps is None  # slower when compiled: never pays off
 
 
 def test_compile_gain_is_not_credited_with_another_precision() -> None:
@@ -120,12 +132,41 @@ def test_compile_gain_is_not_credited_with_another_precision() -> None:
 
 def test_memory_model_reports_its_error() -> None:
     mib = 2**20
-    config = TrainConfig(micro_batch_size=8).to_dict()
-    errors = prediction_errors([
-        TrialRecord(number=4, status="ok", config=config, peak_memory_bytes=400 * mib,
-                    predicted_peak_bytes=360 * mib),
-        TrialRecord(number=5, status="ok", config=config, peak_memory_bytes=300 * mib,
-                    predicted_peak_bytes=330 * mib)])
+    config = TrainConfig(micro_batch_size=8)
+
+    def measured(number: int, peak: int, predicted: int) -> TrialRecord:
+        return TrialRecord(number=number, status=TrialStatus.OK, config=config,
+                           measurement=Measurement(samples_per_sec=100.0,
+                                                   peak_memory_bytes=peak),
+                           predicted_peak_bytes=predicted)
+
+    errors = prediction_errors([measured(4, 400 * mib, 360 * mib),
+                                measured(5, 300 * mib, 330 * mib)])
     assert errors.checked == 2
     assert errors.max_abs_error == pytest.approx(0.1)
     assert errors.median_abs_error == pytest.approx(0.1)
+
+
+OLD_STUDY = Path(__file__).resolve().parent.parent / "fixtures" / "study_before_typed_records"
+
+
+def test_a_study_written_before_typed_records_opens_and_says_what_it_said(tmp_path) -> None:
+    """A journal from autotune before measurements had a record of their own (each figure an
+    attribute of its own): read with today's code, every trial has its measurement, and the
+    summary is the one `show --json` printed then (the new `knobs`, `queued_trials`,
+    `trial_times` and `confirmation_measured` aside: its rounds were fresh ones)."""
+    folder = tmp_path / "tiny_dict"
+    folder.mkdir()
+    shutil.copy(OLD_STUDY / "journal.log", folder / "journal.log")
+    study = load_study("tiny_dict", tmp_path)
+    records = trial_records(study)
+    measured = [r for r in records if r.status in (TrialStatus.OK, TrialStatus.SCREENED)]
+    assert measured and all(r.measurement.samples_per_sec > 0 for r in measured)
+    assert all(r.measurement.window_steps >= 3 and r.config is not None for r in measured)
+    then = json.loads((OLD_STUDY / "show.json").read_text())
+    now = study_summary(study).to_json()
+    assert now.pop("knobs")[:2] == ["micro_batch_size", "grad_accum_steps"]
+    assert now.pop("queued_trials") == [] and now.pop("trial_times") == []
+    assert now.pop("probe_s") is None  # not recorded before
+    assert now.pop("confirmation_measured") == FRESH_ROUNDS
+    assert now == then

@@ -16,21 +16,25 @@ from autotune.study.storage import open_storage
 
 from .test_results import _told
 
-# What `autotune show --json` has printed for a study with a search and no confirmation.
+# What `autotune show --json` prints for a study with a search and no confirmation (`knobs`,
+# the knobs that apply to the study, came with the typed records).
 SEARCH_KEYS = {
     "study", "model", "model_args", "device", "devices", "nproc_per_node", "confirmed",
     "best_config", "best_samples_per_sec", "best_spread", "best_trial",
     "best_peak_memory_bytes", "best_mfu",
-    "baseline_config", "baseline_samples_per_sec", "speedup", "verdict", "trials", "statuses",
+    "baseline_config", "knobs", "baseline_samples_per_sec", "speedup", "verdict", "trials",
+    "statuses",
     "oom_trials", "retried_trials", "tuning_wall_s", "free_batch", "train_steps",
     "memory_predictions", "loader_rates", "baseline_trial", "left_out", "convolutional",
     "warnings",
-    "disturbed_trials", "best_disturbed", "compile_payoff"}
+    "queued_trials", "trial_times", "probe_s", "disturbed_trials",
+    "best_disturbed", "compile_payoff"}
 # ... and the keys the paired rounds add.
 CONFIRMED_KEYS = {
     "best_runs", "baseline_spread", "speedup_ci", "no_measurable_difference",
     "confirmation_repeats", "best_search_samples_per_sec", "fastest_config", "fastest_speedup",
-    "fastest_speedup_ci", "best_time_to_train_s", "baseline_time_to_train_s"}
+    "fastest_speedup_ci", "best_time_to_train_s", "baseline_time_to_train_s",
+    "confirmation_measured"}
 
 BASE = TrainConfig(micro_batch_size=8)
 
@@ -48,10 +52,9 @@ def _confirmation() -> Confirmation:
     def runs(*rates: float | None) -> list[Run | None]:
         return [Run("ok", samples_per_sec=r, objective=r) if r else None for r in rates]
 
-    baseline = Candidate(BASE.to_dict(), 0, True, 100.0, runs(100, 104, 98))
-    faster = Candidate(BASE.replace(precision="bf16").to_dict(), 1, True, 150.0,
-                       runs(151, 160, 149))
-    flaky = Candidate(BASE.replace(optimizer_impl="foreach").to_dict(), 2, True, 120.0,
+    baseline = Candidate(BASE, 0, True, 100.0, runs(100, 104, 98))
+    faster = Candidate(BASE.replace(precision="bf16"), 1, True, 150.0, runs(151, 160, 149))
+    flaky = Candidate(BASE.replace(optimizer_impl="foreach"), 2, True, 120.0,
                       runs(120, None, 121))
     return conclusion([faster, flaky, baseline], baseline, wall_s=12.0, target=0.03)
 
@@ -72,7 +75,7 @@ def test_a_confirmed_summary_adds_the_rounds_keys_and_reads_from_storage_alone(
     data = summary.to_json()
     assert set(data) == SEARCH_KEYS | CONFIRMED_KEYS
     assert summary.confirmed and data["confirmed"] is True
-    assert summary.best_config["precision"] == "bf16"
+    assert summary.best_config.precision == "bf16" and data["best_config"]["precision"] == "bf16"
     assert summary.confirmation.confirmation_repeats == 3
     low, high = data["speedup_ci"]
     assert low < data["speedup"] < high
@@ -80,3 +83,18 @@ def test_a_confirmed_summary_adds_the_rounds_keys_and_reads_from_storage_alone(
     json.dumps(data)
 
 
+
+
+def test_a_budget_too_short_for_an_answer_says_what_is_unknown_and_the_timeout(
+        tmp_path) -> None:
+    """The default budget grown its most (30 min) could not hold the rounds an answer needs
+    (82 min): the verdict says the interval is unknown and names the --timeout that answers
+    it; a study whose rounds gave an interval anyway says nothing of it."""
+    study = _study(tmp_path)
+    study.set_user_attr(StudyKey.SHORT_BUDGET, {"budget_s": 1800.0, "needed_s": 4920.0,
+                                                "timeout": "58m"})
+    verdict = " ".join(study_summary(study).verdict.split())
+    assert "Left unknown: the speedup's interval" in verdict
+    assert "`--timeout 58m` would answer it" in verdict
+    study.set_user_attr(StudyKey.CONFIRMATION, _confirmation().to_json())
+    assert "Left unknown" not in study_summary(study).verdict

@@ -12,13 +12,13 @@ BASE = TrainConfig(micro_batch_size=32)
 
 
 def _candidate(config: TrainConfig, *rates: float) -> Candidate:
-    return Candidate(config.to_dict(), 0, True, None,
+    return Candidate(config, 0, True, None,
                      [Run("ok", samples_per_sec=r, objective=r) for r in rates])
 
 
 def _verdict(*contenders: Candidate) -> str:
     baseline = _candidate(BASE, 100, 110, 95, 105, 101, 99)
-    return confirmed_verdict(conclusion([*contenders, baseline], baseline), BASE.to_dict())
+    return confirmed_verdict(conclusion([*contenders, baseline], baseline), BASE)
 
 
 def test_a_measurable_speedup_names_the_changes_its_interval_and_rounds() -> None:
@@ -47,10 +47,10 @@ def test_a_difference_inside_the_noise_is_not_known_and_keeps_the_users_settings
 def test_one_round_is_not_known_and_an_unconfirmed_study_says_so() -> None:
     baseline = _candidate(BASE, 100)
     faster = _candidate(BASE.replace(precision="bf16"), 144)
-    verdict = confirmed_verdict(conclusion([faster, baseline], baseline), BASE.to_dict())
+    verdict = confirmed_verdict(conclusion([faster, baseline], baseline), BASE)
     assert verdict == ("not known: bf16 is 1.44x in 1 paired round, too few for an interval; "
                        "your settings kept")
-    assert search_verdict(BASE.replace(precision="bf16").to_dict(), 1.5, BASE.to_dict()) == (
+    assert search_verdict(BASE.replace(precision="bf16"), 1.5, BASE) == (
         "not confirmed: bf16 measured 1.50x your settings in single search trials; confirm it "
         "(--confirm-repeats) before you change your training")
-    assert search_verdict(None, None, BASE.to_dict()).startswith("no answer")
+    assert search_verdict(None, None, BASE).startswith("no answer")

@@ -8,8 +8,8 @@ import json
 from autotune.config import TrainConfig
 from autotune.study.verification import Verification
 
-BASE = TrainConfig(micro_batch_size=8).to_dict()
-BF16 = TrainConfig(micro_batch_size=8, precision="bf16").to_dict()
+BASE = TrainConfig(micro_batch_size=8)
+BF16 = TrainConfig(micro_batch_size=8, precision="bf16")
 
 
 def _checked(speedup: float | None, interval: tuple[float, float] | None,

@@ -16,8 +16,8 @@ import pytest
 from autotune.config import TrainConfig
 from autotune.options import MeasureSettings
 from autotune.search.isolation import run_isolated
-from autotune.trial.contention import cpu_ticks, other_share, own_pids
-from autotune.trial.protocol import TrialRequest
+from autotune.trial.contention import Contention, cpu_ticks, other_share, own_pids, same_load
+from autotune.trial.protocol import Measurement, TrialRequest
 
 from ..conftest import TINY_SOURCE
 
@@ -67,46 +67,63 @@ def wait_for_a_quiet_machine(limit_s: float = 45.0) -> None:
     pytest.skip("other processes kept the CPUs busy: no quiet moment to time a trial in")
 
 
-def trial(write_model, tmp_path, on_phase=None, settings=SETTINGS, **config) -> dict:
+def trial(write_model, tmp_path, on_phase=None, settings=SETTINGS, **config) -> Measurement:
     path = write_model(TINY_SOURCE.replace("size=256", "size=4096"))
     request = TrialRequest(model_path=str(path), device="cpu", settings=settings,
                            config=TrainConfig(micro_batch_size=64, **config).to_dict(),
                            model_args={"dim": 256})
     result = run_isolated(request, 120, tmp_path / "trial.log", on_phase=on_phase)
     assert result.status == "ok", result.message
-    return result.metrics
+    return result.measurement
 
 
-def test_a_trial_beside_cpu_burners_is_flagged(write_model, tmp_path) -> None:
-    """Two busy loops on two cores: the window loses about half the CPUs, and the machine never
-    gets quiet enough to measure it again, so it is kept with the flag and the figure."""
+def test_a_load_there_all_along_is_flagged_not_measured_again(write_model, tmp_path) -> None:
+    """Busy loops on every core from before the trial to its end: the warm-up and screening saw
+    the load and the timed window the same, about half the CPUs, so it is the machine's state:
+    no wait for a quiet moment, no window measured again, the load recorded and flagged."""
     with cpu_burners(os.cpu_count() or 1):
-        metrics = trial(write_model, tmp_path)
-    assert metrics["disturbed"] and metrics["windows_remeasured"] == 0
-    assert metrics["other_cpu_share"] > 0.25
+        metrics = trial(write_model, tmp_path, settings={**SETTINGS, "screen_steps": 20})
+    assert metrics.disturbed and metrics.steady_load
+    assert metrics.windows_remeasured == 0 and metrics.phases.remeasure_s < 0.5
+    assert metrics.other_cpu_share > 0.25 and metrics.machine_load > 0.25
     log = (tmp_path / "trial.log").read_text()
-    assert "waiting up to 1 s for a quiet moment" in log
-    assert "waiting up to 2 s for a quiet moment" in log
+    assert "the machine's steady load" in log and "for a quiet moment" not in log
+
+
+def test_the_same_load_in_two_windows_is_the_machines_state_a_passing_one_is_not() -> None:
+    def window(share: float | None, device: int | None = None) -> Contention:
+        return Contention(share, 2, device_other_processes=device,
+                          disturbed=bool(device) or (share or 0.0) > 0.05)
+
+    assert same_load(window(0.15), window(0.24))          # a package install beside it
+    assert not same_load(window(0.02), window(0.24))      # quiet, then a burst
+    assert not same_load(window(0.45), window(0.10))      # a burst that has passed
+    assert same_load(window(None, 1), window(None, 1))    # another process on the GPU
+    assert not same_load(window(0.30), window(None, 1))
 
 
 def test_a_window_disturbed_for_a_while_is_measured_again_once_it_is_quiet(
         write_model, tmp_path) -> None:
-    """The burners stop once the trial waits; a neighbour's blip on the shared CI machine may
-    still disturb the next window (it did: 10% of the CPUs), so this trial may retry 4 times."""
+    """The burners start with the timed window (the warm-up was quiet: a load that came) and
+    stop once the trial waits; a neighbour's blip on the shared CI machine may still disturb
+    the next window (it did: 10% of the CPUs), so this trial may retry 4 times."""
     wait_for_a_quiet_machine()
-    burners = start_burners(os.cpu_count() or 1)
+    burners: list[subprocess.Popen] = []
 
-    def quiet_once_waiting(phase: str) -> None:
+    def load_comes_and_goes(phase: str) -> None:
+        if phase == "timing" and not burners:
+            burners.extend(start_burners(os.cpu_count() or 1))
         if "for a quiet moment" in phase:
             stop(burners)
 
     try:
-        metrics = trial(write_model, tmp_path, on_phase=quiet_once_waiting,
-                        settings={**SETTINGS, "contention_retries": 4})
+        metrics = trial(write_model, tmp_path, on_phase=load_comes_and_goes,
+                        settings={**SETTINGS, "window_seconds": 3.0, "window_max_seconds": 4.0,
+                                  "contention_retries": 4, "contention_remeasures": 4})
     finally:
         stop(burners)
-    assert metrics["windows_remeasured"] >= 1
-    assert not metrics["disturbed"], metrics["other_cpu_share"]
+    assert metrics.windows_remeasured >= 1
+    assert not metrics.disturbed, metrics.other_cpu_share
     assert "re-measuring the window" in (tmp_path / "trial.log").read_text()
 
 
@@ -114,8 +131,8 @@ def test_the_same_trial_on_a_quiet_machine_is_not_flagged(write_model, tmp_path)
     """Its DataLoader worker is its own process, not another's."""
     wait_for_a_quiet_machine()
     metrics = trial(write_model, tmp_path, num_workers=1, persistent_workers=True)
-    assert not metrics["disturbed"] and metrics["windows_remeasured"] == 0
-    assert metrics["other_cpu_share"] <= MeasureSettings().contention_threshold
+    assert not metrics.disturbed and metrics.windows_remeasured == 0
+    assert metrics.other_cpu_share <= MeasureSettings().contention_threshold
 
 
 CHILDREN = """

@@ -10,7 +10,7 @@ import torch
 from autotune.config import TrainConfig, from_baseline
 from autotune.options import MeasureSettings
 from autotune.trial.deep_profile import profile_config
-from autotune.trial.diagnosis import SYNC_METHODS, trace_host_syncs
+from autotune.trial.diagnosis import SYNC_METHODS, diagnose, trace_host_syncs
 from autotune.trial.workload import load_workload
 
 from ..conftest import TEST_MODELS
@@ -97,3 +97,30 @@ def test_naive_attention_is_blamed_on_its_forward(tmp_path) -> None:
     assert any(f"naive_attention.py:{forward}" in where for f in blamed for where in f.where)
     assert report.tables["cpu"] and report.tables["input shape"]
     assert all(not op.name.startswith("<") for op in report.tables["cpu"])  # operators only
+
+
+class _Window:
+    """A profiled window whose events lack dtypes, as torch before 2.12 records them."""
+
+    def __init__(self, prof: torch.profiler.profile) -> None:
+        self._events = list(prof.events())
+        for event in self._events:
+            if hasattr(event, "input_dtypes"):
+                delattr(event, "input_dtypes")
+
+    def events(self) -> list:
+        return self._events
+
+
+def test_fp32_matmuls_are_found_on_a_torch_whose_events_carry_no_dtypes() -> None:
+    # torch 2.11 (the GPU machine's) has no FunctionEvent.input_dtypes: every fp32 trial
+    # there failed with an AttributeError before this finding read it defensively.
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    with torch.profiler.profile(record_shapes=True) as prof:
+        for _ in range(20):
+            a = torch.mm(a, b).tanh()
+    config = TrainConfig(micro_batch_size=4, grad_accum_steps=1, precision="fp32")
+    findings = diagnose(_Window(prof), config=config, steps=1, step_s=0.1,
+                        data_wait_fraction=0.0, syncs_per_step=0.0, sync_s_per_step=0.0,
+                        idle_fraction=None, sync_sites=[])
+    assert "fp32_matmul" in [f.kind for f in findings]

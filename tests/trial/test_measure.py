@@ -20,9 +20,9 @@ from autotune.trial.measure import (
     count_flops_per_sample,
     measure_config,
     measure_setup,
-    time_to_train_s,
     warm_up,
 )
+from autotune.trial.protocol import Measurement
 from autotune.trial.training import setup_training
 from autotune.trial.workload import load_workload
 
@@ -52,25 +52,25 @@ def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch
     return nn.functional.mse_loss(model(x).squeeze(1), y)
 
 
-def measure(delay: float, config: TrainConfig, settings: MeasureSettings = SETTINGS) -> dict:
+def measure(delay: float, config: TrainConfig, settings: MeasureSettings = SETTINGS) -> Measurement:
     setup = setup_training(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)),
                            SlowDataset(delay), config, "cpu", loss_fn=loss_fn)
-    return measure_setup(setup, settings, describe(torch.device("cpu"))).to_dict()
+    return measure_setup(setup, settings, describe(torch.device("cpu")))
 
 
 def test_samples_per_sec_is_samples_over_window_time() -> None:
     m = measure(0.0, TrainConfig(micro_batch_size=8, grad_accum_steps=2))
-    assert m["window_steps"] >= SETTINGS.window_steps
-    assert m["window_s"] >= SETTINGS.window_seconds
-    assert m["window_samples"] == m["window_steps"] * 16
-    assert m["samples_per_sec"] == m["window_samples"] / m["window_s"]
+    assert m.window_steps >= SETTINGS.window_steps
+    assert m.window_s >= SETTINGS.window_seconds
+    assert m.window_samples == m.window_steps * 16
+    assert m.samples_per_sec == m.window_samples / m.window_s
     # Step times partition the window; a loaded machine skews them, so only bounds hold.
-    assert 0 < m["step_time_median_s"] <= m["step_time_p90_s"] <= m["window_s"]
-    assert m["step_time_median_s"] <= m["step_time_p90_s"]
-    assert m["time_to_first_step_s"] > 0 and m["peak_memory_bytes"] > 0
-    assert m["mfu"] is None and m["device_idle_fraction"] is None
-    assert m["host_syncs_per_step"] == 0
-    assert m["top_operators"] and m["final_loss"] is not None
+    assert 0 < m.step_time_median_s <= m.step_time_p90_s <= m.window_s
+    assert m.step_time_median_s <= m.step_time_p90_s
+    assert m.time_to_first_step_s > 0 and m.peak_memory_bytes > 0
+    assert m.mfu is None and m.device_idle_fraction is None
+    assert m.host_syncs_per_step == 0
+    assert m.top_operators and m.final_loss is not None
 
 
 def test_the_window_goes_on_until_the_median_step_time_is_known_or_a_cap() -> None:
@@ -81,22 +81,22 @@ def test_the_window_goes_on_until_the_median_step_time_is_known_or_a_cap() -> No
                        window_max_steps=1000, window_max_seconds=20, profile_steps=0,
                        contention_retries=0)
     known = measure(0.001, config, settings)
-    assert known["step_time_precision"] <= 0.05 and 6 <= known["window_steps"] < 1000
+    assert known.step_time_precision <= 0.05 and 6 <= known.window_steps < 1000
     capped = measure(0.001, config, replace(settings, window_precision=0.0,
                                             window_max_steps=40))
-    assert capped["window_steps"] == 40 and capped["step_time_precision"] > 0
-    assert capped["cpu_threads"] == torch.get_num_threads()
-    assert capped["cpu_affinity"] == sorted(os.sched_getaffinity(0))
+    assert capped.window_steps == 40 and capped.step_time_precision > 0
+    assert capped.cpu_threads == torch.get_num_threads()
+    assert capped.cpu_affinity == tuple(sorted(os.sched_getaffinity(0)))
 
 
 def test_data_loading_is_in_the_figure() -> None:
     """A loader that needs 2 ms per sample caps throughput near 500 samples/sec."""
     fast = measure(0.0, TrainConfig(micro_batch_size=8))
     slow = measure(0.002, TrainConfig(micro_batch_size=8))
-    assert slow["samples_per_sec"] < 500
-    loader_s = slow["window_steps"] * 8 * 0.002
-    assert slow["data_wait_fraction"] * slow["window_s"] >= 0.9 * loader_s
-    assert fast["data_wait_fraction"] < slow["data_wait_fraction"]
+    assert slow.samples_per_sec < 500
+    loader_s = slow.window_steps * 8 * 0.002
+    assert slow.data_wait_fraction * slow.window_s >= 0.9 * loader_s
+    assert fast.data_wait_fraction < slow.data_wait_fraction
 
 
 def test_workers_hide_a_slow_loader() -> None:
@@ -105,17 +105,17 @@ def test_workers_hide_a_slow_loader() -> None:
                                          persistent_workers=True))
     # Both stay loader-bound (the model is tiny); what workers cut is the wait per sample.
     def wait_per_sample(m: dict) -> float:
-        return m["data_wait_fraction"] / m["samples_per_sec"]
+        return m.data_wait_fraction / m.samples_per_sec
 
     assert wait_per_sample(workers) < 0.8 * wait_per_sample(inline)
-    assert workers["samples_per_sec"] > 1.3 * inline["samples_per_sec"]
+    assert workers.samples_per_sec > 1.3 * inline.samples_per_sec
 
 
 def test_a_new_epochs_sampler_seed_is_not_a_host_sync_of_the_model() -> None:
     """With the whole dataset in one micro-batch every step starts an epoch, whose sampler
     reads its seed with .item(): data loading, not a sync in the user's step."""
     m = measure(0.0, TrainConfig(micro_batch_size=1024))
-    assert m["host_syncs_per_step"] == 0
+    assert m.host_syncs_per_step == 0
 
 
 def tiny_workload(write_model) -> object:
@@ -134,16 +134,6 @@ def test_screening_stops_a_slow_configuration_after_its_short_window(write_model
     assert screened.screened and screened.window_steps == 3 and not screened.top_operators
     assert screened.samples_per_sec == screened.screen_samples_per_sec
     assert screened.screen_done_s > 0
-
-
-def test_time_to_train_counts_start_up_so_compile_pays_only_on_long_runs() -> None:
-    plain = {"setup_s": 1.0, "time_to_first_step_s": 0.5, "warmup_steps": 3, "warmup_s": 0.3,
-             "window_s": 1.0, "window_steps": 10}
-    compiled = {**plain, "time_to_first_step_s": 30.0, "window_s": 0.5}
-    assert time_to_train_s(plain, 1) == pytest.approx(1.5)
-    assert time_to_train_s(plain, 104) == pytest.approx(1.5 + 0.3 + 100 * 0.1)
-    assert time_to_train_s(plain, 100) < time_to_train_s(compiled, 100)
-    assert time_to_train_s(plain, 10_000) > time_to_train_s(compiled, 10_000)
 
 
 # --- FLOPs -------------------------------------------------------------------------------------

@@ -3,9 +3,14 @@ or cannot help here left out with their reason."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 
-from autotune.config import TrainConfig
+from autotune.config import TrainConfig, loader_settings
+from autotune.hardware import describe
+from autotune.search.domains import device_domains, probe_candidates
 from autotune.trial.probe import probe_job
 from autotune.trial.protocol import ProbeReport
 from autotune.trial.workload import load_workload
@@ -103,9 +108,12 @@ class View(nn.Module):
 
 
 def probe(write_model, source: str, **overrides) -> ProbeReport:
+    """The probe's job as the tuner asks for it: the values a search offers here, sent as JSON."""
     workload = load_workload(str(write_model(source)), {})
     config = workload.train_config(overrides, "cpu")
-    return ProbeReport.from_dict(probe_job(workload, config, CPU, {}, None, lambda p: None))
+    settings = json.loads(json.dumps({"candidates": probe_candidates(describe(CPU), True)}))
+    report = probe_job(workload, config, CPU, settings, None, lambda p: None)
+    return ProbeReport.from_dict(json.loads(json.dumps(report.to_dict())))  # as the pipe does
 
 
 def test_the_workloads_facts_and_the_loader_rates(write_model) -> None:
@@ -121,6 +129,17 @@ def test_the_workloads_facts_and_the_loader_rates(write_model) -> None:
     assert all(r.samples_per_sec > 0 for r in report.loader_rates)
     assert report.step_s["fp32"] > 0
     assert ProbeReport.from_dict(report.to_dict()) == report
+
+
+@pytest.mark.slow
+def test_the_loader_settings_timed_are_the_spaces_with_the_baselines_own(write_model) -> None:
+    """The probe is sent the values besides a baseline's own; it times the baseline's own
+    prefetch factor with every worker count, as the search will offer it."""
+    report = probe(write_model, TINY_SOURCE, num_workers=1, prefetch_factor=3)
+    offered = device_domains(TrainConfig(num_workers=1, prefetch_factor=3), describe(CPU))
+    assert {(r.num_workers, r.prefetch_factor) for r in report.loader_rates} == \
+        set(loader_settings(offered))
+    assert (1, 3) in set(loader_settings(offered))
 
 
 def test_checkpointing_without_blocks_is_left_out_with_the_reason(write_model) -> None:
@@ -160,9 +179,6 @@ def test_a_machine_that_got_busy_after_the_fp32_reference_does_not_leave_bf16_ou
 
 
 def test_left_out_values_narrow_the_space_and_refuse_a_fix() -> None:
-    import pytest
-
-    from autotune.hardware import describe
     from autotune.search.space import SpaceError, build_space
 
     left = {"precision": {"bf16": "20.0x slower than fp32 on this CPU"}}

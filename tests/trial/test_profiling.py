@@ -1,5 +1,6 @@
 """Tests for autotune.trial.profiling on CPU: small steps, so the whole file runs in seconds."""
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -45,7 +46,7 @@ def test_profile_summary_and_trace(tmp_path):
     assert [op.self_time_s for op in ops] == sorted((op.self_time_s for op in ops), reverse=True)
     assert all(op.total_time_s >= op.self_time_s > 0 for op in ops)
     assert 0 < sum(op.share for op in ops) <= 1 + 1e-9
-    json.dumps(summary.to_dict())
+    json.dumps(dataclasses.asdict(summary))
 
     assert summary.trace_path == str(trace)
     events = json.loads(trace.read_text())["traceEvents"]

@@ -1,28 +1,98 @@
-"""What crosses the process boundary reads back as it was written, typed."""
+"""What crosses a boundary reads back as it was written, typed; records older than their version
+still read."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict
 
+import pytest
+
+from autotune.config import TrainConfig
 from autotune.trial.protocol import (
+    MEASUREMENT_VERSION,
+    Finding,
     LeftOut,
     LoaderRate,
+    Measurement,
+    OperatorStat,
     ProbeReport,
+    StudyIdentity,
     TrialRequest,
     TrialResult,
     TrialStatus,
+    UnsupportedSetting,
+    WarmTurn,
 )
 
 
-def test_a_result_read_back_from_json_has_its_status_typed() -> None:
-    written = TrialResult(TrialStatus.OOM, "CUDA out of memory", {"peak_memory_bytes": 3})
-    read = TrialResult(**json.loads(json.dumps(written.to_dict())))
-    assert read == written and read.status is TrialStatus.OOM
-    assert read.status == "oom" and f"{read.status}" == "oom"  # as the storage spells it
+def _measurement(**changes: object) -> Measurement:
+    figures = dict(samples_per_sec=120.0, window_s=1.0, window_steps=10, window_samples=80,
+                   step_time_median_s=0.1, time_to_first_step_s=0.5, setup_s=1.0,
+                   warmup_steps=3, warmup_s=0.3, steady=True, peak_memory_bytes=2**20,
+                   cpu_affinity=(0, 1),
+                   top_operators=(OperatorStat("aten::mm", 30, 0.2, 0.25, 0.4),),
+                   findings=(Finding("host_sync", 0.1, "16 host syncs", "avoid .item()",
+                                     ("model.py:12 in loss_fn",)),))
+    return Measurement(**{**figures, **changes})
+
+
+def test_a_result_read_back_from_json_has_its_records_typed() -> None:
+    written = TrialResult(TrialStatus.OK, "measured", measurement=_measurement(),
+                          config=TrainConfig(micro_batch_size=8, precision="bf16"),
+                          log_path="trial.log", wall_s=3.5, rank=1, ended_at=12.0)
+    read = TrialResult.from_json(json.loads(json.dumps(written.to_json())))
+    assert read == written and read.status is TrialStatus.OK
+    assert isinstance(read.measurement.findings[0], Finding)
+    assert read.measurement.top_operators[0].name == "aten::mm"
+    assert read.config.precision == "bf16"
+    unsupported = TrialResult(TrialStatus.UNSUPPORTED, "no fused AdamW here",
+                              unsupported=UnsupportedSetting("optimizer_impl", "fused"))
+    assert TrialResult.from_json(json.loads(json.dumps(unsupported.to_json()))) == unsupported
+    assert f"{read.status}" == "ok"  # as the storage spells it
     request = TrialRequest(model_path="m.py", config={"micro_batch_size": 8}, device="cpu",
                            cpus=[0, 1], threads=2)
     assert TrialRequest(**json.loads(json.dumps(asdict(request)))) == request
+
+
+def test_a_result_of_another_format_is_refused_with_a_reason() -> None:
+    data = TrialResult(TrialStatus.OOM, "CUDA out of memory").to_json()
+    with pytest.raises(ValueError, match="format 0"):
+        TrialResult.from_json({**data, "version": 0})
+
+
+def test_a_measurement_stored_before_it_had_a_version_still_reads() -> None:
+    # Studies written before typed records kept each figure as a trial attribute of its own,
+    # among the bookkeeping ones, lists where tuples are now, and without the newer fields.
+    attrs = {"status": "ok", "config": {"micro_batch_size": 8}, "samples_per_sec": 50.0,
+             "window_s": 2.0, "window_steps": 4, "cpu_affinity": [0],
+             "findings": [{"kind": "loader", "share": 0.3, "title": "loader-bound",
+                           "advice": "add workers", "where": ["build_dataset"]}]}
+    m = Measurement.from_json(attrs)
+    assert m.samples_per_sec == 50.0 and m.cpu_affinity == (0,)
+    assert m.findings[0].where == ("build_dataset",)
+    assert m.measure_wall_s is None and not m.disturbed  # fields it lacked: their defaults
+    assert Measurement.from_json(m.to_json()) == m
+    with pytest.raises(ValueError, match="upgrade autotune"):
+        Measurement.from_json({**m.to_json(), "version": MEASUREMENT_VERSION + 1})
+
+
+def test_time_to_train_counts_start_up_so_compile_pays_only_on_long_runs() -> None:
+    plain = _measurement(window_steps=10, window_s=1.0)
+    compiled = _measurement(time_to_first_step_s=30.0, window_s=0.5)
+    assert plain.time_to_train_s(1) == pytest.approx(1.5)
+    assert plain.time_to_train_s(104) == pytest.approx(1.5 + 0.3 + 100 * 0.1)
+    assert plain.time_to_train_s(100) < compiled.time_to_train_s(100)
+    assert plain.time_to_train_s(10_000) > compiled.time_to_train_s(10_000)
+
+
+def test_a_study_identity_is_stored_as_studies_always_stored_it() -> None:
+    one = StudyIdentity("/m.py", {"dim": 8}, "cpu")
+    assert one.to_json() == {"model_path": "/m.py", "model_args": {"dim": 8},
+                             "device_type": "cpu"}
+    group = StudyIdentity("/m.py", {}, "cuda", nproc_per_node=2)
+    assert StudyIdentity.from_json(json.loads(json.dumps(group.to_json()))) == group
+    assert StudyIdentity.from_json(one.to_json()) == one != group
 
 
 def test_a_probe_report_reads_back_with_what_it_left_out() -> None:
@@ -35,3 +105,24 @@ def test_a_probe_report_reads_back_with_what_it_left_out() -> None:
     assert report.left_out_values() == {"precision": {"bf16": "9.8x slower than fp32"},
                                         "num_workers": {2: "the dataset cannot be pickled"}}
     assert report.left_out[0].describe() == "precision=bf16: 9.8x slower than fp32"
+
+
+def test_a_script_studys_identity_holds_its_arguments() -> None:
+    script = StudyIdentity("/train.py", {}, "cpu", script_args=("--bf16",))
+    assert StudyIdentity.from_json(json.loads(json.dumps(script.to_json()))) == script
+    # another argument, none, or the same file as a model file: another study
+    assert script != StudyIdentity("/train.py", {}, "cpu", script_args=("--fp16",))
+    assert script != StudyIdentity("/train.py", {}, "cpu", script_args=())
+    assert script != StudyIdentity("/train.py", {}, "cpu")
+    assert "script_args" not in StudyIdentity("/m.py", {}, "cpu").to_json()  # as stored before
+    assert script.describe() == "/train.py --bf16 on cpu"
+
+
+def test_a_warm_turn_reads_back_through_json_as_the_record_it_was() -> None:
+    """A warm process's answer crosses the pipe as one JSON line and is typed at once."""
+    turn = WarmTurn(samples=96, seconds=0.48, peak_memory_bytes=3 << 20, disturbed=True,
+                    loss_finite=True)
+    back = WarmTurn.from_json(json.loads(json.dumps(turn.to_json())))
+    assert back == turn and back.samples_per_sec == pytest.approx(200.0)
+    # a line from an older warm process, without the newer fields, still reads
+    assert WarmTurn.from_json({"samples": 8, "seconds": 0.5}).disturbed is False

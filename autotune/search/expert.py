@@ -1,0 +1,146 @@
+"""Which trials an expert queues first, after the fast corner, as plain functions of the trials
+so far (`worker` enqueues what they return; `--plain-tpe` turns them off).
+
+The fast corner bundles every usually-fast value. Where it does not win clearly (its score is
+not above the baseline's by more than the noise, `clearly_faster`), one of its changes may
+still be a large win hidden behind another that loses on this machine (fused AdamW behind
+bf16 on a CPU). An expert then measures each change alone, from the baseline, cheapest and
+likeliest first (`ONE_CHANGE_ORDER`: compiling is the dearest trial), and the changes that
+won alone together. A knob whose every value the space offers lost alone (`lost`) is kept at
+the baseline's value by the sampler afterwards (`kept_at_baseline`): it is not bundled again
+without evidence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.config import TrainConfig
+from autotune.search.space import SearchSpace
+from autotune.study.records import RAN_A_PROCESS, Role, TrialRecord
+from autotune.trial.protocol import TrialStatus
+
+# The knobs whose changes are measured alone, in this order: a cheap trial with a likely win
+# first, the micro-batch (whose memory the corner already judged) late, compiling last.
+ONE_CHANGE_ORDER = ("optimizer_impl", "num_workers", "precision", "memory_format",
+                    "activation_checkpointing", "attention_backend", "micro_batch_size",
+                    "compile_mode")
+# The least relative difference between two scores that counts as more than noise; wider
+# where the measurements say their medians are known less well (`step_time_precision`).
+MIN_CLEAR_MARGIN = 0.05
+# Outcomes that say what a configuration does: a compile that ran out of time is tried again.
+SETTLED = RAN_A_PROCESS - {TrialStatus.COMPILE_TIMEOUT}
+
+
+@dataclass(frozen=True)
+class ExpertTrial:
+    """The next trial an expert queues: its Optuna parameters, its role, the knobs it
+    changes from the baseline."""
+
+    params: dict[str, Any]
+    role: str
+    changed: tuple[str, ...]
+
+
+def noise_margin(a: TrialRecord, b: TrialRecord) -> float:
+    """The relative difference between two trials' scores that the noise could explain."""
+    known = sum(r.measurement.step_time_precision or 0.0 for r in (a, b) if r.measurement)
+    return max(MIN_CLEAR_MARGIN, known)
+
+
+def clearly_faster(trial: TrialRecord, baseline: TrialRecord) -> bool:
+    """Its score is above the baseline's by more than the noise."""
+    return bool(trial.score and baseline.score and
+                trial.score > baseline.score * (1 + noise_margin(trial, baseline)))
+
+
+def lost(trial: TrialRecord, baseline: TrialRecord) -> bool:
+    """It ran and did not fit, failed, or scored below the baseline by more than the noise."""
+    if trial.status not in SETTLED or not baseline.score:
+        return False
+    return not trial.score or trial.score < baseline.score * (1 - noise_margin(trial, baseline))
+
+
+def one_change_order(baseline: TrainConfig, corner: TrainConfig) -> list[str]:
+    """The knobs the corner changed from the baseline, in `ONE_CHANGE_ORDER` (others after,
+    by name); the accumulation follows the micro-batch and is no change of its own."""
+    changed = [k for k, v in corner.to_dict().items()
+               if k != "grad_accum_steps" and v != getattr(baseline, k)]
+    rank = {knob: i for i, knob in enumerate(ONE_CHANGE_ORDER)}
+    return sorted(changed, key=lambda k: (rank.get(k, len(rank)), k))
+
+
+def next_expert_trial(records: Sequence[TrialRecord],
+                      space: SearchSpace) -> ExpertTrial | None:
+    """The next trial to queue after a fast corner that did not win clearly: each of its
+    changes alone from the baseline, in `one_change_order` (one queued per call, each
+    once), then, once every one has settled, those that won clearly alone together (when
+    two or more did). None while the baseline or a corner is due or under way, when the
+    corner won clearly or changed one knob only, and once all this is done."""
+    baseline, corner = _baseline_and_corner(records)
+    if baseline is None or corner is None or clearly_faster(corner, baseline):
+        return None
+    # The corner as the space builds it: what the DataLoader plan changed is not its own.
+    bundle = space.fast_corner(corner.config.micro_batch_size)
+    knobs = one_change_order(space.baseline, bundle)
+    if len(knobs) < 2:
+        return None  # the corner was itself the one change
+    singles = [r for r in records if r.role == Role.ONE_CHANGE]
+    queued = {r.changed for r in singles}
+    for knob in knobs:
+        if (knob,) in queued:
+            continue
+        params = _params(space, {knob: getattr(bundle, knob)})
+        if params is not None:
+            return ExpertTrial(params, Role.ONE_CHANGE, (knob,))
+    if any(r.under_way for r in singles) or \
+            any(r.role == Role.WINNERS for r in records):
+        return None
+    winners = tuple(k for k in knobs if any(r.changed == (k,) and clearly_faster(r, baseline)
+                                            for r in singles))
+    if len(winners) < 2:
+        return None
+    params = _params(space, {k: getattr(bundle, k) for k in winners})
+    return ExpertTrial(params, Role.WINNERS, winners) if params is not None else None
+
+
+def kept_at_baseline(records: Sequence[TrialRecord], space: SearchSpace) -> dict[str, Any]:
+    """The Optuna parameters the sampler keeps at the baseline's value: knobs whose every
+    value the space offers besides the baseline's was measured alone and lost."""
+    baseline, _ = _baseline_and_corner(records)
+    if baseline is None:
+        return {}
+    losers: dict[str, set[Any]] = {}
+    for r in records:
+        if r.role == Role.ONE_CHANGE and r.config is not None and len(r.changed) == 1 and \
+                lost(r, baseline):
+            knob = r.changed[0]
+            losers.setdefault(knob, set()).add(getattr(r.config, knob))
+    kept = {}
+    for knob, values in losers.items():
+        own, domain = getattr(space.baseline, knob), space.domains[knob]
+        if own in domain and set(domain) - {own} <= values:
+            kept[knob] = own
+    return kept
+
+
+def _baseline_and_corner(records: Sequence[TrialRecord],
+                         ) -> tuple[TrialRecord | None, TrialRecord | None]:
+    """The baseline that scored, and the fast corner that settled last (the one that fitted,
+    else the smallest tried); None for either while it is missing or under way."""
+    baseline = next((r for r in records if r.role == Role.BASELINE and r.score), None)
+    corners = [r for r in records if r.role == Role.FAST_CORNER]
+    if not corners or any(r.under_way for r in corners) or corners[-1].config is None:
+        return baseline, None
+    return baseline, corners[-1]
+
+
+def _params(space: SearchSpace, changes: dict[str, Any]) -> dict[str, Any] | None:
+    """The Optuna parameters of the baseline with `changes`, or None where the space holds no
+    such configuration (or it is the baseline itself)."""
+    config = space.with_changes(changes)
+    if config == space.baseline or any(getattr(config, k) != v for k, v in changes.items()):
+        return None
+    return space.params_for(config)

@@ -1,0 +1,214 @@
+"""Warm paired turns: the confirmation's candidates and the baseline each kept warm in a process
+of its own (`autotune.trial.warm`), taking turns of a fraction of a second, so that a pair is
+measured seconds apart on the same machine instead of minutes apart in fresh processes (the
+way tango and Rust's paired benchmarking alternate two versions on a noisy machine).
+
+All the processes live at once, so they are used only where the device holds them all (the
+sum of the candidates' peaks in their search trials, against the memory a trial may use); else,
+or when one fails to start, the confirmation keeps its fresh-process rounds and says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from autotune.config import TrainConfig
+from autotune.errors import RunFailed
+from autotune.hardware import describe, host_available_memory, trial_device
+from autotune.search.runner import MeasureJob, ProcessRunner
+from autotune.study.confirmation import WARM_TURNS, Run
+from autotune.trial.protocol import TrialRequest, TrialStatus, WarmTurn
+
+# Of the memory a trial may use, what the warm processes together may take (the rest: the
+# tuner, and what a peak measured once leaves out).
+MEMORY_HEADROOM = 0.8
+# A warm round costs seconds where a fresh one costs a process start each: this many warm rounds
+# at least for each fresh round asked for (--confirm-repeats); beyond them, time caps the race.
+WARM_ROUNDS_PER_ROUND = 4
+WARM_MAX_ROUNDS = 400
+# The warm processes are started only where the plan allows more rounds than this: one or two
+# fresh rounds cost less than starting them.
+WARM_WORTH_ROUNDS = 2
+STOP_WAIT_S = 2.0
+# A turn: at least this many optimizer steps and seconds, long enough for the host clock and
+# the synchronisation at its edges to vanish, short enough for a pair every second or so.
+TURN_STEPS = 1
+TURN_SECONDS = 0.5
+
+
+class WarmUnavailable(RunFailed):
+    """A warm process did not start or stopped answering: fresh rounds instead."""
+
+
+def memory_holds(peaks: Sequence[float | None], capacity: int | None) -> bool:
+    """Whether a device of `capacity` bytes holds a warm process of each peak at once: every
+    peak known, and their sum within `MEMORY_HEADROOM` of it."""
+    if capacity is None or not peaks or any(not peak for peak in peaks):
+        return False
+    return sum(peaks) <= capacity * MEMORY_HEADROOM
+
+
+def device_capacity(device: str, memory_limit_bytes: int | None) -> int | None:
+    """The memory the warm processes share: the trial's limit where one is set (the machine
+    the user tunes for), else the GPU's memory, or the host memory available now on CPU."""
+    if memory_limit_bytes:
+        return memory_limit_bytes
+    torch_device = torch.device(device)
+    if torch_device.type == "cuda":
+        return describe(torch_device).total_memory_bytes
+    return host_available_memory()
+
+
+class _WarmProcess:
+    """One warm process and its two pipes."""
+
+    def __init__(self, request: TrialRequest, log: Path, time_limit_s: float) -> None:
+        device, device_env = trial_device(request.device, os.environ)
+        handle, name = tempfile.mkstemp(prefix="autotune-warm-", suffix=".json")
+        os.close(handle)
+        self.request_file = Path(name)
+        self.request_file.write_text(json.dumps({**asdict(request), "device": device,
+                                                 "parent_pid": os.getpid()}))
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as log_file:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", "from autotune.trial.warm import warm_main; warm_main()",
+                 str(self.request_file)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=log_file, start_new_session=True, text=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **device_env})
+        self.log = log
+        try:
+            ready = self._answer(time_limit_s)
+            if not ready.get("ready"):
+                raise WarmUnavailable(f"{ready.get('error', 'no answer')} (log: {log})")
+        except BaseException:
+            self.close()
+            raise
+
+    def turn(self, time_limit_s: float) -> WarmTurn:
+        self._send({"steps": TURN_STEPS, "seconds": TURN_SECONDS})
+        answer = self._answer(time_limit_s)
+        if "error" in answer:
+            raise WarmUnavailable(f"{answer['error']} (log: {self.log})")
+        return WarmTurn.from_json(answer)
+
+    def _send(self, message: object) -> None:
+        try:
+            self.process.stdin.write(json.dumps(message) + "\n")
+            self.process.stdin.flush()
+        except (BrokenPipeError, OSError) as exc:
+            raise WarmUnavailable(f"the warm process is gone (log: {self.log})") from exc
+
+    def _answer(self, time_limit_s: float) -> dict:
+        """The next line it says, within the time limit (it says one line per request and
+        then waits, so nothing is ever left in the pipe's buffer behind `select`'s back)."""
+        ready, _, _ = select.select([self.process.stdout], [], [], time_limit_s)
+        line = self.process.stdout.readline() if ready else ""
+        if not line:
+            what = "no answer within the time limit" if not ready else "it exited"
+            raise WarmUnavailable(f"the warm process stopped: {what} (log: {self.log})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        """`stop`, then its whole process group killed (DataLoader workers too)."""
+        with contextlib.suppress(WarmUnavailable):
+            self._send("stop")
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(STOP_WAIT_S)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self.request_file.unlink(missing_ok=True)
+
+
+class WarmRounds:
+    """One warm process per configuration, started one after another (each warms up alone),
+    then each given one turn that is not counted: the first ones warmed up, then waited idle
+    while the others did. `turn(i)` times configuration i once more and gives the `Run` a
+    fresh round would."""
+
+    def __init__(self, requests: Sequence[TrialRequest], logs: Sequence[Path],
+                 time_limit_s: float) -> None:
+        self.time_limit_s = time_limit_s
+        self.processes: list[_WarmProcess] = []
+        try:
+            for request, log in zip(requests, logs):
+                self.processes.append(_WarmProcess(request, log, time_limit_s))
+            for process in self.processes:
+                process.turn(time_limit_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def turn(self, index: int) -> Run | None:
+        """A turn's figures as a run; None when its loss stopped being finite (diverged)."""
+        turn = self.processes[index].turn(self.time_limit_s)
+        if not turn.loss_finite:
+            return None
+        return Run(status=TrialStatus.OK.value, samples_per_sec=turn.samples_per_sec,
+                   objective=turn.samples_per_sec, peak_memory_bytes=turn.peak_memory_bytes,
+                   disturbed=turn.disturbed)
+
+    def close(self) -> None:
+        for process in self.processes:
+            process.close()
+        self.processes = []
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """What the confirmation and `verify` are handed: how to start warm processes for some
+    configurations (a log-name prefix), and the memory they share."""
+
+    start: Callable[[Sequence[TrainConfig], str], WarmRounds]
+    capacity: int | None
+
+
+def warm_start(runner: ProcessRunner, device: str, time_limit_s: float) -> WarmStart | None:
+    """Warm processes for `runner`'s model file on `device` (its settings, threads and memory
+    limit); None where a warm process cannot run: a training script, a process group."""
+    if runner.script_args is not None or runner.nproc_per_node > 1:
+        return None
+
+    def start(configs: Sequence[TrainConfig], prefix: str) -> WarmRounds:
+        jobs = [MeasureJob(f"{prefix}-warm-{i}", time_limit_s, device, profile=False)
+                for i in range(len(configs))]
+        return WarmRounds([runner.request(c, j) for c, j in zip(configs, jobs)],
+                          [runner.directory / "logs" / f"{j.name}.log" for j in jobs],
+                          time_limit_s)
+
+    return WarmStart(start, device_capacity(device, runner.memory_limit_bytes))
+
+
+def warm_or_why(warm: WarmStart | None, configs: Sequence[TrainConfig],
+                peaks: Sequence[float | None], prefix: str) -> tuple[WarmRounds | None, str]:
+    """Warm processes for `configs`, or None; and, in one note, which it is and why."""
+    if warm is None:
+        return None, "measuring in fresh-process rounds: warm processes do not run here"
+    if not memory_holds(peaks, warm.capacity):
+        need = f"about {sum(p or 0 for p in peaks) / 2**30:.1f} GiB together (their search " \
+            "peaks)" if all(peaks) else "memory their search trials did not measure"
+        room = f"{warm.capacity / 2**30:.1f} GiB" if warm.capacity else "an unknown amount"
+        return None, (f"measuring in fresh-process rounds: {len(configs)} warm processes "
+                      f"would need {need}, and the device has {room} for them")
+    began = time.monotonic()
+    try:
+        rounds = warm.start(configs, prefix)
+    except (WarmUnavailable, OSError) as exc:
+        return None, f"measuring in fresh-process rounds: a warm process did not start: {exc}"
+    return rounds, (f"measuring in {WARM_TURNS}: {len(configs)} processes warmed up in "
+                    f"{time.monotonic() - began:.0f} s, each now timed in turns of "
+                    f"{TURN_SECONDS:g} s")

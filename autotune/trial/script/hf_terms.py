@@ -1,0 +1,178 @@
+"""What Hugging Face's `TrainingArguments` can say of a configuration (the answer in the
+script's own terms), why it cannot say a knob value, and the script's own settings read from the
+TrainingArguments it built."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from enum import Enum
+from typing import Any
+
+from autotune.config import FP8_PRECISIONS, TrainConfig, default_optimizer_impl
+from autotune.trial.protocol import LeftOut
+from autotune.trial.script.session import ScriptBaseline
+
+LIBRARY = "transformers"
+# TrainingArguments' optim for each of autotune's optimizers; AdamW's by implementation.
+OPTIMS = {"adafactor": "adafactor", "adamw_8bit": "adamw_bnb_8bit"}
+_OPTIMIZERS = {"adafactor": "adafactor", "adamw_bnb_8bit": "adamw_8bit",
+               "adamw_8bit": "adamw_8bit"}
+# Checkpointing every other layer (autotune's "selective") is TrainingArguments' every_n_layers.
+_SELECTIVE_EVERY = 2
+# The fields of the knobs a script can keep to itself (`ScriptBaseline.fixed`).
+_FIELDS = {"optimizer": ("optim",), "optimizer_impl": ("optim",),
+           "activation_checkpointing": ("activation_checkpointing",
+                                        "activation_checkpointing_kwargs")}
+
+
+def training_arguments(config: TrainConfig, script: Mapping[str, Any],
+                       fixed: Iterable[str] = ()) -> dict[str, Any]:
+    """The TrainingArguments fields and values that apply `config`, given the script's own
+    (`ScriptBaseline.settings["TrainingArguments"]`), less the fields of the `fixed` knobs,
+    which stay as the script sets them: the answer in the script's terms."""
+    kwargs = {k: v for k, v in (script.get("activation_checkpointing_kwargs") or {}).items()
+              if k != "every_n_layers"}
+    if config.activation_checkpointing == "selective":
+        kwargs["every_n_layers"] = _SELECTIVE_EVERY
+    fields: dict[str, Any] = {
+        "per_device_train_batch_size": config.micro_batch_size,
+        "gradient_accumulation_steps": config.grad_accum_steps,
+        "bf16": config.precision == "bf16",
+        "fp16": config.precision == "fp16",
+        "activation_checkpointing": config.activation_checkpointing != "none",
+        "activation_checkpointing_kwargs": kwargs or None,
+        "optim": OPTIMS.get(config.optimizer, "adamw_torch_fused"
+                            if config.optimizer_impl == "fused" else "adamw_torch"),
+        "dataloader_num_workers": config.num_workers,
+        "dataloader_prefetch_factor": config.prefetch_factor,
+        "dataloader_pin_memory": config.pin_memory,
+        "dataloader_persistent_workers": config.persistent_workers,
+        "torch_compile": config.compile_mode != "none",
+        "torch_compile_mode": None if config.compile_mode in ("none", "default")
+        else config.compile_mode,
+    }
+    # TF32 where asked; IEEE fp32 matmuls for fp32 where the script (or torch_compile, which
+    # turns TF32 on by itself) would have TF32; the mixed precisions keep the script's choice.
+    if config.precision == "tf32":
+        fields["tf32"] = True
+    elif config.precision == "fp32" and (script.get("tf32") or config.compile_mode != "none"):
+        fields["tf32"] = False
+    if config.parallelism == "ddp":
+        fields.update(ddp_bucket_cap_mb=config.ddp_bucket_cap_mb,
+                      ddp_static_graph=config.ddp_static_graph)
+    for knob in fixed:
+        for name in _FIELDS.get(knob, ()):
+            fields.pop(name, None)
+    return fields
+
+
+def changed_arguments(config: TrainConfig, baseline: ScriptBaseline, device_type: str,
+                      world_size: int = 1) -> dict[str, Any]:
+    """The TrainingArguments fields whose value must change from the script's own to say
+    `config` (the script's own values are `baseline.settings["TrainingArguments"]`)."""
+    script = baseline.settings["TrainingArguments"]
+    new = training_arguments(config, script, baseline.fixed)
+    own = training_arguments(baseline.config(device_type, world_size), script, baseline.fixed)
+    return {k: v for k, v in new.items() if v != own.get(k, script.get(k))}
+
+
+def unexpressed(config: TrainConfig, baseline: ScriptBaseline, device_type: str,
+                world_size: int = 1) -> list[LeftOut]:
+    """Each knob value of `config` (other than the script's own) that TrainingArguments cannot
+    say for this script, with why."""
+    base = baseline.config(device_type, world_size).to_dict()
+    values = config.to_dict()
+    out = []
+    for knob, value in values.items():
+        if value == base[knob]:
+            continue
+        reason = baseline.fixed.get(knob) or _reason(knob, value, values, device_type)
+        if reason:
+            out.append(LeftOut(knob, value, reason))
+    return out
+
+
+def _reason(knob: str, value: Any, values: Mapping[str, Any], device_type: str) -> str | None:
+    """Why TrainingArguments cannot say `knob=value`, or None where it can."""
+    if knob == "precision" and value in FP8_PRECISIONS:
+        return ("TrainingArguments has no float8 training: torchao's convert_to_float8_training "
+                "is a change to the model, not a setting")
+    if knob == "optimizer_impl" and values["optimizer"] == "adamw" and value != "fused" and \
+            value != default_optimizer_impl(device_type):
+        return (f"TrainingArguments' optim has no {value} AdamW on {device_type}: adamw_torch is "
+                "torch.optim.AdamW with PyTorch's default implementation (foreach on CUDA, a "
+                "for-loop elsewhere), adamw_torch_fused the fused one, and optim_args do not "
+                "reach torch's AdamW")
+    if knob == "memory_format":
+        return ("TrainingArguments has no memory format: channels_last is the model's and the "
+                "batches' own, which autotune does not change in a script")
+    if knob == "attention_backend":
+        return ("not yet: a transformers model's attention kernel is its attn_implementation, "
+                "chosen when the script builds the model, before the Trainer")
+    if knob == "ddp_gradient_as_bucket_view":
+        return ("TrainingArguments has no gradient_as_bucket_view: Trainer builds DDP's "
+                "arguments from its ddp_* fields alone")
+    if knob.startswith("fsdp") or (knob == "parallelism" and value == "fsdp"):
+        return "not yet: FSDP in script trials is not built"
+    return None
+
+
+def read_baseline(args: Any, device_type: str, model: Any = None) -> ScriptBaseline:
+    """The script's own settings, from the TrainingArguments it built."""
+    baseline = ScriptBaseline(LIBRARY, parsed_by=getattr(args, "_autotune_parsed_by", None))
+    workers = args.dataloader_num_workers
+    baseline.knobs = {
+        "micro_batch_size": args.per_device_train_batch_size,
+        "grad_accum_steps": args.gradient_accumulation_steps,
+        "precision": "bf16" if args.bf16 else "fp16" if args.fp16 else
+        "tf32" if args.tf32 else "fp32",
+        "num_workers": workers,
+        "prefetch_factor": args.dataloader_prefetch_factor if workers > 0 else None,
+        "pin_memory": bool(args.dataloader_pin_memory) and device_type == "cuda",
+        "persistent_workers": bool(args.dataloader_persistent_workers) and workers > 0,
+        "compile_mode": (args.torch_compile_mode or "default") if args.torch_compile else "none",
+    }
+    every = (args.activation_checkpointing_kwargs or {}).get("every_n_layers", 1)
+    checkpointing = {1: "full", _SELECTIVE_EVERY: "selective"}.get(every) \
+        if args.activation_checkpointing else "none"
+    if checkpointing is None:
+        baseline.fixed["activation_checkpointing"] = (
+            f"the script checkpoints every {every} layers, which is none of autotune's values "
+            "(full: every layer, selective: every other one)")
+    elif model is not None and not _can_checkpoint(model):
+        baseline.fixed["activation_checkpointing"] = (
+            f"the model ({type(model).__name__}) has no activation_checkpointing_enable() "
+            "that TrainingArguments' activation_checkpointing could turn on")
+    else:
+        baseline.knobs["activation_checkpointing"] = checkpointing
+    optim = _text(args.optim)
+    if optim in ("adamw_torch", "adamw_torch_fused"):
+        baseline.knobs["optimizer"] = "adamw"
+        baseline.knobs["optimizer_impl"] = "fused" if optim == "adamw_torch_fused" \
+            else default_optimizer_impl(device_type)
+    elif optim in _OPTIMIZERS:
+        baseline.knobs["optimizer"] = _OPTIMIZERS[optim]
+    else:
+        reason = (f"the script's optim {optim!r} is none of the optimizers autotune measures "
+                  "(AdamW, Adafactor, 8-bit AdamW); it stays as the script sets it")
+        baseline.fixed.update(optimizer=reason, optimizer_impl=reason)
+    if args.world_size > 1:
+        baseline.knobs.update(ddp_bucket_cap_mb=args.ddp_bucket_cap_mb or 25,
+                              ddp_static_graph=bool(args.ddp_static_graph))
+    baseline.settings = {"TrainingArguments": _fields(args, training_arguments(
+        baseline.config(device_type, args.world_size), {}))}
+    return baseline
+
+
+def _can_checkpoint(model: Any) -> bool:
+    return hasattr(model, "activation_checkpointing_enable") and \
+        getattr(model, "supports_gradient_checkpointing", True)
+
+
+def _fields(args: Any, names: Mapping[str, Any]) -> dict[str, Any]:
+    """The script's own values of these TrainingArguments fields (and of tf32)."""
+    return {name: _text(getattr(args, name)) for name in [*names, "tf32"]}
+
+
+def _text(value: Any) -> Any:
+    return value.value if isinstance(value, Enum) else value

@@ -1,0 +1,223 @@
+"""The measurement of a script trial, told each optimizer step of the library's own loop: the
+first step, warm-up until the last step times agree, the screening window, then a timed window
+(data loading included) until its minimum steps and seconds, or a cap; whether every loss in it
+was finite; the peak memory. The same protocol as a model file's trial (`trial/measure`), driven
+by the library's loop instead of autotune's; in a process group every rank moves on, and stops,
+at the step rank 0 decides. Every timed window is bracketed by the contention check: a disturbed
+screening never screens a configuration out, and a disturbed window is timed again once the
+machine is quiet (after a few untimed steps), the least disturbed one kept and flagged. Not here
+yet: the profiler window."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from autotune.options import MeasureSettings
+from autotune.stats import median_precision
+from autotune.trial import distributed
+from autotune.trial.contention import Contention, ContentionProbe
+from autotune.trial.measure import group_figures, peak_memory, percentile, synchronize
+from autotune.trial.protocol import FIRST_STEP, Measurement
+from autotune.trial.script.observer import TrainInfo
+
+FIRST, WARMUP, SCREEN, WINDOW, REWARM = "first", "warmup", "screen", "window", "rewarm"
+
+
+@dataclass(frozen=True)
+class _Window:
+    """One timed window's figures and what else ran meanwhile."""
+
+    times: list[float]
+    samples: int
+    wait_s: float
+    losses: list[torch.Tensor]
+    contention: Contention
+
+
+class MeasuringObserver:
+    """A `StepObserver` that stops the library's loop once the measurement is done."""
+
+    def __init__(self, settings: MeasureSettings, device: torch.device,
+                 progress: Callable[[str], None] = lambda phase: None,
+                 probe: ContentionProbe | None = None) -> None:
+        self.settings, self.device, self.progress = settings, device, progress
+        self.probe = probe or ContentionProbe(settings.contention_threshold, device)
+        self.info: TrainInfo | None = None
+        self.phase = FIRST
+        self.first_step_s: float | None = None
+        self.warmup_times: list[float] = []
+        self.warmup_s = 0.0
+        self.steady = False
+        self.screen_rate: float | None = None
+        self.screened = False
+        self.window_times: list[float] = []
+        self.window_samples = 0
+        self.window_wait_s = 0.0
+        self.losses: list[torch.Tensor] = []
+        self.windows: list[_Window] = []
+        self.untimed_steps = 0
+        self._last = self._phase_start = time.perf_counter()
+
+    def on_train_start(self, info: TrainInfo) -> None:
+        self.info = info
+        self.progress(f"{FIRST_STEP} of the script's {info.library} Trainer")
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self._last = self._phase_start = time.perf_counter()
+
+    def on_step_end(self, samples: int, loss: torch.Tensor | None, data_wait_s: float) -> bool:
+        synchronize(self.device)
+        now = time.perf_counter()
+        step_s, self._last = now - self._last, now
+        if self.phase == FIRST:
+            self.first_step_s = step_s
+            self.progress("warming up")
+            self._next(WARMUP, now)
+        elif self.phase == WARMUP:
+            self._warm_up(step_s, now)
+        elif self.phase == REWARM:
+            self.untimed_steps += 1
+            if self.untimed_steps >= self.settings.steady_steps:
+                self.progress("re-measuring the window")
+                self._next(WINDOW, time.perf_counter())
+        elif self.phase == SCREEN:
+            self._count(samples, loss, data_wait_s, step_s)
+            if len(self.window_times) >= self.settings.screen_steps:
+                return self._screen(now)
+        else:
+            self._count(samples, loss, data_wait_s, step_s)
+            return self._window_done(now)
+        return False
+
+    def on_train_end(self) -> None:
+        """Nothing to do: the figures are read from this observer after the run."""
+
+    def _next(self, phase: str, now: float) -> None:
+        if phase == SCREEN and self.settings.screen_steps <= 0:
+            phase = WINDOW
+        self.phase, self._phase_start = phase, now
+        self.window_times, self.window_samples, self.window_wait_s = [], 0, 0.0
+        self.losses = []
+        if phase in (SCREEN, WINDOW):
+            self.probe.start()
+
+    def _warm_up(self, step_s: float, now: float) -> None:
+        settings, times = self.settings, self.warmup_times
+        times.append(step_s)
+        recent = times[-settings.steady_steps:]
+        self.steady = len(times) >= settings.steady_steps and \
+            max(recent) <= min(recent) * (1 + settings.steady_tolerance)
+        if self._decide(self.steady or len(times) >= settings.warmup_max_steps or
+                        now - self._phase_start >= settings.warmup_max_seconds):
+            self.warmup_s = now - self._phase_start
+            self.progress("timing")
+            self._next(SCREEN, now)
+
+    def _count(self, samples: int, loss: torch.Tensor | None, wait_s: float,
+               step_s: float) -> None:
+        self.window_times.append(step_s)
+        self.window_samples += samples
+        self.window_wait_s += wait_s
+        if loss is not None:
+            self.losses.append(loss)
+
+    def _screen(self, now: float) -> bool:
+        self.screen_rate = self.window_samples / max(sum(self.window_times), 1e-9)
+        below = self.settings.screen_below
+        disturbed = self.probe.stop().disturbed
+        self.screened = self._decide(below is not None and self.screen_rate < below and
+                                     not disturbed)
+        if not self.screened:
+            self._next(WINDOW, now)
+        return self.screened
+
+    def _window_done(self, now: float) -> bool:
+        """True once a window is full and is clean, or has had its chances to be timed again
+        (waiting 1, 2, 4... x the back-off for a quiet moment)."""
+        if not self._decide(self._window_full(now)):
+            return False
+        contention = self.probe.stop()
+        self.windows.append(_Window(self.window_times, self.window_samples, self.window_wait_s,
+                                    self.losses, contention))
+        retry = len(self.windows) - 1
+        if not self._decide(contention.disturbed and retry < self.settings.contention_retries):
+            return True
+        wait_s = self.settings.contention_backoff_s * 2**retry
+        self.progress(f"{contention.describe()} in the window: waiting up to {wait_s:g} s for "
+                      "a quiet moment to measure it again")
+        self.probe.wait_for_quiet(wait_s)
+        self.untimed_steps = 0
+        self._next(REWARM, time.perf_counter())
+        return False
+
+    def _window_full(self, now: float) -> bool:
+        settings, steps = self.settings, len(self.window_times)
+        elapsed = now - self._phase_start
+        if steps >= settings.window_max_steps or elapsed >= settings.window_max_seconds:
+            return True
+        if steps < settings.window_steps or elapsed < settings.window_seconds:
+            return False
+        precision = median_precision(self.window_times)
+        return precision is None or precision <= settings.window_precision
+
+    @staticmethod
+    def _decide(flag: bool) -> bool:
+        """`flag` as every rank of a process group takes it (rank 0's), so that all move to
+        the next phase, and stop the library's loop, at the same step."""
+        world = distributed.current()
+        return flag if world is None else world.decide(flag)
+
+    def measurement(self, startup_s: float) -> Measurement:
+        """The figures of the run observed; `startup_s` is the script's own start-up."""
+        if not self.windows and self.window_times:  # screened out, or the loop ended early
+            self.windows.append(_Window(self.window_times, self.window_samples,
+                                        self.window_wait_s, self.losses,
+                                        Contention(None, len(self.probe.cpus))))
+        if not self.windows:
+            raise RuntimeError("the script's training ended before the measurement's window "
+                               f"(after {len(self.warmup_times) + 1} steps): give it more "
+                               "data or steps, or lower --window-steps")
+        kept = min(self.windows, key=lambda w: (w.contention.disturbed,
+                                                w.contention.other_cpu_share or 0.0))
+        times, seconds = kept.times, sum(kept.times)
+        median, mean = statistics.median(times), statistics.fmean(times)
+        losses = torch.stack([loss.reshape(()) for loss in kept.losses]) if kept.losses \
+            else None
+        memory = peak_memory(self.device)
+        figures = Measurement(
+            samples_per_sec=kept.samples / seconds, window_s=seconds,
+            window_steps=len(times), window_samples=kept.samples,
+            step_time_median_s=median, step_time_p90_s=percentile(times, 0.9),
+            step_time_cv=statistics.pstdev(times) / mean if mean > 0 else 0.0,
+            time_to_first_step_s=self.first_step_s, setup_s=startup_s,
+            warmup_steps=len(self.warmup_times), steady=self.steady, warmup_s=self.warmup_s,
+            data_wait_fraction=min(1.0, kept.wait_s / seconds),
+            final_loss=float(losses[-1]) if losses is not None else None,
+            loss_finite=bool(torch.isfinite(losses).all()) if losses is not None else True,
+            screen_samples_per_sec=self.screen_rate, screened=self.screened,
+            step_time_precision=median_precision(times),
+            cpu_threads=torch.get_num_threads(),
+            peak_memory_bytes=memory.peak, peak_allocated_bytes=memory.allocated,
+            peak_reserved_bytes=memory.reserved, device_memory_used_bytes=memory.device_used,
+            device_total_memory_bytes=memory.device_total,
+            other_cpu_share=kept.contention.other_cpu_share,
+            disturbed=kept.contention.disturbed, windows_remeasured=len(self.windows) - 1,
+            device_other_processes=kept.contention.device_other_processes,
+            device_slowdowns=tuple(kept.contention.device_slowdowns))
+        return _as_group(figures)
+
+
+def _as_group(figures: Measurement) -> Measurement:
+    """In a process group, the group's figures from every rank's: all samples over the slowest
+    window, the largest peak, the loss finite only if every rank's was, each rank's own."""
+    world = distributed.current()
+    if world is None:
+        return figures
+    ranks = world.gather({"samples": figures.window_samples, "seconds": figures.window_s,
+                          "peak": figures.peak_memory_bytes, "finite": figures.loss_finite})
+    return group_figures(figures, ranks)

@@ -1,0 +1,136 @@
+"""Run the user's training script as they run it (`python train.py ARGS`): as `__main__`, with
+their arguments in `sys.argv` and its directory first on `sys.path`, in this process, with the
+libraries' hooks installed (each library patched when the script imports it). The run ends
+when the library's training loop does (`TrainingDone`), so nothing the script does after
+training runs; every other ending is one clear message."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import runpy
+import sys
+import time
+import traceback
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import AutotuneError
+from autotune.trial.script import hf, lightning
+from autotune.trial.script.errors import (
+    NeverTrained,
+    ScriptArgumentsRejected,
+    ScriptError,
+    ScriptFailed,
+    never_trained_message,
+)
+from autotune.trial.script.imports import patched_on_import
+from autotune.trial.script.observer import TrainingDone
+from autotune.trial.script.session import ScriptBaseline, ScriptTrial, Settings, active, current
+
+# The modules whose import installs a hook: the classes are patched in the module that defines
+# them, so `from transformers import Trainer` and subclasses elsewhere all go through it.
+PATCHES = {
+    "transformers.trainer": hf.patch_trainer,
+    "transformers.hf_argparser": hf.patch_parser,
+    "lightning.pytorch.trainer.trainer": lightning.patch_trainer,
+    "pytorch_lightning.trainer.trainer": lightning.patch_trainer,
+}
+
+
+@dataclass(frozen=True)
+class ScriptRun:
+    """A script run that reached its training: its own start-up (start to Trainer.train/fit),
+    its own settings, the settings the trial applied (library terms), the optimizer steps the
+    library took, and whether the observer stopped it (else the script's training ended
+    first)."""
+
+    startup_s: float
+    baseline: ScriptBaseline
+    settings: Settings
+    steps: int
+    stopped_by_observer: bool
+
+
+def run_script(path: str | Path, argv: Sequence[str], trial: ScriptTrial) -> ScriptRun:
+    """Run `path` with `argv` until its training has run under `trial` and ended."""
+    path = Path(path)
+    if not path.is_file():
+        raise ScriptError(f"training script not found: {path}")
+    trial.script = path.name
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [str(path), *argv]
+    sys.path.insert(0, str(path.resolve().parent))
+    trial.started_at = time.perf_counter()
+    try:
+        with active(trial), patched_on_import(PATCHES), _parser_exits_recorded():
+            runpy.run_path(str(path), run_name="__main__")
+    except TrainingDone:
+        assert trial.baseline is not None and trial.train_called_at is not None
+        return ScriptRun(trial.train_called_at - trial.started_at, trial.baseline,
+                         trial.settings, trial.steps, trial.stopped_by_observer)
+    except (AutotuneError, KeyboardInterrupt):
+        raise
+    except SystemExit as exc:
+        if trial.training:
+            raise ScriptFailed(f"{path.name} exited (status {exc.code}) while training") from None
+        raise _exit_error(trial, argv, exc) from None
+    except BaseException as exc:
+        if trial.training:
+            raise  # the configuration's own failure (out of memory, say): the trial's result
+        if trial.rejected_arguments:
+            raise ScriptArgumentsRejected(
+                f"{path.name} rejected its arguments: {trial.rejected_arguments}") from None
+        raise ScriptFailed(f"{path.name} failed before its training started:\n"
+                           f"{script_traceback(exc, path)}") from None
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+    raise NeverTrained(never_trained_message(path.name, time.perf_counter() - trial.started_at,
+                                             ended=True))
+
+
+def script_traceback(exc: BaseException, path: Path) -> str:
+    """The exception as Python prints it, from the script's own first frame on (autotune's
+    and runpy's frames left out)."""
+    error = traceback.TracebackException.from_exception(exc)
+    frames = list(error.stack)
+    script = str(path.resolve())
+    first = next((i for i, f in enumerate(frames) if str(Path(f.filename).resolve()) == script),
+                 0)
+    error.stack = traceback.StackSummary.from_list(frames[first:])
+    return "".join(error.format()).rstrip()
+
+
+def _exit_error(trial: ScriptTrial, argv: Sequence[str], exc: SystemExit) -> ScriptError:
+    """A script that exited before its training: its parser refused the arguments, it printed
+    its help, or it exited by itself."""
+    if trial.rejected_arguments:
+        given = " ".join(argv) or "no arguments"
+        return ScriptArgumentsRejected(f"{trial.script} rejected its arguments ({given}):\n"
+                                       f"{trial.rejected_arguments.rstrip()}")
+    if exc.code in (0, None):
+        return NeverTrained(never_trained_message(
+            trial.script, time.perf_counter() - trial.started_at, ended=True))
+    return ScriptFailed(f"{trial.script} exited with status {exc.code} before its training "
+                        "started")
+
+
+@contextlib.contextmanager
+def _parser_exits_recorded() -> Iterator[None]:
+    """argparse's refusal (usage and message, as it prints them) kept for the message."""
+    original = argparse.ArgumentParser.exit
+
+    def exit(self: argparse.ArgumentParser, status: int = 0, message: Any = None) -> Any:
+        trial = current()
+        if trial is not None and status and not trial.training:
+            trial.rejected_arguments = self.format_usage() + (message or "")
+        return original(self, status, message)
+
+    argparse.ArgumentParser.exit = exit  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.exit = original  # type: ignore[method-assign]

@@ -1,0 +1,96 @@
+"""One script trial as the libraries' hooks see it: what it asks (the knobs, the device, the
+observer, where the library's outputs go) and what they found (the script's own settings, the
+settings applied). The hooks act only while a trial is active, so patched libraries behave as
+they always do anywhere else."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autotune.config import TrainConfig, from_baseline
+from autotune.trial.script.observer import StepObserver
+
+# Where a library setting is said: TrainingArguments' fields, Trainer's keyword arguments, an
+# attribute of the LightningModule or its DataModule, a line of torch.
+Settings = dict[str, dict[str, Any]]
+
+
+@dataclass
+class ScriptBaseline:
+    """The script's own settings, read from what it built: `knobs` in TrainConfig's names,
+    `fixed` the knobs autotune cannot change in this script (with why: the setting the script
+    uses has no autotune value, or the library gives no way to set it), `settings` the same in
+    the library's own terms, `parsed_by` the HfArgumentParser method its TrainingArguments came
+    from (None: written in the code)."""
+
+    library: str
+    knobs: dict[str, Any] = field(default_factory=dict)
+    fixed: dict[str, str] = field(default_factory=dict)
+    settings: Settings = field(default_factory=dict)
+    parsed_by: str | None = None
+
+    def config(self, device_type: str, world_size: int = 1) -> TrainConfig:
+        """The baseline as a TrainConfig: PyTorch's defaults where the script says nothing."""
+        return from_baseline(self.knobs, device_type, world_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ScriptBaseline:
+        return cls(**data)
+
+
+@dataclass
+class ScriptTrial:
+    """A request to the hooks (`config` None: the script's own settings, only read) and what
+    they found while the script ran."""
+
+    device: torch.device
+    observer: StepObserver
+    scratch_dir: Path              # the library's outputs, instead of the user's own
+    config: TrainConfig | None = None
+    max_steps: int = 1_000_000     # what the library is told: the observer stops it far sooner
+    script: str = "the script"
+    baseline: ScriptBaseline | None = None
+    settings: Settings = field(default_factory=dict)
+    started_at: float = field(default_factory=time.perf_counter)
+    train_called_at: float | None = None
+    stopped_by_observer: bool = False
+    steps: int = 0
+    rejected_arguments: str | None = None  # the script's argument parser's message
+
+    def training_called(self) -> float:
+        """Mark the moment the script hands over to the library; its start-up in seconds."""
+        if self.train_called_at is None:
+            self.train_called_at = time.perf_counter()
+        return self.train_called_at - self.started_at
+
+    @property
+    def training(self) -> bool:
+        return self.train_called_at is not None
+
+
+_current: ScriptTrial | None = None
+
+
+def current() -> ScriptTrial | None:
+    """The trial the hooks serve now, if any."""
+    return _current
+
+
+@contextlib.contextmanager
+def active(trial: ScriptTrial) -> Iterator[ScriptTrial]:
+    global _current
+    previous, _current = _current, trial
+    try:
+        yield trial
+    finally:
+        _current = previous

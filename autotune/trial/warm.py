@@ -1,0 +1,87 @@
+"""A warm process: one configuration built once and kept steady, timed in short turns on
+request, so that the confirmation can pair candidates close in time (tango's alternation)
+instead of starting a fresh process for every run.
+
+Started by name by `autotune.search.warm` (`python -c "from autotune.trial.warm import
+warm_main; warm_main()" REQUEST`), with the same `TrialRequest` a trial gets. It builds the
+set-up, warms up until steady and says so on its answer channel: one JSON line
+`{"ready": true}` (or `{"error": ...}`). Then each line `{"steps": N, "seconds": S}` on stdin
+is answered with one `WarmTurn` line (at least N optimizer steps and S seconds), until `stop`,
+the end of stdin, or the tuner that started it is gone. The answer channel
+is the process's original stdout; whatever the model file prints goes to stderr (the log).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import IO, Any
+
+from autotune.trial.child import limit_memory, watch_parent
+from autotune.trial.protocol import TrialRequest
+
+STOP = "stop"
+
+
+def warm_main() -> None:
+    """Entry point of a warm process started as a new interpreter."""
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # the model file's prints go to the log, never into the answers
+    raw = json.loads(Path(sys.argv[1]).read_text())
+    watch_parent(raw.pop("parent_pid"))
+    raw.pop("phase_file", None)
+    try:
+        serve(TrialRequest(**raw), sys.stdin, answers)
+    except BaseException as exc:  # the tuner falls back to fresh rounds, and the log says why
+        traceback.print_exception(exc)
+        _say(answers, {"error": f"{type(exc).__name__}: {exc}"[:2000]})
+    sys.stderr.flush()
+    os._exit(0)  # no teardown: DataLoader workers and compile pools can hang it
+
+
+def serve(request: TrialRequest, commands: IO[str], answers: IO[str]) -> None:
+    """Build and warm up the configuration, say it is ready, then answer turns until `stop`."""
+    import torch
+
+    from autotune.options import MeasureSettings
+    from autotune.trial.measure import build_setup, timed_turn, warm_up
+    from autotune.trial.workload import load_workload
+
+    if request.inductor_cache_dir:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = request.inductor_cache_dir
+    if request.cpus:
+        os.sched_setaffinity(0, request.cpus)
+    device = torch.device(request.device)
+    if request.threads:
+        torch.set_num_threads(request.threads)
+    if request.memory_limit_bytes:
+        limit_memory(device, request.memory_limit_bytes)
+    settings = MeasureSettings(**request.settings)
+    workload = load_workload(request.model_path, request.model_args)
+    config = workload.train_config(request.config, device.type, 1)
+    setup, _, _ = build_setup(workload, config, device, lambda phase: None)
+    batches = setup.batches()
+    setup.step(batches)
+    warmup_steps, steady = warm_up(setup, batches, settings)
+    print(f"autotune warm: {config.to_dict()} on {device}, steady={steady} after "
+          f"{warmup_steps} steps", flush=True)
+    _say(answers, {"ready": True})
+    for line in commands:
+        command = json.loads(line)
+        if command == STOP:
+            return
+        turn = timed_turn(setup, batches, settings, int(command["steps"]),
+                          float(command["seconds"]))
+        _say(answers, turn.to_json())
+
+
+def _say(answers: IO[str], message: Any) -> None:
+    answers.write(json.dumps(message) + "\n")
+    answers.flush()
+
+
+if __name__ == "__main__":
+    warm_main()

@@ -1,0 +1,75 @@
+"""`autotune run --script`: a study of a user's own Hugging Face training script, unchanged, as
+a new user would run it; the answer in the script's own arguments, its output untouched."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.study.records import trial_records
+from autotune.study.results import load_study
+from autotune.trial.protocol import TrialStatus
+
+from ..conftest import CONFIRM_ONCE, FAST, need, run_cli
+
+SCRIPT = "tests/models/scripts/hf_argparser.py"
+# Compile costs ~30 s a trial on CI's cores: held off, as in the model-file studies.
+NO_COMPILE = ["--fix", "compile_mode=none"]
+
+
+@pytest.mark.slow
+def test_a_hugging_face_script_study_answers_in_its_own_arguments(tmp_path: Path) -> None:
+    need("transformers", "examples")
+    out = tmp_path / "script-output"
+    script_args = ["--output_dir", str(out), "--per_device_train_batch_size", "4",
+                   "--gradient_accumulation_steps", "2", "--num_samples", "256"]
+    done = run_cli("run", "--script", SCRIPT, "--device", "cpu", "--trials", "3",
+                   "--studies-dir", str(tmp_path), *NO_COMPILE, *FAST, *CONFIRM_ONCE, "--json",
+                   "--", *script_args, timeout=300)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["script_args"] == script_args
+    # the baseline is the script's own settings, read from the TrainingArguments it parsed
+    assert summary["baseline_config"]["micro_batch_size"] == 4
+    assert summary["baseline_config"]["grad_accum_steps"] == 2
+    # measured: in full, or stopped at screening with the screen's figure (a slow one)
+    measured = [r for r in trial_records(load_study("hf_argparser", tmp_path))
+                if r.status in (TrialStatus.OK, TrialStatus.SCREENED) and r.measurement]
+    assert len(measured) >= 3 and summary["trials"]["COMPLETE"] >= 3
+    assert all(r.measurement.script_answer is not None for r in measured)
+    # the answer in the script's terms: its command-line flags, or its own settings kept
+    best, base = summary["best_config"], summary["baseline_config"]
+    flags = summary["script_flags"]
+    if best == base:
+        assert summary["answer_in_script_terms"] == [
+            "keep the script's own settings: nothing to change"]
+    else:
+        assert summary["answer_in_script_terms"] == [" ".join(flags)] and flags
+    if best["micro_batch_size"] != base["micro_batch_size"]:
+        i = flags.index("--per_device_train_batch_size")
+        assert flags[i + 1] == str(best["micro_batch_size"])
+    exported = run_cli("export", "hf_argparser", "--studies-dir", str(tmp_path), "--format",
+                       "args")
+    assert exported.returncode == 0, exported.stderr
+    assert exported.stdout.splitlines()[0] == (
+        " ".join(flags) if flags else "# keep the script's own settings")
+    # nothing the script's own run would write: no output directory, no saved model
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_scripts_trial_as_a_process_group_of_two_ranks(tmp_path: Path) -> None:
+    """Every rank runs the script; they stop the Trainer at the same step (else its
+    collectives hang), and the group's rate is every rank's samples over the slowest window."""
+    need("transformers", "examples")
+    out = tmp_path / "script-output"
+    done = run_cli("bench", "--script", SCRIPT, "--device", "cpu", "--nproc-per-node", "2",
+                   *FAST, "--json", "--", "--output_dir", str(out), timeout=240)
+    result = json.loads(done.stdout)
+    assert done.returncode == 0, result["message"]
+    assert result["world_size"] == 2 and len(result["rank_samples_per_sec"]) == 2
+    assert result["samples_per_sec"] == pytest.approx(sum(result["rank_samples_per_sec"]),
+                                                      rel=0.5)
+    assert not out.exists()

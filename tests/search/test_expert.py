@@ -1,0 +1,152 @@
+"""What an expert queues after a fast corner that did not win clearly: each of its changes
+alone from the baseline, cheapest and likeliest first, then the winners together; and a knob
+whose every value lost alone is kept at the baseline's value."""
+
+from __future__ import annotations
+
+from autotune.config import TrainConfig
+from autotune.hardware import DeviceInfo
+from autotune.search.expert import (
+    MIN_CLEAR_MARGIN,
+    clearly_faster,
+    kept_at_baseline,
+    next_expert_trial,
+    one_change_order,
+)
+from autotune.search.space import build_space
+from autotune.study.records import Role, TrialRecord
+from autotune.trial.protocol import Measurement, TrialStatus
+
+CPU = DeviceInfo(type="cpu", index=None, name="test CPU", total_memory_bytes=2**34, cpu_count=2,
+                 bf16=True, tf32=False, fused_adamw=True, cuda_graphs=False)
+# The file's settings: micro-batches of 256, four of them a step, the for-loop AdamW.
+BASELINE = TrainConfig(micro_batch_size=256, grad_accum_steps=4)
+SPACE = build_space(BASELINE, CPU, 4096, fixes={"compile_mode": "none"})
+CORNER = SPACE.fast_corner(1024)  # bf16, fused AdamW, micro-batches of 1024
+
+
+def record(number: int, config: TrainConfig | None, rate: float | None, role: str = Role.SEARCH,
+           changed: tuple[str, ...] = (), status: str = "ok", state: str = "COMPLETE",
+           precision: float | None = None) -> TrialRecord:
+    waiting = state in ("WAITING", "RUNNING")
+    return TrialRecord(
+        number=number, status=None if waiting else TrialStatus(status), state=state,
+        config=config, role=role, changed=changed,
+        value=None if waiting else rate or 0.0,
+        constraint=None if waiting else 0.0 if rate else 1.0,
+        measurement=Measurement(samples_per_sec=rate, step_time_precision=precision)
+        if rate else None)
+
+
+def started(rate: float = 100.0, corner: float = 95.0) -> list[TrialRecord]:
+    return [record(0, BASELINE, rate, Role.BASELINE), record(1, CORNER, corner, Role.FAST_CORNER)]
+
+
+def run_singles(trials: list[TrialRecord], rates: dict[str, float | None]) -> list[str]:
+    """Queue and 'measure' the expert's one-change trials until it queues none; the knobs in
+    the order queued."""
+    order = []
+    while (queued := next_expert_trial(trials, SPACE)) and queued.role == Role.ONE_CHANGE:
+        (knob,) = queued.changed
+        config = SPACE.with_changes({knob: getattr(CORNER, knob)})
+        assert SPACE.params_for(config) == queued.params
+        trials.append(record(len(trials), config, rates[knob], Role.ONE_CHANGE, queued.changed,
+                             status="ok" if rates[knob] else "oom"))
+        order.append(knob)
+    return order
+
+
+def test_the_corners_changes_are_ordered_cheap_and_likely_first_compile_last() -> None:
+    corner = BASELINE.replace(compile_mode="default", micro_batch_size=1024, grad_accum_steps=1,
+                              precision="bf16", optimizer_impl="fused", num_workers=2,
+                              memory_format="channels_last", pin_memory=True)
+    assert one_change_order(BASELINE, corner) == [
+        "optimizer_impl", "num_workers", "precision", "memory_format", "micro_batch_size",
+        "compile_mode", "pin_memory"]
+    assert one_change_order(BASELINE, BASELINE) == []
+
+
+def test_a_corner_that_wins_clearly_is_not_split() -> None:
+    assert next_expert_trial(started(corner=100 * (1 + MIN_CLEAR_MARGIN) + 1), SPACE) is None
+
+
+def test_nothing_is_queued_before_the_baseline_and_corner_have_run() -> None:
+    baseline = record(0, BASELINE, 100.0, Role.BASELINE)
+    assert next_expert_trial([], SPACE) is None
+    assert next_expert_trial([baseline], SPACE) is None
+    running = record(1, None, None, Role.FAST_CORNER, state="RUNNING")
+    assert next_expert_trial([baseline, running], SPACE) is None
+
+
+def test_a_losing_corner_is_split_into_each_change_alone_from_the_baseline() -> None:
+    trials = started(corner=95.0)
+    # One queued at a time, each once: a waiting one-change trial sends the next knob.
+    first = next_expert_trial(trials, SPACE)
+    assert (first.role, first.changed) == (Role.ONE_CHANGE, ("optimizer_impl",))
+    waiting = [*trials, record(2, None, None, Role.ONE_CHANGE, ("optimizer_impl",),
+                               state="WAITING")]
+    assert next_expert_trial(waiting, SPACE).changed == ("precision",)
+    order = run_singles(trials, {"optimizer_impl": 160.0, "precision": 70.0,
+                                 "micro_batch_size": 99.0})
+    assert order == ["optimizer_impl", "precision", "micro_batch_size"]
+    for single in trials[2:]:  # one knob changed, the rest the baseline's
+        changed = {k for k, v in single.config.to_dict().items()
+                   if v != getattr(BASELINE, k) and k != "grad_accum_steps"}
+        assert changed == set(single.changed)
+    assert trials[4].config.grad_accum_steps == 1  # the effective batch kept
+    # Only fused AdamW won alone: nothing to combine, the sampler roams.
+    assert next_expert_trial(trials, SPACE) is None
+
+
+def test_the_changes_that_won_alone_are_measured_together_once() -> None:
+    trials = started(corner=100.0)
+    run_singles(trials, {"optimizer_impl": 160.0, "precision": 60.0, "micro_batch_size": 130.0})
+    together = next_expert_trial(trials, SPACE)
+    assert (together.role, together.changed) == (Role.WINNERS,
+                                                  ("optimizer_impl", "micro_batch_size"))
+    config = SPACE.with_changes({"optimizer_impl": "fused", "micro_batch_size": 1024})
+    assert together.params == SPACE.params_for(config) and config.precision == "fp32"
+    trials.append(record(5, config, 200.0, Role.WINNERS, together.changed))
+    assert next_expert_trial(trials, SPACE) is None
+
+
+def test_the_winners_wait_for_every_single_to_settle() -> None:
+    trials = started()
+    run_singles(trials, {"optimizer_impl": 160.0, "precision": 60.0, "micro_batch_size": 130.0})
+    last = trials[-1]
+    trials[-1] = record(last.number, None, None, Role.ONE_CHANGE, last.changed, state="RUNNING")
+    assert next_expert_trial(trials, SPACE) is None
+
+
+def test_a_corner_inside_the_noise_is_split() -> None:
+    assert next_expert_trial(started(corner=104.0), SPACE) is not None
+    # Medians known within ±4% each: 8% apart is still noise.
+    noisy = [record(0, BASELINE, 100.0, Role.BASELINE, precision=0.04),
+             record(1, CORNER, 107.0, Role.FAST_CORNER, precision=0.04)]
+    assert not clearly_faster(noisy[1], noisy[0])
+    assert next_expert_trial(noisy, SPACE) is not None
+
+
+def test_a_corner_of_one_change_is_not_split() -> None:
+    corner = SPACE.with_changes({"optimizer_impl": "fused"})
+    trials = [record(0, BASELINE, 100.0, Role.BASELINE), record(1, corner, 90.0,
+                                                                Role.FAST_CORNER)]
+    one_knob = build_space(BASELINE, CPU, 4096, fixes={
+        "compile_mode": "none", "precision": "fp32", "micro_batch_size": 256})
+    assert one_knob.fast_corner(256) == corner
+    assert next_expert_trial(trials, one_knob) is None
+
+
+def test_a_knob_whose_every_value_lost_alone_is_kept_at_the_baselines() -> None:
+    trials = started()
+    assert kept_at_baseline(trials, SPACE) == {}
+    run_singles(trials, {"optimizer_impl": 80.0, "precision": 60.0, "micro_batch_size": None})
+    # bf16 was this space's one other precision: kept at fp32. Fused AdamW lost too, but
+    # foreach was never tried alone; and one micro-batch that did not fit says nothing of
+    # the others.
+    assert kept_at_baseline(trials, SPACE) == {"precision": "fp32"}
+    # A trial stopped by the user says nothing either.
+    interrupted = [*started(), record(2, SPACE.with_changes({"precision": "bf16"}), None,
+                                      Role.ONE_CHANGE, ("precision",), status="interrupted",
+                                      state="FAIL")]
+    assert kept_at_baseline(interrupted, SPACE) == {}

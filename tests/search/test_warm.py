@@ -1,0 +1,249 @@
+"""Warm paired turns: pairs seconds apart see the same machine, so their interval is narrower
+than fresh rounds minutes apart in the same wall time; where memory does not hold every warm
+process at once the confirmation keeps its fresh rounds."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import statistics
+
+import optuna
+
+from autotune.config import TrainConfig
+from autotune.search.confirm import Plan, confirm
+from autotune.search.events import SilentView
+from autotune.search.outcome import Scoring
+from autotune.search.runner import MeasureJob
+from autotune.search.verify import verify
+from autotune.search.warm import WarmStart, WarmUnavailable, memory_holds
+from autotune.stats import paired_ratio
+from autotune.study.confirmation import FRESH_ROUNDS, WARM_TURNS, Run, stored_confirmation
+from autotune.study.records import MEMORY_CONSTRAINT, StudyKey, TrialKey
+from autotune.study.storage import open_storage
+from autotune.study.verdict import confirmed_verdict
+from autotune.trial.protocol import Measurement, TrialResult, TrialStatus
+
+from .test_confirm import _Notes
+
+BASE = TrainConfig(micro_batch_size=64)
+FAST = BASE.replace(optimizer_impl="fused")
+GIB = 2**30
+TRUE_SPEEDUP = 1.3
+
+
+def _machine(seed: int):
+    """The machine's speed over time (seconds): slow swings of tens of percent over minutes
+    and a random walk, as this VM's runs minutes apart show (7-51% between runs)."""
+    rng = random.Random(seed)
+    waves = [(rng.uniform(0.1, 0.3), rng.uniform(60, 300), rng.uniform(0, 2 * math.pi))
+             for _ in range(3)]
+    steps = list(itertools.accumulate(rng.gauss(0, 0.02) for _ in range(2000)))
+
+    def speed(t: float) -> float:
+        wave = sum(a * math.sin(2 * math.pi * t / period + phase)
+                   for a, period, phase in waves)
+        return math.exp(wave + steps[min(int(t), len(steps) - 1)])
+
+    return speed, rng
+
+
+def _rates(times_a: list[float], times_b: list[float], seed: int) -> tuple[list[float],
+                                                                          list[float]]:
+    """Each side's measured rate at its own moments: the machine's speed then, and 4% noise
+    of a short window."""
+    speed, rng = _machine(seed)
+    fast = [TRUE_SPEEDUP * 100 * speed(t) * rng.lognormvariate(0, 0.04) for t in times_a]
+    base = [100 * speed(t) * rng.lognormvariate(0, 0.04) for t in times_b]
+    return fast, base
+
+
+def _fresh(seed: int, wall_s: float) -> tuple[float, float]:
+    """Three rounds of fresh runs spread over `wall_s`, shuffled in each round: (half-width,
+    ratio)."""
+    run_s = wall_s / 6
+    order = random.Random(seed + 1)
+    times_a, times_b = [], []
+    for round_ in range(3):
+        slots = [round_ * 2 * run_s + run_s, round_ * 2 * run_s + 2 * run_s]
+        order.shuffle(slots)
+        times_a.append(slots[0])
+        times_b.append(slots[1])
+    ratio = paired_ratio(*_rates(times_a, times_b, seed))
+    return ratio.half_width, ratio.value
+
+
+def _warm(seed: int, wall_s: float, start_s: float = 40.0, turn_s: float = 0.5) -> tuple[
+        float, float]:
+    """The same wall time as warm turns after the two processes start: a pair every second."""
+    rounds = int((wall_s - start_s) / (2 * turn_s))
+    order = random.Random(seed + 1)
+    times_a, times_b = [], []
+    for round_ in range(rounds):
+        slots = [start_s + round_ * 2 * turn_s, start_s + (round_ * 2 + 1) * turn_s]
+        order.shuffle(slots)
+        times_a.append(slots[0])
+        times_b.append(slots[1])
+    ratio = paired_ratio(*_rates(times_a, times_b, seed))
+    return ratio.half_width, ratio.value
+
+
+def test_warm_turns_give_a_narrower_interval_than_fresh_rounds_on_a_drifting_machine() -> None:
+    """On simulated drift (the machine's speed swinging over minutes), warm turns in the wall
+    time of three fresh rounds (3 minutes) give an interval at most half as wide, and it holds
+    the true speedup about as often as a 95% interval should."""
+    seeds = range(40)
+    fresh = [_fresh(seed, 180.0) for seed in seeds]
+    warm = [_warm(seed, 180.0) for seed in seeds]
+    fresh_width = statistics.median(width for width, _ in fresh)
+    warm_width = statistics.median(width for width, _ in warm)
+    assert warm_width <= fresh_width / 2, (warm_width, fresh_width)
+    held = sum(abs(math.log(value / TRUE_SPEEDUP)) <= math.log1p(width) * 1.05
+               for width, value in warm)
+    assert held >= 0.85 * len(seeds)
+
+
+def _study(tmp_path, peak: int) -> optuna.Study:
+    """The baseline at 100 samples/s and fused AdamW at 150, each with a search peak."""
+    study = optuna.create_study(study_name="s", storage=open_storage(None, tmp_path),
+                                direction="maximize")
+    study.set_user_attr(StudyKey.BASELINE_CONFIG, BASE.to_dict())
+    for number, (config, rate) in enumerate([(BASE, 100.0), (FAST, 150.0)]):
+        trial = study.ask()
+        figures = Measurement(samples_per_sec=rate, peak_memory_bytes=peak)
+        for key, value in {TrialKey.CONFIG: config.to_dict(), TrialKey.STATUS: "ok",
+                           TrialKey.ROLE: "baseline" if number == 0 else "search",
+                           TrialKey.MEASUREMENT: figures.to_json(),
+                           TrialKey.CONSTRAINT: 0.0}.items():
+            trial.set_user_attr(key, value)
+        trial.set_constraint(MEMORY_CONSTRAINT, 0.0)
+        study.tell(trial, rate)
+    return study
+
+
+class _Turns:
+    """Warm processes, scripted: fused AdamW 1.5x the baseline with 1% noise."""
+
+    def __init__(self, configs: list[TrainConfig]) -> None:
+        self.configs, self.closed = configs, False
+        self.noise = itertools.cycle([1.0, 1.01, 0.99, 1.02, 0.98, 1.005])
+
+    def turn(self, index: int) -> Run:
+        rate = (150.0 if self.configs[index] == FAST else 100.0) * next(self.noise)
+        return Run("ok", samples_per_sec=rate, objective=rate)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _measure_fresh(fresh: list[str]):
+    """A fresh run, scripted: fused AdamW 1.5x the baseline, the name of each run kept."""
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        fresh.append(job.name)
+        rate = 150.0 if config == FAST else 100.0
+        return TrialResult(TrialStatus.OK, "measured",
+                           measurement=Measurement(samples_per_sec=rate * (1 + len(fresh) % 3
+                                                                           * 0.01)))
+
+    return measure
+
+
+def _starter(started: list[_Turns]):
+    def start(configs, prefix: str) -> _Turns:
+        started.append(_Turns(list(configs)))
+        return started[-1]
+
+    return start
+
+
+def _confirm(tmp_path, peak: int, capacity: int) -> tuple[list[str], list[_Turns], object]:
+    fresh: list[str] = []
+    started: list[_Turns] = []
+    study = _study(tmp_path, peak)
+    confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), _measure_fresh(fresh), SilentView(),
+            Plan(top=1, rounds=3, max_rounds=10, target=0.03), time_limit_s=60,
+            device="cpu", directory=tmp_path, warm=WarmStart(_starter(started), capacity))
+    return fresh, started, study
+
+
+def test_memory_too_small_for_two_warm_processes_keeps_fresh_rounds(tmp_path) -> None:
+    """Two candidates of 3 GiB each on a 4 GiB device: no warm process is started, the rounds
+    run in fresh processes, and the stored confirmation says so."""
+    assert not memory_holds([3 * GIB, 3 * GIB], 4 * GIB)
+    assert not memory_holds([1 * GIB, None], 64 * GIB)  # a peak never measured: not risked
+    assert memory_holds([1 * GIB, 1 * GIB], 4 * GIB)
+    fresh, started, study = _confirm(tmp_path, peak=3 * GIB, capacity=4 * GIB)
+    result = stored_confirmation(study.user_attrs["confirmation"])
+    assert not started and fresh
+    assert result.measured == FRESH_ROUNDS and result.rounds == len(fresh) // 2
+    assert "warm" not in confirmed_verdict(result, BASE)
+
+
+def test_where_memory_holds_them_the_confirmation_takes_warm_turns(tmp_path) -> None:
+    """Room for both: no fresh run at all, four times the least rounds, the processes closed,
+    and the verdict says the rounds were warm turns."""
+    fresh, started, study = _confirm(tmp_path, peak=1 * GIB, capacity=8 * GIB)
+    result = stored_confirmation(study.user_attrs["confirmation"])
+    assert not fresh and len(started) == 1 and started[0].closed
+    assert result.measured == WARM_TURNS and result.rounds >= 12
+    assert result.winner.config == FAST and result.speedup_ci[0] > 1.4
+    assert f"{result.rounds} paired rounds of warm turns" in confirmed_verdict(result, BASE)
+
+
+def test_verify_takes_warm_turns_where_memory_holds_both_and_says_so(tmp_path) -> None:
+    """`verify --rounds 3` after a confirmation: 12 warm rounds of the answer against the
+    baseline, no fresh run, recorded as warm turns; with room for neither, fresh rounds."""
+    _, _, study = _confirm(tmp_path, peak=1 * GIB, capacity=8 * GIB)
+    fresh: list[str] = []
+    started: list[_Turns] = []
+    checked = verify(study, _measure_fresh(fresh), Scoring("cpu", None, 0.1, 0.0), SilentView(),
+                     rounds=3, time_limit_s=60, device="cpu", machine="cpu A",
+                     warm=WarmStart(_starter(started), 8 * GIB))
+    assert not fresh and len(started) == 1 and started[0].closed
+    assert checked.measured == WARM_TURNS and checked.rounds == 12
+    assert "in 12 paired rounds of warm turns" in checked.describe() and checked.holds
+    tight = verify(study, _measure_fresh(fresh), Scoring("cpu", None, 0.1, 0.0), SilentView(),
+                   rounds=3, time_limit_s=60, device="cpu", machine="cpu A",
+                   warm=WarmStart(_starter(started), 1 * GIB))
+    assert tight.measured == FRESH_ROUNDS and len(fresh) == 6 and len(started) == 1
+
+
+def test_a_warm_process_that_fails_leaves_the_rounds_to_fresh_processes(tmp_path) -> None:
+    """One that does not start: every round fresh, said in one note. One that stops answering
+    after two rounds: the rest fresh, its processes closed, and the study says fresh rounds."""
+    def refuse(configs, prefix: str) -> _Turns:
+        raise WarmUnavailable("the warm process stopped: it exited (log: x.log)")
+
+    fresh: list[str] = []
+    view = _Notes()
+    study = _study(tmp_path, 1 * GIB)
+    confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), _measure_fresh(fresh), view,
+            Plan(top=1, rounds=3, max_rounds=10, target=0.03), time_limit_s=60,
+            device="cpu", directory=tmp_path, warm=WarmStart(refuse, 8 * GIB))
+    assert fresh and any("fresh-process rounds: a warm process did not start" in n
+                         for n in view.lines)
+    assert stored_confirmation(study.user_attrs["confirmation"]).measured == FRESH_ROUNDS
+
+    class Dying(_Turns):
+        def turn(self, index: int) -> Run:
+            if self.turns == 4:
+                raise WarmUnavailable("the warm process stopped: it exited")
+            self.turns += 1
+            return super().turn(index)
+
+    started: list[_Turns] = []
+
+    def start(configs, prefix: str) -> _Turns:
+        started.append(Dying(list(configs)))
+        started[-1].turns = 0
+        return started[-1]
+
+    fresh.clear()
+    study = _study(tmp_path / "dying", 1 * GIB)
+    result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), _measure_fresh(fresh),
+                     SilentView(), Plan(top=1, rounds=3, max_rounds=10, target=0.03),
+                     time_limit_s=60, device="cpu", directory=tmp_path,
+                     warm=WarmStart(start, 8 * GIB))
+    assert started[0].closed and fresh
+    assert result.measured == FRESH_ROUNDS and result.rounds == 2 + len(fresh) // 2

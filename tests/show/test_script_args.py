@@ -1,0 +1,59 @@
+"""`export --format args`: a script study's answer as its user applies it, the flags to add to
+the script's command line or the keyword arguments to change in its code."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.config import TrainConfig
+from autotune.errors import ConfigError
+from autotune.show.export import export_config
+from autotune.show.export.script_args import script_args_text, without
+from autotune.trial.protocol import Measurement, ScriptAnswer
+
+CHANGES = {"TrainingArguments": {"per_device_train_batch_size": 16, "bf16": True,
+                                 "optim": "adamw_torch_fused", "tf32": False}}
+
+
+def test_a_script_that_parses_its_arguments_gets_the_flags_to_add() -> None:
+    answer = ScriptAnswer("transformers", CHANGES, "parse_args_into_dataclasses")
+    text = script_args_text(answer, "train.py", ["--output_dir", "out",
+                                                 "--per_device_train_batch_size", "4"])
+    assert text.splitlines() == [
+        "--per_device_train_batch_size 16 --bf16 --optim adamw_torch_fused --tf32 False",
+        "# the whole command: python train.py --output_dir out --per_device_train_batch_size "
+        "16 --bf16 --optim adamw_torch_fused --tf32 False"]
+
+
+def test_settings_in_code_get_the_keyword_arguments_to_change() -> None:
+    answer = ScriptAnswer("lightning", {"Trainer": {"precision": "bf16-mixed"},
+                                       "DataModule": {"batch_size": 32}})
+    assert script_args_text(answer) == ("# change in the code: Trainer(precision='bf16-mixed')\n"
+                                        "# change in the code: DataModule(batch_size=32)\n")
+    assert answer.lines() == ["Trainer(precision='bf16-mixed')", "DataModule(batch_size=32)"]
+
+
+def test_the_scripts_own_settings_kept() -> None:
+    for parsed_by in ("parse_args_into_dataclasses", None):
+        answer = ScriptAnswer("transformers", {}, parsed_by)
+        assert script_args_text(answer, "train.py", []) == "# keep the script's own settings\n"
+        assert answer.lines() == []
+
+
+def test_a_model_files_study_has_no_args_to_export() -> None:
+    with pytest.raises(ConfigError, match="export --format args is for a study of a training "
+                                          "script"):
+        export_config(TrainConfig(), "args")
+
+
+def test_the_flags_the_answer_sets_leave_the_command() -> None:
+    assert without(["--a", "1", "--bf16", "--b=2", "--c", "3"], ["a", "bf16", "b"]) == \
+        ["--c", "3"]
+
+
+def test_the_answer_travels_in_the_measurement() -> None:
+    answer = ScriptAnswer("transformers", CHANGES, "parse_args_into_dataclasses")
+    figures = Measurement(samples_per_sec=1.0, script_answer=answer)
+    assert Measurement.from_json(figures.to_json()) == figures
+    assert Measurement.from_json(Measurement(samples_per_sec=1.0).to_json()).script_answer \
+        is None

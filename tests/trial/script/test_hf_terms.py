@@ -1,0 +1,98 @@
+"""A configuration in TrainingArguments' terms, what they cannot say, and the script's own
+settings read from the TrainingArguments it built."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from torch import nn
+
+from autotune.config import TrainConfig
+from tests.conftest import need
+
+need("transformers", "examples")
+
+from transformers import TrainingArguments  # noqa: E402
+
+from autotune.trial.script.hf_terms import (  # noqa: E402
+    changed_arguments,
+    read_baseline,
+    training_arguments,
+    unexpressed,
+)
+
+
+def _args(tmp_path: Path, **fields) -> TrainingArguments:
+    return TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, **fields)
+
+
+def test_the_baseline_is_what_the_trainingarguments_say(tmp_path: Path) -> None:
+    args = _args(tmp_path, per_device_train_batch_size=16, gradient_accumulation_steps=4,
+                 bf16=True, optim="adamw_torch", dataloader_num_workers=2,
+                 activation_checkpointing=True,
+                 activation_checkpointing_kwargs={"every_n_layers": 2, "use_reentrant": False})
+    baseline = read_baseline(args, "cpu")
+    assert baseline.config("cpu") == TrainConfig(
+        micro_batch_size=16, grad_accum_steps=4, precision="bf16",
+        activation_checkpointing="selective", optimizer_impl="for_loop", num_workers=2,
+        prefetch_factor=None)
+    assert baseline.fixed == {}
+
+
+def test_settings_the_knobs_do_not_have_are_kept_and_said(tmp_path: Path) -> None:
+    baseline = read_baseline(_args(tmp_path, optim="sgd"), "cpu", nn.Linear(2, 2))
+    assert "'sgd' is none of the optimizers" in baseline.fixed["optimizer_impl"]
+    assert "no activation_checkpointing_enable()" in baseline.fixed["activation_checkpointing"]
+    config = baseline.config("cpu")
+    assert [x.knob for x in unexpressed(config.replace(activation_checkpointing="full"),
+                                        baseline, "cpu")] == ["activation_checkpointing"]
+    assert unexpressed(config, baseline, "cpu") == []
+    # what the script keeps is never overwritten, whatever the configuration's own value
+    fields = training_arguments(config, baseline.settings["TrainingArguments"], baseline.fixed)
+    assert "optim" not in fields and "activation_checkpointing" not in fields
+
+
+@pytest.mark.parametrize(("change", "expressible"), [
+    ({"optimizer_impl": "for_loop"}, True),   # adamw_torch: PyTorch's default on the CPU
+    ({"optimizer_impl": "foreach"}, False),   # no switch for it
+    ({"optimizer": "adafactor", "optimizer_impl": "for_loop"}, True),
+    ({"precision": "fp8_rowwise"}, False),
+    ({"memory_format": "channels_last"}, False),
+    ({"attention_backend": "math"}, False),
+    ({"activation_checkpointing": "selective"}, True),
+    ({"compile_mode": "max-autotune"}, True),
+])
+def test_what_trainingarguments_can_say(tmp_path: Path, change: dict,
+                                        expressible: bool) -> None:
+    baseline = read_baseline(_args(tmp_path), "cpu")
+    config = baseline.config("cpu").replace(**change)
+    refused = unexpressed(config, baseline, "cpu")
+    assert (refused == []) == expressible
+    assert all(item.reason for item in refused)
+
+
+def test_the_answer_is_the_fields_that_change(tmp_path: Path) -> None:
+    args = _args(tmp_path, per_device_train_batch_size=8, activation_checkpointing_kwargs={
+        "use_reentrant": False})
+    baseline = read_baseline(args, "cpu")
+    config = baseline.config("cpu").replace(
+        micro_batch_size=16, grad_accum_steps=2, precision="bf16",
+        activation_checkpointing="selective", optimizer_impl="for_loop",
+        compile_mode="default")
+    assert changed_arguments(config, baseline, "cpu") == {
+        "per_device_train_batch_size": 16, "gradient_accumulation_steps": 2, "bf16": True,
+        "activation_checkpointing": True,
+        "activation_checkpointing_kwargs": {"use_reentrant": False, "every_n_layers": 2},
+        "optim": "adamw_torch", "torch_compile": True}
+    assert changed_arguments(baseline.config("cpu"), baseline, "cpu") == {}
+
+
+def test_tf32_is_said_only_where_it_changes_something() -> None:
+    tf32 = training_arguments(TrainConfig(precision="tf32"), {})
+    assert tf32["tf32"] is True
+    assert "tf32" not in training_arguments(TrainConfig(precision="fp32"), {})
+    # IEEE fp32 where the script (or torch_compile) would turn TF32 on
+    assert training_arguments(TrainConfig(precision="fp32"), {"tf32": True})["tf32"] is False
+    assert training_arguments(TrainConfig(compile_mode="default"), {})["tf32"] is False
+    assert "tf32" not in training_arguments(TrainConfig(precision="bf16"), {"tf32": True})

@@ -1,0 +1,70 @@
+"""A script trial's job, in this process: the probe reads the script's own settings as the
+baseline, and a measurement answers with the configuration in the script's own terms."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from autotune.config import TrainConfig
+from autotune.errors import ContractError
+from autotune.trial.protocol import Measurement, ProbeReport, TrialRequest, TrialStatus
+from autotune.trial.script.job import script_job
+from tests.conftest import need
+from tests.trial.script.steps import SCRIPTS
+
+FAST = {"window_steps": 2, "window_seconds": 0.0, "window_max_seconds": 1.0,
+        "warmup_max_seconds": 1.0, "screen_steps": 0, "profile_steps": 0}
+
+
+def _request(out: Path, job: str, config: dict | None = None) -> TrialRequest:
+    return TrialRequest(model_path=str(SCRIPTS / "hf_argparser.py"), config=config or {},
+                        device="cpu", job=job, settings=FAST,
+                        script_args=["--output_dir", str(out),
+                                     "--per_device_train_batch_size", "4"])
+
+
+def test_the_probe_reads_the_scripts_own_settings(tmp_path: Path) -> None:
+    need("transformers", "examples")
+    candidates = {"memory_format": ["channels_last"], "precision": ["bf16"]}
+    request = _request(tmp_path / "out", "probe")
+    request.settings = {**FAST, "candidates": candidates}
+    config, report = script_job(request, torch.device("cpu"), 1, lambda phase: None)
+    assert isinstance(report, ProbeReport)
+    assert report.baseline["micro_batch_size"] == 4 == config.micro_batch_size
+    assert report.dataset_size == 64 and report.parameters > 0 and report.state_bytes > 0
+    assert [item.describe().split(":")[0] for item in report.left_out] == \
+        ["memory_format=channels_last"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_measurement_answers_in_the_scripts_flags(tmp_path: Path) -> None:
+    need("transformers", "examples")
+    config = TrainConfig(micro_batch_size=8, precision="bf16", optimizer_impl="fused")
+    ran, figures = script_job(_request(tmp_path / "out", "measure", config.to_dict()),
+                              torch.device("cpu"), 1, lambda phase: None)
+    assert isinstance(figures, Measurement) and ran == config
+    assert figures.window_steps >= 2 and figures.samples_per_sec > 0 and figures.setup_s > 0
+    answer = figures.script_answer
+    assert answer is not None and answer.on_command_line
+    assert answer.flags() == ["--per_device_train_batch_size", "8", "--bf16"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_profile_does_not_take_a_script_yet(tmp_path: Path) -> None:
+    with pytest.raises(ContractError, match="autotune profile does not take --script yet"):
+        script_job(_request(tmp_path, "profile"), torch.device("cpu"), 1, lambda phase: None)
+
+
+def test_knobs_the_library_refuses_together_end_the_trial_not_the_study(tmp_path: Path) -> None:
+    """A configuration error inside a script's trial is that trial's outcome (unsupported), so
+    the study goes on; in the probe it is the script's own settings, the user's to fix."""
+    from autotune.trial.child import _run_job
+
+    need("transformers", "examples")
+    refused = {"micro_batch_size": 4, "num_workers": 0, "prefetch_factor": 4}
+    result = _run_job(_request(tmp_path / "out", "measure", refused), lambda phase: None)
+    assert result.status == TrialStatus.UNSUPPORTED and not result.bad_input, result
+    assert "prefetch_factor" in result.message

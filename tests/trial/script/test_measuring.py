@@ -1,0 +1,116 @@
+"""A script trial's measurement, told each optimizer step of the library's loop: first step,
+warm-up until steady, screening, a timed window, then it stops the loop."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from autotune.options import MeasureSettings
+from autotune.trial.contention import Contention
+from autotune.trial.script.measuring import MeasuringObserver
+from autotune.trial.script.observer import TrainInfo
+
+SETTINGS = MeasureSettings(window_steps=4, window_seconds=0.0, window_max_seconds=5.0,
+                           warmup_max_seconds=5.0, screen_steps=2)
+
+
+class _Probe:
+    """A contention probe whose windows are disturbed while `busy` says so."""
+
+    def __init__(self, busy: list[bool]) -> None:
+        self.busy, self.cpus, self.waits = busy, [0, 1], []
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> Contention:
+        disturbed = self.busy.pop(0) if self.busy else False
+        return Contention(0.6 if disturbed else 0.0, 2, disturbed=disturbed)
+
+    def wait_for_quiet(self, limit_s: float) -> bool:
+        self.waits.append(limit_s)
+        return True
+
+
+def _started(settings: MeasureSettings = SETTINGS) -> MeasuringObserver:
+    """An observer on a quiet machine (whatever else this one runs meanwhile)."""
+    observer = MeasuringObserver(settings, torch.device("cpu"), probe=_Probe([]))
+    model = nn.Linear(2, 2)
+    observer.on_train_start(TrainInfo("transformers", torch.device("cpu"), model, None, 8, 1,
+                                      startup_s=1.5, dataset_size=64))
+    return observer
+
+
+def _steps(observer: MeasuringObserver, losses: list[float], step_s: float = 0.01) -> int:
+    """Feed steady steps until the observer stops the loop; how many it took."""
+    for n, loss in enumerate(losses, 1):
+        time.sleep(step_s)
+        if observer.on_step_end(8, torch.tensor(loss), 0.001):
+            return n
+    return len(losses)
+
+
+def test_it_warms_up_screens_times_and_stops_the_loop() -> None:
+    observer = _started()
+    steps = _steps(observer, [1.0] * 100)
+    figures = observer.measurement(startup_s=1.5)
+    # 1 first step, 3 steady warm-up steps at least, 2 screened, then the 4-step window
+    assert steps == 1 + figures.warmup_steps + 2 + figures.window_steps
+    assert figures.window_steps >= 4 and figures.window_samples == 8 * figures.window_steps
+    assert figures.samples_per_sec == pytest.approx(8 / 0.01, rel=0.5)
+    assert figures.setup_s == 1.5 and figures.screen_samples_per_sec is not None
+    assert figures.loss_finite and figures.final_loss == 1.0
+    assert figures.peak_memory_bytes and figures.data_wait_fraction is not None
+
+
+def test_a_slow_configuration_stops_at_screening() -> None:
+    observer = _started(MeasureSettings(**{**vars(SETTINGS), "screen_below": 1e9}))
+    _steps(observer, [1.0] * 100)
+    figures = observer.measurement(startup_s=0.0)
+    assert figures.screened and figures.window_steps == 2
+
+
+def test_a_non_finite_loss_in_the_window_is_seen() -> None:
+    observer = _started()
+    _steps(observer, [1.0] * 6 + [float("nan")] * 100)
+    assert not observer.measurement(startup_s=0.0).loss_finite
+
+
+def test_training_that_ends_before_the_window_says_so() -> None:
+    observer = _started()
+    _steps(observer, [1.0])
+    with pytest.raises(RuntimeError, match="ended before the measurement's window"):
+        observer.measurement(startup_s=0.0)
+
+
+def _probed(busy: list[bool], **settings: object) -> tuple[MeasuringObserver, _Probe]:
+    probe = _Probe(busy)
+    observer = MeasuringObserver(
+        MeasureSettings(**{**vars(SETTINGS), "contention_backoff_s": 0.01, **settings}),
+        torch.device("cpu"), probe=probe)
+    observer.on_train_start(TrainInfo("transformers", torch.device("cpu"), nn.Linear(2, 2),
+                                      None, 8, 1, startup_s=0.0))
+    return observer, probe
+
+
+def test_a_window_other_processes_disturbed_is_timed_again_once_quiet() -> None:
+    # the screening clean, the first window disturbed, the second clean
+    observer, probe = _probed([False, True, False])
+    _steps(observer, [1.0] * 100)
+    figures = observer.measurement(startup_s=0.0)
+    assert probe.waits == [0.01]
+    assert figures.windows_remeasured == 1 and not figures.disturbed
+    assert figures.other_cpu_share == 0.0
+
+
+def test_a_window_that_stays_disturbed_is_flagged_and_never_screened_out() -> None:
+    observer, probe = _probed([True] * 10, screen_below=1e9, contention_retries=2)
+    _steps(observer, [1.0] * 100)
+    figures = observer.measurement(startup_s=0.0)
+    assert not figures.screened  # a busy machine's screening rate decides nothing
+    assert figures.disturbed and figures.other_cpu_share == 0.6
+    assert figures.windows_remeasured == 2 and probe.waits == [0.01, 0.02]

@@ -1,0 +1,108 @@
+"""A script runs as `python train.py ARGS` would run it, and every way it can fail to reach
+its training is one clear message."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from autotune.trial.script.errors import (
+    NeverTrained,
+    ScriptArgumentsRejected,
+    ScriptError,
+    ScriptFailed,
+    never_trained_message,
+)
+from tests.conftest import need
+from tests.trial.script.steps import run
+
+
+def _script(tmp_path: Path, source: str, name: str = "train.py") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def test_a_script_runs_as_main_with_its_arguments_and_its_directory_on_the_path(
+        tmp_path: Path) -> None:
+    _script(tmp_path, "VALUE = 42\n", "helper.py")
+    script = _script(tmp_path, '''
+        import sys
+        from helper import VALUE
+        assert __name__ == "__main__" and VALUE == 42
+        assert sys.argv[1:] == ["--lr", "3"] and sys.argv[0].endswith("train.py"), sys.argv
+        ''')
+    argv, path = list(sys.argv), list(sys.path)
+    # it ran to its end (the asserts held), and it never trained
+    with pytest.raises(NeverTrained, match=r"^train.py ran \d+ s and ended without calling "
+                                           r"Trainer.train or Trainer.fit; for other training "
+                                           "loops write a model file: README$"):
+        run(script, ["--lr", "3"], tmp_path / "s")
+    assert sys.argv == argv and sys.path == path
+
+
+def test_the_message_for_a_script_stopped_by_its_time_limit() -> None:
+    assert never_trained_message("train.py", 120) == (
+        "train.py ran 120 s and never called Trainer.train or Trainer.fit; for other training "
+        "loops write a model file: README")
+
+
+def test_a_script_that_fails_before_training_shows_its_own_traceback_once(
+        tmp_path: Path) -> None:
+    script = _script(tmp_path, '''
+        def load():
+            raise ValueError("no data under ./data")
+        load()
+        ''')
+    with pytest.raises(ScriptFailed) as caught:
+        run(script, [], tmp_path / "s")
+    message = str(caught.value)
+    assert message.startswith("train.py failed before its training started:\nTraceback")
+    assert f'File "{script}", line 4, in <module>' in message
+    assert 'line 3, in load\n    raise ValueError("no data under ./data")' in message
+    assert message.count("ValueError: no data under ./data") == 1
+    assert "runpy" not in message and "autotune" not in message
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def test_a_script_that_exits_before_training_says_so(tmp_path: Path) -> None:
+    script = _script(tmp_path, "import sys\nsys.exit(3)\n")
+    with pytest.raises(ScriptFailed, match="^train.py exited with status 3 before its training "
+                                           "started$"):
+        run(script, [], tmp_path / "s")
+
+
+def test_a_script_whose_argparse_parser_refuses_its_arguments(tmp_path: Path) -> None:
+    script = _script(tmp_path, '''
+        import argparse
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--epochs", type=int, required=True)
+        parser.parse_args()
+        ''')
+    with pytest.raises(ScriptArgumentsRejected) as caught:
+        run(script, ["--epochs", "many"], tmp_path / "s")
+    assert str(caught.value) == (
+        "train.py rejected its arguments (--epochs many):\nusage: train.py [-h] --epochs "
+        "EPOCHS\ntrain.py: error: argument --epochs: invalid int value: 'many'")
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--per_device_train_batch_size", "many"], "invalid int value: 'many'"),
+    (["--output_dir", "x", "--no_such_flag", "3"],
+     "Some specified arguments are not used by the HfArgumentParser: ['--no_such_flag', '3']"),
+])
+def test_a_script_whose_hfargumentparser_refuses_its_arguments(
+        tmp_path: Path, argv: list[str], says: str) -> None:
+    need("transformers", "examples")
+    with pytest.raises(ScriptArgumentsRejected, match="hf_argparser.py rejected its arguments") \
+            as caught:
+        run("hf_argparser.py", argv, tmp_path / "s")
+    assert says in str(caught.value)
+
+
+def test_a_script_that_is_not_there(tmp_path: Path) -> None:
+    with pytest.raises(ScriptError, match="training script not found: .*missing.py"):
+        run(tmp_path / "missing.py", [], tmp_path / "s")
