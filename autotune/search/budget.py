@@ -12,6 +12,7 @@ import optuna
 
 from autotune.formatting import format_seconds
 from autotune.options import MeasureSettings
+from autotune.search.confirm import CLAIM_SETTLE_S
 from autotune.search.runner import ROUND_WINDOW_STEPS
 from autotune.study.records import COUNTS_AGAINST_BUDGET, Role, TrialRecord, trial_records
 from autotune.trial.protocol import Measurement, TrialStatus
@@ -229,5 +230,6 @@ def forecast(*, now: float, deadline: float, trials_left: int | None, trial_s: f
     confirm_s = min(max(least_s, within_share), max(0.0, ends_by - now - search_s))
     # after the first round, the race goes on with the best and the baseline
     fit = 1 + math.floor(max(0.0, confirm_s - candidates * run_s) / (2 * run_s) + 1e-9)
-    return Forecast(search_s, trials_left, confirm_s if rounds else 0.0,
+    # and before its first round, its claim settles (`search.confirm.should_confirm`)
+    return Forecast(search_s, trials_left, CLAIM_SETTLE_S + confirm_s if rounds else 0.0,
                     min(max_rounds, fit) if rounds else 0, candidates)

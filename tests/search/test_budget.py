@@ -19,6 +19,7 @@ from autotune.search.budget import (
     run_price_s,
     search_trial_seconds,
 )
+from autotune.search.confirm import CLAIM_SETTLE_S
 from autotune.study.records import TrialKey
 from autotune.study.storage import open_storage
 from autotune.trial.protocol import Measurement, PhaseTimes
@@ -81,24 +82,25 @@ def test_the_time_left_counts_the_search_and_the_confirmation_within_its_share()
                     searched_s=100)
     assert left.search_s == 40
     # the least 3 rounds (3 runs, then the best and the baseline twice: 70 s) are above the
-    # share of a 140 s search (60 s), and always run
-    assert left.confirm_s == 70
+    # share of a 140 s search (60 s), and always run, after the confirmation's claim settles
+    assert CLAIM_SETTLE_S == 1.0
+    assert left.confirm_s == 71
     assert left.rounds == 3
-    assert left.describe() == ("about 110.00 s left: 4 more search trials (40.00 s), then "
-                               "about 3 confirmation rounds, the first of 3 runs (70.00 s)")
+    assert left.describe() == ("about 111.00 s left: 4 more search trials (40.00 s), then "
+                               "about 3 confirmation rounds, the first of 3 runs (71.00 s)")
     longer = forecast(now=100, deadline=float("inf"), trials_left=4, trial_s=10, run_s=10,
                       workers=1, candidates=3, rounds=3, max_rounds=10, share=0.3,
                       searched_s=400)
     # the share of a 440 s search (about 189 s) holds more rounds, up to the cap of 10
-    assert longer.confirm_s == pytest.approx(440 * 0.3 / 0.7) and longer.rounds == 8
+    assert longer.confirm_s == pytest.approx(440 * 0.3 / 0.7 + 1) and longer.rounds == 8
     by_time = forecast(now=100, deadline=130, trials_left=None, trial_s=10, run_s=5,
                        workers=1, candidates=2, rounds=3, max_rounds=3, share=0.3,
                        searched_s=100, ends_by=150)
-    assert by_time.search_s == 30 and by_time.confirm_s == 20
+    assert by_time.search_s == 30 and by_time.confirm_s == 21
     assert forecast(now=100, deadline=100, trials_left=0, trial_s=10, run_s=5, workers=1,
                     candidates=2, rounds=3, max_rounds=3, share=0.3,
                     searched_s=100).describe().startswith(
-        "about 30.00 s left: the search done, then about 3 confirmation rounds")
+        "about 31.00 s left: the search done, then about 3 confirmation rounds")
 
 
 def test_a_confirmation_run_is_priced_from_the_baseline_less_its_long_window(tmp_path) -> None:
