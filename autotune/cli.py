@@ -227,13 +227,14 @@ def run_failure(summary: StudySummary) -> str | None:
 
 def cmd_profile(options: ProfileOptions, console: Console) -> int:
     info, knobs = _target(options)
-    name = Path(options.model_path).stem
+    name = Path(options.workload_path).stem
     out = writable_folder(Path(options.out or Path("studies") / name / "profile"))
     request = TrialRequest(
-        model_path=options.model_path, config=knobs, device=str(info.torch_device),
+        model_path=options.workload_path, config=knobs, device=str(info.torch_device),
         model_args=options.model_args, memory_limit_bytes=options.memory_limit_bytes,
         job="profile", settings={"out": str(out), "steps": options.steps, "top": options.top,
-                                 "warmup_max_seconds": options.warmup_max_seconds})
+                                 "warmup_max_seconds": options.warmup_max_seconds},
+        script_args=options.script_argv)
     result = _isolated(request, "profiling", name, options.time_limit_s, out / "profile.log")
     refused = _refused(result, info)
     if refused is not None:

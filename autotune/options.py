@@ -277,9 +277,7 @@ class ProfileOptions(OneConfigOptions):
     def problems(self) -> list[str]:
         alone = ["autotune profile looks at one process; drop --nproc-per-node (autotune bench "
                  "measures a process group)"] if self.nproc_per_node > 1 else []
-        script = ["autotune profile does not take --script yet: autotune bench --script "
-                  "measures it"] if self.script_path else []
-        return alone + script + self._workload_problems() + \
+        return alone + self._workload_problems() + \
             _at_least(self, {"steps": 1, "top": 1, "time_limit_s": 1})
 
 

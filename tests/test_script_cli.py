@@ -44,7 +44,6 @@ def test_a_model_file_or_a_script_never_both(given: dict, message: str) -> None:
     (["run", "--model", "m.py", "--script", "t.py"], "--model and --script are alternatives"),
     (["bench", "--model", "m.py", "--", "--bf16"], "are a training script's: give --script"),
     (["show", "s", "--", "--bf16"], "autotune show takes no script arguments (after --)"),
-    (["profile", "--script", "t.py"], "autotune profile does not take --script yet"),
     (["bench", "--script", "t.py", "--set", "precision=bf16", "--device", "cpu"],
      "--set and --config with --script are not built yet"),
 ])

@@ -511,7 +511,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-class _Peaks(NamedTuple):
+class MemoryPeaks(NamedTuple):
+    """A process's memory high-water marks, in bytes (on CPU its peak RSS alone)."""
+
     peak: int
     allocated: int | None = None
     reserved: int | None = None
@@ -519,10 +521,10 @@ class _Peaks(NamedTuple):
     device_total: int | None = None
 
 
-def peak_memory(device: torch.device) -> _Peaks:
+def peak_memory(device: torch.device) -> MemoryPeaks:
     """CUDA: allocator peaks and NVML's device figure; CPU: the process's peak RSS."""
     if device.type == "cuda":
         reserved = torch.cuda.max_memory_reserved(device)
-        return _Peaks(reserved, torch.cuda.max_memory_allocated(device), reserved,
+        return MemoryPeaks(reserved, torch.cuda.max_memory_allocated(device), reserved,
                       nvml_memory_used(device.index or 0), cuda_total_memory(device))
-    return _Peaks(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    return MemoryPeaks(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)

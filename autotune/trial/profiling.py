@@ -14,7 +14,7 @@ import re
 import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -230,6 +230,55 @@ def collection_paused() -> Iterator[None]:
             gc.enable()
 
 
+class ProfilerWindow:
+    """torch.profiler over `steps` training steps of a loop that tells it each step's end: a
+    library's own loop (a script trial), or `profile_steps`'. Each step is a marked range from
+    the previous step's end to its own, so the library's work between steps is in it."""
+
+    def __init__(self, steps: int, device: torch.device | str,
+                 trace_path: str | os.PathLike | None = None, top: int = 10,
+                 with_stack: bool = False, profile_memory: bool = False) -> None:
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        self.steps, self.device = steps, torch.device(device)
+        self.trace_path, self.top = trace_path, top
+        self._options = {"record_shapes": True, "with_stack": with_stack,
+                         "profile_memory": profile_memory}
+        self._profiler: profile | None = None
+        self._step = ExitStack()
+        self.done = 0
+
+    def start(self) -> None:
+        activities = [ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        _synchronize(self.device)
+        self._profiler = profile(activities=activities, **self._options)
+        self._profiler.__enter__()
+        self._step.enter_context(marked(f"{STEP_MARKER}0"))
+
+    def step_done(self) -> bool:
+        """The step under way has ended; True when it was the window's last (the profiler
+        stopped, the device's queued work in it)."""
+        assert self._profiler is not None, "start() the window first"
+        self._step.close()
+        self.done += 1
+        if self.done < self.steps:
+            self._step.enter_context(marked(f"{STEP_MARKER}{self.done}"))
+            return False
+        _synchronize(self.device)
+        self._profiler.__exit__(None, None, None)
+        return True
+
+    def summary(self, on_profile: Callable[[profile], None] | None = None) -> ProfileSummary:
+        """What the tuner keeps of the window (and its trace, where one is asked for);
+        `on_profile` sees the raw profile, for analyses that need its events."""
+        assert self._profiler is not None and self.done >= self.steps, "the window is not over"
+        with collection_paused():
+            return _summary(self._profiler, self.steps, self.device.type == "cuda",
+                            self.trace_path, self.top, on_profile)
+
+
 def profile_steps(
     run_step: Callable[[], object],
     steps: int,
@@ -244,26 +293,14 @@ def profile_steps(
 
     The window runs from the first step's start to whichever ends last: the last step on
     the host or the device work it queued (the device is synchronised before and after).
-    `on_profile` sees the raw profile, for analyses that need its events.
     """
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    device = torch.device(device)
-    on_cuda = device.type == "cuda"
-    activities = [ProfilerActivity.CPU]
-    if on_cuda:
-        activities.append(ProfilerActivity.CUDA)
-
-    _synchronize(device)
-    with profile(activities=activities, record_shapes=True, with_stack=with_stack,
-                 profile_memory=profile_memory) as prof:
-        for step in range(steps):
-            with marked(f"{STEP_MARKER}{step}"):
-                run_step()
-        _synchronize(device)
-
-    with collection_paused():
-        return _summary(prof, steps, on_cuda, trace_path, top, on_profile)
+    window = ProfilerWindow(steps, device, trace_path, top, with_stack, profile_memory)
+    window.start()
+    finished = False
+    while not finished:
+        run_step()
+        finished = window.step_done()
+    return window.summary(on_profile)
 
 
 def _summary(prof: profile, steps: int, on_cuda: bool, trace_path: str | os.PathLike | None,

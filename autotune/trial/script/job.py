@@ -1,11 +1,14 @@
 """A trial's job (`child`) for a user's training script: run it (`runner`) under a measuring
 observer and answer as a model file's trial does: the probe's `ProbeReport` (the script's own
 settings as the baseline, the knob values its library cannot be told left out), or a
-`Measurement` with the configuration in the script's own terms (`ScriptAnswer`)."""
+`Measurement` with the configuration in the script's own terms (`ScriptAnswer`), or for
+`autotune profile --script` the `ProfileReport` of a few of the library's steps."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -18,10 +21,19 @@ import torch
 from autotune.config import TrainConfig
 from autotune.errors import ContractError
 from autotune.options import MeasureSettings
+from autotune.trial import distributed
+from autotune.trial.diagnosis import diagnose
+from autotune.trial.profiling import (
+    ProfilerWindow,
+    collection_paused,
+    memory_categories,
+    operator_tables,
+)
 from autotune.trial.protocol import (
     SCRIPT_STARTUP,
     Measurement,
     ProbeReport,
+    ProfileReport,
     ScriptAnswer,
     TrialRequest,
 )
@@ -34,6 +46,9 @@ from autotune.trial.training import training_state_bytes
 # The probe times the script's own settings for a few steps only: it reads, it does not rank.
 PROBE_SETTINGS = {"window_steps": 2, "window_seconds": 0.0, "window_max_steps": 2,
                   "warmup_max_steps": 1, "screen_steps": 0, "profile_steps": 0}
+# `autotune profile` warms up, then profiles: one step of window, only to bring the loop there.
+PROFILE_SETTINGS = {"window_steps": 1, "window_seconds": 0.0, "window_max_steps": 1,
+                    "screen_steps": 0}
 # A dataset without a length (a stream) bounds no micro-batch size.
 UNSIZED_DATASET = 1 << 30
 
@@ -41,14 +56,17 @@ Progress = Callable[[str], None]
 
 
 def script_job(request: TrialRequest, device: torch.device, world_size: int,
-               progress: Progress) -> tuple[TrainConfig, Measurement | ProbeReport]:
-    """Run the script for `request.job` (measure or probe); the configuration it ran, and the
-    job's answer."""
-    if request.job not in ("measure", "probe"):
-        raise ContractError(f"autotune {request.job} does not take --script yet; use bench")
-    probing = request.job == "probe"
-    settings = _settings({**request.settings, **(PROBE_SETTINGS if probing else {})})
-    observer = MeasuringObserver(settings, device, progress)
+               progress: Progress,
+               ) -> tuple[TrainConfig, Measurement | ProbeReport | ProfileReport]:
+    """Run the script for `request.job` (measure, probe or profile); the configuration it ran,
+    and the job's answer."""
+    if request.job not in ("measure", "probe", "profile"):
+        raise ContractError(f"autotune {request.job} does not take --script")
+    probing, profiling = request.job == "probe", request.job == "profile"
+    extra = PROBE_SETTINGS if probing else PROFILE_SETTINGS if profiling else {}
+    settings = _settings({**request.settings, **extra})
+    observer = MeasuringObserver(settings, device, progress,
+                                 profiler=_profiler(request, settings, device))
     config = None if probing or not request.config else TrainConfig.from_dict(request.config)
     with tempfile.TemporaryDirectory(prefix="autotune-script-") as scratch:
         trial = ScriptTrial(device, observer, Path(scratch), config=config)
@@ -61,10 +79,60 @@ def script_job(request: TrialRequest, device: torch.device, world_size: int,
     if probing:
         return ran, _probe_report(run, observer, request.settings.get("candidates", {}),
                                   device.type, world_size)
+    if profiling:
+        return ran, _profile_report(ran, observer, device, request.settings.get("top", 15))
     answer = ScriptAnswer(run.baseline.library,
                           terms.changes(ran, run.baseline, device.type, world_size),
                           run.baseline.parsed_by)
     return ran, replace(figures, script_answer=answer)
+
+
+def _profiler(request: TrialRequest, settings: MeasureSettings,
+              device: torch.device) -> ProfilerWindow | None:
+    """The profiler's window after the measurement's: a trial's short one (its trace on rank 0
+    where one is asked for), or `autotune profile`'s, with Python stacks and memory."""
+    if request.job == "profile":
+        trace = Path(request.settings["out"]) / "trace" / \
+            f"{socket.gethostname()}_{os.getpid()}.pt.trace.json"
+        return ProfilerWindow(request.settings["steps"], device, trace,
+                              top=request.settings.get("top", 15), with_stack=True,
+                              profile_memory=True)
+    if request.job == "probe" or settings.profile_steps <= 0:
+        return None
+    world = distributed.current()
+    rank0 = world is None or world.rank == 0
+    return ProfilerWindow(settings.profile_steps, device,
+                          request.trace_path if rank0 else None)
+
+
+def _profile_report(ran: TrainConfig, observer: MeasuringObserver, device: torch.device,
+                    top: int) -> ProfileReport:
+    """`autotune profile`'s report of the library's steps under the profiler, with the
+    findings that need no trace of the lines that read tensors back (autotune's own loop
+    traces them; a library's loop is not autotune's to trace)."""
+    summary = observer.profile
+    if summary is None or not observer.profiled:
+        raise RuntimeError("the script's training ended before the profiler's window: give it "
+                           "more data or steps, or lower --steps")
+    profile, window = observer.profiled[0], summary.window_s
+    data_wait = min(1.0, observer.profile_wait_s / window)
+    with collection_paused():
+        findings = diagnose(profile, config=ran, steps=summary.steps,
+                            step_s=window / summary.steps, data_wait_fraction=data_wait,
+                            syncs_per_step=summary.host_syncs_per_step,
+                            sync_s_per_step=summary.host_sync_s_per_step,
+                            idle_fraction=summary.device_idle_fraction, sync_sites=[])
+    return ProfileReport(
+        config=ran, device=str(device), steps=summary.steps,
+        samples_per_sec=observer.profile_samples / window, window_s=window,
+        self_cpu_total_s=summary.self_cpu_total_s,
+        self_device_total_s=summary.self_device_total_s,
+        host_syncs_per_step=summary.host_syncs_per_step,
+        device_idle_fraction=summary.device_idle_fraction,
+        data_wait_fraction=data_wait, tables=operator_tables(profile, top),
+        findings=tuple(findings),
+        memory_timeline=memory_categories(profile, device),
+        files={"trace": str(summary.trace_path)})
 
 
 def _settings(given: dict[str, Any]) -> MeasureSettings:

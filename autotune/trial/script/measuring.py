@@ -5,8 +5,10 @@ was finite; the peak memory. The same protocol as a model file's trial (`trial/m
 by the library's loop instead of autotune's; in a process group every rank moves on, and stops,
 at the step rank 0 decides. Every timed window is bracketed by the contention check: a disturbed
 screening never screens a configuration out, and a disturbed window is timed again once the
-machine is quiet (after a few untimed steps), the least disturbed one kept and flagged. Not here
-yet: the profiler window."""
+machine is quiet (after a few untimed steps), the least disturbed one kept and flagged. After
+the window (never inside it), the profiler's: a few more of the library's steps under
+torch.profiler, for the trial's trace, its syncs per step and top operators, or for `autotune
+profile --script`."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -21,11 +24,19 @@ from autotune.options import MeasureSettings
 from autotune.stats import median_precision
 from autotune.trial import distributed
 from autotune.trial.contention import Contention, ContentionProbe
-from autotune.trial.measure import group_figures, peak_memory, percentile, synchronize
-from autotune.trial.protocol import FIRST_STEP, Measurement
+from autotune.trial.measure import (
+    MemoryPeaks,
+    group_figures,
+    peak_memory,
+    percentile,
+    synchronize,
+)
+from autotune.trial.profiling import ProfilerWindow, ProfileSummary
+from autotune.trial.protocol import FIRST_STEP, Measurement, PhaseTimes
 from autotune.trial.script.observer import TrainInfo
 
-FIRST, WARMUP, SCREEN, WINDOW, REWARM = "first", "warmup", "screen", "window", "rewarm"
+FIRST, WARMUP, SCREEN, WINDOW, REWARM, PROFILE = (
+    "first", "warmup", "screen", "window", "rewarm", "profile")
 
 
 @dataclass(frozen=True)
@@ -44,8 +55,14 @@ class MeasuringObserver:
 
     def __init__(self, settings: MeasureSettings, device: torch.device,
                  progress: Callable[[str], None] = lambda phase: None,
-                 probe: ContentionProbe | None = None) -> None:
+                 probe: ContentionProbe | None = None,
+                 profiler: ProfilerWindow | None = None) -> None:
         self.settings, self.device, self.progress = settings, device, progress
+        self.profiler = profiler  # after the window: None, no profiler window
+        self.profile: ProfileSummary | None = None
+        self.profiled: list[Any] = []  # the raw profile, for `autotune profile --script`
+        self.profile_samples, self.profile_wait_s, self.profile_s = 0, 0.0, 0.0
+        self.memory: MemoryPeaks | None = None  # the training's, before the profiler's events
         self.probe = probe or ContentionProbe(settings.contention_threshold, device)
         self.info: TrainInfo | None = None
         self.phase = FIRST
@@ -85,6 +102,8 @@ class MeasuringObserver:
             if self.untimed_steps >= self.settings.steady_steps:
                 self.progress("re-measuring the window")
                 self._next(WINDOW, time.perf_counter())
+        elif self.phase == PROFILE:
+            return self._profiled(samples, data_wait_s)
         elif self.phase == SCREEN:
             self._count(samples, loss, data_wait_s, step_s)
             if len(self.window_times) >= self.settings.screen_steps:
@@ -146,7 +165,7 @@ class MeasuringObserver:
                                     self.losses, contention))
         retry = len(self.windows) - 1
         if not self._decide(contention.disturbed and retry < self.settings.contention_retries):
-            return True
+            return self._profile_next()
         wait_s = self.settings.contention_backoff_s * 2**retry
         self.progress(f"{contention.describe()} in the window: waiting up to {wait_s:g} s for "
                       "a quiet moment to measure it again")
@@ -154,6 +173,28 @@ class MeasuringObserver:
         self.untimed_steps = 0
         self._next(REWARM, time.perf_counter())
         return False
+
+    def _profile_next(self) -> bool:
+        """The measurement done: True to stop the loop, or False with the profiler's window
+        started."""
+        self.memory = peak_memory(self.device)
+        if self.profiler is None:
+            return True
+        self.progress("profiling")
+        self.phase, self._phase_start = PROFILE, time.perf_counter()
+        self.profiler.start()
+        return False
+
+    def _profiled(self, samples: int, data_wait_s: float) -> bool:
+        """A step of the profiler's window; True (stop) after its last, the window read."""
+        assert self.profiler is not None
+        self.profile_samples += samples
+        self.profile_wait_s += data_wait_s
+        if not self.profiler.step_done():
+            return False
+        self.profile = self.profiler.summary(on_profile=self.profiled.append)
+        self.profile_s = time.perf_counter() - self._phase_start
+        return True
 
     def _window_full(self, now: float) -> bool:
         settings, steps = self.settings, len(self.window_times)
@@ -188,7 +229,7 @@ class MeasuringObserver:
         median, mean = statistics.median(times), statistics.fmean(times)
         losses = torch.stack([loss.reshape(()) for loss in kept.losses]) if kept.losses \
             else None
-        memory = peak_memory(self.device)
+        memory, profile = self.memory or peak_memory(self.device), self.profile
         figures = Measurement(
             samples_per_sec=kept.samples / seconds, window_s=seconds,
             window_steps=len(times), window_samples=kept.samples,
@@ -208,7 +249,15 @@ class MeasuringObserver:
             other_cpu_share=kept.contention.other_cpu_share,
             disturbed=kept.contention.disturbed, windows_remeasured=len(self.windows) - 1,
             device_other_processes=kept.contention.device_other_processes,
-            device_slowdowns=tuple(kept.contention.device_slowdowns))
+            device_slowdowns=tuple(kept.contention.device_slowdowns),
+            host_syncs_per_step=profile.host_syncs_per_step if profile else None,
+            host_sync_s_per_step=profile.host_sync_s_per_step if profile else None,
+            device_idle_fraction=profile.device_idle_fraction if profile else None,
+            top_operators=profile.top_operators if profile else (),
+            trace_path=profile.trace_path if profile else None,
+            # the script's start-up is its build: imports, data and model, before the loop
+            phases=PhaseTimes(build_s=startup_s, first_step_s=self.first_step_s or 0.0,
+                              warmup_s=self.warmup_s, profile_s=self.profile_s))
         return _as_group(figures)
 
 

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
 
 from autotune.config import TrainConfig
-from autotune.errors import ContractError
-from autotune.trial.protocol import Measurement, ProbeReport, TrialRequest, TrialStatus
+from autotune.trial.protocol import (
+    Measurement,
+    ProbeReport,
+    ProfileReport,
+    TrialRequest,
+    TrialStatus,
+)
 from autotune.trial.script.job import script_job
 from tests.conftest import need
 from tests.trial.script.steps import SCRIPTS
@@ -53,9 +57,22 @@ def test_a_measurement_answers_in_the_scripts_flags(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-def test_profile_does_not_take_a_script_yet(tmp_path: Path) -> None:
-    with pytest.raises(ContractError, match="autotune profile does not take --script yet"):
-        script_job(_request(tmp_path, "profile"), torch.device("cpu"), 1, lambda phase: None)
+def test_profile_looks_at_the_scripts_own_steps(tmp_path: Path) -> None:
+    """`autotune profile --script`: a few of the Trainer's own steps under the profiler, with
+    the operator tables, the memory timeline and the trace; the user's output_dir untouched."""
+    need("transformers", "examples")
+    request = _request(tmp_path / "out", "profile")
+    request.settings = {"out": str(tmp_path / "profile"), "steps": 2, "top": 5,
+                        "warmup_max_seconds": 1.0}
+    ran, report = script_job(request, torch.device("cpu"), 1, lambda phase: None)
+    assert isinstance(report, ProfileReport) and report.steps == 2
+    assert ran.micro_batch_size == 4 == report.config.micro_batch_size
+    assert report.samples_per_sec > 0 and report.window_s > 0
+    assert report.tables and all(len(rows) <= 5 for rows in report.tables.values())
+    times, categories = report.memory_timeline
+    assert times and categories
+    assert Path(report.files["trace"]).is_file()
+    assert not (tmp_path / "out").exists()
 
 
 def test_knobs_the_library_refuses_together_end_the_trial_not_the_study(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from torch import nn
 
 from autotune.options import MeasureSettings
 from autotune.trial.contention import Contention
+from autotune.trial.profiling import ProfilerWindow
 from autotune.trial.script.measuring import MeasuringObserver
 from autotune.trial.script.observer import TrainInfo
 
@@ -65,6 +66,32 @@ def test_it_warms_up_screens_times_and_stops_the_loop() -> None:
     assert figures.setup_s == 1.5 and figures.screen_samples_per_sec is not None
     assert figures.loss_finite and figures.final_loss == 1.0
     assert figures.peak_memory_bytes and figures.data_wait_fraction is not None
+
+
+def test_after_the_window_the_profiler_sees_the_loops_next_steps(tmp_path) -> None:
+    """The profiler's window comes after the timed one (never inside it): 3 more of the loop's
+    steps, each from the last one's end, with what the model does in them; its trace written."""
+    trace = tmp_path / "trace.json"
+    observer = MeasuringObserver(SETTINGS, torch.device("cpu"), probe=_Probe([]),
+                                 profiler=ProfilerWindow(3, "cpu", trace))
+    model = nn.Linear(64, 64)
+    observer.on_train_start(TrainInfo("transformers", torch.device("cpu"), model, None, 8, 1,
+                                      startup_s=1.5))
+    steps = 0
+    while True:
+        steps += 1
+        loss = model(torch.randn(8, 64)).pow(2).mean()
+        loss.backward()
+        if observer.on_step_end(8, loss.detach(), 0.0):
+            break
+    figures = observer.measurement(startup_s=1.5)
+    assert steps == 1 + figures.warmup_steps + 2 + figures.window_steps + 3
+    assert observer.profile_samples == 3 * 8
+    assert "aten::addmm" in {op.name for op in figures.top_operators}
+    assert figures.trace_path == str(trace) and trace.is_file()
+    assert figures.host_syncs_per_step is not None
+    assert figures.phases is not None and figures.phases.profile_s > 0
+    assert figures.phases.build_s == 1.5  # the script's start-up prices its confirmation runs
 
 
 def test_a_slow_configuration_stops_at_screening() -> None:
