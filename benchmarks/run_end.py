@@ -17,6 +17,7 @@ benchmarks/results/<name>.json with the figures; prints a table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -57,16 +59,28 @@ def side_load(kind: str, stop: multiprocessing.Event) -> None:
             stop.wait(2.0)
 
 
-def one_run(model: str, load: str, transcript: Path, extra: list[str]) -> RunEnd:
+@contextlib.contextmanager
+def side_loaded(load: str) -> Iterator[None]:
+    """`side_load` running beside the block (nothing for `quiet`), stopped after it."""
+    if load == "quiet":
+        yield
+        return
     stop = multiprocessing.Event()
-    loader = None
-    if load != "quiet":
-        loader = multiprocessing.Process(target=side_load, args=(load, stop), daemon=True)
-        loader.start()
+    loader = multiprocessing.Process(target=side_load, args=(load, stop), daemon=True)
+    loader.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        loader.join(5)
+
+
+def one_run(model: str, load: str, transcript: Path, extra: list[str]) -> RunEnd:
     announced_s = announced_at = None
     verdict = ""
     started = time.monotonic()
-    with tempfile.TemporaryDirectory() as studies, transcript.open("w") as out:
+    with side_loaded(load), tempfile.TemporaryDirectory() as studies, \
+            transcript.open("w") as out:
         command = [sys.executable, "-m", "autotune", "run", "--model", model, "--device", "cpu",
                    "--studies-dir", studies, *extra]
         out.write("$ " + " ".join(command[1:]) + f"  # side load: {load}\n")
@@ -83,9 +97,6 @@ def one_run(model: str, load: str, transcript: Path, extra: list[str]) -> RunEnd
                 verdict = line.strip()
         child.wait()
     wall = time.monotonic() - started
-    if loader is not None:
-        stop.set()
-        loader.join(5)
     took = wall - announced_at if announced_at is not None else None
     return RunEnd(load=load, announced_s=announced_s, took_s=took,
                   ratio=took / announced_s if took is not None and announced_s else None,

@@ -39,8 +39,9 @@ def test_diverging_settings_are_left_out_or_recorded_and_never_recommended(tmp_p
     assert f"trial {diverged[0].number}: diverged" in done.stderr
     assert summary["best_config"]["micro_batch_size"] < 32
     assert summary["best_config"]["precision"] == "fp32"
-    assert all(c["config"]["micro_batch_size"] < 32 for c in
-               load_study("fragile", tmp_path).user_attrs["confirmation"]["candidates"])
+    # raced, if anything was: a run whose other trials were all screened confirms nothing
+    confirmation = load_study("fragile", tmp_path).user_attrs.get("confirmation") or {}
+    assert all(c["config"]["micro_batch_size"] < 32 for c in confirmation.get("candidates", []))
 
 
 @pytest.mark.slow
