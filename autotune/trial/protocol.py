@@ -97,11 +97,14 @@ class ScriptAnswer:
     """A configuration in a training script's own terms: what it changes from its own settings
     (`changes`: where it is said, TrainingArguments, Trainer, a DataModule's attribute or a
     torch line, to its fields and values), and how its TrainingArguments are given
-    (`parsed_by`: an HfArgumentParser method, so the flags on its command line; None: in code)."""
+    (`parsed_by`: an HfArgumentParser method, so the flags on its command line; None: in code)
+    and of which class (`arguments_class`: a subclass, such as Seq2SeqTrainingArguments, is
+    named as the script names it)."""
 
     library: str
     changes: dict[str, dict[str, Any]]
     parsed_by: str | None = None
+    arguments_class: str = "TrainingArguments"
 
     @property
     def on_command_line(self) -> bool:
@@ -122,7 +125,8 @@ class ScriptAnswer:
 
     def keyword_lines(self) -> list[str]:
         """`Where(name=value, ...)`, one line per place in the code that changes."""
-        return [f"{where}({', '.join(f'{k}={v!r}' for k, v in values.items())})"
+        named = {"TrainingArguments": self.arguments_class}
+        return [f"{named.get(where, where)}({', '.join(f'{k}={v!r}' for k, v in values.items())})"
                 for where, values in self.changes.items()]
 
     def lines(self) -> list[str]:
@@ -138,7 +142,8 @@ class ScriptAnswer:
     def from_json(cls, data: Mapping[str, Any]) -> ScriptAnswer:
         return cls(library=data["library"], changes={k: dict(v) for k, v in
                                                      data["changes"].items()},
-                   parsed_by=data.get("parsed_by"))
+                   parsed_by=data.get("parsed_by"),
+                   arguments_class=data.get("arguments_class", "TrainingArguments"))
 
 
 @dataclass(frozen=True)

@@ -159,6 +159,7 @@ def read_baseline(args: Any, device_type: str, model: Any = None) -> ScriptBasel
     if args.world_size > 1:
         baseline.knobs.update(ddp_bucket_cap_mb=args.ddp_bucket_cap_mb or 25,
                               ddp_static_graph=bool(args.ddp_static_graph))
+    baseline.arguments_class = type(args).__name__  # Seq2SeqTrainingArguments, TRL's configs
     baseline.settings = {"TrainingArguments": _fields(args, training_arguments(
         baseline.config(device_type, args.world_size), {}))}
     return baseline

@@ -83,7 +83,7 @@ def script_job(request: TrialRequest, device: torch.device, world_size: int,
         return ran, _profile_report(ran, observer, device, request.settings.get("top", 15))
     answer = ScriptAnswer(run.baseline.library,
                           terms.changes(ran, run.baseline, device.type, world_size),
-                          run.baseline.parsed_by)
+                          run.baseline.parsed_by, run.baseline.arguments_class)
     return ran, replace(figures, script_answer=answer)
 
 

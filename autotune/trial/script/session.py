@@ -28,13 +28,14 @@ class ScriptBaseline:
     `fixed` the knobs autotune cannot change in this script (with why: the setting the script
     uses has no autotune value, or the library gives no way to set it), `settings` the same in
     the library's own terms, `parsed_by` the HfArgumentParser method its TrainingArguments came
-    from (None: written in the code)."""
+    from (None: written in the code), `arguments_class` their class as the script names it."""
 
     library: str
     knobs: dict[str, Any] = field(default_factory=dict)
     fixed: dict[str, str] = field(default_factory=dict)
     settings: Settings = field(default_factory=dict)
     parsed_by: str | None = None
+    arguments_class: str = "TrainingArguments"
 
     def config(self, device_type: str, world_size: int = 1) -> TrainConfig:
         """The baseline as a TrainConfig: PyTorch's defaults where the script says nothing."""

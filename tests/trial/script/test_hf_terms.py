@@ -3,6 +3,7 @@ settings read from the TrainingArguments it built."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,24 @@ def test_the_answer_is_the_fields_that_change(tmp_path: Path) -> None:
         "activation_checkpointing_kwargs": {"use_reentrant": False, "every_n_layers": 2},
         "optim": "adamw_torch", "torch_compile": True}
     assert changed_arguments(baseline.config("cpu"), baseline, "cpu") == {}
+
+
+def test_an_answer_in_code_names_the_scripts_own_arguments_class(tmp_path: Path) -> None:
+    """A seq2seq script builds Seq2SeqTrainingArguments in its code: the line to change is
+    that, not TrainingArguments."""
+    from transformers import Seq2SeqTrainingArguments
+
+    from autotune.trial.protocol import ScriptAnswer
+
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True,
+                                    per_device_train_batch_size=8)
+    baseline = read_baseline(args, "cpu")
+    assert baseline.arguments_class == "Seq2SeqTrainingArguments"
+    changes = {"TrainingArguments": changed_arguments(
+        baseline.config("cpu").replace(micro_batch_size=16), baseline, "cpu")}
+    answer = ScriptAnswer("transformers", changes, None, baseline.arguments_class)
+    assert answer.lines() == ["Seq2SeqTrainingArguments(per_device_train_batch_size=16)"]
+    assert ScriptAnswer.from_json(asdict(answer)) == answer  # as a study stores it
 
 
 def test_tf32_is_said_only_where_it_changes_something() -> None:
