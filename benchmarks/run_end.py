@@ -33,7 +33,8 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 ANNOUNCED = re.compile(r"this run ends by \d\d:\d\d \(in ([0-9.]+) (ms|s|min|h)\)")
 UNIT_S = {"ms": 0.001, "s": 1.0, "min": 60.0, "h": 3600.0}
-VERDICT = re.compile(r"(faster than your settings|not known|slower than|no measurable)")
+VERDICT = re.compile(r"(faster than your settings|^not known|slower than your settings|"
+                     r"no measurable)")
 
 
 @dataclass(frozen=True)
