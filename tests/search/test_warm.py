@@ -20,12 +20,11 @@ from autotune.search.verify import verify
 from autotune.search.warm import WarmStart, WarmUnavailable, memory_holds
 from autotune.stats import paired_ratio
 from autotune.study.confirmation import FRESH_ROUNDS, WARM_TURNS, Run, stored_confirmation
-from autotune.study.records import MEMORY_CONSTRAINT, StudyKey, TrialKey
-from autotune.study.storage import open_storage
+from autotune.study.records import StudyKey
 from autotune.study.verdict import confirmed_verdict
 from autotune.trial.protocol import Measurement, TrialResult, TrialStatus
 
-from .test_confirm import _Notes
+from .test_confirm import _Notes, _study_of
 
 BASE = TrainConfig(micro_batch_size=64)
 FAST = BASE.replace(optimizer_impl="fused")
@@ -106,19 +105,8 @@ def test_warm_turns_give_a_narrower_interval_than_fresh_rounds_on_a_drifting_mac
 
 def _study(tmp_path, peak: int) -> optuna.Study:
     """The baseline at 100 samples/s and fused AdamW at 150, each with a search peak."""
-    study = optuna.create_study(study_name="s", storage=open_storage(None, tmp_path),
-                                direction="maximize")
+    study = _study_of(tmp_path, [(BASE, 100.0, "ok"), (FAST, 150.0, "ok")], peak=peak)
     study.set_user_attr(StudyKey.BASELINE_CONFIG, BASE.to_dict())
-    for number, (config, rate) in enumerate([(BASE, 100.0), (FAST, 150.0)]):
-        trial = study.ask()
-        figures = Measurement(samples_per_sec=rate, peak_memory_bytes=peak)
-        for key, value in {TrialKey.CONFIG: config.to_dict(), TrialKey.STATUS: "ok",
-                           TrialKey.ROLE: "baseline" if number == 0 else "search",
-                           TrialKey.MEASUREMENT: figures.to_json(),
-                           TrialKey.CONSTRAINT: 0.0}.items():
-            trial.set_user_attr(key, value)
-        trial.set_constraint(MEMORY_CONSTRAINT, 0.0)
-        study.tell(trial, rate)
     return study
 
 
