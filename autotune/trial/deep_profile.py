@@ -8,9 +8,7 @@ as data for the command to draw and write.
 
 from __future__ import annotations
 
-import os
 import pickle
-import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +31,7 @@ from autotune.trial.profiling import (
     memory_categories,
     operator_tables,
     profile_steps,
+    trace_file,
 )
 from autotune.trial.protocol import ProfileReport
 from autotune.trial.workload import Workload
@@ -77,7 +76,7 @@ def profile_config(workload: Workload, config: TrainConfig, device: torch.device
         data_wait += result.data_wait_s
 
     on_cuda = device.type == "cuda"
-    trace = out_dir / "trace" / f"{socket.gethostname()}_{os.getpid()}.pt.trace.json"
+    trace = trace_file(out_dir)
     files = {"trace": str(trace)}
     start_bytes = 0
     if on_cuda:
@@ -100,7 +99,8 @@ def profile_config(workload: Workload, config: TrainConfig, device: torch.device
         report("building the memory timeline")
         timeline = memory_categories(prof, device)
     median = summary.window_s / steps
-    findings = findings_of(prof, setup, summary, median, data_wait / summary.window_s, sites)
+    findings = findings_of(prof, setup.config, summary, median, data_wait / summary.window_s,
+                           sites)
     return ProfileReport(
         config=setup.config, device=str(device), steps=steps,
         samples_per_sec=samples / summary.window_s, window_s=summary.window_s,

@@ -175,7 +175,7 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
                                 trace_path=trace_path if rank0 else None,
                                 with_stack=python_stacks(setup),
                                 on_profile=captured.append)
-        findings = findings_of(captured[0], setup, profile, median,
+        findings = findings_of(captured[0], setup.config, profile, median,
                              window.data_wait_s / window.seconds, sites)
         profile_s = time.perf_counter() - phase_start
     mean = statistics.fmean(times)
@@ -287,10 +287,12 @@ def sync_sites(setup: TrainingSetup, batches: Iterator[Any], report: Progress) -
     return trace_host_syncs(lambda: setup.step(batches), device_type=setup.device.type)
 
 
-def findings_of(prof: Any, setup: TrainingSetup, summary: ProfileSummary, step_s: float,
-              data_wait_fraction: float, sites: list[SyncSite]) -> list[Finding]:
+def findings_of(prof: Any, config: TrainConfig, summary: ProfileSummary, step_s: float,
+                data_wait_fraction: float, sites: list[SyncSite]) -> list[Finding]:
+    """The findings of a profiled window (`sites`: the lines that read tensors back, where
+    the loop was traced for them)."""
     with collection_paused():
-        return diagnose(prof, config=setup.config, steps=summary.steps, step_s=step_s,
+        return diagnose(prof, config=config, steps=summary.steps, step_s=step_s,
                         data_wait_fraction=data_wait_fraction,
                         syncs_per_step=summary.host_syncs_per_step,
                         sync_s_per_step=summary.host_sync_s_per_step,

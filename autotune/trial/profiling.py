@@ -11,6 +11,7 @@ import gc
 import json
 import os
 import re
+import socket
 import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -228,6 +229,12 @@ def collection_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def trace_file(out_dir: Path) -> Path:
+    """Where `autotune profile` writes its trace: named as TensorBoard's profiler plugin names
+    a worker's."""
+    return out_dir / "trace" / f"{socket.gethostname()}_{os.getpid()}.pt.trace.json"
 
 
 class ProfilerWindow:

@@ -7,8 +7,6 @@ settings as the baseline, the knob values its library cannot be told left out), 
 from __future__ import annotations
 
 import dataclasses
-import os
-import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,12 +20,12 @@ from autotune.config import TrainConfig
 from autotune.errors import ContractError
 from autotune.options import MeasureSettings
 from autotune.trial import distributed
-from autotune.trial.diagnosis import diagnose
+from autotune.trial.measure import findings_of
 from autotune.trial.profiling import (
     ProfilerWindow,
-    collection_paused,
     memory_categories,
     operator_tables,
+    trace_file,
 )
 from autotune.trial.protocol import (
     SCRIPT_STARTUP,
@@ -92,9 +90,8 @@ def _profiler(request: TrialRequest, settings: MeasureSettings,
     """The profiler's window after the measurement's: a trial's short one (its trace on rank 0
     where one is asked for), or `autotune profile`'s, with Python stacks and memory."""
     if request.job == "profile":
-        trace = Path(request.settings["out"]) / "trace" / \
-            f"{socket.gethostname()}_{os.getpid()}.pt.trace.json"
-        return ProfilerWindow(request.settings["steps"], device, trace,
+        return ProfilerWindow(request.settings["steps"], device,
+                              trace_file(Path(request.settings["out"])),
                               top=request.settings.get("top", 15), with_stack=True,
                               profile_memory=True)
     if request.job == "probe" or settings.profile_steps <= 0:
@@ -116,12 +113,7 @@ def _profile_report(ran: TrainConfig, observer: MeasuringObserver, device: torch
                            "more data or steps, or lower --steps")
     profile, window = observer.profiled[0], summary.window_s
     data_wait = min(1.0, observer.profile_wait_s / window)
-    with collection_paused():
-        findings = diagnose(profile, config=ran, steps=summary.steps,
-                            step_s=window / summary.steps, data_wait_fraction=data_wait,
-                            syncs_per_step=summary.host_syncs_per_step,
-                            sync_s_per_step=summary.host_sync_s_per_step,
-                            idle_fraction=summary.device_idle_fraction, sync_sites=[])
+    findings = findings_of(profile, ran, summary, window / summary.steps, data_wait, [])
     return ProfileReport(
         config=ran, device=str(device), steps=summary.steps,
         samples_per_sec=observer.profile_samples / window, window_s=window,
