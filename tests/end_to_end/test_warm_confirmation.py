@@ -1,6 +1,7 @@
 """The confirmation in warm paired turns, end to end: a real study of a tiny model whose
 candidates fit in memory together confirms in warm processes taking turns, many more rounds
-than three fresh ones, and says so."""
+than three fresh ones, and says so. The model is one where fused AdamW is a large win on any
+machine, so that the search surely has a candidate to confirm."""
 
 from __future__ import annotations
 
@@ -12,16 +13,19 @@ from autotune.study.confirmation import WARM_TURNS, Confirmation
 from autotune.study.records import StudyKey
 from autotune.study.results import load_study
 
-from .test_run import run_study
+from ..conftest import FAST, run_cli
 
 
 @pytest.mark.slow
 def test_a_study_confirms_in_warm_paired_turns_with_more_rounds_than_three(tmp_path) -> None:
     # one fresh round asked for is four warm ones at least
-    done = run_study(tmp_path, "--trials", "3", "--seed", "0", "--confirm-top", "1",
-                     "--confirm-repeats", "1", "--json", timeout=300)
+    done = run_cli("run", "--model", "tests/models/many_small_params.py", "--device", "cpu",
+                   "--model-arg", "slow_layout=0", *FAST, "--studies-dir", str(tmp_path),
+                   "--trials", "3", "--seed", "0", "--fix", "compile_mode=none",
+                   "--fix", "num_workers=0", "--confirm-top", "1", "--confirm-repeats", "1",
+                   "--json", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    stored = load_study("mlp", tmp_path).user_attrs[StudyKey.CONFIRMATION]
+    stored = load_study("many_small_params", tmp_path).user_attrs[StudyKey.CONFIRMATION]
     confirmation = Confirmation.from_json(stored)
     assert confirmation.measured == WARM_TURNS
     assert confirmation.rounds > 3
@@ -29,5 +33,6 @@ def test_a_study_confirms_in_warm_paired_turns_with_more_rounds_than_three(tmp_p
     summary = json.loads(done.stdout)
     assert summary["confirmation_measured"] == WARM_TURNS
     assert summary["confirmation_repeats"] == confirmation.rounds
-    logs = sorted(p.name for p in (tmp_path / "mlp" / "logs").glob("confirm-warm-*.log"))
-    assert logs == ["confirm-warm-0.log", "confirm-warm-1.log"]
+    logs = tmp_path / "many_small_params" / "logs"
+    assert sorted(p.name for p in logs.glob("confirm-warm-*.log")) == \
+        ["confirm-warm-0.log", "confirm-warm-1.log"]
