@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import optuna
@@ -14,6 +15,7 @@ from autotune.formatting import format_seconds
 from autotune.options import MeasureSettings
 from autotune.search.confirm import CLAIM_SETTLE_S
 from autotune.search.runner import ROUND_WINDOW_STEPS
+from autotune.search.warm import WARM_MAX_ROUNDS, WARM_ROUNDS_PER_ROUND, turn_seconds
 from autotune.study.records import COUNTS_AGAINST_BUDGET, Role, TrialRecord, trial_records
 from autotune.trial.protocol import Measurement, TrialStatus
 
@@ -62,6 +64,19 @@ def round_run_seconds(study: optuna.Study, settings: MeasureSettings) -> float |
     return statistics.median(runs) if runs else None
 
 
+def confirmation_price(study: optuna.Study, settings: MeasureSettings, fallback_s: float,
+                       warm_holds: Callable[[float | None], bool]) -> ConfirmationPrice:
+    """What confirming costs here, priced at the baseline's trial (`round_run_seconds`, else
+    `fallback_s`): in warm turns where `warm_holds` the baseline's peak memory for each
+    candidate (`confirm.warm_expected`), else in fresh runs."""
+    run_s = round_run_seconds(study, settings) or fallback_s
+    baseline = next((r for r in _measured(study) if r.role == Role.BASELINE
+                     and r.measurement is not None), None)
+    if baseline is None or not warm_holds(baseline.peak_memory_bytes):
+        return ConfirmationPrice(run_s)
+    return ConfirmationPrice(run_s, turn_seconds(baseline.measurement.step_time_median_s))
+
+
 def run_price_s(wall_s: float, measurement: Measurement, settings: MeasureSettings) -> float:
     """What a confirmation run of a measured configuration will take: what it does, priced
     from the trial's phases: the process's start, the build, the first step, the warm-up,
@@ -86,6 +101,54 @@ def _measured(study: optuna.Study) -> list[TrialRecord]:
 
 
 @dataclass(frozen=True)
+class ConfirmationPrice:
+    """What the confirmation's rounds cost here: a fresh run of each configuration racing, every
+    round (`run_s` each); or, in warm paired turns (`turn_s` set: `search.warm`), each
+    configuration's process started once (about a fresh run), a turn each to settle, the turns
+    of the rounds, and a profiled turn of the two left. Rounds are counted as the confirmation
+    counts them: fresh ones, or warm ones (`WARM_ROUNDS_PER_ROUND` for each fresh round asked,
+    up to `WARM_MAX_ROUNDS`)."""
+
+    run_s: float
+    turn_s: float | None = None
+
+    @property
+    def warm(self) -> bool:
+        return self.turn_s is not None
+
+    def least_rounds(self, asked: int) -> int:
+        return asked * WARM_ROUNDS_PER_ROUND if self.warm else asked
+
+    def most_rounds(self, asked: int) -> int:
+        return WARM_MAX_ROUNDS if self.warm else asked
+
+    def seconds(self, candidates: int, rounds: int) -> float:
+        """`rounds` rounds of `candidates` configurations: the first of them all, then the
+        race's two (the best and the baseline)."""
+        if self.turn_s is None:
+            return (candidates + 2 * (rounds - 1)) * self.run_s
+        turns = 2 * candidates + 2 * (rounds - 1) + 2
+        return candidates * self.run_s + turns * self.turn_s
+
+    def rounds_in(self, seconds: float, candidates: int) -> int:
+        """The rounds `seconds` hold, the first always."""
+        room = seconds - self.seconds(candidates, 1)
+        return 1 + math.floor(max(0.0, room) / (2 * (self.turn_s or self.run_s)) + 1e-9)
+
+    def describe_rounds(self, rounds: int, candidates: int) -> str:
+        if self.warm:
+            return (f"{rounds} paired round{'s' if rounds != 1 else ''} of warm turns, after "
+                    f"{candidates} processes warm up")
+        return (f"{rounds} confirmation round{'s' if rounds != 1 else ''}, the first of "
+                f"{candidates} runs")
+
+    def describe(self) -> str:
+        if self.warm:
+            return f"a warm process takes about {format_seconds(self.run_s)} to start here"
+        return f"a confirmation run takes about {format_seconds(self.run_s)} here"
+
+
+@dataclass(frozen=True)
 class TimePlan:
     """Under a time budget: the search's end, and the confirmation rounds that fit after it."""
 
@@ -93,38 +156,36 @@ class TimePlan:
     search_ends_at: float       # time.monotonic() after which no search trial starts
     confirm_rounds: int         # at most this many rounds fit before the budget ends
     search_trials: int          # about this many search trials fit
+    price: ConfirmationPrice
 
     def describe(self, budget_s: float, candidates: int) -> str:
         return (f"a trial takes about {format_seconds(self.trial_s)} here: in the "
                 f"{format_seconds(budget_s)} budget, about {self.search_trials} more search "
-                f"trials, then up to {self.confirm_rounds} confirmation rounds (the first of "
-                f"{candidates} runs)")
+                f"trials, then up to "
+                f"{self.price.describe_rounds(self.confirm_rounds, candidates)}")
 
 
-def confirmation_seconds(candidates: int, run_s: float, rounds: int = MIN_ROUNDS) -> float:
-    """A confirmation of `rounds` rounds: the first of every candidate, then the race's two
-    (the best and the baseline)."""
-    return (candidates + 2 * (rounds - 1)) * run_s
-
-
-def plan_time(budget_s: float, started: float, now: float, trial_s: float, run_s: float,
-              candidates: int, share: float, max_rounds: int) -> TimePlan:
+def plan_time(budget_s: float, started: float, now: float, trial_s: float,
+              price: ConfirmationPrice, candidates: int, share: float,
+              max_rounds: int) -> TimePlan:
     """Leave the confirmation its share of the budget (at least the rounds an answer with an
     interval needs; none with no share: no confirmation), and the last search trial room to
     finish."""
     ends = started + budget_s
-    confirm_s = max(share * budget_s, confirmation_seconds(candidates, run_s)) if share else 0.0
-    room = min(confirm_s, ends - now) - candidates * run_s  # after the first round
-    rounds = max(1, min(max_rounds, 1 + math.floor(room / (2 * run_s))))
+    least_s = price.seconds(candidates, price.least_rounds(MIN_ROUNDS))
+    confirm_s = max(share * budget_s, least_s) if share else 0.0
+    rounds = min(price.most_rounds(max_rounds),
+                 price.rounds_in(min(confirm_s, ends - now), candidates))
     search_ends = ends - confirm_s - trial_s
     search_trials = max(0, math.floor((search_ends - now) / trial_s) + 1)
-    return TimePlan(trial_s, search_ends, rounds, search_trials)
+    return TimePlan(trial_s, search_ends, max(1, rounds), search_trials, price)
 
 
-def answer_budget_s(run_s: float, share: float) -> float:
+def answer_budget_s(price: ConfirmationPrice, share: float) -> float:
     """The least wall time a study needs for an answer with an interval: `MIN_ROUNDS` paired
-    rounds of one candidate and the baseline, within the confirmation's share."""
-    return confirmation_seconds(2, run_s) / share
+    rounds (their warm ones, in warm turns) of one candidate and the baseline, within the
+    confirmation's share."""
+    return price.seconds(2, price.least_rounds(MIN_ROUNDS)) / share
 
 
 @dataclass(frozen=True)
@@ -152,12 +213,11 @@ class BudgetGrowth:
         study holds the least rounds, to the minute."""
         return math.ceil(self.needed_s * (1 - self.share) / 60) * 60
 
-    def describe(self, run_s: float) -> str:
+    def describe(self, price: ConfirmationPrice) -> str:
         if not self.grew:
             return ""
-        said = (f"a confirmation run takes about {format_seconds(run_s)} here: the default "
-                f"budget grows from {format_seconds(self.default_s)} to "
-                f"{format_seconds(self.budget_s)}")
+        said = (f"{price.describe()}: the default budget grows from "
+                f"{format_seconds(self.default_s)} to {format_seconds(self.budget_s)}")
         if not self.short:
             return (f"{said}, so that the confirmation ({self.share:.0%} of the study at most) "
                     f"has room for {MIN_ROUNDS} paired rounds of the best and your settings, "
@@ -172,21 +232,23 @@ class BudgetGrowth:
         return f"{self.answering_timeout_s / 60:.0f}m"
 
 
-def grow_budget(default_s: float, run_s: float, share: float) -> BudgetGrowth:
+def grow_budget(default_s: float, price: ConfirmationPrice, share: float) -> BudgetGrowth:
     """The default budget, grown (to the minute, at most `MAX_GROWTH` times) where the
     confirmation's share of it cannot hold `MIN_ROUNDS` paired rounds."""
-    needed = answer_budget_s(run_s, share)
+    needed = answer_budget_s(price, share)
     budget = default_s if needed <= default_s else \
         min(math.ceil(needed / 60) * 60, MAX_GROWTH * default_s)
     return BudgetGrowth(default_s, needed, budget, share)
 
 
-def candidates_that_fit(budget_s: float, run_s: float, share: float, top: int) -> int:
+def candidates_that_fit(budget_s: float, price: ConfirmationPrice, share: float,
+                        top: int) -> int:
     """How many candidates besides the baseline the confirmation can take (at most `top`, at
     least one) so that its first round leaves room, within its share, for the race's rounds of
     the best and the baseline that an answer needs."""
-    runs = math.floor(share * budget_s / run_s)
-    return max(1, min(top, runs - 2 * (MIN_ROUNDS - 1) - 1))
+    least = price.least_rounds(MIN_ROUNDS)
+    return max([1] + [n for n in range(1, top + 1)
+                      if price.seconds(n + 1, least) <= share * budget_s + 1e-9])
 
 
 @dataclass(frozen=True)
@@ -199,6 +261,7 @@ class Forecast:
     confirm_s: float
     rounds: int
     candidates: int
+    price: ConfirmationPrice
 
     @property
     def seconds(self) -> float:
@@ -210,13 +273,13 @@ class Forecast:
         search = f"{trials} ({format_seconds(self.search_s)})" if self.search_s > 0 else \
             "the search done"
         return (f"about {format_seconds(self.seconds)} left: {search}, then about "
-                f"{self.rounds} confirmation "
-                f"round{'s' if self.rounds != 1 else ''}, the first of {self.candidates} runs "
+                f"{self.price.describe_rounds(self.rounds, self.candidates)} "
                 f"({format_seconds(self.confirm_s)})")
 
 
 def forecast(*, now: float, deadline: float, trials_left: int | None, trial_s: float,
-             run_s: float, workers: int, candidates: int, rounds: int, max_rounds: int,
+             price: ConfirmationPrice, workers: int, candidates: int, rounds: int,
+             max_rounds: int,
              share: float, searched_s: float, ends_by: float = math.inf) -> Forecast:
     """The rest of a run from now: the search until its trials are done or its deadline, then
     the confirmation: its least `rounds` always, more (to `max_rounds`) while they fit in
@@ -224,12 +287,12 @@ def forecast(*, now: float, deadline: float, trials_left: int | None, trial_s: f
     search_s = max(0.0, deadline - now)
     if trials_left is not None:
         search_s = min(search_s, math.ceil(trials_left / workers) * trial_s)
-    least_s = confirmation_seconds(candidates, run_s, rounds)
-    within_share = min(confirmation_seconds(candidates, run_s, max_rounds),
+    most = price.most_rounds(max_rounds)
+    least_s = price.seconds(candidates, price.least_rounds(rounds))
+    within_share = min(price.seconds(candidates, most),
                        (searched_s + search_s) * share / (1 - share))
     confirm_s = min(max(least_s, within_share), max(0.0, ends_by - now - search_s))
-    # after the first round, the race goes on with the best and the baseline
-    fit = 1 + math.floor(max(0.0, confirm_s - candidates * run_s) / (2 * run_s) + 1e-9)
-    # and before its first round, its claim settles (`search.confirm.should_confirm`)
+    fit = price.rounds_in(confirm_s, candidates)
+    # before its first round, its claim settles (`search.confirm.should_confirm`)
     return Forecast(search_s, trials_left, CLAIM_SETTLE_S + confirm_s if rounds else 0.0,
-                    min(max_rounds, fit) if rounds else 0, candidates)
+                    min(most, fit) if rounds else 0, candidates, price)

@@ -51,6 +51,7 @@ from autotune.search.warm import (
     WarmRounds,
     WarmStart,
     WarmUnavailable,
+    memory_holds,
     warm_or_why,
 )
 from autotune.search.worker import Measure
@@ -126,6 +127,7 @@ class Candidate:
     runs: list[Run | None] = field(default_factory=list)
     search_precision: float | None = None  # the search trial's median known within ±this
     search_peak_bytes: float | None = None  # its peak memory in the search (warm processes')
+    trace: str | None = None  # its profiler trace, where its warm process was asked for one
 
     @property
     def ok(self) -> bool:
@@ -217,6 +219,14 @@ def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measur
     finally:
         if turns is not None:
             turns.close()
+
+
+def warm_expected(warm: WarmStart | None, scoring: Scoring, max_rounds: int,
+                  peaks: Sequence[float | None]) -> bool:
+    """Whether the confirmation will take warm turns (`_warm_rounds`), as far as it is known
+    before it starts: a warm process may still fail to start."""
+    return max_rounds > WARM_WORTH_ROUNDS and not scoring.train_steps and warm is not None \
+        and memory_holds(peaks, warm.capacity)
 
 
 def _warm_rounds(entries: Sequence[Candidate], scoring: Scoring, warm: WarmStart | None,
@@ -312,10 +322,24 @@ def _race(study: optuna.Study, entries: list[Candidate], scoring: Scoring, measu
             racers = f"{len(racing)} configuration{'s' if len(racing) != 1 else ''}"
             view.time_left(f"confirmation round {len(reference.runs)} done, {racers} racing: at "
                            f"most about {format_seconds(left_s)} more")
+    if turns is not None:
+        _warm_traces(entries, racing, turns, directory, view)
     result = conclusion(entries, reference, wall_s=time.monotonic() - start, target=plan.target,
                         disturbed_rounds=kept_disturbed, measured=measured)
     study.set_user_attr(StudyKey.CONFIRMATION, result.to_json())
     return result
+
+
+def _warm_traces(entries: Sequence[Candidate], racing: Sequence[int], turns: WarmRounds,
+                 directory: Path, view: StudyView) -> None:
+    """Each racing candidate's profiler trace, from its warm process after the last turn: a
+    fresh round's first run leaves one for the report and `best-trace.json`; turns do not."""
+    for i in racing:
+        try:
+            entries[i].trace = turns.trace(i, directory / "traces" / f"candidate-{i}.json")
+        except WarmUnavailable as exc:
+            view.note(f"no profiler trace of candidate {i + 1}: {exc}")
+            return
 
 
 def _eliminated(entries: Sequence[Candidate], racing: Sequence[int],
@@ -477,7 +501,7 @@ def _summary(entry: Candidate, reference: Candidate) -> CandidateSummary:
         search_samples_per_sec=entry.search_samples_per_sec,
         speedup=ratio.value if ratio else 1.0,
         speedup_ci=(ratio.low, ratio.high) if ratio and ratio.low is not None else None,
-        trace=next((r.trace for r in entry.runs if r and r.trace), None))
+        trace=entry.trace or next((r.trace for r in entry.runs if r and r.trace), None))
 
 
 def drift(reference: Candidate) -> Drift | None:

@@ -26,22 +26,23 @@ from autotune.hardware import DeviceInfo, core_shares, describe, parse_device
 from autotune.options import DEFAULT_TIME_BUDGET_S, TuneOptions
 from autotune.search.budget import (
     BudgetGrowth,
+    ConfirmationPrice,
     Forecast,
     candidates_that_fit,
+    confirmation_price,
     forecast,
     grow_budget,
     plan_time,
-    round_run_seconds,
     search_trial_seconds,
     trial_seconds,
 )
-from autotune.search.confirm import Plan, confirm, should_confirm
+from autotune.search.confirm import Plan, confirm, should_confirm, warm_expected
 from autotune.search.events import SilentView, StudyView
 from autotune.search.heartbeat import recover_orphans, tuner_name
 from autotune.search.opening import StudyOpener
 from autotune.search.outcome import Scoring
 from autotune.search.runner import ProcessRunner, Runner
-from autotune.search.warm import warm_start
+from autotune.search.warm import WarmStart, warm_start
 from autotune.search.worker import Search, measured_trials, run_workers
 from autotune.study.records import Role, StudyKey, TrialKey
 from autotune.study.results import study_summary
@@ -142,28 +143,28 @@ class Tuner:
         search = self._search()
         run_workers(search, self.devices, 1, min(deadline, self._budget_ends()))
         trial_s = trial_seconds(study)
-        run_s = round_run_seconds(study, opts.settings) or trial_s
         top = opts.confirm_top
         deadline = finish_by = min(deadline, self._budget_ends())
         study.set_user_attr(StudyKey.SHORT_BUDGET, None)
         if trial_s and self.time_budget_s:
-            growth = self._plan_an_answer(run_s) if opts.confirm_repeats >= 1 else None
+            price = self._price(trial_s)
+            growth = self._plan_an_answer(price) if opts.confirm_repeats >= 1 else None
             if growth is not None:
-                top = candidates_that_fit(self.time_budget_s, run_s, opts.confirm_share,
+                top = candidates_that_fit(self.time_budget_s, price, opts.confirm_share,
                                           opts.confirm_top)
             candidates = min(top, max(1, measured_trials(study))) + 1
             plan = plan_time(self.time_budget_s, self.started, time.monotonic(), trial_s,
-                             run_s, candidates, opts.confirm_share if opts.confirm_repeats
+                             price, candidates, opts.confirm_share if opts.confirm_repeats
                              else 0.0, opts.confirm_max_rounds)
             self.view.note(announcement(self._budget_ends(), plan.describe(
-                self.time_budget_s, candidates), growth.describe(run_s) if growth else ""))
+                self.time_budget_s, candidates), growth.describe(price) if growth else ""))
             finish_by, deadline = plan.search_ends_at + plan.trial_s, plan.search_ends_at
 
         def tell_time_left() -> None:
             trial_s = search_trial_seconds(study, screening=not opts.plain_tpe)
             if trial_s:
-                run_s = round_run_seconds(study, opts.settings) or trial_s
-                self.view.time_left(self._forecast(trial_s, run_s, deadline, top).describe())
+                self.view.time_left(self._forecast(trial_s, self._price(trial_s), deadline,
+                                                   top).describe())
 
         search.after_trial = tell_time_left
         if not (trial_s and self.time_budget_s):  # else the announcement has just said it
@@ -196,12 +197,27 @@ class Tuner:
             fast_corner=opts.fast_corner_first, loader_rates=self._planned_loader_rates(),
             state_bytes=lambda: self.probe.state_bytes, stop=self.stop)
 
-    def _plan_an_answer(self, run_s: float) -> BudgetGrowth:
+    def _price(self, fallback_s: float) -> ConfirmationPrice:
+        """What confirming costs: in warm turns where the confirmation will take them (memory
+        for the most candidates at the baseline's peak each)."""
+        opts, warm = self.options, self._warm_start()
+
+        def holds(peak: float | None) -> bool:
+            return warm_expected(warm, self.scoring, opts.confirm_max_rounds,
+                                 [peak] * (opts.confirm_top + 1))
+
+        return confirmation_price(self.study, opts.settings, fallback_s, holds)
+
+    def _warm_start(self) -> WarmStart | None:
+        return warm_start(self.runner, str(self.device), self.options.trial_time_limit_s) \
+            if isinstance(self.runner, ProcessRunner) else None
+
+    def _plan_an_answer(self, price: ConfirmationPrice) -> BudgetGrowth:
         """Under the default time budget: grow it (at most `MAX_GROWTH` times) where runs are
         so slow that the confirmation's share could not hold an answer with an interval; where
         even that is short, the study remembers what an answer needs, for its verdict."""
         opts = self.options
-        growth = grow_budget(self.time_budget_s, run_s, opts.confirm_share)
+        growth = grow_budget(self.time_budget_s, price, opts.confirm_share)
         self.time_budget_s = growth.budget_s
         if growth.short:
             self.study.set_user_attr(StudyKey.SHORT_BUDGET, {
@@ -221,23 +237,23 @@ class Tuner:
                     target=opts.confirm_target,
                     ends_by=time.monotonic() + self._searched_s() * share / (1 - share),
                     budget_ends=budget_ends if math.isfinite(budget_ends) else None)
-        warm = warm_start(self.runner, str(self.device), opts.trial_time_limit_s) \
-            if isinstance(self.runner, ProcessRunner) else None
         confirmation = confirm(study, self.baseline, self.scoring, self.runner.measure,
                                self.view, plan, time_limit_s=opts.trial_time_limit_s,
-                               device=str(self.device), directory=self.directory, warm=warm)
+                               device=str(self.device), directory=self.directory,
+                               warm=self._warm_start())
         if confirmation and confirmation.winner and confirmation.winner.trace and \
                 Path(confirmation.winner.trace).is_file():
             shutil.copyfile(confirmation.winner.trace, self.directory / "best-trace.json")
 
-    def _forecast(self, trial_s: float, run_s: float, deadline: float, top: int) -> Forecast:
+    def _forecast(self, trial_s: float, price: ConfirmationPrice, deadline: float,
+                  top: int) -> Forecast:
         """What is left of this run, as planned now."""
         opts, study = self.options, self.study
         measured, now = measured_trials(study), time.monotonic()
         return forecast(
             now=now, deadline=deadline,
             trials_left=max(0, opts.trials - measured) if opts.trials else None,
-            trial_s=trial_s, run_s=run_s, workers=len(self.devices),
+            trial_s=trial_s, price=price, workers=len(self.devices),
             candidates=min(top, max(1, measured)) + 1,
             rounds=opts.confirm_repeats, max_rounds=opts.confirm_max_rounds,
             share=opts.confirm_share, ends_by=self._budget_ends(), searched_s=self._searched_s())

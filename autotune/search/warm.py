@@ -53,6 +53,11 @@ class WarmUnavailable(RunFailed):
     """A warm process did not start or stopped answering: fresh rounds instead."""
 
 
+def turn_seconds(step_s: float | None) -> float:
+    """What one turn takes: `TURN_STEPS` steps of `step_s`, at least `TURN_SECONDS`."""
+    return max(TURN_SECONDS, TURN_STEPS * (step_s or 0.0))
+
+
 def memory_holds(peaks: Sequence[float | None], capacity: int | None) -> bool:
     """Whether a device of `capacity` bytes holds a warm process of each peak at once: every
     peak known, and their sum within `MEMORY_HEADROOM` of it."""
@@ -104,6 +109,15 @@ class _WarmProcess:
         if "error" in answer:
             raise WarmUnavailable(f"{answer['error']} (log: {self.log})")
         return WarmTurn.from_json(answer)
+
+    def trace(self, path: Path, time_limit_s: float) -> str:
+        """A profiler trace of a few of its steps, written to `path`."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._send({"trace": str(path)})
+        answer = self._answer(time_limit_s)
+        if "error" in answer:
+            raise WarmUnavailable(f"{answer['error']} (log: {self.log})")
+        return answer["trace"]
 
     def _send(self, message: object) -> None:
         try:
@@ -161,6 +175,11 @@ class WarmRounds:
         return Run(status=TrialStatus.OK.value, samples_per_sec=turn.samples_per_sec,
                    objective=turn.samples_per_sec, peak_memory_bytes=turn.peak_memory_bytes,
                    disturbed=turn.disturbed)
+
+    def trace(self, index: int, path: Path) -> str:
+        """Configuration i's profiler trace, written to `path` (a fresh round's first run
+        leaves one; a turn does not)."""
+        return self.processes[index].trace(path, self.time_limit_s)
 
     def close(self) -> None:
         for process in self.processes:

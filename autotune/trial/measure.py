@@ -348,6 +348,15 @@ def timed_turn(setup: TrainingSetup, batches: Iterator[Any], settings: MeasureSe
                     disturbed=window.contention.disturbed, loss_finite=window.loss_finite)
 
 
+def traced_turn(setup: TrainingSetup, batches: Iterator[Any], steps: int,
+                trace_path: str) -> None:
+    """`steps` optimizer steps under the profiler, their trace written to `trace_path`: what a
+    trial's profiler window leaves for the report, asked of a warm process after its turns."""
+    profiled = prefetched(setup, batches, steps)
+    profile_steps(lambda: setup.step(profiled), steps, setup.device, trace_path=trace_path,
+                  with_stack=python_stacks(setup))
+
+
 class _Timing(NamedTuple):
     kept: _Window
     remeasured: int

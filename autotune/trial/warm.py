@@ -6,8 +6,10 @@ Started by name by `autotune.search.warm` (`python -c "from autotune.trial.warm 
 warm_main; warm_main()" REQUEST`), with the same `TrialRequest` a trial gets. It builds the
 set-up, warms up until steady and says so on its answer channel: one JSON line
 `{"ready": true}` (or `{"error": ...}`). Then each line `{"steps": N, "seconds": S}` on stdin
-is answered with one `WarmTurn` line (at least N optimizer steps and S seconds), until `stop`,
-the end of stdin, or the tuner that started it is gone. The answer channel
+is answered with one `WarmTurn` line (at least N optimizer steps and S seconds), and each line
+`{"trace": PATH}` with `{"trace": PATH}` once the profiler's trace of a few steps is written
+there (what a fresh run's profiler window leaves for the report), until `stop`, the end of
+stdin, or the tuner that started it is gone. The answer channel
 is the process's original stdout; whatever the model file prints goes to stderr (the log).
 """
 
@@ -47,7 +49,7 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str]) -> None:
     import torch
 
     from autotune.options import MeasureSettings
-    from autotune.trial.measure import build_setup, timed_turn, warm_up
+    from autotune.trial.measure import build_setup, timed_turn, traced_turn, warm_up
     from autotune.trial.workload import load_workload
 
     if request.inductor_cache_dir:
@@ -73,6 +75,10 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str]) -> None:
         command = json.loads(line)
         if command == STOP:
             return
+        if "trace" in command:
+            traced_turn(setup, batches, max(1, settings.profile_steps), command["trace"])
+            _say(answers, {"trace": command["trace"]})
+            continue
         turn = timed_turn(setup, batches, settings, int(command["steps"]),
                           float(command["seconds"]))
         _say(answers, turn.to_json())

@@ -33,6 +33,9 @@ def test_a_study_confirms_in_warm_paired_turns_with_more_rounds_than_three(tmp_p
     summary = json.loads(done.stdout)
     assert summary["confirmation_measured"] == WARM_TURNS
     assert summary["confirmation_repeats"] == confirmation.rounds
+    # a turn leaves no trace: the winner's warm process was asked for one after the last turn
+    trace = json.loads((tmp_path / "many_small_params" / "best-trace.json").read_text())
+    assert any(e.get("name", "").startswith("ProfilerStep") for e in trace["traceEvents"])
     logs = tmp_path / "many_small_params" / "logs"
     assert sorted(p.name for p in logs.glob("confirm-warm-*.log")) == \
         ["confirm-warm-0.log", "confirm-warm-1.log"]

@@ -10,8 +10,10 @@ import pytest
 from autotune.options import MeasureSettings
 from autotune.search.budget import (
     MAX_GROWTH,
+    ConfirmationPrice,
     answer_budget_s,
     candidates_that_fit,
+    confirmation_price,
     forecast,
     grow_budget,
     plan_time,
@@ -30,9 +32,10 @@ def test_a_slow_model_grows_the_budget_to_hold_an_answer_and_still_searches() ->
     confirmation run (a short window, no screening). Three paired rounds of the best and the
     baseline (450 s) within the confirmation's 30% need a 1500 s study, not 600 s; then one
     candidate besides the baseline fits, and search trials run before the confirmation."""
-    assert answer_budget_s(75, 0.3) == pytest.approx(1500)
-    assert candidates_that_fit(1500, 75, 0.3, 3) == 1
-    plan = plan_time(1500, started=0, now=230, trial_s=112, run_s=75, candidates=2,
+    assert answer_budget_s(ConfirmationPrice(75), 0.3) == pytest.approx(1500)
+    assert candidates_that_fit(1500, ConfirmationPrice(75), 0.3, 3) == 1
+    plan = plan_time(1500, started=0, now=230, trial_s=112,
+                     price=ConfirmationPrice(75), candidates=2,
                      share=0.3, max_rounds=10)
     assert plan.confirm_rounds == 3
     assert plan.search_trials == 7
@@ -43,41 +46,44 @@ def test_the_default_budget_grows_at_most_three_times_and_says_what_an_answer_ne
     """The issue's run: a confirmation run priced at 4.1 min needs an 82 min study for three
     paired rounds within 30%; the 10 min default grows to 30 min, no more, and says once that
     the interval may stay unknown and which --timeout would answer it."""
-    growth = grow_budget(600, 246, 0.3)
+    growth = grow_budget(600, ConfirmationPrice(246), 0.3)
     assert growth.needed_s == pytest.approx(4920)
     assert growth.budget_s == MAX_GROWTH * 600 == 1800
     assert growth.grew and growth.short
     # the search's share of the 82 min an answer needs, to the minute: 57.4 -> 58 min
     assert growth.answering_timeout_flag == "58m"
-    said = growth.describe(246)
+    said = growth.describe(ConfirmationPrice(246))
     assert "grows from 10.0 min to 30.0 min (3x, the most it grows)" in said
     assert "--timeout 58m, the search's time before the confirmation, would answer it" in said
     # README command 1 on a quiet machine: 68 s runs need 23 min, within the cap
-    quiet = grow_budget(600, 68.41, 0.3)
+    quiet = grow_budget(600, ConfirmationPrice(68.41), 0.3)
     assert quiet.budget_s == 23 * 60 and quiet.grew and not quiet.short
-    assert "room for 3 paired rounds" in quiet.describe(68.41)
+    assert "room for 3 paired rounds" in quiet.describe(ConfirmationPrice(68.41))
     # a fast model keeps the default, and there is nothing to say
-    fast = grow_budget(600, 5, 0.3)
-    assert fast.budget_s == 600 and not fast.grew and fast.describe(5) == ""
+    fast = grow_budget(600, ConfirmationPrice(5), 0.3)
+    assert fast.budget_s == 600 and not fast.grew and fast.describe(ConfirmationPrice(5)) == ""
 
 
 def test_with_time_to_spare_the_confirmation_gets_its_share() -> None:
-    plan = plan_time(600, started=0, now=20, trial_s=10, run_s=6, candidates=4, share=0.3,
+    plan = plan_time(600, started=0, now=20, trial_s=10,
+                     price=ConfirmationPrice(6), candidates=4, share=0.3,
                      max_rounds=10)
     assert plan.search_ends_at == 600 - 180 - 10
     assert plan.confirm_rounds == 10  # a first round of 4 runs, then pairs, to the cap
     assert plan.search_trials == 40  # starting at 20, 30, ... 410 s
-    assert candidates_that_fit(600, 6, 0.3, 3) == 3
+    assert candidates_that_fit(600, ConfirmationPrice(6), 0.3, 3) == 3
 
 
 def test_when_not_even_one_trial_fits_no_search_trial_is_planned() -> None:
-    plan = plan_time(600, started=0, now=500, trial_s=94, run_s=60, candidates=2, share=0.3,
+    plan = plan_time(600, started=0, now=500, trial_s=94,
+                     price=ConfirmationPrice(60), candidates=2, share=0.3,
                      max_rounds=10)
     assert plan.search_trials == 0 and plan.confirm_rounds == 1
 
 
 def test_the_time_left_counts_the_search_and_the_confirmation_within_its_share() -> None:
-    left = forecast(now=100, deadline=float("inf"), trials_left=4, trial_s=10, run_s=10,
+    left = forecast(now=100, deadline=float("inf"), trials_left=4, trial_s=10,
+                   price=ConfirmationPrice(10),
                     workers=1, candidates=3, rounds=3, max_rounds=10, share=0.3,
                     searched_s=100)
     assert left.search_s == 40
@@ -88,18 +94,20 @@ def test_the_time_left_counts_the_search_and_the_confirmation_within_its_share()
     assert left.rounds == 3
     assert left.describe() == ("about 111.00 s left: 4 more search trials (40.00 s), then "
                                "about 3 confirmation rounds, the first of 3 runs (71.00 s)")
-    longer = forecast(now=100, deadline=float("inf"), trials_left=4, trial_s=10, run_s=10,
+    longer = forecast(now=100, deadline=float("inf"), trials_left=4, trial_s=10,
+                     price=ConfirmationPrice(10),
                       workers=1, candidates=3, rounds=3, max_rounds=10, share=0.3,
                       searched_s=400)
     # the share of a 440 s search (about 189 s) holds more rounds, up to the cap of 10
     assert longer.confirm_s == pytest.approx(440 * 0.3 / 0.7 + 1) and longer.rounds == 8
-    by_time = forecast(now=100, deadline=130, trials_left=None, trial_s=10, run_s=5,
+    by_time = forecast(now=100, deadline=130, trials_left=None, trial_s=10,
+                      price=ConfirmationPrice(5),
                        workers=1, candidates=2, rounds=3, max_rounds=3, share=0.3,
                        searched_s=100, ends_by=150)
     assert by_time.search_s == 30 and by_time.confirm_s == 21
-    assert forecast(now=100, deadline=100, trials_left=0, trial_s=10, run_s=5, workers=1,
-                    candidates=2, rounds=3, max_rounds=3, share=0.3,
-                    searched_s=100).describe().startswith(
+    assert forecast(now=100, deadline=100, trials_left=0, trial_s=10,
+                    price=ConfirmationPrice(5), workers=1, candidates=2, rounds=3,
+                    max_rounds=3, share=0.3, searched_s=100).describe().startswith(
         "about 31.00 s left: the search done, then about 3 confirmation rounds")
 
 
@@ -172,3 +180,60 @@ def test_a_search_trial_is_priced_between_a_full_and_a_screened_one(tmp_path) ->
     told("ok", 10.0)
     # 2 of 3 search trials screened: (2 + 1) / (3 + 2) of them at 3 s, the rest at 10 s
     assert search_trial_seconds(study, screening=True) == pytest.approx(0.6 * 3 + 0.4 * 10)
+
+
+def test_warm_turns_price_the_confirmation_at_the_processes_start_not_at_fresh_rounds() -> None:
+    """README command 1 on the quiet machine: a confirmation run of 52.9 s. Priced as fresh
+    rounds, three of the best and the baseline need an 18 min study, and the default grew to
+    it; the confirmation took warm turns (two processes warmed up, then half-second turns), so
+    its least 12 warm rounds cost two starts and a few seconds, and the 10 min default holds
+    them, with two candidates besides the baseline."""
+    fresh, warm = ConfirmationPrice(52.86), ConfirmationPrice(52.86, turn_s=0.5)
+    assert grow_budget(600, fresh, 0.3).budget_s == 18 * 60
+    assert warm.least_rounds(3) == 12 and warm.most_rounds(10) == 400
+    # two starts, a settling turn each, 12 rounds (the first of both), a profiled turn each
+    assert warm.seconds(2, 12) == pytest.approx(2 * 52.86 + (2 + 2 + 2 * 11 + 2) * 0.5)
+    kept = grow_budget(600, warm, 0.3)
+    assert not kept.grew and kept.describe(warm) == ""
+    assert candidates_that_fit(600, warm, 0.3, 3) == 2
+    plan = plan_time(600, started=0, now=126, trial_s=93.7, price=warm, candidates=3,
+                     share=0.3, max_rounds=10)
+    # the share's 180 s: three starts (158.6 s), a settling and a first turn each and the two
+    # profiled turns (4 s) leave 17.4 s for 17 more rounds of the two
+    assert plan.confirm_rounds == 18
+    assert plan.describe(600, 3).endswith(
+        "then up to 18 paired rounds of warm turns, after 3 processes warm up")
+    left = forecast(now=100, deadline=float("inf"), trials_left=0, trial_s=10, price=warm,
+                    workers=1, candidates=2, rounds=3, max_rounds=10, share=0.3,
+                    searched_s=2000)
+    # the share of 2000 s (857 s) would hold more than the warm cap of 400 rounds (508 s)
+    assert left.rounds == 400
+    assert left.confirm_s == pytest.approx(CLAIM_SETTLE_S + warm.seconds(2, 400))
+    assert "about 400 paired rounds of warm turns, after 2 processes warm up" in left.describe()
+
+
+def test_the_confirmation_is_priced_in_warm_turns_only_where_memory_holds_them(tmp_path) -> None:
+    """The baseline's peak decides: where the warm processes' memory holds it, warm turns of its
+    step time (half a second at least); else fresh runs."""
+    study = optuna.create_study(storage=open_storage(None, tmp_path), study_name="s")
+    trial = study.ask()
+    figures = Measurement(samples_per_sec=1.0, window_s=6.0, step_time_median_s=2.0,
+                          peak_memory_bytes=3 * 2**30)
+    for key, value in {TrialKey.STATUS: "ok", TrialKey.ROLE: "baseline", TrialKey.WALL_S: 20.0,
+                       TrialKey.MEASUREMENT: figures.to_json()}.items():
+        trial.set_user_attr(key, value)
+    study.tell(trial, 1.0)
+    seen: list[float | None] = []
+
+    def holds_up_to(limit: float):
+        def holds(peak: float | None) -> bool:
+            seen.append(peak)
+            return peak is not None and peak <= limit
+        return holds
+
+    roomy = confirmation_price(study, MeasureSettings(), 99.0, holds_up_to(4 * 2**30))
+    assert roomy.warm and roomy.turn_s == 2.0 and seen == [3 * 2**30]
+    # its wall less its window and screening, and a round's window of 3 steps
+    assert roomy.run_s == pytest.approx(20.0 - 6.0 - 3 * 2.0 + 3 * 2.0)
+    tight = confirmation_price(study, MeasureSettings(), 99.0, holds_up_to(2 * 2**30))
+    assert not tight.warm and tight.run_s == roomy.run_s

@@ -8,6 +8,7 @@ import itertools
 import math
 import random
 import statistics
+from pathlib import Path
 
 import optuna
 
@@ -116,10 +117,18 @@ class _Turns:
     def __init__(self, configs: list[TrainConfig]) -> None:
         self.configs, self.closed = configs, False
         self.noise = itertools.cycle([1.0, 1.01, 0.99, 1.02, 0.98, 1.005])
+        self.traced: list[TrainConfig] = []
 
     def turn(self, index: int) -> Run:
         rate = (150.0 if self.configs[index] == FAST else 100.0) * next(self.noise)
         return Run("ok", samples_per_sec=rate, objective=rate)
+
+    def trace(self, index: int, path) -> str:
+        assert not self.closed
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}")
+        self.traced.append(self.configs[index])
+        return str(path)
 
     def close(self) -> None:
         self.closed = True
@@ -169,11 +178,14 @@ def test_memory_too_small_for_two_warm_processes_keeps_fresh_rounds(tmp_path) ->
 
 
 def test_where_memory_holds_them_the_confirmation_takes_warm_turns(tmp_path) -> None:
-    """Room for both: no fresh run at all, four times the least rounds, the processes closed,
-    and the verdict says the rounds were warm turns."""
+    """Room for both: no fresh run at all, four times the least rounds, the processes closed
+    after each left its profiler trace for the report, and the verdict says the rounds were
+    warm turns."""
     fresh, started, study = _confirm(tmp_path, peak=1 * GIB, capacity=8 * GIB)
     result = stored_confirmation(study.user_attrs["confirmation"])
     assert not fresh and len(started) == 1 and started[0].closed
+    assert sorted(c.optimizer_impl for c in started[0].traced) == ["for_loop", "fused"]
+    assert Path(result.winner.trace).is_file()
     assert result.measured == WARM_TURNS and result.rounds >= 12
     assert result.winner.config == FAST and result.speedup_ci[0] > 1.4
     assert f"{result.rounds} paired rounds of warm turns" in confirmed_verdict(result, BASE)
