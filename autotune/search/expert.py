@@ -74,19 +74,23 @@ def one_change_order(baseline: TrainConfig, corner: TrainConfig) -> list[str]:
 
 def next_expert_trial(records: Sequence[TrialRecord],
                       space: SearchSpace) -> ExpertTrial | None:
-    """The next trial to queue after a fast corner that did not win clearly: each of its
-    changes alone from the baseline, in `one_change_order` (one queued per call, each
-    once), then, once every one has settled, those that won clearly alone together (when
-    two or more did). None while the baseline or a corner is due or under way, when the
-    corner won clearly or changed one knob only, and once all this is done."""
+    """The next trial to queue after the fast corner, one per call, each once: where it did
+    not win clearly, each of its changes alone from the baseline, in `one_change_order`,
+    then, once every one has settled, those that won clearly alone together (when two or
+    more did); where it won clearly, the corner with each change taken back in turn, then the
+    corner without all those whose taking back won clearly (`_taken_back`). None while the
+    baseline or a corner is due or under way, when the corner changed one knob only, and
+    once all this is done."""
     baseline, corner = _baseline_and_corner(records)
-    if baseline is None or corner is None or clearly_faster(corner, baseline):
+    if baseline is None or corner is None:
         return None
     # The corner as the space builds it: what the DataLoader plan changed is not its own.
     bundle = space.fast_corner(corner.config.micro_batch_size)
     knobs = one_change_order(space.baseline, bundle)
     if len(knobs) < 2:
         return None  # the corner was itself the one change
+    if clearly_faster(corner, baseline):
+        return _taken_back(records, space, bundle, corner, knobs)
     singles = [r for r in records if r.role == Role.ONE_CHANGE]
     queued = {r.changed for r in singles}
     for knob in knobs:
@@ -104,6 +108,31 @@ def next_expert_trial(records: Sequence[TrialRecord],
         return None
     params = _params(space, {k: getattr(bundle, k) for k in winners})
     return ExpertTrial(params, Role.WINNERS, winners) if params is not None else None
+
+
+def _taken_back(records: Sequence[TrialRecord], space: SearchSpace, bundle: TrainConfig,
+                corner: TrialRecord, knobs: Sequence[str]) -> ExpertTrial | None:
+    """After a corner that won clearly: the corner with each of its changes undone in turn
+    (`changed` names the knob taken back), then the corner without every change whose
+    undoing made it clearly faster, when two or more did (`changed`: the changes kept)."""
+    backs = [r for r in records if r.role == Role.TAKEN_BACK]
+    queued = {r.changed for r in backs}
+    kept = {k: getattr(bundle, k) for k in knobs}
+    for knob in knobs:
+        if (knob,) in queued:
+            continue
+        params = _params(space, {k: v for k, v in kept.items() if k != knob})
+        if params is not None:
+            return ExpertTrial(params, Role.TAKEN_BACK, (knob,))
+    if any(r.under_way for r in backs) or any(r.role == Role.WINNERS for r in records):
+        return None
+    losers = {k for k in knobs if any(r.changed == (k,) and clearly_faster(r, corner)
+                                      for r in backs)}
+    if len(losers) < 2:
+        return None
+    params = _params(space, {k: v for k, v in kept.items() if k not in losers})
+    return ExpertTrial(params, Role.WINNERS, tuple(k for k in knobs if k not in losers)) \
+        if params is not None else None
 
 
 def kept_at_baseline(records: Sequence[TrialRecord], space: SearchSpace) -> dict[str, Any]:

@@ -48,7 +48,8 @@ class Role:
     BASELINE = "baseline"        # the model file's BASELINE, always first
     FAST_CORNER = "fast-corner"  # the configuration an expert tries first
     ONE_CHANGE = "one-change"    # one of the fast corner's changes alone (`search/expert`)
-    WINNERS = "winners"          # the changes that won alone, together (`search/expert`)
+    TAKEN_BACK = "taken-back"    # a winning fast corner with one of its changes undone
+    WINNERS = "winners"          # the changes that won alone (or kept), together
     SEARCH = "search"            # proposed by the sampler
 
 

@@ -124,10 +124,17 @@ class ScriptAnswer:
         return out
 
     def keyword_lines(self) -> list[str]:
-        """`Where(name=value, ...)`, one line per place in the code that changes."""
+        """`Where(name=value, ...)`, one line per place in the code that changes; a place
+        that is an assignment, `target = call`, wraps its target:
+        `model.forward = torch.compile(model.forward, mode=None)`."""
         named = {"TrainingArguments": self.arguments_class}
-        return [f"{named.get(where, where)}({', '.join(f'{k}={v!r}' for k, v in values.items())})"
-                for where, values in self.changes.items()]
+        lines = []
+        for where, values in self.changes.items():
+            arguments = [f"{k}={v!r}" for k, v in values.items()]
+            target, assigned, _ = where.partition(" = ")
+            lines.append(f"{where}({', '.join([target, *arguments])})" if assigned else
+                         f"{named.get(where, where)}({', '.join(arguments)})")
+        return lines
 
     def lines(self) -> list[str]:
         """The answer as the user applies it: the flags to add to the command line, or the

@@ -1,13 +1,15 @@
 """What an expert queues after a fast corner that did not win clearly: each of its changes
 alone from the baseline, cheapest and likeliest first, then the winners together; and a knob
-whose every value lost alone is kept at the baseline's value."""
+whose every value lost alone is kept at the baseline's value. After one that won clearly: each
+change taken back from it, then the corner without those that lost in it."""
 
 from __future__ import annotations
+
+from optuna.trial import FixedTrial
 
 from autotune.config import TrainConfig
 from autotune.hardware import DeviceInfo
 from autotune.search.expert import (
-    MIN_CLEAR_MARGIN,
     clearly_faster,
     kept_at_baseline,
     next_expert_trial,
@@ -66,8 +68,37 @@ def test_the_corners_changes_are_ordered_cheap_and_likely_first_compile_last() -
     assert one_change_order(BASELINE, BASELINE) == []
 
 
-def test_a_corner_that_wins_clearly_is_not_split() -> None:
-    assert next_expert_trial(started(corner=100 * (1 + MIN_CLEAR_MARGIN) + 1), SPACE) is None
+def _take_back(trials: list[TrialRecord], rates: dict[str, float]) -> list[str]:
+    """Queue and 'measure' the corner with each change taken back until none is queued."""
+    order = []
+    while (queued := next_expert_trial(trials, SPACE)) and queued.role == Role.TAKEN_BACK:
+        (knob,) = queued.changed
+        back = {k: getattr(CORNER, k) for k in ("optimizer_impl", "precision",
+                                                "micro_batch_size") if k != knob}
+        assert SPACE.suggest(FixedTrial(queued.params)) == SPACE.with_changes(back)
+        trials.append(record(len(trials), None, rates[knob], Role.TAKEN_BACK, queued.changed))
+        order.append(knob)
+    return order
+
+
+def test_a_corner_that_wins_clearly_has_each_change_taken_back_then_its_losers_left_out() -> None:
+    """The corner (fused AdamW, bf16, micro-batches of 1024) at 300 against the baseline's 100:
+    each change is taken back from it in turn, in the same order. Without fused AdamW it runs
+    at 250 and without the micro-batch at 110 (they carry it), without bf16 at 400: one loser
+    alone, which its own trial already measured. Where bf16 and fused AdamW both lose in it,
+    the corner without both follows."""
+    trials = started(corner=300.0)
+    rates = {"optimizer_impl": 250.0, "precision": 400.0, "micro_batch_size": 110.0}
+    assert _take_back(trials, rates) == ["optimizer_impl", "precision", "micro_batch_size"]
+    assert next_expert_trial(trials, SPACE) is None
+    trials = started(corner=300.0)
+    _take_back(trials, {**rates, "optimizer_impl": 350.0})
+    together = next_expert_trial(trials, SPACE)
+    assert (together.role, together.changed) == (Role.WINNERS, ("micro_batch_size",))
+    assert SPACE.suggest(FixedTrial(together.params)) == \
+        SPACE.with_changes({"micro_batch_size": 1024})
+    trials.append(record(len(trials), None, 420.0, Role.WINNERS, together.changed))
+    assert next_expert_trial(trials, SPACE) is None
 
 
 def test_nothing_is_queued_before_the_baseline_and_corner_have_run() -> None:

@@ -22,6 +22,9 @@ TRAINER_PRECISION = {"fp32": "32-true", "tf32": "32-true", "bf16": "bf16-mixed",
 ATTRIBUTE_KNOBS = {"batch_size": "micro_batch_size", "num_workers": "num_workers",
                    "prefetch_factor": "prefetch_factor", "pin_memory": "pin_memory",
                    "persistent_workers": "persistent_workers"}
+# How a trial compiles a LightningModule, and the line the answer gives: its forward, not the
+# module (compiling the module compiles training_step too, where `self.log` fails dynamo).
+COMPILED_FORWARD = "model.forward = torch.compile"
 # What is learnt, and applied, only once fit() has started: the attributes, compile (the model
 # fit() is given), the optimizer (configure_optimizers()); every other knob is the Trainer's.
 # What a DataLoader with workers prefetches when the script does not say.
@@ -87,8 +90,8 @@ def settings(config: TrainConfig, baseline: ScriptBaseline) -> Settings:
         out["torch.set_float32_matmul_precision"] = {
             "precision": "high" if config.precision == "tf32" else "highest"}
     if config.compile_mode != "none" and "compile_mode" not in baseline.fixed:
-        out["torch.compile"] = {"mode": None if config.compile_mode == "default"
-                                else config.compile_mode}
+        out[COMPILED_FORWARD] = {"mode": None if config.compile_mode == "default"
+                                 else config.compile_mode}
     if config.optimizer == "adamw" and "optimizer_impl" not in baseline.fixed:
         out["torch.optim.AdamW"] = {"foreach": config.optimizer_impl == "foreach",
                                     "fused": config.optimizer_impl == "fused"}

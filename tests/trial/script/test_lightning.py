@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from autotune.config import TrainConfig
+from autotune.trial.protocol import ScriptAnswer
 from autotune.trial.script.errors import WrongDevice
 from autotune.trial.training import Unsupported
 from tests.conftest import ROOT, need
@@ -46,6 +47,20 @@ def test_a_configuration_reaches_the_trainer_and_the_datamodule(tmp_path: Path) 
     assert observer.autocast == {None}
     assert result.settings["Data"]["batch_size"] == 8
     assert result.settings["torch.optim.AdamW"] == {"foreach": False, "fused": True}
+
+
+@pytest.mark.slow
+def test_a_compiled_trial_compiles_the_forward_of_a_module_that_logs(tmp_path: Path) -> None:
+    """The script's training_step calls self.log: compiling the whole LightningModule fails in
+    dynamo there (Lightning runs training_step through the compiled module), so the trial
+    compiles its forward, and the answer says that line."""
+    config = TrainConfig(micro_batch_size=8, grad_accum_steps=1, compile_mode="default")
+    result, observer = run("lightning_datamodule.py", ["--root", str(tmp_path / "r")],
+                           tmp_path / "s", config=config)
+    assert observer.samples == [8, 8, 8]
+    assert result.settings["model.forward = torch.compile"] == {"mode": None}
+    answer = ScriptAnswer("lightning", {"model.forward = torch.compile": {"mode": None}})
+    assert answer.lines() == ["model.forward = torch.compile(model.forward, mode=None)"]
 
 
 def test_workers_set_through_the_datamodule_leave_the_scripts_own_settings_its_own(

@@ -26,7 +26,8 @@ def test_the_answer_says_where_each_setting_goes() -> None:
     assert settings(config, baseline)["Data"] == {"batch_size": 8, "num_workers": 0}
     assert changed_settings(config, baseline, "cpu") == {
         "Trainer": {"precision": "bf16-mixed"}, "Data": {"batch_size": 8},
-        "torch.compile": {"mode": None}, "torch.optim.AdamW": {"fused": True}}
+        "model.forward = torch.compile": {"mode": None},
+        "torch.optim.AdamW": {"fused": True}}
     assert changed_settings(baseline.config("cpu"), baseline, "cpu") == {}
 
 
