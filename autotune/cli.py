@@ -23,6 +23,8 @@ from rich.console import Console
 from rich.text import Text
 
 from autotune.config import (
+    TrainConfig,
+    from_baseline,
     knob_names,
     knobs_in,
     parse_assignments,
@@ -35,6 +37,7 @@ from autotune.errors import (
     ConfigError,
     ContractError,
     Interrupted,
+    RunFailed,
     UsageError,
 )
 from autotune.flags import add_flags, from_args
@@ -105,10 +108,6 @@ def _target(options: OneConfigOptions) -> tuple[DeviceInfo, dict[str, Any]]:
     if not Path(options.workload_path).is_file():
         what = "training script" if options.script_path else "model file"
         raise ContractError(f"{what} not found: {options.workload_path}")
-    if options.script_path and (options.config_file or options.knobs):
-        raise UsageError("--script measures the script's own settings: change them in its "
-                         "arguments (after --); --set and --config with --script are not "
-                         "built yet")
     knobs: dict[str, Any] = {}
     if options.config_file:
         data = knobs_in(read_yaml(options.config_file, "config") or {})
@@ -122,7 +121,33 @@ def _target(options: OneConfigOptions) -> tuple[DeviceInfo, dict[str, Any]]:
                  f"{', '.join(knob_names())}"] if unknown else []) + value_problems(knobs)
     if problems:
         raise ConfigError("invalid configuration: " + "; ".join(problems))
-    return describe(device), knobs
+    info = describe(device)
+    if options.script_path and knobs:
+        knobs = _over_the_scripts_own(options, info, knobs)
+    return info, knobs
+
+
+def _over_the_scripts_own(options: OneConfigOptions, info: DeviceInfo,
+                          knobs: dict[str, Any]) -> dict[str, Any]:
+    """--set and --config over a training script's own settings, which only the script knows:
+    it is run once to its trainer (as the probe runs it) to read them, then the knobs go over
+    them, so the measured run changes only what was asked."""
+    request = TrialRequest(model_path=options.workload_path, config={},
+                           device=str(info.torch_device), job="probe",
+                           nproc_per_node=options.nproc_per_node,
+                           script_args=options.script_argv, settings={"candidates": {}})
+    result = _isolated(request, "reading the settings of", Path(options.workload_path).name,
+                       options.time_limit_s, options.log)
+    if result.bad_input:
+        raise ContractError(result.message)
+    if result.probe is None:
+        raise RunFailed(f"reading the script's own settings failed: {result.message}")
+    own = from_baseline(result.probe.baseline, info.type, options.nproc_per_node)
+    try:
+        return TrainConfig.from_dict(knobs, own).to_dict()
+    except ValueError as exc:
+        raise ConfigError(f"invalid configuration over the script's own settings: {exc}") \
+            from None
 
 
 def _refused(result: TrialResult, info: DeviceInfo) -> BadInput | None:

@@ -45,7 +45,7 @@ def test_a_model_file_or_a_script_never_both(given: dict, message: str) -> None:
     (["bench", "--model", "m.py", "--", "--bf16"], "are a training script's: give --script"),
     (["show", "s", "--", "--bf16"], "autotune show takes no script arguments (after --)"),
     (["bench", "--script", "t.py", "--set", "precision=bf16", "--device", "cpu"],
-     "--set and --config with --script are not built yet"),
+     "and ended without calling Trainer.train or Trainer.fit"),
 ])
 def test_command_line_mistakes_are_one_message_and_exit_2(argv, message, tmp_path: Path,
                                                          capsys, monkeypatch) -> None:

@@ -73,3 +73,22 @@ def test_a_scripts_trial_as_a_process_group_of_two_ranks(tmp_path: Path) -> None
     assert result["samples_per_sec"] == pytest.approx(sum(result["rank_samples_per_sec"]),
                                                       rel=0.5)
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_bench_sets_knobs_over_the_scripts_own_settings(tmp_path: Path) -> None:
+    """`bench --script --set`: the script is read once for its own settings (micro-batch 4,
+    accumulation 2, the for-loop AdamW), and the measured run changes only what was asked;
+    its answer names the flag to change."""
+    need("transformers", "examples")
+    out = tmp_path / "script-output"
+    done = run_cli("bench", "--script", SCRIPT, "--device", "cpu", "--set",
+                   "micro_batch_size=8", *FAST, "--json", "--", "--output_dir", str(out),
+                   "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2",
+                   "--num_samples", "256", timeout=300)
+    result = json.loads(done.stdout)
+    assert done.returncode == 0, result["message"]
+    assert (result["config"]["micro_batch_size"], result["config"]["grad_accum_steps"]) == (8, 2)
+    assert result["script_answer"]["changes"] == {
+        "TrainingArguments": {"per_device_train_batch_size": 8}}
+    assert not out.exists()
