@@ -33,6 +33,7 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 ANNOUNCED = re.compile(r"this run ends by \d\d:\d\d \(in ([0-9.]+) (ms|s|min|h)\)")
 UNIT_S = {"ms": 0.001, "s": 1.0, "min": 60.0, "h": 3600.0}
+LOADS = ("steady", "bursty")
 VERDICT = re.compile(r"(faster than your settings|^not known|slower than your settings|"
                      r"no measurable)")
 
@@ -108,7 +109,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--loads", nargs="+", default=["quiet", "bursty"],
-                        choices=["quiet", "bursty", "steady"])
+                        choices=["quiet", *LOADS])
     parser.add_argument("--name", default="run_end")
     parser.add_argument("extra", nargs="*", help="more flags for autotune run (after --)")
     args = parser.parse_args()

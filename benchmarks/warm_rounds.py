@@ -10,6 +10,7 @@ with `--out`, writes the figures as JSON. The bar: the warm half-width at most h
 
     python benchmarks/warm_rounds.py --repeats 1
     python benchmarks/warm_rounds.py --model models/mlp.py --change optimizer_impl=foreach
+    python benchmarks/warm_rounds.py --load bursty   # beside run_end.py's side load
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from run_end import LOADS, side_loaded  # noqa: E402
 
 from autotune.config import TrainConfig  # noqa: E402
 from autotune.search.runner import MeasureJob, ProcessRunner  # noqa: E402
@@ -101,6 +104,8 @@ def main() -> None:
                         help="what the candidate changes from the baseline")
     parser.add_argument("--rounds", type=int, default=3, help="fresh rounds (default 3)")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--load", choices=["quiet", *LOADS], default="quiet",
+                        help="a side load beside both ways (run_end.py's)")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = parser.parse_args()
     model_args = {k: json.loads(v) for k, v in (a.split("=", 1) for a in args.model_arg)} \
@@ -116,19 +121,20 @@ def main() -> None:
     order = random.Random(0)
     results = []
     try:
-        for repeat in range(args.repeats):
-            fresh, wall_s = fresh_rounds(runner, configs, args.rounds, order)
-            warm, warm_s = warm_turns(runner, configs, wall_s, order)
-            ways = [_way("fresh rounds", fresh, wall_s), _way("warm turns", warm, warm_s)]
-            agree = None not in (fresh.low, warm.low) and \
-                warm.low <= fresh.high and fresh.low <= warm.high
-            results.append({"repeat": repeat, "ways": [asdict(w) for w in ways],
-                            "agree": agree})
-            for way in ways:
-                width = f"±{way.half_width:.1%}" if way.half_width is not None else "n/a"
-                print(f"repeat {repeat}: {way.how:12s} {way.speedup:.3f}x {width:>8s} "
-                      f"in {way.rounds} rounds, {way.wall_s:.0f} s")
-            print(f"repeat {repeat}: intervals agree: {agree}")
+        with side_loaded(args.load):
+            for repeat in range(args.repeats):
+                fresh, wall_s = fresh_rounds(runner, configs, args.rounds, order)
+                warm, warm_s = warm_turns(runner, configs, wall_s, order)
+                ways = [_way("fresh rounds", fresh, wall_s), _way("warm turns", warm, warm_s)]
+                agree = None not in (fresh.low, warm.low) and \
+                    warm.low <= fresh.high and fresh.low <= warm.high
+                results.append({"repeat": repeat, "ways": [asdict(w) for w in ways],
+                                "agree": agree})
+                for way in ways:
+                    width = f"±{way.half_width:.1%}" if way.half_width is not None else "n/a"
+                    print(f"repeat {repeat}: {way.how:12s} {way.speedup:.3f}x {width:>8s} "
+                          f"in {way.rounds} rounds, {way.wall_s:.0f} s")
+                print(f"repeat {repeat}: intervals agree: {agree}")
     finally:
         runner.close()
     widths = {how: [w["half_width"] for r in results for w in r["ways"]
@@ -140,7 +146,10 @@ def main() -> None:
               f"({warm_w / fresh_w:.2f} of fresh; the bar is at most 0.5)")
     if args.out:
         args.out.write_text(json.dumps({"model": args.model, "model_args": model_args,
-                                        "change": args.change, "results": results}, indent=1))
+                                        "baseline": json.loads(args.baseline),
+                                        "change": args.change, "load": args.load,
+                                        "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                        "results": results}, indent=1))
 
 
 if __name__ == "__main__":

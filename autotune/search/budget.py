@@ -22,6 +22,8 @@ from autotune.trial.protocol import Measurement, TrialStatus
 # Paired rounds an answer needs: with two, a 95% interval spans t = 12.7 standard errors, with
 # three 4.3.
 MIN_ROUNDS = 3
+# A script's start-up this share of its baseline trial, or more, is said once.
+STARTUP_DOMINATES = 0.5
 # The default budget grows at most to this many times itself for an answer: a person who
 # planned for the default is never told an hour.
 MAX_GROWTH = 3
@@ -75,6 +77,22 @@ def confirmation_price(study: optuna.Study, settings: MeasureSettings, fallback_
     if baseline is None or not warm_holds(baseline.peak_memory_bytes):
         return ConfirmationPrice(run_s)
     return ConfirmationPrice(run_s, turn_seconds(baseline.measurement.step_time_median_s))
+
+
+def startup_note(study: optuna.Study) -> str | None:
+    """Where a training script's own start-up (imports, data, model: the baseline's build
+    phase) is most of its baseline trial's wall time, one line that says so: every trial and
+    every fresh confirmation run pays it again."""
+    baseline = next((r for r in _measured(study) if r.role == Role.BASELINE
+                     and r.measurement is not None), None)
+    if baseline is None or baseline.measurement.script_answer is None:
+        return None
+    startup = baseline.measurement.setup_s
+    if startup < STARTUP_DOMINATES * baseline.wall_s:
+        return None
+    return (f"the script's own start-up (imports, data, model) took {format_seconds(startup)} "
+            f"of the baseline trial's {format_seconds(baseline.wall_s)}: every trial and "
+            "every fresh confirmation run starts the script again and pays it")
 
 
 def run_price_s(wall_s: float, measurement: Measurement, settings: MeasureSettings) -> float:

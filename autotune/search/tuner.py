@@ -34,6 +34,7 @@ from autotune.search.budget import (
     grow_budget,
     plan_time,
     search_trial_seconds,
+    startup_note,
     trial_seconds,
 )
 from autotune.search.confirm import Plan, confirm, should_confirm, warm_expected
@@ -143,6 +144,8 @@ class Tuner:
         search = self._search()
         run_workers(search, self.devices, 1, min(deadline, self._budget_ends()))
         trial_s = trial_seconds(study)
+        if startup := startup_note(study):
+            self.view.note(startup)
         top = opts.confirm_top
         deadline = finish_by = min(deadline, self._budget_ends())
         study.set_user_attr(StudyKey.SHORT_BUDGET, None)

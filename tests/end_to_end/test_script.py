@@ -92,3 +92,25 @@ def test_bench_sets_knobs_over_the_scripts_own_settings(tmp_path: Path) -> None:
     assert result["script_answer"]["changes"] == {
         "TrainingArguments": {"per_device_train_batch_size": 8}}
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_lightning_script_study_in_process_groups_of_two_ranks(tmp_path: Path) -> None:
+    """`run --script --nproc-per-node 2` of a Lightning script with a DataModule: each trial is
+    two ranks under torchrun, Lightning's own DDP between them; the study measures, confirms
+    and answers in the script's terms, the group's rate every rank's samples."""
+    need("lightning", "export-check")
+    root = tmp_path / "user_root"
+    done = run_cli("run", "--script", "tests/models/scripts/lightning_datamodule.py",
+                   "--device", "cpu", "--nproc-per-node", "2", "--trials", "2",
+                   "--studies-dir", str(tmp_path), *NO_COMPILE, *FAST, *CONFIRM_ONCE, "--json",
+                   "--", "--root", str(root), timeout=900)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["nproc_per_node"] == 2 and summary["baseline_config"]["parallelism"] == "ddp"
+    measured = [r for r in trial_records(load_study("lightning_datamodule", tmp_path))
+                if r.status == TrialStatus.OK and r.measurement]
+    assert measured and all(r.measurement.world_size == 2 and
+                            len(r.measurement.rank_samples_per_sec) == 2 for r in measured)
+    assert summary["answer_in_script_terms"]
+    assert not root.exists()

@@ -20,11 +20,12 @@ from autotune.search.budget import (
     round_run_seconds,
     run_price_s,
     search_trial_seconds,
+    startup_note,
 )
 from autotune.search.confirm import CLAIM_SETTLE_S
 from autotune.study.records import TrialKey
 from autotune.study.storage import open_storage
-from autotune.trial.protocol import Measurement, PhaseTimes
+from autotune.trial.protocol import Measurement, PhaseTimes, ScriptAnswer
 
 
 def test_a_slow_model_grows_the_budget_to_hold_an_answer_and_still_searches() -> None:
@@ -237,3 +238,27 @@ def test_the_confirmation_is_priced_in_warm_turns_only_where_memory_holds_them(t
     assert roomy.run_s == pytest.approx(20.0 - 6.0 - 3 * 2.0 + 3 * 2.0)
     tight = confirmation_price(study, MeasureSettings(), 99.0, holds_up_to(2 * 2**30))
     assert not tight.warm and tight.run_s == roomy.run_s
+
+
+def test_a_scripts_start_up_that_is_most_of_its_trial_is_said_once(tmp_path) -> None:
+    """A training script whose imports, data and model took 12 s of its 20 s baseline trial:
+    one line says every trial pays it; 2 s of 20, or a model file's build, say nothing."""
+    def baseline_of(setup_s: float, script: bool) -> optuna.Study:
+        study = optuna.create_study(storage=open_storage(None, tmp_path),
+                                    study_name=f"s{setup_s}{script}")
+        trial = study.ask()
+        figures = Measurement(samples_per_sec=1.0, setup_s=setup_s, script_answer=ScriptAnswer(
+            "transformers", {}) if script else None)
+        for key, value in {TrialKey.STATUS: "ok", TrialKey.ROLE: "baseline",
+                           TrialKey.WALL_S: 20.0,
+                           TrialKey.MEASUREMENT: figures.to_json()}.items():
+            trial.set_user_attr(key, value)
+        study.tell(trial, 1.0)
+        return study
+
+    assert startup_note(baseline_of(12.0, script=True)) == (
+        "the script's own start-up (imports, data, model) took 12.00 s of the baseline "
+        "trial's 20.00 s: every trial and every fresh confirmation run starts the script "
+        "again and pays it")
+    assert startup_note(baseline_of(2.0, script=True)) is None
+    assert startup_note(baseline_of(12.0, script=False)) is None
