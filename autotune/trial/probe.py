@@ -101,8 +101,7 @@ def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
         config = config.replace(micro_batch_size=1, grad_accum_steps=1)
         reference = trials.run(config, timed=True)
     report.step_s[config.precision] = reference.step_s
-    for check in (_precisions, _float8, _checkpointing, _optimizers, _memory_formats,
-                  _attention):
+    for check in (_precisions, _float8, _checkpointing, _optimizers, _kernels_and_formats):
         report.left_out += check(trials, config, reference, offered)
     report.step_s.update(trials.step_s)
     report.left_out += _compile_toolchain(device, offered["compile_mode"])
@@ -305,32 +304,61 @@ def _checkpointing(trials: _Trials, config: TrainConfig, reference: _Run,
 
 def _optimizers(trials: _Trials, config: TrainConfig, reference: _Run,
                 offered: Mapping[str, tuple]) -> list[LeftOut]:
-    """AdamW implementations the file's optimizer does not take, and optimizers, that fail a
-    step."""
-    return (_each_fails(trials, config, offered, "optimizer_impl") +
-            _each_fails(trials, config, offered, "optimizer"))
+    """Optimizers that fail a step (each alone: another optimizer changes what the AdamW
+    implementations mean)."""
+    return _fail_alone(trials, config, {"optimizer": _others(config, offered, "optimizer")})
 
 
-def _memory_formats(trials: _Trials, config: TrainConfig, reference: _Run,
-                    offered: Mapping[str, tuple]) -> list[LeftOut]:
-    """Memory formats that fail a step on this model (offered only where it has
-    convolutions)."""
-    return _each_fails(trials, config, offered, "memory_format")
+def _kernels_and_formats(trials: _Trials, config: TrainConfig, reference: _Run,
+                         offered: Mapping[str, tuple]) -> list[LeftOut]:
+    """AdamW implementations the file's optimizer does not take, memory formats (offered
+    only to a model with convolutions) and attention kernels (only to one that calls
+    scaled_dot_product_attention) that fail a step on this model: one step answers for a
+    value of each at once (`_fail_together`)."""
+    return _fail_together(trials, config, {
+        knob: _others(config, offered, knob)
+        for knob in ("optimizer_impl", "memory_format", "attention_backend")})
 
 
-def _attention(trials: _Trials, config: TrainConfig, reference: _Run,
-               offered: Mapping[str, tuple]) -> list[LeftOut]:
-    """Attention kernels that refuse this model's shapes, masks or dtype in a step (offered
-    only where it calls scaled_dot_product_attention)."""
-    return _each_fails(trials, config, offered, "attention_backend")
+def _others(config: TrainConfig, offered: Mapping[str, tuple], knob: str) -> list[Any]:
+    return [value for value in offered[knob] if value != getattr(config, knob)]
 
 
-def _each_fails(trials: _Trials, config: TrainConfig, offered: Mapping[str, tuple],
-                knob: str) -> list[LeftOut]:
-    """The values of `knob` besides the baseline's whose one step fails, with the reason."""
+def _fail_together(trials: _Trials, config: TrainConfig,
+                   values: Mapping[str, Sequence[Any]]) -> list[LeftOut]:
+    """The values that fail a step, with the reason, where one step tries a value of each
+    knob at once (the first of each together, then the second...): a step that runs answers
+    for all its values; only one that fails is taken apart, a value a step, to say which
+    fails and why (one that runs out of memory asks a memory question, the search's)."""
     out = []
-    for value in offered[knob]:
-        if value != getattr(config, knob):
+    for i in range(max(map(len, values.values()), default=0)):
+        together = {knob: vs[i] for knob, vs in values.items() if i < len(vs)}
+        if len(together) > 1:
+            combined = config
+            for knob, value in together.items():
+                combined = combined.setting(knob, value)
+            trials.progress("trying " + ", ".join(f"{k}={v}" for k, v in together.items()))
+            if _runs(trials, combined):
+                continue
+        out += _fail_alone(trials, config, {knob: [value] for knob, value in together.items()})
+    return out
+
+
+def _runs(trials: _Trials, config: TrainConfig) -> bool:
+    """Whether one step of `config` runs (any failure: its values are then tried alone)."""
+    try:
+        trials.run(config)
+    except Exception:  # noqa: BLE001 - the values alone say which fails and why
+        return False
+    return True
+
+
+def _fail_alone(trials: _Trials, config: TrainConfig,
+                values: Mapping[str, Sequence[Any]]) -> list[LeftOut]:
+    """The values whose one step, a value a step, fails, with the reason."""
+    out = []
+    for knob, options in values.items():
+        for value in options:
             run = _try(trials, knob, value, config.setting(knob, value))
             out += [run] if isinstance(run, LeftOut) else []
     return out

@@ -261,3 +261,64 @@ def test_each_optimizer_is_tried_and_one_that_fails_is_left_out_with_the_reason(
     left = probe(write_model, COMPLEX_PARAMETER).left_out_values()["optimizer"]
     assert "adamw" not in left
     assert "does not support complex parameters" in left["adafactor"]
+
+
+# Convolutions and attention in one model: memory formats and attention kernels both offered.
+CONV_ATTENTION = CONV.replace('''def build_model():
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(8, 1))''', '''class ConvAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.head = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 1)
+
+    def forward(self, x):
+        maps = self.conv(x)
+        flat = maps.reshape(maps.size(0), -1) if RESHAPE else maps.view(maps.size(0), -1)
+        tokens = flat.view(x.size(0), 1, 8, 64).transpose(2, 3).contiguous()  # 64 tokens
+        out = nn.functional.scaled_dot_product_attention(tokens, tokens, tokens)
+        return self.head(out.mean(dim=(1, 2)))
+
+
+def build_model():
+    return ConvAttention()
+
+
+RESHAPE = True''')
+
+
+def _probe_steps(write_model, source: str) -> tuple[ProbeReport, list[str]]:
+    said: list[str] = []
+    workload = load_workload(str(write_model(source)), {})
+    settings = {"candidates": probe_candidates(describe(CPU), True)}
+    report = probe_job(workload, workload.train_config({}, "cpu"), CPU, settings, None,
+                       said.append)
+    return report, [line.removeprefix("trying ") for line in said
+                    if line.startswith("trying ") and "DataLoader" not in line]
+
+
+def test_one_probe_step_answers_for_a_value_of_each_knob_and_a_failure_is_taken_apart(
+        write_model) -> None:
+    """AdamW implementations, memory formats and attention kernels: the first of each in one
+    step, then the second of each... Where all run, no value is tried alone. Where the model
+    refuses channels_last (it views its feature maps), the step with it is taken apart and
+    only channels_last is left out, with its reason."""
+    offered = probe_candidates(describe(CPU), True)
+    kernels = [k for k in offered["attention_backend"] if k != "auto"]
+    report, tried = _probe_steps(write_model, CONV_ATTENTION)
+    assert report.convolutional and report.attention
+    assert not {"optimizer_impl", "memory_format", "attention_backend"} & \
+        set(report.left_out_values())
+    first = f"optimizer_impl=foreach, memory_format=channels_last, attention_backend={kernels[0]}"
+    assert first in tried
+    alone = [t for t in tried if "," not in t and not t.startswith(
+        ("precision", "activation_checkpointing", "optimizer="))]
+    assert alone == [], tried
+    assert len([t for t in tried if "," in t]) == max(2, len(kernels))
+    report, tried = _probe_steps(write_model, CONV_ATTENTION.replace("RESHAPE = True",
+                                                                     "RESHAPE = False"))
+    left = report.left_out_values()
+    assert set(left["memory_format"]) == {"channels_last"} and "view" in left["memory_format"][
+        "channels_last"]
+    assert "optimizer_impl" not in left and "attention_backend" not in left
+    assert first in tried and {"optimizer_impl=foreach", "memory_format=channels_last",
+                               f"attention_backend={kernels[0]}"} <= set(tried)
