@@ -45,6 +45,7 @@ from autotune.hardware import cpu_has_native_bf16, describe, unsupported_reason
 from autotune.trial.child import is_oom
 from autotune.trial.float8 import MIN_FEATURES, large_linears
 from autotune.trial.loader_rates import measure_loader_rates
+from autotune.trial.optimizers import make_optimizer
 from autotune.trial.protocol import LeftOut, ProbeReport
 from autotune.trial.training import (
     CHECK_SAMPLES,
@@ -304,20 +305,46 @@ def _checkpointing(trials: _Trials, config: TrainConfig, reference: _Run,
 
 def _optimizers(trials: _Trials, config: TrainConfig, reference: _Run,
                 offered: Mapping[str, tuple]) -> list[LeftOut]:
-    """Optimizers that fail a step (each alone: another optimizer changes what the AdamW
-    implementations mean)."""
-    return _fail_alone(trials, config, {"optimizer": _others(config, offered, "optimizer")})
+    """AdamW implementations the file's optimizer does not take, or that fail their update on
+    this model's parameters: each one's step over the gradients of one forward and backward
+    (`_updates_fail`); and other optimizers that fail a training step (each alone)."""
+    return (_updates_fail(trials, config, _others(config, offered, "optimizer_impl")) +
+            _fail_alone(trials, config, {"optimizer": _others(config, offered, "optimizer")}))
+
+
+def _updates_fail(trials: _Trials, config: TrainConfig, impls: Sequence[str]) -> list[LeftOut]:
+    """The AdamW implementations whose optimizer cannot be built or cannot step, with why: one
+    forward and backward on the dataset's first samples answers for all of them, each then
+    building its optimizer over the same parameters and taking one step. Where the forward
+    or backward itself fails, each is tried in a training step of its own."""
+    if not impls:
+        return []
+    trials.progress(f"trying optimizer_impl={', '.join(impls)} on one backward")
+    workload = trials.workload
+    try:
+        model = workload.build_model().to(trials.device)
+        workload.loss_fn()(model, trials.first_batch()).backward()
+    except Exception:  # noqa: BLE001 - a training step of each says what fails
+        return _fail_alone(trials, config, {"optimizer_impl": impls})
+    out = []
+    for impl in impls:
+        try:
+            make_optimizer(model, config.setting("optimizer_impl", impl),
+                           workload.hook("build_optimizer")).step()
+        except Exception as exc:  # noqa: BLE001 - any failure leaves the value out
+            if not is_oom(exc):
+                out.append(LeftOut("optimizer_impl", impl,
+                                   f"fails on this model: {_one_line(exc)}"))
+    return out
 
 
 def _kernels_and_formats(trials: _Trials, config: TrainConfig, reference: _Run,
                          offered: Mapping[str, tuple]) -> list[LeftOut]:
-    """AdamW implementations the file's optimizer does not take, memory formats (offered
-    only to a model with convolutions) and attention kernels (only to one that calls
-    scaled_dot_product_attention) that fail a step on this model: one step answers for a
-    value of each at once (`_fail_together`)."""
+    """Memory formats (offered only to a model with convolutions) and attention kernels (only
+    to one that calls scaled_dot_product_attention) that fail a step on this model: one step
+    answers for a value of each at once (`_fail_together`)."""
     return _fail_together(trials, config, {
-        knob: _others(config, offered, knob)
-        for knob in ("optimizer_impl", "memory_format", "attention_backend")})
+        knob: _others(config, offered, knob) for knob in ("memory_format", "attention_backend")})
 
 
 def _others(config: TrainConfig, offered: Mapping[str, tuple], knob: str) -> list[Any]:

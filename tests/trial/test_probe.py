@@ -298,27 +298,48 @@ def _probe_steps(write_model, source: str) -> tuple[ProbeReport, list[str]]:
 
 def test_one_probe_step_answers_for_a_value_of_each_knob_and_a_failure_is_taken_apart(
         write_model) -> None:
-    """AdamW implementations, memory formats and attention kernels: the first of each in one
-    step, then the second of each... Where all run, no value is tried alone. Where the model
-    refuses channels_last (it views its feature maps), the step with it is taken apart and
-    only channels_last is left out, with its reason."""
+    """Memory formats and attention kernels: the first of each in one step, then the second
+    of each... Where all run, no value is tried alone. Where the model refuses channels_last
+    (it views its feature maps), the step with it is taken apart and only channels_last is
+    left out, with its reason."""
     offered = probe_candidates(describe(CPU), True)
     kernels = [k for k in offered["attention_backend"] if k != "auto"]
     report, tried = _probe_steps(write_model, CONV_ATTENTION)
     assert report.convolutional and report.attention
     assert not {"optimizer_impl", "memory_format", "attention_backend"} & \
         set(report.left_out_values())
-    first = f"optimizer_impl=foreach, memory_format=channels_last, attention_backend={kernels[0]}"
+    first = f"memory_format=channels_last, attention_backend={kernels[0]}"
     assert first in tried
-    alone = [t for t in tried if "," not in t and not t.startswith(
-        ("precision", "activation_checkpointing", "optimizer="))]
-    assert alone == [], tried
-    assert len([t for t in tried if "," in t]) == max(2, len(kernels))
+    alone = [t for t in tried if t.startswith(("memory_format", "attention_backend"))]
+    assert alone == [first, *(f"attention_backend={k}" for k in kernels[1:])], tried
     report, tried = _probe_steps(write_model, CONV_ATTENTION.replace("RESHAPE = True",
                                                                      "RESHAPE = False"))
     left = report.left_out_values()
     assert set(left["memory_format"]) == {"channels_last"} and "view" in left["memory_format"][
         "channels_last"]
     assert "optimizer_impl" not in left and "attention_backend" not in left
-    assert first in tried and {"optimizer_impl=foreach", "memory_format=channels_last",
+    assert first in tried and {"memory_format=channels_last",
                                f"attention_backend={kernels[0]}"} <= set(tried)
+
+
+# A model file whose own optimizer has a foreach version and no fused one.
+FOREACH_ONLY = TINY_SOURCE + """
+
+def build_optimizer(params, foreach=False, fused=False):
+    if fused:
+        raise NotImplementedError("this optimizer has no fused version")
+    return torch.optim.AdamW(params, lr=1e-3, foreach=foreach)
+"""
+
+
+def test_one_backward_answers_for_every_adamw_implementation(write_model) -> None:
+    """The AdamW implementations share one forward and backward, each then building its
+    optimizer and taking one step: one the file's optimizer does not take is left out with
+    the reason; the others are not."""
+    report, tried = _probe_steps(write_model, FOREACH_ONLY)
+    assert "optimizer_impl=foreach, fused on one backward" in tried
+    assert not [t for t in tried if t.startswith("optimizer_impl") and "backward" not in t]
+    left = report.left_out_values()["optimizer_impl"]
+    assert set(left) == {"fused"} and "this optimizer has no fused version" in left["fused"]
+    report, _ = _probe_steps(write_model, TINY_SOURCE)
+    assert "optimizer_impl" not in report.left_out_values()
