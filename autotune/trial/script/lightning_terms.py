@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from autotune.config import FP8_PRECISIONS, TrainConfig
+from autotune.trial.distributed import launched_world_size
 from autotune.trial.protocol import LeftOut
 from autotune.trial.script.session import ScriptBaseline, ScriptTrial, Settings
 from autotune.trial.training import Unsupported
@@ -69,7 +70,8 @@ def _reason(knob: str, value: Any) -> str | None:
                 "scaled_dot_product_attention")
     if knob in ("parallelism", "ddp_bucket_cap_mb", "ddp_static_graph",
                 "ddp_gradient_as_bucket_view", "fsdp_reshard_after_forward", "fsdp_reduce_dtype"):
-        return "not yet: Lightning script trials under several ranks are not built"
+        return ("not yet: under several ranks a Lightning script trial runs the script's own "
+                "strategy (DDP under torchrun) as it is; its settings and FSDP are not set")
     return None
 
 
@@ -114,6 +116,7 @@ def refuse(trial: ScriptTrial, baseline: ScriptBaseline, knobs: Iterable[str]) -
     """Raise `Unsupported` for the first of `knobs` the trial asks for and Lightning cannot."""
     if trial.config is None:
         return
-    refused = unexpressed(trial.config, baseline, trial.device.type, knobs=knobs)
+    refused = unexpressed(trial.config, baseline, trial.device.type, launched_world_size(),
+                          knobs=knobs)
     if refused:
         raise Unsupported(refused[0].describe(), refused[0].knob, refused[0].value)
