@@ -9,7 +9,14 @@ likeliest first (`ONE_CHANGE_ORDER`: compiling is the dearest trial), and the ch
 won alone together. A knob whose every value the space offers lost alone (`lost`) is kept at
 the baseline's value by the sampler afterwards (`kept_at_baseline`): it is not bundled again
 without evidence.
-"""
+
+Where the corner does win clearly, a loser may still ride along in it (bf16 on a CPU without
+native bf16, beside a larger micro-batch that wins several times over). The expert then
+takes each change back from the corner, one at a time, in the same order, and the corner
+without every change whose taking back made it clearly faster, together.
+
+Last, the usual move the corner leaves out, being the dearest trial: the best configuration
+so far, compiled (`_compiled_best`), unless something compiled was measured already."""
 
 from __future__ import annotations
 
@@ -77,20 +84,36 @@ def next_expert_trial(records: Sequence[TrialRecord],
     """The next trial to queue after the fast corner, one per call, each once: where it did
     not win clearly, each of its changes alone from the baseline, in `one_change_order`,
     then, once every one has settled, those that won clearly alone together (when two or
-    more did); where it won clearly, the corner with each change taken back in turn, then the
-    corner without all those whose taking back won clearly (`_taken_back`). None while the
-    baseline or a corner is due or under way, when the corner changed one knob only, and
-    once all this is done."""
+    more did; `_one_changes`); where it won clearly, the corner with each change taken back
+    in turn, then the corner without all those whose taking back won clearly
+    (`_taken_back`); then the best so far compiled (`_compiled_best`). None while the
+    baseline or a corner is due or under way, while an expert's trial is, and once all this
+    is done."""
     baseline, corner = _baseline_and_corner(records)
     if baseline is None or corner is None:
         return None
     # The corner as the space builds it: what the DataLoader plan changed is not its own.
     bundle = space.fast_corner(corner.config.micro_batch_size)
     knobs = one_change_order(space.baseline, bundle)
-    if len(knobs) < 2:
-        return None  # the corner was itself the one change
-    if clearly_faster(corner, baseline):
-        return _taken_back(records, space, bundle, corner, knobs)
+    if len(knobs) >= 2:  # else the corner was itself the one change
+        queued = (_taken_back(records, space, bundle, corner, knobs)
+                  if clearly_faster(corner, baseline)
+                  else _one_changes(records, space, bundle, baseline, knobs))
+        if queued is not None:
+            return queued
+        if any(r.under_way for r in records if r.role in EXPERT_ROLES):
+            return None
+    return _compiled_best(records, space)
+
+
+# The roles of the expert's trials, whose outcomes the next ones wait for.
+EXPERT_ROLES = (Role.ONE_CHANGE, Role.TAKEN_BACK, Role.WINNERS, Role.COMPILED_BEST)
+
+
+def _one_changes(records: Sequence[TrialRecord], space: SearchSpace, bundle: TrainConfig,
+                 baseline: TrialRecord, knobs: Sequence[str]) -> ExpertTrial | None:
+    """After a corner that did not win clearly: each of its changes alone from the baseline,
+    then those that won clearly alone, together (when two or more did)."""
     singles = [r for r in records if r.role == Role.ONE_CHANGE]
     queued = {r.changed for r in singles}
     for knob in knobs:
@@ -133,6 +156,21 @@ def _taken_back(records: Sequence[TrialRecord], space: SearchSpace, bundle: Trai
     params = _params(space, {k: v for k, v in kept.items() if k not in losers})
     return ExpertTrial(params, Role.WINNERS, tuple(k for k in knobs if k not in losers)) \
         if params is not None else None
+
+
+def _compiled_best(records: Sequence[TrialRecord], space: SearchSpace) -> ExpertTrial | None:
+    """The best configuration so far with torch.compile's default mode, once, where the space
+    offers compiling and nothing compiled has been measured yet."""
+    if "default" not in space.domains.get("compile_mode", ()) or \
+            any(r.role == Role.COMPILED_BEST for r in records) or \
+            any(r.config is not None and r.config.compile_mode != "none" for r in records):
+        return None
+    best = max((r for r in records if r.score and r.config is not None),
+               key=lambda r: r.score or 0.0, default=None)
+    if best is None:
+        return None
+    params = space.params_for(best.config.replace(compile_mode="default"))
+    return ExpertTrial(params, Role.COMPILED_BEST, ("compile_mode",)) if params else None
 
 
 def kept_at_baseline(records: Sequence[TrialRecord], space: SearchSpace) -> dict[str, Any]:

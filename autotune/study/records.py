@@ -50,6 +50,7 @@ class Role:
     ONE_CHANGE = "one-change"    # one of the fast corner's changes alone (`search/expert`)
     TAKEN_BACK = "taken-back"    # a winning fast corner with one of its changes undone
     WINNERS = "winners"          # the changes that won alone (or kept), together
+    COMPILED_BEST = "compiled-best"  # the best so far, compiled: the move the corner leaves out
     SEARCH = "search"            # proposed by the sampler
 
 

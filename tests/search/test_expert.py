@@ -181,3 +181,32 @@ def test_a_knob_whose_every_value_lost_alone_is_kept_at_the_baselines() -> None:
                                       Role.ONE_CHANGE, ("precision",), status="interrupted",
                                       state="FAIL")]
     assert kept_at_baseline(interrupted, SPACE) == {}
+
+
+COMPILING = build_space(BASELINE, CPU, 4096)
+
+
+def test_the_best_so_far_is_compiled_once_after_the_corners_changes_are_split() -> None:
+    """Compiling, the move the corner leaves out: after the corner's changes alone (fused AdamW
+    won, bf16 and the micro-batch lost), the best so far with torch.compile's default mode,
+    once; not while one of those trials is under way, nor where a compiled trial has run."""
+    corner = COMPILING.fast_corner(1024)
+    trials = [record(0, BASELINE, 100.0, Role.BASELINE), record(1, corner, 95.0,
+                                                                Role.FAST_CORNER)]
+    rates = {"optimizer_impl": 160.0, "precision": 80.0, "micro_batch_size": 90.0}
+    while (queued := next_expert_trial(trials, COMPILING)).role == Role.ONE_CHANGE:
+        (knob,) = queued.changed
+        config = COMPILING.suggest(FixedTrial(queued.params))
+        trials.append(record(len(trials), config, rates[knob], Role.ONE_CHANGE, queued.changed))
+    assert (queued.role, queued.changed) == (Role.COMPILED_BEST, ("compile_mode",))
+    fused = BASELINE.replace(optimizer_impl="fused")
+    assert COMPILING.suggest(FixedTrial(queued.params)) == fused.replace(compile_mode="default")
+    last = trials[-1]
+    running = record(last.number, None, None, Role.ONE_CHANGE, last.changed, state="RUNNING")
+    assert next_expert_trial([*trials[:-1], running], COMPILING) is None
+    trials.append(record(len(trials), fused.replace(compile_mode="default"), 250.0,
+                         Role.COMPILED_BEST, queued.changed))
+    assert next_expert_trial(trials, COMPILING) is None
+    compiled = [*trials[:2], record(2, BASELINE.replace(compile_mode="default"), 90.0)]
+    assert next_expert_trial(compiled, COMPILING) is None or \
+        next_expert_trial(compiled, COMPILING).role != Role.COMPILED_BEST
