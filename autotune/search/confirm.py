@@ -52,6 +52,7 @@ from autotune.search.warm import (
     WarmStart,
     WarmUnavailable,
     memory_holds,
+    same_machine,
     warm_or_why,
 )
 from autotune.search.worker import Measure
@@ -283,12 +284,15 @@ def _race(study: optuna.Study, entries: list[Candidate], scoring: Scoring, measu
             runs = [_run(entries[i], i, rounds, scoring, measure, view, time_limit_s, device,
                          directory, len(entries)) for i in order]
         run_s = max(run_s, (time.monotonic() - began) / len(order))
+        if turns is not None and not same_machine(runs):
+            # Some turns saw a load the others did not (one that comes and goes by the
+            # second): not a pair. Taken again, at the cost of a round's seconds.
+            continue
         if any(run is not None and run.disturbed for run in runs):
             # Measured again while the caps leave room (the minimum of clean rounds within the
             # rounds' cap, another round within the time's); a machine that stays busy gets its
-            # rounds kept (paired, so still comparable). Warm turns are paired seconds apart,
-            # so a load that moves is in both sides: kept and counted, not waited out, and not
-            # a note each (they come by the dozen).
+            # rounds kept (paired, so still comparable). Warm turns that all saw the load are
+            # kept and counted, not waited out, and not a note each (they come by the dozen).
             in_time = plan.ends_by is None or \
                 time.monotonic() + run_s * len(order) <= plan.ends_by
             if turns is None and in_time and \

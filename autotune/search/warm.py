@@ -58,6 +58,13 @@ def turn_seconds(step_s: float | None) -> float:
     return max(TURN_SECONDS, TURN_STEPS * (step_s or 0.0))
 
 
+def same_machine(runs: Sequence[Run | None]) -> bool:
+    """Whether every turn of a round saw the machine alike (all disturbed by another process's
+    load, or none): only then are they a pair. A load that comes and goes by the second (a
+    compile, an install beside the run) can fall on one turn and miss the next."""
+    return len({run.disturbed for run in runs if run is not None}) <= 1
+
+
 def memory_holds(peaks: Sequence[float | None], capacity: int | None) -> bool:
     """Whether a device of `capacity` bytes holds a warm process of each peak at once: every
     peak known, and their sum within `MEMORY_HEADROOM` of it."""

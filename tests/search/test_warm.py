@@ -247,3 +247,42 @@ def test_a_warm_process_that_fails_leaves_the_rounds_to_fresh_processes(tmp_path
                      warm=WarmStart(start, 8 * GIB))
     assert started[0].closed and fresh
     assert result.measured == FRESH_ROUNDS and result.rounds == 2 + len(fresh) // 2
+
+
+class _BurstyTurns(_Turns):
+    """A load that comes and goes every three turns: a turn under it is flagged disturbed and
+    runs at half speed, so a round can hold one loaded turn and one clean."""
+
+    def __init__(self, configs: list[TrainConfig]) -> None:
+        super().__init__(configs)
+        self.count = 0
+
+    def turn(self, index: int) -> Run:
+        loaded = (self.count // 3) % 2 == 1
+        self.count += 1
+        run = super().turn(index)
+        rate = run.samples_per_sec * (0.5 if loaded else 1.0)
+        return Run("ok", samples_per_sec=rate, objective=rate, disturbed=loaded)
+
+
+def test_a_round_whose_turns_saw_the_load_differently_is_not_a_pair(tmp_path) -> None:
+    """Beside a load that comes and goes by the second, a round where one turn was loaded and
+    the other not is taken again: every kept round is both clean or both loaded, and the
+    speedup stays 1.5x within a few percent (kept, such rounds would put it anywhere from
+    0.75x to 3x)."""
+    study = _study(tmp_path, 1 * GIB)
+    started: list[_Turns] = []
+
+    def start(configs, prefix: str) -> _Turns:
+        started.append(_BurstyTurns(list(configs)))
+        return started[-1]
+
+    confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), _measure_fresh([]), SilentView(),
+            Plan(top=1, rounds=3, max_rounds=10, target=0.03), time_limit_s=60, device="cpu",
+            directory=tmp_path, warm=WarmStart(start, 8 * GIB))
+    result = stored_confirmation(study.user_attrs["confirmation"])
+    pairs = list(zip(result.winner.runs, result.baseline.runs))
+    assert len(pairs) >= 12 and started[0].count > 2 * len(pairs)
+    assert all(a.disturbed == b.disturbed for a, b in pairs)
+    low, high = result.speedup_ci
+    assert 1.4 < low <= 1.5 <= high < 1.6
