@@ -286,3 +286,9 @@ def test_a_round_whose_turns_saw_the_load_differently_is_not_a_pair(tmp_path) ->
     assert all(a.disturbed == b.disturbed for a, b in pairs)
     low, high = result.speedup_ci
     assert 1.4 < low <= 1.5 <= high < 1.6
+    # and `verify`, in warm turns beside the same load, takes such rounds again
+    checked = verify(study, _measure_fresh([]), Scoring("cpu", None, 0.1, 0.0), SilentView(),
+                     rounds=3, time_limit_s=60, device="cpu", machine="cpu A",
+                     warm=WarmStart(start, 8 * GIB))
+    assert checked.measured == WARM_TURNS and started[-1].count > 2 * checked.rounds
+    assert 1.4 < checked.speedup_ci[0] <= 1.5 <= checked.speedup_ci[1] < 1.6
