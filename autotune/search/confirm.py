@@ -48,11 +48,11 @@ from autotune.search.warm import (
     WARM_MAX_ROUNDS,
     WARM_ROUNDS_PER_ROUND,
     WARM_WORTH_ROUNDS,
+    PairJudge,
     WarmRounds,
     WarmStart,
     WarmUnavailable,
     memory_holds,
-    same_machine,
     warm_or_why,
 )
 from autotune.search.worker import Measure
@@ -261,6 +261,7 @@ def _race(study: optuna.Study, entries: list[Candidate], scoring: Scoring, measu
     racing = list(range(len(entries)))
     shuffle = random.Random(0)
     start, rounds, kept_disturbed, run_s = time.monotonic(), 0, 0, 0.0
+    judge = PairJudge()
     while rounds < plan.max_rounds:
         next_ends = time.monotonic() + run_s * len(racing)
         if rounds and plan.budget_ends is not None and next_ends > plan.budget_ends:
@@ -284,10 +285,8 @@ def _race(study: optuna.Study, entries: list[Candidate], scoring: Scoring, measu
             runs = [_run(entries[i], i, rounds, scoring, measure, view, time_limit_s, device,
                          directory, len(entries)) for i in order]
         run_s = max(run_s, (time.monotonic() - began) / len(order))
-        if turns is not None and not same_machine(runs):
-            # Some turns saw a load the others did not (one that comes and goes by the
-            # second): not a pair. Taken again, at the cost of a round's seconds.
-            continue
+        if turns is not None and not judge.keeps(runs):
+            continue  # not a pair (`PairJudge`): taken again, at the cost of seconds
         if any(run is not None and run.disturbed for run in runs):
             # Measured again while the caps leave room (the minimum of clean rounds within the
             # rounds' cap, another round within the time's); a machine that stays busy gets its

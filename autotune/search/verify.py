@@ -22,9 +22,9 @@ from autotune.search.runner import MeasureJob, ProcessRunner
 from autotune.search.warm import (
     WARM_ROUNDS_PER_ROUND,
     WARM_WORTH_ROUNDS,
+    PairJudge,
     WarmRounds,
     WarmStart,
-    same_machine,
     warm_or_why,
     warm_start,
 )
@@ -34,8 +34,8 @@ from autotune.study.records import StudyKey, config_key, trial_records
 from autotune.study.results import study_identity, study_summary
 from autotune.study.verification import Verification
 
-# A round of warm turns that saw another process's load differently is taken again at most
-# this many times (then kept: a verification has no time cap to wait a load out in).
+# A round of warm turns that is not a pair (`PairJudge`) is taken again at most this many
+# times (then kept: a verification has no time cap to wait a load out in).
 RETAKES = 3
 
 
@@ -75,13 +75,14 @@ def verify(study: optuna.Study, measure: Measure, scoring: Scoring, view: StudyV
         view.note(why)
     try:
         rounds = rounds * WARM_ROUNDS_PER_ROUND if turns is not None else rounds
+        judge = PairJudge()
         for round_ in range(rounds):
             order = (0, 1) if round_ % 2 == 0 else (1, 0)
-            for retake in range(RETAKES + 1):  # warm turns that saw the load differently
+            for retake in range(RETAKES + 1):  # warm turns that are not a pair (`PairJudge`)
                 runs = {index: _measure(pair[index].config, index, round_, rounds, turns,
                                         measure, scoring, view, time_limit_s, device)
                         for index in order}
-                if turns is None or same_machine(list(runs.values())) or retake == RETAKES:
+                if turns is None or judge.keeps(list(runs.values())) or retake == RETAKES:
                     break
             for index in order:
                 pair[index].runs.append(runs[index])

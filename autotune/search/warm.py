@@ -43,6 +43,9 @@ WARM_MAX_ROUNDS = 400
 # fresh rounds cost less than starting them.
 WARM_WORTH_ROUNDS = 2
 STOP_WAIT_S = 2.0
+# The share of warm rounds disturbed by another process's load from which the load is taken as
+# the machine's state: rounds whose every turn saw it are then kept.
+STEADY_LOAD_SHARE = 0.75
 # A turn: at least this many optimizer steps and seconds, long enough for the host clock and
 # the synchronisation at its edges to vanish, short enough for a pair every second or so.
 TURN_STEPS = 1
@@ -58,11 +61,23 @@ def turn_seconds(step_s: float | None) -> float:
     return max(TURN_SECONDS, TURN_STEPS * (step_s or 0.0))
 
 
-def same_machine(runs: Sequence[Run | None]) -> bool:
-    """Whether every turn of a round saw the machine alike (all disturbed by another process's
-    load, or none): only then are they a pair. A load that comes and goes by the second (a
-    compile, an install beside the run) can fall on one turn and miss the next."""
-    return len({run.disturbed for run in runs if run is not None}) <= 1
+class PairJudge:
+    """Which rounds of warm turns are pairs: every turn clean; or, on a machine busy in most
+    rounds so far (`STEADY_LOAD_SHARE`: a load that stays), every turn under the load. A round
+    where a load fell on some turns (a load that comes and goes by the second: a compile, an
+    install beside the run) is taken again: with steps several times slower under a load on
+    2 cores, a turn half under it would decide the interval."""
+
+    def __init__(self) -> None:
+        self.rounds = self.disturbed = 0
+
+    def keeps(self, runs: Sequence[Run | None]) -> bool:
+        flags = {run.disturbed for run in runs if run is not None}
+        self.rounds += 1
+        self.disturbed += True in flags
+        if flags <= {False}:
+            return True
+        return flags == {True} and self.disturbed >= STEADY_LOAD_SHARE * self.rounds
 
 
 def memory_holds(peaks: Sequence[float | None], capacity: int | None) -> bool:

@@ -292,3 +292,30 @@ def test_a_round_whose_turns_saw_the_load_differently_is_not_a_pair(tmp_path) ->
                      warm=WarmStart(start, 8 * GIB))
     assert checked.measured == WARM_TURNS and started[-1].count > 2 * checked.rounds
     assert 1.4 < checked.speedup_ci[0] <= 1.5 <= checked.speedup_ci[1] < 1.6
+
+
+class _SteadyTurns(_Turns):
+    """A load that stays: every turn flagged disturbed."""
+
+    def turn(self, index: int) -> Run:
+        run = super().turn(index)
+        return Run("ok", samples_per_sec=run.samples_per_sec / 2,
+                   objective=run.objective / 2, disturbed=True)
+
+
+def test_beside_a_load_that_stays_rounds_under_it_are_kept(tmp_path) -> None:
+    """Every turn under the load: the machine's state, not a moment of it; the rounds are kept
+    (no clean one will come), and the speedup is still paired."""
+    study = _study(tmp_path, 1 * GIB)
+    started: list[_Turns] = []
+
+    def start(configs, prefix: str) -> _Turns:
+        started.append(_SteadyTurns(list(configs)))
+        return started[-1]
+
+    confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), _measure_fresh([]), SilentView(),
+            Plan(top=1, rounds=3, max_rounds=10, target=0.03), time_limit_s=60, device="cpu",
+            directory=tmp_path, warm=WarmStart(start, 8 * GIB))
+    result = stored_confirmation(study.user_attrs["confirmation"])
+    assert result.rounds >= 12 and all(run.disturbed for run in result.winner.runs)
+    assert 1.4 < result.speedup_ci[0] <= 1.5 <= result.speedup_ci[1] < 1.6
