@@ -32,9 +32,10 @@ from run_end import LOADS, side_loaded  # noqa: E402
 
 from autotune.config import TrainConfig  # noqa: E402
 from autotune.search.runner import MeasureJob, ProcessRunner  # noqa: E402
-from autotune.search.warm import WarmRounds  # noqa: E402
+from autotune.search.warm import PairJudge, WarmRounds  # noqa: E402
 from autotune.stats import Ratio, paired_ratio  # noqa: E402
 
+DEFAULT_MODEL = str(ROOT / "models" / "mlp.py")
 TINY_MLP_ARGS = {"feature_dim": 32, "hidden": 64, "layers": 2, "num_samples": 4096}
 SETTINGS = {"warmup_max_seconds": 5.0, "profile_steps": 0}
 
@@ -82,12 +83,17 @@ def warm_turns(runner: ProcessRunner, configs: list[TrainConfig], wall_s: float,
                        [runner.directory / "logs" / f"{j.name}.log" for j in jobs], 300.0)
     rates: list[list[float]] = [[], []]
     round_s = 0.0
+    judge = PairJudge()
     try:
         while not rates[0] or time.monotonic() + round_s < began + wall_s:
             started = time.monotonic()
-            for index in order.sample(range(2), 2):
-                rates[index].append(turns.turn(index).samples_per_sec)
+            indices = order.sample(range(2), 2)
+            runs = [turns.turn(index) for index in indices]
             round_s = time.monotonic() - started
+            if not judge.keeps(runs):
+                continue  # as the confirmation does: not a pair
+            for index, run in zip(indices, runs):
+                rates[index].append(run.samples_per_sec)
     finally:
         turns.close()
     return paired_ratio(rates[0], rates[1]), time.monotonic() - began
@@ -95,9 +101,10 @@ def warm_turns(runner: ProcessRunner, configs: list[TrainConfig], wall_s: float,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=str(ROOT / "models" / "mlp.py"))
+    parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--model-arg", action="append", default=[], metavar="K=V",
-                        help="the model's arguments (default: the tests' tiny mlp)")
+                        help="the model's arguments (default, for the default model: the "
+                             "tests' tiny mlp)")
     parser.add_argument("--baseline", default='{"micro_batch_size": 256}', metavar="JSON",
                         help="the baseline's knobs (the rest TrainConfig's defaults)")
     parser.add_argument("--change", default="optimizer_impl=foreach", metavar="KNOB=VALUE",
@@ -108,8 +115,9 @@ def main() -> None:
                         help="a side load beside both ways (run_end.py's)")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = parser.parse_args()
-    model_args = {k: json.loads(v) for k, v in (a.split("=", 1) for a in args.model_arg)} \
-        if args.model_arg else TINY_MLP_ARGS
+    model_args = {k: json.loads(v) for k, v in (a.split("=", 1) for a in args.model_arg)}
+    if args.model == DEFAULT_MODEL and not args.model_arg:
+        model_args = TINY_MLP_ARGS
     knob, value = args.change.split("=", 1)
     directory = Path(tempfile.mkdtemp(prefix="autotune-warm-rounds-"))
     runner = ProcessRunner(args.model, model_args, directory, SETTINGS,
