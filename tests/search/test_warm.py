@@ -146,21 +146,22 @@ def _measure_fresh(fresh: list[str]):
     return measure
 
 
-def _starter(started: list[_Turns]):
+def _starter(started: list[_Turns], turns: type[_Turns] = _Turns):
     def start(configs, prefix: str) -> _Turns:
-        started.append(_Turns(list(configs)))
+        started.append(turns(list(configs)))
         return started[-1]
 
     return start
 
 
-def _confirm(tmp_path, peak: int, capacity: int) -> tuple[list[str], list[_Turns], object]:
+def _confirm(tmp_path, peak: int, capacity: int, turns: type[_Turns] = _Turns,
+             ) -> tuple[list[str], list[_Turns], object]:
     fresh: list[str] = []
     started: list[_Turns] = []
     study = _study(tmp_path, peak)
     confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), _measure_fresh(fresh), SilentView(),
             Plan(top=1, rounds=3, max_rounds=10, target=0.03), time_limit_s=60,
-            device="cpu", directory=tmp_path, warm=WarmStart(_starter(started), capacity))
+            device="cpu", directory=tmp_path, warm=WarmStart(_starter(started, turns), capacity))
     return fresh, started, study
 
 
@@ -270,16 +271,7 @@ def test_a_round_whose_turns_saw_the_load_differently_is_not_a_pair(tmp_path) ->
     the other not is taken again: every kept round is both clean or both loaded, and the
     speedup stays 1.5x within a few percent (kept, such rounds would put it anywhere from
     0.75x to 3x)."""
-    study = _study(tmp_path, 1 * GIB)
-    started: list[_Turns] = []
-
-    def start(configs, prefix: str) -> _Turns:
-        started.append(_BurstyTurns(list(configs)))
-        return started[-1]
-
-    confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), _measure_fresh([]), SilentView(),
-            Plan(top=1, rounds=3, max_rounds=10, target=0.03), time_limit_s=60, device="cpu",
-            directory=tmp_path, warm=WarmStart(start, 8 * GIB))
+    _, started, study = _confirm(tmp_path, 1 * GIB, 8 * GIB, _BurstyTurns)
     result = stored_confirmation(study.user_attrs["confirmation"])
     pairs = list(zip(result.winner.runs, result.baseline.runs))
     assert len(pairs) >= 12 and started[0].count > 2 * len(pairs)
@@ -289,7 +281,7 @@ def test_a_round_whose_turns_saw_the_load_differently_is_not_a_pair(tmp_path) ->
     # and `verify`, in warm turns beside the same load, takes such rounds again
     checked = verify(study, _measure_fresh([]), Scoring("cpu", None, 0.1, 0.0), SilentView(),
                      rounds=3, time_limit_s=60, device="cpu", machine="cpu A",
-                     warm=WarmStart(start, 8 * GIB))
+                     warm=WarmStart(_starter(started, _BurstyTurns), 8 * GIB))
     assert checked.measured == WARM_TURNS and started[-1].count > 2 * checked.rounds
     assert 1.4 < checked.speedup_ci[0] <= 1.5 <= checked.speedup_ci[1] < 1.6
 
@@ -306,16 +298,7 @@ class _SteadyTurns(_Turns):
 def test_beside_a_load_that_stays_rounds_under_it_are_kept(tmp_path) -> None:
     """Every turn under the load: the machine's state, not a moment of it; the rounds are kept
     (no clean one will come), and the speedup is still paired."""
-    study = _study(tmp_path, 1 * GIB)
-    started: list[_Turns] = []
-
-    def start(configs, prefix: str) -> _Turns:
-        started.append(_SteadyTurns(list(configs)))
-        return started[-1]
-
-    confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), _measure_fresh([]), SilentView(),
-            Plan(top=1, rounds=3, max_rounds=10, target=0.03), time_limit_s=60, device="cpu",
-            directory=tmp_path, warm=WarmStart(start, 8 * GIB))
+    _, _, study = _confirm(tmp_path, 1 * GIB, 8 * GIB, _SteadyTurns)
     result = stored_confirmation(study.user_attrs["confirmation"])
     assert result.rounds >= 12 and all(run.disturbed for run in result.winner.runs)
     assert 1.4 < result.speedup_ci[0] <= 1.5 <= result.speedup_ci[1] < 1.6
