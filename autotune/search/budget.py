@@ -72,8 +72,7 @@ def confirmation_price(study: optuna.Study, settings: MeasureSettings, fallback_
     `fallback_s`): in warm turns where `warm_holds` the baseline's peak memory for each
     candidate (`confirm.warm_expected`), else in fresh runs."""
     run_s = round_run_seconds(study, settings) or fallback_s
-    baseline = next((r for r in _measured(study) if r.role == Role.BASELINE
-                     and r.measurement is not None), None)
+    baseline = _baseline(study)
     if baseline is None or not warm_holds(baseline.peak_memory_bytes):
         return ConfirmationPrice(run_s)
     return ConfirmationPrice(run_s, turn_seconds(baseline.measurement.step_time_median_s))
@@ -83,8 +82,7 @@ def startup_note(study: optuna.Study) -> str | None:
     """Where a training script's own start-up (imports, data, model: the baseline's build
     phase) is most of its baseline trial's wall time, one line that says so: every trial and
     every fresh confirmation run pays it again."""
-    baseline = next((r for r in _measured(study) if r.role == Role.BASELINE
-                     and r.measurement is not None), None)
+    baseline = _baseline(study)
     if baseline is None or baseline.measurement.script_answer is None:
         return None
     startup = baseline.measurement.setup_s
@@ -116,6 +114,12 @@ def _measured(study: optuna.Study) -> list[TrialRecord]:
     """The trials that ran a process to its end and were not repeats, with their wall time."""
     return [r for r in trial_records(study)
             if r.status in COUNTS_AGAINST_BUDGET and not r.duplicate and r.wall_s]
+
+
+def _baseline(study: optuna.Study) -> TrialRecord | None:
+    """The baseline's trial, where it ran to its end with figures."""
+    return next((r for r in _measured(study) if r.role == Role.BASELINE
+                 and r.measurement is not None), None)
 
 
 @dataclass(frozen=True)
@@ -297,8 +301,8 @@ class Forecast:
 
 def forecast(*, now: float, deadline: float, trials_left: int | None, trial_s: float,
              price: ConfirmationPrice, workers: int, candidates: int, rounds: int,
-             max_rounds: int,
-             share: float, searched_s: float, ends_by: float = math.inf) -> Forecast:
+             max_rounds: int, share: float, searched_s: float,
+             ends_by: float = math.inf) -> Forecast:
     """The rest of a run from now: the search until its trials are done or its deadline, then
     the confirmation: its least `rounds` always, more (to `max_rounds`) while they fit in
     `share` of the study's wall time, and all of it by `ends_by` (a time budget's end)."""
