@@ -212,6 +212,10 @@ class ReplayRunner:
     def measure(self, config: TrainConfig, job: MeasureJob) -> TrialResult:
         return self.replay.run(config, job.screen_below)
 
+    def preload(self, probe: ProbeReport) -> str | None:
+        """Nothing is imported: no trial runs."""
+        return None
+
     def close(self) -> None:
         """Nothing runs."""
 

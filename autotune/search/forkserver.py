@@ -1,6 +1,7 @@
 """The tuner's side of the fork server: a process that has imported torch, autotune and the
-model file once (`autotune.trial.server`) and forks a fresh child for every trial, the isolation
-of a new process without paying its imports each time.
+model file once (for a training script, the library modules its probe recorded:
+`trial/script/preload`) (`autotune.trial.server`) and forks a fresh child for every trial, the
+isolation of a new process without paying its imports each time.
 
 No torch operation runs in the server, so a child inherits no OpenMP pool and no CUDA context:
 it sets its own threads and initialises its own device (`PYTORCH_NVML_BASED_CUDA_CHECK` keeps a
@@ -31,6 +32,9 @@ from autotune.errors import AutotuneError
 
 # How long a forked child may take to report its pid before the server is taken for dead.
 FORK_REPLY_S = 30.0
+# What every trial process finds in its environment, forked or a fresh interpreter, so that
+# both start alike (a script's probe, a fresh interpreter, sees what its forked trials see).
+TRIAL_ENVIRONMENT = {"PYTHONUNBUFFERED": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 
 
 class ForkServerUnavailable(AutotuneError):
@@ -60,13 +64,18 @@ class ForkedChild:
 class ForkServer:
     """The tuner's side: start the server, fork children through it, close it."""
 
-    def __init__(self, model_path: str, log_path: Path, start_timeout_s: float) -> None:
+    def __init__(self, model_path: str, log_path: Path, start_timeout_s: float,
+                 script_modules: Path | None = None) -> None:
+        """A server for the model file at `model_path`, or, given `script_modules` (a JSON
+        list of module names), for a training script: those modules imported, never the
+        script."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")  # noqa: SIM115 - held open for the server's life
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+        env = {**os.environ, **TRIAL_ENVIRONMENT}
+        imports = ["--modules", str(script_modules)] if script_modules else [model_path]
         self._process = subprocess.Popen(
             [sys.executable, "-c", "from autotune.trial.server import serve; serve()",
-             model_path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+             *imports], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
             start_new_session=True, env=env)
         self._lock = threading.Lock()
         self._children: dict[int, ForkedChild] = {}
@@ -76,8 +85,9 @@ class ForkServer:
             hello = _read_line(self._process.stdout, start_timeout_s)
         except TimeoutError:
             self.close()
+            what = "the script's libraries" if script_modules else "the model file"
             raise ForkServerUnavailable(
-                f"importing torch and the model file took more than {start_timeout_s:g} s",
+                f"importing torch and {what} took more than {start_timeout_s:g} s",
                 timed_out=True) from None
         if not hello or not hello.get("ready"):
             self.close()

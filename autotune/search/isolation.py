@@ -35,7 +35,12 @@ from pathlib import Path
 from typing import IO
 
 from autotune.hardware import group_device_env, trial_device
-from autotune.search.forkserver import ForkedChild, ForkServer, ForkServerUnavailable
+from autotune.search.forkserver import (
+    TRIAL_ENVIRONMENT,
+    ForkedChild,
+    ForkServer,
+    ForkServerUnavailable,
+)
 from autotune.trial.protocol import (
     TrialRequest,
     TrialResult,
@@ -122,7 +127,7 @@ def _start(request: TrialRequest, request_file: Path, result_file: Path, phase_f
            device_env: dict[str, str]) -> Child:
     """The child, forked from the server while it lives, else a new interpreter; a process
     group's ranks through torchrun."""
-    env = {"PYTHONUNBUFFERED": "1", **device_env}
+    env = {**TRIAL_ENVIRONMENT, **device_env}
     if request.nproc_per_node > 1:
         return _start_group(request, request_file, result_file, phase_file, log_file, env)
     if server is not None:

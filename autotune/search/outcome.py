@@ -27,7 +27,13 @@ from autotune.study.records import (
     TrialKey,
     TrialRecord,
 )
-from autotune.trial.protocol import FIRST_STEP, Measurement, TrialResult, TrialStatus
+from autotune.trial.protocol import (
+    FIRST_STEP,
+    Measurement,
+    TrialResult,
+    TrialStatus,
+    UnsupportedSetting,
+)
 
 
 @dataclass(frozen=True)
@@ -107,8 +113,7 @@ def record_measurement(study: optuna.Study, trial: Trial, result: TrialResult,
     if result.measurement is not None:
         trial.set_user_attr(TrialKey.MEASUREMENT, result.measurement.to_json())
     if result.unsupported is not None:
-        trial.set_user_attr(TrialKey.UNSUPPORTED_KNOB, result.unsupported.knob)
-        trial.set_user_attr(TrialKey.UNSUPPORTED_VALUE, result.unsupported.value)
+        _record_unsupported_setting(trial, result.unsupported)
     trial.set_user_attr(TrialKey.LOG_PATH, result.log_path)
     trial.set_user_attr(TrialKey.WALL_S, result.wall_s)
     status, message = scoring.classify(result)
@@ -176,14 +181,21 @@ def record_predicted_oom(study: optuna.Study, trial: Trial, verdict: MemoryVerdi
 
 
 def record_unsupported(study: optuna.Study, trial: Trial, known: TrialRecord) -> None:
-    """Not run: an earlier trial found one of its settings unsupported on this model."""
-    knob, value = known.unsupported.knob, known.unsupported.value
+    """Not run: an earlier trial found one of its settings (or a pair of them) unsupported on
+    this model."""
+    setting = known.unsupported
     trial.set_user_attr(TrialKey.STATUS, str(TrialStatus.UNSUPPORTED))
-    trial.set_user_attr(TrialKey.MESSAGE, f"not run: {knob}={value} is unsupported on this "
-                                          f"model (trial {known.number}: {known.message})")
-    trial.set_user_attr(TrialKey.UNSUPPORTED_KNOB, knob)
-    trial.set_user_attr(TrialKey.UNSUPPORTED_VALUE, value)
+    trial.set_user_attr(TrialKey.MESSAGE, f"not run: {setting.describe()} is unsupported on "
+                                          f"this model (trial {known.number}: {known.message})")
+    _record_unsupported_setting(trial, setting)
     tell_complete(study, trial, 0.0, feasible=False)
+
+
+def _record_unsupported_setting(trial: Trial, setting: UnsupportedSetting) -> None:
+    trial.set_user_attr(TrialKey.UNSUPPORTED_KNOB, setting.knob)
+    trial.set_user_attr(TrialKey.UNSUPPORTED_VALUE, setting.value)
+    if setting.together:
+        trial.set_user_attr(TrialKey.UNSUPPORTED_TOGETHER, setting.together)
 
 
 def record_interrupted(study: optuna.Study, trial: Trial) -> None:

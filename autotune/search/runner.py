@@ -2,12 +2,15 @@
 
 A `ProcessRunner` starts a fork server for the model file (torch and the file imported once;
 `forkserver`) and runs the capability probe and every trial through `isolation.run_isolated`,
-forked from it, or as fresh interpreters when no server can start. The tuner only sees plain
+forked from it, or as fresh interpreters when no server can start. A training script's probe is
+a fresh interpreter; its trials fork from a server that imported the library modules the probe
+recorded (`preload`), never the script. The tuner only sees plain
 results; a benchmark can hand it another `Runner` that answers from recorded runs.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Callable
@@ -69,6 +72,7 @@ class Runner(Protocol):
     def probe(self, device: str, time_limit_s: float,
               optimizer_change: bool = False) -> ProbeReport: ...
     def measure(self, config: TrainConfig, job: MeasureJob) -> TrialResult: ...
+    def preload(self, probe: ProbeReport) -> str | None: ...
     def close(self) -> None: ...
 
 
@@ -92,6 +96,7 @@ class ProcessRunner:
         self.on_phase, self.stop = on_phase, stop
         self._server: ForkServer | None = None
         self._started = False
+        self._script_imports: list[str] = []
 
     def probe(self, device: str, time_limit_s: float,
               optimizer_change: bool = False) -> ProbeReport:
@@ -103,7 +108,8 @@ class ProcessRunner:
         request = TrialRequest(model_path=self.model_path, config={}, device=device,
                                model_args=self.model_args, job="probe",
                                script_args=self.script_args,
-                               settings={"candidates": candidates})
+                               settings={"candidates": candidates},
+                               inductor_cache_dir=self._inductor_cache())
         result = run_isolated(request, time_limit_s, self.directory / "logs" / "probe.log",
                               on_phase=lambda text: self.on_phase(text, None), server=server)
         if result.bad_input:
@@ -117,6 +123,25 @@ class ProcessRunner:
                               f"{result.message} (log: {result.log_path})")
         return result.probe
 
+    def preload(self, probe: ProbeReport) -> str | None:
+        """Take a training script's library modules from its probe, for the fork server its
+        trials fork from; what to tell the user of it (None for a model file)."""
+        if self.script_args is None:
+            return None
+        if self.nproc_per_node > 1:
+            return ("each rank of a trial starts its own interpreter, torch and the script's "
+                    "libraries (torchrun starts them)")
+        self._script_imports = list(probe.script_imports)
+        changed = probe.script_environment_changed
+        held = (f"; imports after it set {', '.join(changed[:3])}"
+                f"{' ...' if len(changed) > 3 else ''} in os.environ are each trial's own"
+                if changed else "")
+        if not self._script_imports:
+            return f"each trial starts its own interpreter and imports{held}"
+        return (f"trials fork from a process that has imported torch and the "
+                f"{len(self._script_imports)} library modules the script imported, never the "
+                f"script itself{held}")
+
     def measure(self, config: TrainConfig, job: MeasureJob) -> TrialResult:
         return run_isolated(self.request(config, job), job.time_limit_s,
                             self.directory / "logs" / f"{job.name}.log",
@@ -125,8 +150,6 @@ class ProcessRunner:
 
     def request(self, config: TrainConfig, job: MeasureJob) -> TrialRequest:
         """What a trial process of `job` is asked (a warm process is asked the same)."""
-        # Compiled graphs are cached under the study, so each (mode, shapes) compiles once.
-        cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(self.directory / "inductor")
         return TrialRequest(
             model_path=self.model_path, config=config.to_dict(), device=job.device,
             model_args=self.model_args, script_args=self.script_args,
@@ -135,9 +158,16 @@ class ProcessRunner:
                       **(self._round_window() if job.round_run else {}),
                       **(CHECK_RUN if job.check_run else {})},
             memory_limit_bytes=self.memory_limit_bytes,
-            trace_path=str(job.trace) if job.trace else None, inductor_cache_dir=cache,
+            trace_path=str(job.trace) if job.trace else None,
+            inductor_cache_dir=self._inductor_cache(),
             nproc_per_node=self.nproc_per_node, group_devices=self.groups.get(job.device),
             **self._cores(job.slot))
+
+    def _inductor_cache(self) -> str:
+        """Compiled graphs are cached under the study, so each (mode, shapes) compiles once;
+        the probe's process is told it too, as a trial's is (what it sees of the environment
+        decides what a script's trials may import ahead: `preload`)."""
+        return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(self.directory / "inductor")
 
     def _round_window(self) -> dict[str, Any]:
         steps = min(ROUND_WINDOW_STEPS, self.settings.get("window_steps", ROUND_WINDOW_STEPS))
@@ -158,16 +188,24 @@ class ProcessRunner:
 
     def _fork_server(self, start_timeout_s: float) -> ForkServer | None:
         """The fork server, started on first use; None when it cannot start (trials then start
-        as fresh interpreters), and for a training script, which nothing may run before its
-        trial does."""
-        if not self._started and self.script_args is None:
+        as fresh interpreters), and for a training script until its probe has said what it
+        imports (`preload`): nothing of the script runs before its trial does."""
+        script = self.script_args is not None
+        if not self._started and (not script or self._script_imports):
             self._started = True
-            self.on_phase("importing torch and the model file", None)
+            logs = self.directory / "logs"
+            modules = None
+            if script:
+                logs.mkdir(parents=True, exist_ok=True)
+                modules = logs / "script-imports.json"
+                modules.write_text(json.dumps(self._script_imports))
+            self.on_phase("importing torch and the " +
+                          ("script's libraries" if script else "model file"), None)
             try:
-                self._server = ForkServer(self.model_path, self.directory / "logs" /
-                                          "forkserver.log", start_timeout_s)
+                self._server = ForkServer(self.model_path, logs / "forkserver.log",
+                                          start_timeout_s, script_modules=modules)
             except ForkServerUnavailable as exc:
-                if exc.timed_out:
+                if exc.timed_out and not script:
                     raise ProbeFailed(f"importing {self.model_path} did not finish within "
                                       f"{start_timeout_s:g} s (see the log in "
                                       f"{self.directory / 'logs'})") from None

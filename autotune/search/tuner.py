@@ -113,6 +113,8 @@ class Tuner:
         self.scoring = Scoring(self.device.type, opener.memory_limit(), opts.memory_headroom,
                                opts.stall_penalty, opts.train_steps, self.baseline)
         recover_orphans(self.study, self.storage, self.owner, self.view.note)
+        if preloading := self.runner.preload(self.probe):
+            self.view.note(preloading)
 
     def close(self) -> None:
         """End the runner's processes (the fork server)."""

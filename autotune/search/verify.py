@@ -33,6 +33,7 @@ from autotune.study.confirmation import FRESH_ROUNDS, WARM_TURNS, Run, stored_co
 from autotune.study.records import StudyKey, config_key, trial_records
 from autotune.study.results import study_identity, study_summary
 from autotune.study.verification import Verification
+from autotune.trial.protocol import ProbeReport
 
 # A round of warm turns that is not a pair (`PairJudge`) is taken again at most this many
 # times (then kept: a verification has no time cap to wait a load out in).
@@ -143,6 +144,9 @@ def verify_study(study: optuna.Study, options: VerifyOptions, directory: Path,
                            nproc_per_node=identity.nproc_per_node,
                            script_args=list(identity.script_args)
                            if identity.script_args is not None else None)
+    probe = (study.user_attrs.get(StudyKey.PROBE) or {}).get("report")
+    if probe:
+        runner.preload(ProbeReport.from_dict(probe))
     try:
         return verify(study, runner.measure, Scoring(device.type, None, 0.0, 0.0), view,
                       rounds=options.rounds, time_limit_s=options.time_limit_s,

@@ -282,11 +282,11 @@ def _interrupted(search: Search, trial: Trial, tid: int) -> None:
 
 def _known_unsupported(records: Sequence[TrialRecord],
                        config: TrainConfig) -> TrialRecord | None:
-    """An earlier trial that found a setting of `config` unsupported on this model: the same
-    value cannot run now either, so no process is spent on it."""
+    """An earlier trial that found a setting of `config` (or a pair of its settings)
+    unsupported on this model: the same cannot run now either, so no process is spent on
+    it."""
     return next((r for r in records if r.status == TrialStatus.UNSUPPORTED
-                 and r.unsupported is not None
-                 and getattr(config, r.unsupported.knob) == r.unsupported.value), None)
+                 and r.unsupported is not None and r.unsupported.matches(config)), None)
 
 
 def _record(study: optuna.Study, trial: Trial) -> TrialRecord:

@@ -52,7 +52,8 @@ def bench_json(result: TrialResult, device: str, knobs: Mapping[str, Any]) -> di
     record.update({k: v for k, v in figures.items() if k not in record})
     if result.unsupported is not None:
         record.update(unsupported_knob=result.unsupported.knob,
-                      unsupported_value=result.unsupported.value)
+                      unsupported_value=result.unsupported.value,
+                      unsupported_together=result.unsupported.together)
     record.update({"log_path": result.log_path, "wall_s": result.wall_s})
     return record
 

@@ -78,6 +78,7 @@ class TrialKey:
     RETRY = "retry"
     UNSUPPORTED_KNOB = "unsupported_knob"    # the setting a trial found it cannot run
     UNSUPPORTED_VALUE = "unsupported_value"
+    UNSUPPORTED_TOGETHER = "unsupported_together"  # the settings it cannot run alongside
     CHANGED = "changed"          # the knobs an expert's trial changes from the baseline
 
 
@@ -173,7 +174,8 @@ class TrialRecord:
             end=trial.datetime_complete.timestamp() if trial.datetime_complete else None,
             wall_s=a.get(TrialKey.WALL_S), log_path=a.get(TrialKey.LOG_PATH),
             time_to_train_s=a.get(TrialKey.TIME_TO_TRAIN),
-            unsupported=UnsupportedSetting(knob, a.get(TrialKey.UNSUPPORTED_VALUE))
+            unsupported=UnsupportedSetting(knob, a.get(TrialKey.UNSUPPORTED_VALUE),
+                                           a.get(TrialKey.UNSUPPORTED_TOGETHER, {}))
             if knob is not None else None,
             changed=tuple(a.get(TrialKey.CHANGED, ())))
 

@@ -151,7 +151,8 @@ def _run_job(request: TrialRequest, on_phase: Callable[[str], None]) -> TrialRes
     except Unsupported as exc:
         result = _failed(TrialStatus.UNSUPPORTED, exc)
         if exc.knob is not None:  # the setting that cannot run, so no trial tries it again
-            result = replace(result, unsupported=UnsupportedSetting(exc.knob, exc.value))
+            result = replace(result, unsupported=UnsupportedSetting(exc.knob, exc.value,
+                                                                    exc.together))
         return result
     except BaseException as exc:
         _lift_memory_limit()

@@ -361,10 +361,21 @@ class ProfileReport:
 
 @dataclass(frozen=True)
 class UnsupportedSetting:
-    """The setting a trial found it cannot run, so that no later trial tries it again."""
+    """The setting a trial found it cannot run, so that no later trial tries it again; with
+    `together`, only alongside those other settings (a value pair)."""
 
     knob: str
     value: Any
+    together: dict[str, Any] = field(default_factory=dict)
+
+    def matches(self, config: TrainConfig) -> bool:
+        """`config` has the setting (and every setting it cannot run together with)."""
+        return all(getattr(config, knob) == value
+                   for knob, value in {**self.together, self.knob: self.value}.items())
+
+    def describe(self) -> str:
+        return " with ".join(f"{k}={v}" for k, v in {self.knob: self.value,
+                                                        **self.together}.items())
 
 
 # Bumped when a field of `TrialResult` changes meaning or goes.
@@ -488,6 +499,11 @@ class ProbeReport:
     step_s: dict[str, float] = field(default_factory=dict)
     convolutional: bool = False  # the model has 2-D or 3-D convolutions (memory formats)
     attention: bool = False  # it calls scaled_dot_product_attention (attention kernels)
+    # A training script's library modules, which its trials' fork server imports ahead
+    # (`trial/script/preload`), and the variables it changed in os.environ before its
+    # training (imports after the first change are its own).
+    script_imports: list[str] = field(default_factory=list)
+    script_environment_changed: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

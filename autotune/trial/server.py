@@ -1,10 +1,13 @@
-"""The fork server process: import torch, autotune's measurement and the model file once, then
-fork a fresh trial process (`child.run_child`) for every job the tuner sends
+"""The fork server process: import torch, autotune's measurement and the model file once (for a
+training script, the library modules its probe recorded, never the script: `script/preload`),
+then fork a fresh trial process (`child.run_child`) for every job the tuner sends
 (`autotune.search.forkserver` is the tuner's side and says what the protocol is).
 
-No torch operation runs here, so a child inherits no OpenMP pool and no CUDA context. A child
-starts its own session and writes to its own log; the server reaps it and reports how it ended.
-It ends, and ends its children, when the tuner closes its pipe or dies.
+No torch operation runs here, so a child inherits no OpenMP pool and no CUDA context. Imports
+that start a thread or change the environment would give a fork what a fresh interpreter lacks:
+the server then refuses to start. A child starts its own session and writes to its own log; the
+server reaps it and reports how it ended. It ends, and ends its children, when the tuner closes
+its pipe or dies.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import os
 import select
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -24,19 +28,32 @@ from autotune.trial.child import run_child
 
 
 def serve() -> None:
-    """Entry point of the server: import once, then fork a child per job until told to stop."""
+    """Entry point of the server: import once, then fork a child per job until told to stop.
+    Its arguments: a model file, or `--modules FILE` (a JSON list) for a training script."""
     parent = os.getppid()
     out = sys.stdout.buffer
     import torch
     import torch._dynamo  # noqa: F401  (every optimizer's constructor imports it: 1.7 s a trial)
 
     import autotune.trial.measure  # noqa: F401
+    from autotune.trial.script.preload import import_modules
     from autotune.trial.workload import preload
 
-    preloaded = preload(sys.argv[1])
+    script = sys.argv[1] == "--modules"
+    environment = dict(os.environ)  # as a fresh trial's, which imports the above too
+    if script:
+        imported, failed = import_modules(json.loads(Path(sys.argv[2]).read_text()))
+        preloaded, what = imported > 0, "the script's library modules"
+        if failed:
+            print(f"left to each trial ({len(failed)} would not import here): "
+                  f"{', '.join(failed)}", file=sys.stderr, flush=True)
+    else:
+        preloaded, what = preload(sys.argv[1]), "the model file"
+    refusal = _unlike_a_fresh_interpreter(environment if script else None, what)
     if torch.cuda.is_initialized():
-        _say(out, {"ready": False, "reason": "importing the model file initialised CUDA, "
-                   "which a forked trial cannot use"})
+        refusal = f"importing {what} initialised CUDA, which a forked trial cannot use"
+    if refusal:
+        _say(out, {"ready": False, "reason": refusal})
         return
     _say(out, {"ready": True, "preloaded": preloaded})
     children: dict[int, int] = {}
@@ -78,6 +95,22 @@ def _run_forked(job: dict[str, Any]) -> None:
     except BaseException:
         traceback.print_exc()
     os._exit(1)
+
+
+def _unlike_a_fresh_interpreter(environment: dict[str, str] | None, what: str) -> str | None:
+    """Why a fork would start unlike a fresh interpreter: a thread the imports started (a fork
+    copies none of it, locks held included), or, for a script (`environment`: the server's at
+    its start), a variable they set, which the script's first lines would see."""
+    if threading.active_count() > 1:
+        names = ", ".join(t.name for t in threading.enumerate() if t is not
+                          threading.main_thread())
+        return f"importing {what} started threads ({names}), which a fork does not copy"
+    changed = [] if environment is None else sorted(
+        k for k in os.environ.keys() | environment.keys()
+        if os.environ.get(k) != environment.get(k))
+    if changed:
+        return f"importing {what} changed the environment ({', '.join(changed)})"
+    return None
 
 
 def _say(out: IO[bytes], message: dict[str, Any]) -> None:

@@ -56,11 +56,15 @@ CHECK_SAMPLES = 2
 
 class Unsupported(AutotuneError):
     """This configuration cannot apply to this model or device (not a failure of the run);
-    `knob` and `value` name the setting that cannot, where one does."""
+    `knob` and `value` name the setting that cannot, where one does, and `together` the other
+    settings without which it could (a value pair: a fused AdamW that cannot run with mixed
+    precision, say)."""
 
-    def __init__(self, reason: str, knob: str | None = None, value: Any = None) -> None:
+    def __init__(self, reason: str, knob: str | None = None, value: Any = None,
+                 together: Mapping[str, Any] | None = None) -> None:
         super().__init__(reason)
         self.knob, self.value = knob, value
+        self.together = dict(together or {})
 
 
 class BatchTransferError(ContractError):

@@ -114,3 +114,43 @@ def test_a_lightning_script_study_in_process_groups_of_two_ranks(tmp_path: Path)
                             len(r.measurement.rank_samples_per_sec) == 2 for r in measured)
     assert summary["answer_in_script_terms"]
     assert not root.exists()
+
+
+@pytest.mark.slow
+def test_a_scripts_trials_fork_with_its_libraries_imported_and_run_it_from_its_first_line(
+        tmp_path: Path) -> None:
+    """The probe is a fresh interpreter; every later run of the script forks from one process
+    that imported transformers' Trainer, never the script: each run's first line finds the
+    Trainer imported, and runs once per trial. `verify` re-runs the script the same way, with
+    the answer and with its own settings."""
+    need("transformers", "examples")
+    runs = tmp_path / "runs.txt"
+    script = tmp_path / "train_in_code.py"
+    script.write_text(
+        "import os, sys\n"
+        f"with open({str(runs)!r}, 'a') as f:\n"
+        "    f.write(f\"{'transformers.trainer' in sys.modules} {os.getppid()}\\n\")\n" +
+        Path("tests/models/scripts/hf_in_code.py").read_text())
+    out = tmp_path / "script-output"
+    done = run_cli("run", "--script", str(script), "--device", "cpu", "--trials", "2",
+                   "--studies-dir", str(tmp_path), *NO_COMPILE, *FAST, *CONFIRM_ONCE,
+                   "--", "--output-dir", str(out), timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "trials fork from a process that has imported torch and the" in \
+        done.stdout + done.stderr
+    lines = [line.split() for line in runs.read_text().splitlines()]
+    trials = trial_records(load_study("train_in_code", tmp_path))
+    assert lines[0][0] == "False"  # the probe: a fresh interpreter
+    assert len(lines) >= 1 + len(trials) >= 3
+    assert {preloaded for preloaded, _ in lines[1:]} == {"True"}
+    assert len({server for _, server in lines[1:]}) == 1  # all forks of one process
+    verified = run_cli("verify", "train_in_code", "--studies-dir", str(tmp_path), "--rounds",
+                       "2", *FAST)
+    if verified.returncode == 2:  # the search measured no contender to the script's settings
+        assert "nothing to verify" in verified.stderr
+    else:
+        assert verified.returncode in (0, 1), verified.stderr
+        assert verified.stdout.startswith("verified ")
+        again = [line.split() for line in runs.read_text().splitlines()][len(lines):]
+        assert len(again) == 4 and {preloaded for preloaded, _ in again} == {"True"}
+    assert not out.exists()

@@ -12,7 +12,13 @@ from autotune.search.runner import MeasureJob
 from autotune.search.tuner import Tuner
 from autotune.study.records import trial_records
 from autotune.study.results import load_study
-from autotune.trial.protocol import FIRST_STEP, Measurement, TrialResult, TrialStatus
+from autotune.trial.protocol import (
+    FIRST_STEP,
+    Measurement,
+    TrialResult,
+    TrialStatus,
+    UnsupportedSetting,
+)
 
 from ..conftest import TINY_SOURCE
 
@@ -113,3 +119,46 @@ def test_a_knob_that_lost_alone_is_kept_at_the_baselines_value_by_the_sampler(
     assert [(t.config.memory_format, t.config.optimizer_impl) for t in measured[4:]] == \
         [("contiguous", "foreach")]
     assert all(t.config.memory_format == "contiguous" for t in trials[4:])
+
+
+def test_a_value_pair_found_unsupported_is_never_run_again_and_each_value_alone_still_is(
+        write_model, tmp_path) -> None:
+    """A trial finds fused AdamW cannot run with bf16 (Lightning clipping a fused AdamW's
+    gradients under mixed precision): a later configuration with both is recorded without a
+    process; fused with fp32, and bf16 with another AdamW, are still measured."""
+    model = write_model(TINY_SOURCE)
+    jobs: list[TrainConfig] = []
+
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        if not jobs:  # the baseline: then the pair twice (the second unlike the first),
+            base = tuner.baseline  # and each value alone
+            for changes in ({"precision": "bf16", "optimizer_impl": "fused"},
+                            {"precision": "bf16", "optimizer_impl": "fused",
+                             "activation_checkpointing": "full"},
+                            {"precision": "fp32", "optimizer_impl": "fused"},
+                            {"precision": "bf16", "optimizer_impl": "for_loop"}):
+                tuner.study.enqueue_trial(tuner.space.params_for(base.replace(**changes)))
+        jobs.append(config)
+        if (config.optimizer_impl, config.precision) == ("fused", "bf16"):
+            return TrialResult(TrialStatus.UNSUPPORTED, "no clipping of a fused AdamW",
+                               unsupported=UnsupportedSetting("optimizer_impl", "fused",
+                                                              {"precision": "bf16"}))
+        figures = replace(METRICS, samples_per_sec=1000.0 + len(jobs))
+        return TrialResult(TrialStatus.OK, "measured", measurement=figures)
+
+    tuner = Tuner(TuneOptions(model_path=str(model), device="cpu", trials=5,
+                              studies_dir=str(tmp_path), plain_tpe=True, confirm_repeats=0,
+                              seed=0))
+    tuner.runner.measure = measure  # the probe was real; the trials are scripted
+    try:
+        tuner.run()
+    finally:
+        tuner.close()
+    records = trial_records(load_study(tuner.study.study_name, tmp_path))
+    by_number = {r.number: r for r in records}
+    assert [(c.precision, c.optimizer_impl) for c in jobs[1:4]] == [
+        ("bf16", "fused"), ("fp32", "fused"), ("bf16", "for_loop")]
+    assert by_number[1].status == by_number[2].status == TrialStatus.UNSUPPORTED
+    assert by_number[2].message.startswith(
+        "not run: optimizer_impl=fused with precision=bf16 is unsupported on this model")
+    assert by_number[3].status == by_number[4].status == TrialStatus.OK

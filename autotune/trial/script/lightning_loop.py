@@ -168,9 +168,11 @@ def set_optimizer(trial: ScriptTrial, baseline: ScriptBaseline,
             raise Unsupported(f"optimizer_impl={impl}: the script's AdamW already has state "
                               "or is differentiable", "optimizer_impl", impl)
         if impl == "fused" and trainer.gradient_clip_val and "mixed" in str(trainer.precision):
+            precision = trial.config.precision if trial.config is not None else None
             raise Unsupported("optimizer_impl=fused with mixed precision and gradient clipping: "
                               "Lightning refuses to clip the gradients of an optimizer that "
-                              "unscales them itself (a fused AdamW)")
+                              "unscales them itself (a fused AdamW)", "optimizer_impl", "fused",
+                              together={"precision": precision})
         for group in (*optimizer.param_groups, flags):
             group["foreach"], group["fused"] = impl == "foreach", impl == "fused"
         optimizer._step_supports_amp_scaling = impl == "fused"

@@ -28,6 +28,7 @@ from autotune.trial.script.errors import (
 )
 from autotune.trial.script.imports import patched_on_import
 from autotune.trial.script.observer import TrainingDone
+from autotune.trial.script.preload import recording_imports
 from autotune.trial.script.session import ScriptBaseline, ScriptTrial, Settings, active, current
 
 # The modules whose import installs a hook: the classes are patched in the module that defines
@@ -44,14 +45,17 @@ PATCHES = {
 class ScriptRun:
     """A script run that reached its training: its own start-up (start to Trainer.train/fit),
     its own settings, the settings the trial applied (library terms), the optimizer steps the
-    library took, and whether the observer stopped it (else the script's training ended
-    first)."""
+    library took, whether the observer stopped it (else the script's training ended first),
+    and the library modules a fork server may import for its trials (`preload`), with the
+    environment variables the script changed first, which held later imports back."""
 
     startup_s: float
     baseline: ScriptBaseline
     settings: Settings
     steps: int
     stopped_by_observer: bool
+    library_modules: list[str]
+    environment_changed: list[str]
 
 
 def run_script(path: str | Path, argv: Sequence[str], trial: ScriptTrial) -> ScriptRun:
@@ -65,12 +69,14 @@ def run_script(path: str | Path, argv: Sequence[str], trial: ScriptTrial) -> Scr
     sys.path.insert(0, str(path.resolve().parent))
     trial.started_at = time.perf_counter()
     try:
-        with active(trial), patched_on_import(PATCHES), _parser_exits_recorded():
+        with active(trial), patched_on_import(PATCHES), _parser_exits_recorded(), \
+                recording_imports() as imports:
             runpy.run_path(str(path), run_name="__main__")
     except TrainingDone:
         assert trial.baseline is not None and trial.train_called_at is not None
         return ScriptRun(trial.train_called_at - trial.started_at, trial.baseline,
-                         trial.settings, trial.steps, trial.stopped_by_observer)
+                         trial.settings, trial.steps, trial.stopped_by_observer,
+                         imports.modules(), imports.changed)
     except (AutotuneError, KeyboardInterrupt):
         raise
     except SystemExit as exc:
