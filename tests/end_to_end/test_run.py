@@ -174,7 +174,14 @@ def _start_study(tmp_path: Path, trials: int) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "autotune", "run", *TINY_MLP,
                              "--studies-dir", str(tmp_path), *NO_COMPILE, *FAST,
                              "--trials", str(trials), "--confirm-repeats", "0", "--seed", "5"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_ctrl_c_as_at_a_terminal)
+
+
+def _ctrl_c_as_at_a_terminal() -> None:
+    """A shell's background job (CI started with `&`, say) inherits SIGINT ignored, and Python
+    keeps it ignored: the tuner gets the disposition a process started at a terminal has."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.slow
