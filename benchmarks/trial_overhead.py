@@ -1,5 +1,6 @@
 """What a trial costs besides its measurement: a new interpreter per trial against a child forked
-from the fork server (what the tuner uses), on the tiny reference models.
+from the fork server (what the tuner uses), on the tiny reference models and on training scripts
+(the server imports the library modules the script's probe recorded, never the script).
 
 For each model, the baseline configuration is measured in rounds: each round runs it once in a
 fresh interpreter and once forked, in alternating order, so that the machine's drift falls on
@@ -11,6 +12,8 @@ length varies from run to run with the step times' noise, so wall times are not 
 writes benchmarks/results/<name>.json and .md. It asserts nothing.
 
     python benchmarks/trial_overhead.py --rounds 3 --models mlp rgat
+    python benchmarks/trial_overhead.py --rounds 5 --models hf_script lightning_script \
+        --name trial_overhead_scripts
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from autotune.search.forkserver import ForkServer  # noqa: E402
 from autotune.search.isolation import run_isolated  # noqa: E402
 from autotune.stats import paired_ratio  # noqa: E402
-from autotune.trial.protocol import TrialRequest  # noqa: E402
+from autotune.trial.protocol import TrialRequest, TrialStatus  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 MODELS = {
@@ -41,12 +44,21 @@ MODELS = {
     "gpt": ("models/gpt.py", {"n_layer": 2, "n_embd": 64, "n_head": 2, "block_size": 64,
                               "vocab_size": 512, "num_samples": 512}),
 }
+# Training scripts and their own arguments (their outputs under the run's scratch folder).
+SCRIPTS = {
+    "hf_script": ("benchmarks/scripts/bert_classify_argparser.py",
+                  ["--output_dir", "{scratch}/bert", "--per_device_train_batch_size", "8",
+                   "--num_train_epochs", "50", "--report_to", "none"]),
+    "lightning_script": ("benchmarks/scripts/lightning_cnn_datamodule.py",
+                         ["--work-dir", "{scratch}/cnn", "--batch-size", "32"]),
+}
 
 
-def trial(model: str, args: dict[str, Any], server: ForkServer | None,
-          log: Path) -> dict[str, Any]:
+def trial(model: str, args: dict[str, Any], script_args: list[str] | None,
+          server: ForkServer | None, log: Path) -> dict[str, Any]:
     request = TrialRequest(model_path=str(ROOT / model), config={}, device="cpu",
-                           model_args=args)
+                           model_args=args, script_args=script_args,
+                           inductor_cache_dir=str(log.parent / "inductor"))
     result = run_isolated(request, 600, log, server=server)
     m = result.measurement
     measuring = m.warmup_s + m.window_s if m is not None else 0.0
@@ -55,24 +67,49 @@ def trial(model: str, args: dict[str, Any], server: ForkServer | None,
             "overhead_share": 1 - measuring / result.wall_s if result.wall_s else None}
 
 
+def server_for(name: str, scratch: Path) -> tuple[str, dict[str, Any], list[str] | None,
+                                                  ForkServer]:
+    """The workload's file, arguments, script arguments and fork server; a script's probe
+    (a fresh interpreter, as the tuner runs it) says which modules the server imports."""
+    log = scratch / f"{name}-server.log"
+    if name in MODELS:
+        model, model_args = MODELS[name]
+        return model, model_args, None, ForkServer(str(ROOT / model), log, 600)
+    script, argv = SCRIPTS[name]
+    script_args = [a.format(scratch=scratch) for a in argv]
+    probe = run_isolated(TrialRequest(model_path=str(ROOT / script), config={}, device="cpu",
+                                      model_args={}, job="probe", script_args=script_args,
+                                      inductor_cache_dir=str(scratch / "inductor")),
+                         600, scratch / f"{name}-probe.log")
+    if probe.status != TrialStatus.OK or probe.probe is None:
+        raise SystemExit(f"{name}'s probe ended as {probe.status}: {probe.message}")
+    modules = scratch / f"{name}-imports.json"
+    modules.write_text(json.dumps(probe.probe.script_imports))
+    print(name, len(probe.probe.script_imports), "modules to import ahead; environment changed "
+          f"first: {probe.probe.script_environment_changed}", flush=True)
+    return script, {}, script_args, ForkServer(str(ROOT / script), log, 600,
+                                               script_modules=modules)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--models", nargs="+", default=list(MODELS),
+                        choices=[*MODELS, *SCRIPTS])
     parser.add_argument("--name", default="trial_overhead")
     args = parser.parse_args()
     rows = {}
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.models:
-            model, model_args = MODELS[name]
+            model, model_args, script_args, server = server_for(name, Path(scratch))
             runs: dict[str, list[dict[str, Any]]] = {"fresh": [], "forked": []}
-            with ForkServer(str(ROOT / model), Path(scratch) / f"{name}-server.log",
-                            600) as server:
+            with server:
                 for round_ in range(args.rounds):
                     order = ("fresh", "forked") if round_ % 2 == 0 else ("forked", "fresh")
                     for launcher in order:
                         runs[launcher].append(trial(
-                            model, model_args, server if launcher == "forked" else None,
+                            model, model_args, script_args,
+                            server if launcher == "forked" else None,
                             Path(scratch) / f"{name}-{launcher}-{round_}.log"))
                         print(name, launcher, round_, runs[launcher][-1], flush=True)
             ok = {k: [r for r in v if r["status"] == "ok"] for k, v in runs.items()}
