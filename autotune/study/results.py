@@ -146,6 +146,12 @@ def study_summary(study: optuna.Study) -> StudySummary:
         warnings.append(f"trials were measured on {len(devices)} machines "
                         f"({'; '.join(devices)}): rates from different machines are not "
                         "comparable")
+    payoff = compile_payoff(records, best_trial)
+    objective = attrs.get(StudyKey.OBJECTIVE) or {}
+    short = _short_run(probe.get("script_run_steps"), best_config, payoff,
+                       objective.get("train_steps"))
+    if short:
+        warnings.append(short)
     best_disturbed = bool(best and best.disturbed)
     if best_disturbed and confirmation is None:
         warnings.append(
@@ -165,7 +171,7 @@ def study_summary(study: optuna.Study) -> StudySummary:
         retried_trials=sum(1 for r in records if r.retry > 0),
         tuning_wall_s=attrs.get(StudyKey.TUNING_WALL_S),
         free_batch=attrs.get(StudyKey.FREE_BATCH, False),
-        train_steps=(attrs.get(StudyKey.OBJECTIVE) or {}).get("train_steps"),
+        train_steps=objective.get("train_steps"),
         memory_predictions=prediction_errors(r for r in records if not r.duplicate),
         loader_rates=tuple(LoaderRate(**r) for r in rates) if rates is not None else None,
         baseline_trial=BaselineTrial(baseline_trial.number, baseline_trial.label,
@@ -176,7 +182,7 @@ def study_summary(study: optuna.Study) -> StudySummary:
         warnings=tuple(warnings),
         queued_trials=tuple(r.number for r in every if r.state == TrialState.WAITING.name),
         disturbed_trials=tuple(r.number for r in records if r.disturbed and not r.duplicate),
-        best_disturbed=best_disturbed, compile_payoff=compile_payoff(records, best_trial),
+        best_disturbed=best_disturbed, compile_payoff=payoff,
         trial_times=trial_times(records),
         probe_s=(attrs.get(StudyKey.PROBE) or {}).get("wall_s"),
         verifications=tuple(Verification.from_json(v)
@@ -336,6 +342,23 @@ def prediction_errors(trials: Iterable[TrialRecord]) -> MemoryPredictions | None
     absolute = [abs(e) for e in errors]
     return MemoryPredictions(checked=len(errors), median_abs_error=statistics.median(absolute),
                              max_abs_error=max(absolute), median_error=statistics.median(errors))
+
+
+def _short_run(run_steps: int | None, best: TrainConfig | None,
+               payoff: CompilePayoff | None, train_steps: int | None) -> str | None:
+    """Where the answer compiles and the script's own run ends before compiling pays for
+    itself: the steady ranking does not hold for that run (`--train-steps` ranks by it)."""
+    if not run_steps or train_steps or best is None or best.compile_mode == "none" or \
+            payoff is None:
+        return None
+    even = payoff.break_even_steps
+    if even is not None and even <= run_steps:
+        return None
+    after = f"after {even:,.0f} steps" if even is not None else "never, here"
+    return (f"the script's own run is {run_steps:,} optimizer steps at its settings, and "
+            f"torch.compile in the answer pays for its start-up {after}: for a run this "
+            f"short the answer ranks steady steps, not the run; `--train-steps {run_steps}` "
+            "ranks by the run's whole wall time, start-up and compile included")
 
 
 def compile_payoff(records: Sequence[TrialRecord],

@@ -504,6 +504,8 @@ class ProbeReport:
     # training (imports after the first change are its own).
     script_imports: list[str] = field(default_factory=list)
     script_environment_changed: list[str] = field(default_factory=list)
+    # The optimizer steps of the script's own run at its own settings, where its library says.
+    script_run_steps: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

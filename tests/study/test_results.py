@@ -21,6 +21,7 @@ from autotune.study.records import (
     trial_records,
 )
 from autotune.study.results import (
+    _short_run,
     compile_rows,
     list_studies,
     load_study,
@@ -28,6 +29,7 @@ from autotune.study.results import (
     study_summary,
 )
 from autotune.study.storage import open_storage
+from autotune.study.summary import CompilePayoff
 from autotune.trial.protocol import Measurement, TrialStatus
 
 
@@ -170,3 +172,24 @@ def test_a_study_written_before_typed_records_opens_and_says_what_it_said(tmp_pa
     assert now.pop("probe_s") is None  # not recorded before
     assert now.pop("confirmation_measured") == FRESH_ROUNDS
     assert now == then
+
+
+def test_an_answer_that_compiles_is_questioned_where_the_scripts_run_is_shorter_than_its_payoff(
+        ) -> None:
+    """A script that trains 96 steps, an answer with torch.compile that pays for itself after
+    9,538: the steady ranking does not hold for that run, and `--train-steps 96` would rank by
+    it. No warning where the run is long enough, the answer does not compile, or the study
+    already ranked by --train-steps."""
+    compiled = TrainConfig(micro_batch_size=16, compile_mode="default")
+    payoff = CompilePayoff(trial=4, reference="#1", compile_s=31.7, gain=0.16,
+                           break_even_steps=9538.0)
+    said = _short_run(96, compiled, payoff, None)
+    assert said is not None and "96 optimizer steps" in said and "after 9,538 steps" in said
+    assert "`--train-steps 96`" in said
+    never = CompilePayoff(trial=4, reference="#1", compile_s=31.7, gain=-0.1,
+                          break_even_steps=None)
+    assert "never, here" in _short_run(96, compiled, never, None)
+    assert _short_run(20_000, compiled, payoff, None) is None
+    assert _short_run(96, compiled.replace(compile_mode="none"), payoff, None) is None
+    assert _short_run(96, compiled, payoff, 96) is None
+    assert _short_run(None, compiled, payoff, None) is None

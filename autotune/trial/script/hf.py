@@ -20,6 +20,7 @@ from autotune.trial.script.errors import check_device
 from autotune.trial.script.hf_terms import (
     LIBRARY,
     read_baseline,
+    run_steps,
     training_arguments,
     unexpressed,
 )
@@ -58,6 +59,7 @@ def patch_trainer(module: ModuleType) -> None:
         baseline = read_baseline(script_args, trial.device.type, bound.arguments.get("model"))
         bound.arguments["args"], settings = _trial_arguments(trial, script_args, baseline)
         init(*bound.args, **bound.kwargs)
+        baseline.run_steps = run_steps(script_args, dataset_size(self.train_dataset))
         check_device(trial.script, self.args.device, trial.device, "TrainingArguments takes the "
                      "GPU where there is one, the CPU with use_cpu=True")
         self._autotune_trial = (baseline, settings)

@@ -4,6 +4,7 @@ TrainingArguments it built."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from enum import Enum
 from typing import Any
@@ -177,3 +178,17 @@ def _fields(args: Any, names: Mapping[str, Any]) -> dict[str, Any]:
 
 def _text(value: Any) -> Any:
     return value.value if isinstance(value, Enum) else value
+
+
+def run_steps(args: Any, samples: int | None) -> int | None:
+    """The optimizer steps the script's own run takes, counted as the Trainer counts them:
+    its `max_steps`, else its epochs over its data's batches (a step per accumulation, the
+    last one short); None for data without a length."""
+    if args.max_steps > 0:
+        return int(args.max_steps)
+    if samples is None:
+        return None
+    per_batch = args.per_device_train_batch_size * max(1, args.world_size)
+    batches = samples // per_batch if args.dataloader_drop_last else -(-samples // per_batch)
+    accum = args.gradient_accumulation_steps
+    return math.ceil(args.num_train_epochs * max(-(-batches // accum), 1))

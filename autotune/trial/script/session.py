@@ -36,6 +36,7 @@ class ScriptBaseline:
     settings: Settings = field(default_factory=dict)
     parsed_by: str | None = None
     arguments_class: str = "TrainingArguments"
+    run_steps: int | None = None  # the optimizer steps of the script's own run, where known
 
     def config(self, device_type: str, world_size: int = 1) -> TrainConfig:
         """The baseline as a TrainConfig: PyTorch's defaults where the script says nothing."""

@@ -19,6 +19,7 @@ from transformers import TrainingArguments  # noqa: E402
 from autotune.trial.script.hf_terms import (  # noqa: E402
     changed_arguments,
     read_baseline,
+    run_steps,
     training_arguments,
     unexpressed,
 )
@@ -115,3 +116,25 @@ def test_tf32_is_said_only_where_it_changes_something() -> None:
     assert training_arguments(TrainConfig(precision="fp32"), {"tf32": True})["tf32"] is False
     assert training_arguments(TrainConfig(compile_mode="default"), {})["tf32"] is False
     assert "tf32" not in training_arguments(TrainConfig(precision="bf16"), {"tf32": True})
+
+
+@pytest.mark.parametrize("given", [
+    {"num_train_epochs": 3, "per_device_train_batch_size": 8},
+    {"num_train_epochs": 2.5, "per_device_train_batch_size": 6, "gradient_accumulation_steps": 4},
+    {"num_train_epochs": 1, "per_device_train_batch_size": 7, "dataloader_drop_last": True,
+     "gradient_accumulation_steps": 2},
+    {"max_steps": 17, "per_device_train_batch_size": 4}])
+def test_the_scripts_run_is_counted_as_its_trainer_counts_it(tmp_path: Path,
+                                                             given: dict) -> None:
+    """The optimizer steps of the script's own run: the Trainer's own count (its epochs over
+    its data's batches, a step per accumulation, or its max_steps)."""
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer
+
+    data = [{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}] * 53
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True,
+                             **given)
+    trainer = Trainer(model=GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2,
+                                                       vocab_size=8, n_positions=4)),
+                      args=args, train_dataset=data)
+    *_, max_steps = trainer.set_initial_training_values(args, trainer.get_train_dataloader())
+    assert run_steps(args, len(data)) == max_steps

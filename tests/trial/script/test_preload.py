@@ -92,6 +92,8 @@ def test_a_scripts_probe_says_which_modules_its_trials_may_import_ahead(
         assert result.status == TrialStatus.OK, (tmp_path / f"{name}.log").read_text()[-3000:]
         probes[name] = result.probe
     assert "transformers.trainer" in probes["plain"].script_imports
+    # its own run, as its Trainer counts it: 3 epochs of 32 samples in batches of 8
+    assert probes["plain"].script_run_steps == 12
     assert probes["plain"].script_environment_changed == []
     assert not any(m.startswith("transformers") for m in probes["sets_env"].script_imports)
     assert "torch" in {m.split(".")[0] for m in probes["sets_env"].script_imports}
