@@ -4,6 +4,7 @@ a new user would run it; the answer in the script's own arguments, its output un
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -112,8 +113,32 @@ def test_a_lightning_script_study_in_process_groups_of_two_ranks(tmp_path: Path)
                 if r.status == TrialStatus.OK and r.measurement]
     assert measured and all(r.measurement.world_size == 2 and
                             len(r.measurement.rank_samples_per_sec) == 2 for r in measured)
-    assert summary["answer_in_script_terms"]
+    answer = summary["answer_in_script_terms"]
+    assert answer
+    exported = run_cli("export", "lightning_datamodule", "--studies-dir", str(tmp_path),
+                       "--format", "args")
+    assert exported.returncode == 0, exported.stderr
+    if summary["best_config"] == summary["baseline_config"]:
+        assert exported.stdout == "# keep the script's own settings\n"
+    else:
+        assert exported.stdout.splitlines() == [f"# change in the code: {line}"
+                                                for line in answer]
+    _verified_or_nothing_to_verify("lightning_datamodule", tmp_path)
     assert not root.exists()
+
+
+def _verified_or_nothing_to_verify(study: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """`verify --rounds 2` of a script study: the claim checked in fresh paired rounds, or,
+    where the search measured no contender to the script's own settings, nothing to verify."""
+    verified = run_cli("verify", study, "--studies-dir", str(tmp_path), "--rounds", "2", *FAST,
+                       timeout=600)
+    if verified.returncode == 2:
+        assert "nothing to verify" in verified.stderr
+    else:
+        assert verified.returncode in (0, 1), verified.stderr
+        assert verified.stdout.startswith("verified ") and "2 fresh paired rounds" in \
+            verified.stdout
+    return verified
 
 
 @pytest.mark.slow
@@ -144,13 +169,12 @@ def test_a_scripts_trials_fork_with_its_libraries_imported_and_run_it_from_its_f
     assert len(lines) >= 1 + len(trials) >= 3
     assert {preloaded for preloaded, _ in lines[1:]} == {"True"}
     assert len({server for _, server in lines[1:]}) == 1  # all forks of one process
-    verified = run_cli("verify", "train_in_code", "--studies-dir", str(tmp_path), "--rounds",
-                       "2", *FAST)
-    if verified.returncode == 2:  # the search measured no contender to the script's settings
-        assert "nothing to verify" in verified.stderr
-    else:
-        assert verified.returncode in (0, 1), verified.stderr
-        assert verified.stdout.startswith("verified ")
+    exported = run_cli("export", "train_in_code", "--studies-dir", str(tmp_path), "--format",
+                       "args")
+    assert exported.returncode == 0, exported.stderr
+    assert exported.stdout.startswith(("# keep the script's own settings",
+                                       "# change in the code: TrainingArguments("))
+    if _verified_or_nothing_to_verify("train_in_code", tmp_path).returncode != 2:
         again = [line.split() for line in runs.read_text().splitlines()][len(lines):]
         assert len(again) == 4 and {preloaded for preloaded, _ in again} == {"True"}
     assert not out.exists()
