@@ -56,6 +56,7 @@ def test_a_hugging_face_script_study_answers_in_its_own_arguments(tmp_path: Path
     assert exported.returncode == 0, exported.stderr
     assert exported.stdout.splitlines()[0] == (
         " ".join(flags) if flags else "# keep the script's own settings")
+    _verified_or_nothing_to_verify("hf_argparser", tmp_path)
     # nothing the script's own run would write: no output directory, no saved model
     assert not out.exists()
 
