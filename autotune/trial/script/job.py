@@ -143,6 +143,6 @@ def _probe_report(run: ScriptRun, observer: MeasuringObserver, candidates: dict[
         baseline=run.baseline.knobs, dataset_size=info.dataset_size or UNSIZED_DATASET,
         state_bytes=training_state_bytes(info.model), parameters=parameters,
         left_out=terms.left_out(run.baseline, candidates, device_type, world_size),
-        script_imports=run.library_modules,
-        script_environment_changed=run.environment_changed,
+        script_imports=run.imports.modules(),
+        script_environment_changed=run.imports.changed,
         script_run_steps=run.baseline.run_steps)

@@ -28,7 +28,7 @@ from autotune.trial.script.errors import (
 )
 from autotune.trial.script.imports import patched_on_import
 from autotune.trial.script.observer import TrainingDone
-from autotune.trial.script.preload import recording_imports
+from autotune.trial.script.preload import ImportRecorder, recording_imports
 from autotune.trial.script.session import ScriptBaseline, ScriptTrial, Settings, active, current
 
 # The modules whose import installs a hook: the classes are patched in the module that defines
@@ -46,16 +46,15 @@ class ScriptRun:
     """A script run that reached its training: its own start-up (start to Trainer.train/fit),
     its own settings, the settings the trial applied (library terms), the optimizer steps the
     library took, whether the observer stopped it (else the script's training ended first),
-    and the library modules a fork server may import for its trials (`preload`), with the
-    environment variables the script changed first, which held later imports back."""
+    and what it imported (`preload`: asked only by the probe, which tells the fork server of
+    the trials what to import ahead; a trial does not pay for the listing)."""
 
     startup_s: float
     baseline: ScriptBaseline
     settings: Settings
     steps: int
     stopped_by_observer: bool
-    library_modules: list[str]
-    environment_changed: list[str]
+    imports: ImportRecorder
 
 
 def run_script(path: str | Path, argv: Sequence[str], trial: ScriptTrial) -> ScriptRun:
@@ -76,7 +75,7 @@ def run_script(path: str | Path, argv: Sequence[str], trial: ScriptTrial) -> Scr
         assert trial.baseline is not None and trial.train_called_at is not None
         return ScriptRun(trial.train_called_at - trial.started_at, trial.baseline,
                          trial.settings, trial.steps, trial.stopped_by_observer,
-                         imports.modules(), imports.changed)
+                         imports)
     except (AutotuneError, KeyboardInterrupt):
         raise
     except SystemExit as exc:
