@@ -3,6 +3,7 @@ that answers from a script, so the loop's own decisions are what is tested."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -41,11 +42,7 @@ def test_a_compile_that_ran_out_of_time_runs_once_more(write_model, tmp_path) ->
     tuner = Tuner(TuneOptions(model_path=str(model), device="cpu", trials=3,
                               studies_dir=str(tmp_path), fixes={"compile_mode": "default"},
                               plain_tpe=True, confirm_repeats=0, seed=0))
-    tuner.runner.measure = measure  # the probe was real; the trials are scripted
-    try:
-        tuner.run()
-    finally:
-        tuner.close()
+    _run_scripted(tuner, measure)
     trials = load_study(tuner.study.study_name, tmp_path).get_trials(deepcopy=False)
     statuses = [t.user_attrs["status"] for t in trials]
     assert statuses == ["ok", "compile_timeout", "timeout"]
@@ -77,11 +74,7 @@ def test_under_the_time_budget_the_last_search_trial_gets_a_trials_time_to_finis
 
     tuner = Tuner(TuneOptions(model_path=str(model), device="cpu", studies_dir=str(tmp_path),
                               confirm_repeats=0, seed=0))
-    tuner.runner.measure = measure  # the probe was real; the trials are scripted
-    try:
-        tuner.run()
-    finally:
-        tuner.close()
+    _run_scripted(tuner, measure)
     searched = [job for job in jobs if job.name.startswith("trial-") and job.number]
     assert searched, "the plan left time for search trials"
     assert min(job.time_limit_s for job in searched) >= 5.0 * 0.95
@@ -106,11 +99,7 @@ def test_a_knob_that_lost_alone_is_kept_at_the_baselines_value_by_the_sampler(
                               confirm_repeats=0, seed=0,
                               fixes={"compile_mode": "none", "num_workers": 0,
                                      "micro_batch_size": 8, "precision": "fp32"}))
-    tuner.runner.measure = measure  # the probe was real; the trials are scripted
-    try:
-        tuner.run()
-    finally:
-        tuner.close()
+    _run_scripted(tuner, measure)
     trials = trial_records(load_study(tuner.study.study_name, tmp_path))
     measured = [t for t in trials if not t.duplicate]
     assert [(t.role, t.changed) for t in measured[:4]] == [
@@ -149,11 +138,7 @@ def test_a_value_pair_found_unsupported_is_never_run_again_and_each_value_alone_
     tuner = Tuner(TuneOptions(model_path=str(model), device="cpu", trials=5,
                               studies_dir=str(tmp_path), plain_tpe=True, confirm_repeats=0,
                               seed=0))
-    tuner.runner.measure = measure  # the probe was real; the trials are scripted
-    try:
-        tuner.run()
-    finally:
-        tuner.close()
+    _run_scripted(tuner, measure)
     records = trial_records(load_study(tuner.study.study_name, tmp_path))
     by_number = {r.number: r for r in records}
     assert [(c.precision, c.optimizer_impl) for c in jobs[1:4]] == [
@@ -162,3 +147,13 @@ def test_a_value_pair_found_unsupported_is_never_run_again_and_each_value_alone_
     assert by_number[2].message.startswith(
         "not run: optimizer_impl=fused with precision=bf16 is unsupported on this model")
     assert by_number[3].status == by_number[4].status == TrialStatus.OK
+
+
+def _run_scripted(tuner: Tuner, measure: Callable[[TrainConfig, MeasureJob], TrialResult],
+                  ) -> None:
+    """The tuner's run with its probe real and its trials answered by `measure`."""
+    tuner.runner.measure = measure
+    try:
+        tuner.run()
+    finally:
+        tuner.close()
