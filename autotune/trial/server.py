@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from autotune.trial.child import run_child
+from autotune.trial.script.preload import changed_variables, import_modules
 
 
 def serve() -> None:
@@ -36,7 +37,6 @@ def serve() -> None:
     import torch._dynamo  # noqa: F401  (every optimizer's constructor imports it: 1.7 s a trial)
 
     import autotune.trial.measure  # noqa: F401
-    from autotune.trial.script.preload import import_modules
     from autotune.trial.workload import preload
 
     script = sys.argv[1] == "--modules"
@@ -105,9 +105,7 @@ def _unlike_a_fresh_interpreter(environment: dict[str, str] | None, what: str) -
         names = ", ".join(t.name for t in threading.enumerate() if t is not
                           threading.main_thread())
         return f"importing {what} started threads ({names}), which a fork does not copy"
-    changed = [] if environment is None else sorted(
-        k for k in os.environ.keys() | environment.keys()
-        if os.environ.get(k) != environment.get(k))
+    changed = [] if environment is None else changed_variables(environment)
     if changed:
         return f"importing {what} changed the environment ({', '.join(changed)})"
     return None

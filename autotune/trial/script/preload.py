@@ -21,7 +21,7 @@ import os
 import site
 import sys
 import sysconfig
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -44,10 +44,9 @@ class ImportRecorder(importlib.abc.MetaPathFinder):
         """The first change to the environment freezes what may be imported ahead."""
         if self._before_change is not None:
             return
-        now = dict(os.environ)
-        if now != self._environment:
-            self.changed = sorted(k for k in now.keys() | self._environment.keys()
-                                  if now.get(k) != self._environment.get(k))
+        changed = changed_variables(self._environment)
+        if changed:
+            self.changed = changed
             self._before_change = library_modules()
 
     def modules(self) -> list[str]:
@@ -80,6 +79,12 @@ def library_modules() -> list[str]:
              and _inside(module, roots)]
     parents = {name.rsplit(".", 1)[0] for name in names if "." in name}
     return [name for name in names if name not in parents]
+
+
+def changed_variables(before: Mapping[str, str]) -> list[str]:
+    """The variables of os.environ set, changed or removed since `before`, sorted."""
+    now = os.environ
+    return sorted(k for k in now.keys() | before.keys() if now.get(k) != before.get(k))
 
 
 def import_modules(names: Sequence[str]) -> tuple[int, list[str]]:
