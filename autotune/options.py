@@ -294,6 +294,10 @@ class TuneOptions(StorageOptions, WorkloadOptions):
     timeout_s: float | None = option("--timeout", "stop starting trials after this long, e.g. "
                                      "30m, 1h, 90s (confirmation follows)",
                                      metavar="DURATION", parse=parse_duration)
+    budget_s: float | None = option(
+        "--budget", "the whole run's time, confirmation included, e.g. 5m (default: "
+        f"{DEFAULT_TIME_BUDGET_S / 60:g}m, which grows for slow trials; a given budget does not "
+        "grow)", metavar="DURATION", parse=parse_duration)
     global_batch: int | None = option(
         "--global-batch-size", "keep micro_batch_size x grad_accum_steps x ranks = G "
         "(default: the baseline's)", metavar="G", kind=int)
@@ -392,6 +396,9 @@ class TuneOptions(StorageOptions, WorkloadOptions):
                 out.append(f"{flag_of(TuneOptions, name)} must be in [0, 1)")
         if not 0 < self.confirm_share < 1:
             out.append("--confirm-share must be in (0, 1)")
+        if self.budget_s is not None and self.timeout_s is not None:
+            out.append("--budget and --timeout contradict each other: the first is the whole "
+                       "run's time, the second the search's before the confirmation")
         if self.global_batch is not None and self.free_batch is not None:
             out.append("--global-batch-size and --free-batch-size contradict each other: the "
                        "first keeps the effective batch at one value, the second lets it vary")

@@ -1,6 +1,18 @@
 """The first evidence from a GPU: every CUDA path of autotune run for real, raw results kept.
 
-One command on a machine with a GPU runs, through the real CLI, each as one step:
+`--quick` is the plan for a short lease (about 10 minutes of running), in order of what it
+proves, its steps' worst cases within 540 s:
+
+- `env`: the machine and versions, and the matmul peak measured in bf16, tf32 and fp32;
+- `quick-study-gpt2`: a default `autotune run` of models/gpt.py at its own GPT-2-small size
+  (124M parameters, block 1024) under `--budget`, so that it ends with a verdict from warm
+  paired turns, MFU against the data sheet and the measured bf16 peak;
+- `quick-bench-gpt2-*`: `autotune bench` of that model at its BASELINE's micro-batch in fp32,
+  tf32, bf16, bf16 compiled (default) and bf16 with reduce-overhead (CUDA graphs);
+- `quick-script-hf`: a Hugging Face Trainer script study (`--script`) of a smaller GPT-2 with
+  the libraries the GPU machine has.
+
+The full plan, without `--quick`, runs through the real CLI, each as one step:
 
 - `env`: the machine (nvidia-smi, torch, each GPU as autotune describes it, the TF32 settings
   each precision leaves);
@@ -26,6 +38,8 @@ A step whose result exists is skipped, so the suite resumes where it stopped; `-
 starts a step only when its worst case fits in what is left (defaults fit a 10-minute call),
 and `--only` picks steps by name. The steps run in order of what they prove, cheapest first.
 
+    python benchmarks/gpu_suite.py --quick --out /tmp/suite     # the 10-minute plan
+    python benchmarks/gpu_suite.py --quick --out /tmp/suite --dry-run   # its plan, on CPU
     python benchmarks/gpu_suite.py --out benchmarks/results/gpu_h100           # until budget
     python benchmarks/gpu_suite.py --out OUT --only bench-gpt-bf16 --budget 300
     python benchmarks/gpu_suite.py --out /tmp/suite --dry-run    # the plan; one CPU step runs
@@ -40,6 +54,7 @@ import fnmatch
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -73,6 +88,19 @@ STUDY_TIMEOUT_S = 150
 STUDY_TRIAL_LIMIT_S = 120
 STUDY = ["--timeout", f"{STUDY_TIMEOUT_S}s", "--trial-time-limit", str(STUDY_TRIAL_LIMIT_S),
          "--confirm-top", "1", "--confirm-repeats", "1", "--seed", "0", *WINDOWS]
+# The quick plan: every step's worst case together within QUICK_BUDGET_S.
+QUICK_BUDGET_S = 540
+QUICK_STUDY_BUDGET_S = 200
+QUICK_SCRIPT_BUDGET_S = 50
+# A bench's own limits, short enough that five of them fit beside the study.
+QUICK_WINDOWS = ["--warmup-max-seconds", "15", "--window-seconds", "2", "--window-max-seconds", "5",
+                 "--profile-steps", "1"]
+# The HF script at a size whose trials start and measure in seconds on a GPU.
+HF_SCRIPT = ["--script", "benchmarks/scripts/hf_gpt2_trainer.py"]
+HF_SCRIPT_ARGS = ["--output_dir", "/tmp/autotune-hf-out", "--n_layer", "4", "--n_embd", "256",
+                  "--n_head", "4", "--block_size", "256", "--vocab_size", "8192",
+                  "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2",
+                  "--max_steps", "5000", "--report_to", "none"]
 
 
 @dataclass(frozen=True)
@@ -114,6 +142,25 @@ def plan(gpus: int) -> list[Step]:
     return steps
 
 
+def quick_plan() -> list[Step]:
+    """The short lease's plan: the machine, a default GPT-2-small study that ends with a
+    verdict, that model benched in each precision and compiled, then an HF script study."""
+    steps = [Step("env", (), 20),
+             Step("quick-study-gpt2", ("run", "--model", "models/gpt.py", "--study", "gpt2",
+                                       "--budget", f"{QUICK_STUDY_BUDGET_S}s", "--seed", "0"),
+                  QUICK_STUDY_BUDGET_S + 35)]
+    for precision, mode, max_s in (("fp32", "none", 35), ("tf32", "none", 30),
+                                   ("bf16", "none", 30), ("bf16", "default", 70),
+                                   ("bf16", "reduce-overhead", 60)):
+        steps.append(Step(f"quick-bench-gpt2-{precision}-{mode}", (
+            "bench", "--model", "models/gpt.py", "--set", f"precision={precision}", "--set",
+            f"compile_mode={mode}", *QUICK_WINDOWS, "--time-limit", str(max_s - 5)), max_s))
+    steps.append(Step("quick-script-hf", (
+        "run", *HF_SCRIPT, "--study", "hf", "--budget", f"{QUICK_SCRIPT_BUDGET_S}s", "--seed",
+        "0", "--", *HF_SCRIPT_ARGS), QUICK_SCRIPT_BUDGET_S + 10))
+    return steps
+
+
 def _knob_steps() -> list[Step]:
     """The attention kernels, the optimizers and float8, each one bench."""
     steps = [Step(f"knob-attention-{kernel}", (
@@ -137,12 +184,19 @@ def _bench(name: str, model: list[str], precision: str, mode: str) -> Step:
 
 def command(step: Step, out: Path) -> list[str]:
     """The full command line of a step: where its logs and studies go, JSON on stdout."""
-    args = [sys.executable, "-m", "autotune", *step.args, "--json"]
+    own, script = _split_script_args(step.args)
+    args = [sys.executable, "-m", "autotune", *own, "--json"]
     if step.args[0] == "bench":
         args += ["--log", str(out / "logs" / f"{step.name}.log")]
     else:
         args += ["--studies-dir", str(out / "studies")]
-    return args
+    return args + script
+
+
+def _split_script_args(args: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """autotune's own arguments, and a script's (from `--` on), which must stay last."""
+    cut = args.index("--") if "--" in args else len(args)
+    return list(args[:cut]), list(args[cut:])
 
 
 def run_step(step: Step, out: Path) -> dict:
@@ -152,16 +206,19 @@ def run_step(step: Step, out: Path) -> dict:
         record = {"environment": environment()}
     else:
         argv = command(step, out)
+        # its own session, so that a step past its worst case is ended with every process it
+        # started (trials hold the GPU), not only the CLI
+        process = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
-            done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True,
-                                  timeout=step.max_s)
-            record = {"returncode": done.returncode, "stdout": _json_or_text(done.stdout),
-                      "stderr": done.stderr[-20000:]}
-        except subprocess.TimeoutExpired as exc:
-            stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) \
-                else exc.stderr or ""
-            record = {"returncode": None, "timed_out_after_s": step.max_s,
+            stdout, stderr = process.communicate(timeout=step.max_s)
+            record = {"returncode": process.returncode, "stdout": _json_or_text(stdout),
                       "stderr": stderr[-20000:]}
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+            record = {"returncode": None, "timed_out_after_s": step.max_s,
+                      "stdout": _json_or_text(stdout), "stderr": stderr[-20000:]}
         record["command"] = argv[1:]
     record.update(step=step.name, wall_s=time.time() - started, finished_at=time.time())
     (out / f"{step.name}.json").write_text(json.dumps(record, indent=2))
@@ -193,8 +250,20 @@ def environment() -> dict:
              "--format=csv"], capture_output=True, text=True).stdout if smi else None,
         "devices": [vars(describe(torch.device("cuda", i))) for i in range(gpus)],
         "tf32_flags_after_each_precision": flags,
+        "measured_matmul_tflops": measured_peaks() if gpus else {},
         "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
+
+
+def measured_peaks() -> dict[str, float]:
+    """TFLOP/s of an 8192-square matmul in bf16, tf32 and fp32 on cuda:0, in a process of its
+    own (this one holds no CUDA context while the steps measure)."""
+    code = ("import json, torch; from autotune.hardware import measure_matmul_flops as m; "
+            "print(json.dumps({p: m(torch.device('cuda', 0), p) / 1e12 "
+            "for p in ('bf16', 'tf32', 'fp32')}))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    return json.loads(done.stdout) if done.returncode == 0 else {"error": done.stderr[-2000:]}
 
 
 def _json_or_text(text: str) -> object:
@@ -215,7 +284,8 @@ def summary_line(record: dict, out: Path) -> str:
         return f"killed after {record['timed_out_after_s']:.0f} s"
     if isinstance(printed, dict) and "status" in printed:  # `bench --json`: a measurement
         m = Measurement.from_json(printed)
-        figures = (f"{m.samples_per_sec:,.0f} samples/s, peak "
+        mfu = f", MFU {m.mfu:.1%}" if m.mfu is not None else ""
+        figures = (f"{m.samples_per_sec:,.0f} samples/s{mfu}, peak "
                    f"{(m.peak_memory_bytes or 0) / 2**30:.2f} GiB, compiles {m.graphs_compiled} "
                    f"(window {m.graphs_compiled_in_window}), CUDA graphs recorded "
                    f"{m.cudagraph_recordings}" if m.samples_per_sec
@@ -223,18 +293,22 @@ def summary_line(record: dict, out: Path) -> str:
         return f"{printed['status']}: {figures}"
     if isinstance(printed, dict):  # `run --json`: the study it made
         summary = study_summary(load_study(printed["study"], out / "studies"))
-        return (f"best {summary.best_samples_per_sec} samples/s, speedup "
-                f"{summary.speedup}, statuses {summary.statuses}")
+        mfu = f", MFU {summary.best_mfu:.1%}" if summary.best_mfu is not None else ""
+        return (f"{summary.verdict} (best {summary.best_samples_per_sec or 0:,.0f} samples/s"
+                f"{mfu}; statuses {summary.statuses})")
     return f"exit {record['returncode']}: {record.get('stderr', '')[-160:]}"
 
 
-def dry_run(steps: list[Step], out: Path) -> None:
-    """Print the plan, then run its cheapest bench on CPU with a tiny model, as proof that the
-    commands the suite builds work."""
+def dry_run(steps: list[Step], out: Path, budget_s: float) -> None:
+    """Print the plan and whether its worst cases fit the budget, then run its cheapest bench
+    on CPU with a tiny model, as proof that the commands the suite builds work."""
     for step in steps:
         done = (out / f"{step.name}.json").exists()
         line = " ".join(command(step, out)[1:]) if step.args else "(this script: environment)"
         print(f"{'done' if done else 'todo'} {step.name} (at most {step.max_s:.0f} s): {line}")
+    worst = sum(step.max_s for step in steps)
+    print(f"worst case {worst:.0f} s: {'fits' if worst <= budget_s else 'does not fit'} "
+          f"the budget of {budget_s:.0f} s")
     cpu = Step("dry-run-cpu-bench", (
         "bench", "--model", "models/mlp.py", "--device", "cpu", "--model-arg", "feature_dim=32",
         "--model-arg", "hidden=64", "--model-arg", "num_samples=2048", "--set",
@@ -248,8 +322,11 @@ def dry_run(steps: list[Step], out: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for the raw results")
-    parser.add_argument("--budget", type=float, default=560.0, metavar="SECONDS",
-                        help="start a step only if its worst case fits in what is left")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"the short lease's plan (worst case {QUICK_BUDGET_S} s)")
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="start a step only if its worst case fits in what is left "
+                        f"(default: {QUICK_BUDGET_S} with --quick, else 560)")
     parser.add_argument("--only", action="append", default=[], metavar="PATTERN",
                         help="run only steps whose name matches (glob, repeatable)")
     parser.add_argument("--redo", action="store_true", help="run steps that already have a "
@@ -261,10 +338,11 @@ def main() -> int:
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    steps = [s for s in plan(gpus) if not args.only or
+    budget = args.budget or (QUICK_BUDGET_S if args.quick else 560.0)
+    steps = [s for s in (quick_plan() if args.quick else plan(gpus)) if not args.only or
              any(fnmatch.fnmatch(s.name, p) for p in args.only)]
     if args.dry_run:
-        dry_run(steps, args.out)
+        dry_run(steps, args.out, budget)
         return 0
     if not gpus:
         print("no CUDA device here: use --dry-run", file=sys.stderr)
@@ -273,7 +351,7 @@ def main() -> int:
     for step in steps:
         if (args.out / f"{step.name}.json").exists() and not args.redo:
             continue
-        left = args.budget - (time.monotonic() - start)
+        left = budget - (time.monotonic() - start)
         if step.max_s > left:
             print(f"stopping before {step.name} ({step.max_s:.0f} s at most, {left:.0f} s "
                   "left): run the same command again to go on")

@@ -32,3 +32,30 @@ def test_the_dry_run_prints_the_plan_and_runs_a_cpu_bench(tmp_path) -> None:
     assert record["stdout"]["status"] == "ok"
     assert record["stdout"]["config"]["grad_accum_steps"] == 2
     assert (tmp_path / "logs" / "dry-run-cpu-bench.log").exists()
+
+
+@pytest.mark.slow
+def test_the_quick_plan_starts_with_a_default_gpt2_small_study_and_fits_540_s(tmp_path) -> None:
+    """A short lease's plan: the machine, then a default study of models/gpt.py at its own
+    GPT-2-small size under a whole-run --budget, the benches, an HF script study; every
+    step's worst case together within 540 s, and each command one the CLI accepts."""
+    done = subprocess.run([sys.executable, "benchmarks/gpu_suite.py", "--quick", "--out",
+                           str(tmp_path), "--dry-run"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    steps = [line for line in done.stdout.splitlines() if line.startswith("todo ")]
+    assert steps[0].startswith("todo env ")
+    study = steps[1]
+    assert "run --model models/gpt.py" in study and "--budget" in study
+    assert "--model-arg" not in study and "--set" not in study  # the file's own size, defaults
+    names = [line.split()[1] for line in steps]
+    assert names[2:7] == [f"quick-bench-gpt2-{p}" for p in (
+        "fp32-none", "tf32-none", "bf16-none", "bf16-default", "bf16-reduce-overhead")]
+    assert names[7] == "quick-script-hf" and steps[7].rstrip().endswith("--report_to none")
+    assert "worst case 540 s: fits the budget of 540 s" in done.stdout
+    for line in steps[1:]:  # every command parses: --help after its own arguments
+        argv = line.split(": ", 1)[1].split()[2:]
+        own = argv[:argv.index("--")] if "--" in argv else argv
+        parsed = subprocess.run([sys.executable, "-m", "autotune", *own, "--help"], cwd=ROOT,
+                                capture_output=True, text=True, timeout=60)
+        assert parsed.returncode == 0, (line, parsed.stderr)

@@ -212,13 +212,15 @@ def answer_budget_s(price: ConfirmationPrice, share: float) -> float:
 
 @dataclass(frozen=True)
 class BudgetGrowth:
-    """The default budget against the least an answer with an interval needs
-    (`answer_budget_s`): kept, grown to it, or grown to `MAX_GROWTH` times and still short."""
+    """The budget against the least an answer with an interval needs (`answer_budget_s`):
+    kept, grown to it, or grown to `MAX_GROWTH` times and still short; a given `--budget`
+    (`fixed`) is kept, short or not."""
 
     default_s: float
     needed_s: float
     budget_s: float
     share: float
+    fixed: bool = False
 
     @property
     def grew(self) -> bool:
@@ -236,6 +238,11 @@ class BudgetGrowth:
         return math.ceil(self.needed_s * (1 - self.share) / 60) * 60
 
     def describe(self, price: ConfirmationPrice) -> str:
+        if self.fixed and self.short:
+            return (f"{price.describe()}: an answer with an interval needs "
+                    f"{format_seconds(self.needed_s)} in all, more than --budget "
+                    f"{format_seconds(self.budget_s)}: the speedup's interval may stay unknown "
+                    f"({self.answering_flag} would answer it)")
         if not self.grew:
             return ""
         said = (f"{price.describe()}: the default budget grows from "
@@ -246,21 +253,27 @@ class BudgetGrowth:
                     "the least that gives an answer an interval")
         return (f"{said} ({MAX_GROWTH}x, the most it grows); an answer with an interval "
                 f"needs {format_seconds(self.needed_s)} in all: the speedup's interval may "
-                f"stay unknown (--timeout {self.answering_timeout_flag}, the search's time "
-                "before the confirmation, would answer it)")
+                f"stay unknown ({self.answering_flag}, the search's time before the "
+                "confirmation, would answer it)")
 
     @property
-    def answering_timeout_flag(self) -> str:
-        return f"{self.answering_timeout_s / 60:.0f}m"
+    def answering_flag(self) -> str:
+        """The flag that would answer: the whole run's `--budget` where one was given, else
+        the search's `--timeout`."""
+        if self.fixed:
+            return f"--budget {math.ceil(self.needed_s / 60):.0f}m"
+        return f"--timeout {self.answering_timeout_s / 60:.0f}m"
 
 
-def grow_budget(default_s: float, price: ConfirmationPrice, share: float) -> BudgetGrowth:
+def grow_budget(default_s: float, price: ConfirmationPrice, share: float,
+                may_grow: bool = True) -> BudgetGrowth:
     """The default budget, grown (to the minute, at most `MAX_GROWTH` times) where the
-    confirmation's share of it cannot hold `MIN_ROUNDS` paired rounds."""
+    confirmation's share of it cannot hold `MIN_ROUNDS` paired rounds; a given one
+    (`may_grow` false) kept."""
     needed = answer_budget_s(price, share)
-    budget = default_s if needed <= default_s else \
+    budget = default_s if needed <= default_s or not may_grow else \
         min(math.ceil(needed / 60) * 60, MAX_GROWTH * default_s)
-    return BudgetGrowth(default_s, needed, budget, share)
+    return BudgetGrowth(default_s, needed, budget, share, fixed=not may_grow)
 
 
 def candidates_that_fit(budget_s: float, price: ConfirmationPrice, share: float,

@@ -74,9 +74,11 @@ class Tuner:
         # DataLoader workers and compile workers alike); one trial alone has them all.
         self.core_shares = core_shares(len(self.devices)) if len(self.devices) > 1 else None
         self.started = time.monotonic()
-        # The whole run's time budget when neither --trials nor --timeout was given (it grows
-        # for a model whose trials are slow: `_plan_an_answer`).
-        self.time_budget_s = None if opts.trials or opts.timeout_s else DEFAULT_TIME_BUDGET_S
+        # The whole run's time budget: --budget, else the default when neither --trials nor
+        # --timeout was given (the default grows for a model whose trials are slow:
+        # `_plan_an_answer`).
+        self.time_budget_s = opts.budget_s or (
+            None if opts.trials or opts.timeout_s else DEFAULT_TIME_BUDGET_S)
         self.owner = tuner_name()
         self.stop = threading.Event()  # set by a worker that failed: the others end too
         model = Path(opts.workload_path)
@@ -219,15 +221,17 @@ class Tuner:
 
     def _plan_an_answer(self, price: ConfirmationPrice) -> BudgetGrowth:
         """Under the default time budget: grow it (at most `MAX_GROWTH` times) where runs are
-        so slow that the confirmation's share could not hold an answer with an interval; where
-        even that is short, the study remembers what an answer needs, for its verdict."""
+        so slow that the confirmation's share could not hold an answer with an interval (a
+        given `--budget` stays); where it is short, the study remembers what an answer needs,
+        for its verdict."""
         opts = self.options
-        growth = grow_budget(self.time_budget_s, price, opts.confirm_share)
+        growth = grow_budget(self.time_budget_s, price, opts.confirm_share,
+                             may_grow=opts.budget_s is None)
         self.time_budget_s = growth.budget_s
         if growth.short:
             self.study.set_user_attr(StudyKey.SHORT_BUDGET, {
                 "budget_s": growth.budget_s, "needed_s": growth.needed_s,
-                "timeout": growth.answering_timeout_flag})
+                "fixed": growth.fixed, "flag": growth.answering_flag})
         return growth
 
     def _budget_ends(self) -> float:

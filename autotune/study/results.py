@@ -134,7 +134,8 @@ def study_summary(study: optuna.Study) -> StudySummary:
     verdict = confirmed_verdict(confirmation, baseline_config or confirmation.baseline.config) \
         if confirmation is not None else \
         search_verdict(best_config, figures["speedup"], baseline_config)
-    verdict += _left_unknown(attrs.get(StudyKey.SHORT_BUDGET), figures.get("confirmation"))
+    if unknown := _left_unknown(attrs.get(StudyKey.SHORT_BUDGET), figures.get("confirmation")):
+        verdict = f"{verdict.rstrip('.')}. {unknown}"
     best_trial = figures["best_trial"]
     if attrs.get(StudyKey.FREE_BATCH, False) and best_config and baseline_config:
         best_eb, base_eb = best_config.effective_batch_size, baseline_config.effective_batch_size
@@ -238,14 +239,16 @@ def process_group_figures(record: TrialRecord | None) -> ProcessGroupFigures | N
 
 
 def _left_unknown(short: Mapping[str, Any] | None, confirmed: ConfirmedFigures | None) -> str:
-    """What a default budget too short for an answer (grown its most) left unknown, and the
-    `--timeout` that would answer it; nothing where the rounds gave an interval anyway."""
+    """What a budget too short for an answer (the default grown its most, or a given
+    `--budget`) left unknown, and the flag that would answer it; nothing where the rounds gave
+    an interval anyway."""
     if not short or (confirmed is not None and confirmed.speedup_ci is not None):
         return ""
-    return (f" Left unknown: the speedup's interval (an answer needs "
-            f"{format_seconds(short['needed_s'])}, the run kept the default budget grown to "
-            f"{format_seconds(short['budget_s'])}, its most); `--timeout {short['timeout']}` "
-            "would answer it.")
+    kept = (f"--budget {format_seconds(short['budget_s'])}" if short.get("fixed") else
+            f"the default budget grown to {format_seconds(short['budget_s'])}, its most")
+    return (f"Left unknown: the speedup's interval (an answer needs "
+            f"{format_seconds(short['needed_s'])}, the run kept {kept}); "
+            f"`{short.get('flag') or '--timeout ' + short['timeout']}` would answer it.")
 
 
 def _confirmed_figures(confirmation: Confirmation) -> dict[str, Any]:

@@ -52,7 +52,7 @@ def test_the_default_budget_grows_at_most_three_times_and_says_what_an_answer_ne
     assert growth.budget_s == MAX_GROWTH * 600 == 1800
     assert growth.grew and growth.short
     # the search's share of the 82 min an answer needs, to the minute: 57.4 -> 58 min
-    assert growth.answering_timeout_flag == "58m"
+    assert growth.answering_flag == "--timeout 58m"
     said = growth.describe(ConfirmationPrice(246))
     assert "grows from 10.0 min to 30.0 min (3x, the most it grows)" in said
     assert "--timeout 58m, the search's time before the confirmation, would answer it" in said
@@ -63,6 +63,18 @@ def test_the_default_budget_grows_at_most_three_times_and_says_what_an_answer_ne
     # a fast model keeps the default, and there is nothing to say
     fast = grow_budget(600, ConfirmationPrice(5), 0.3)
     assert fast.budget_s == 600 and not fast.grew and fast.describe(ConfirmationPrice(5)) == ""
+
+
+def test_a_given_budget_never_grows_and_names_the_budget_that_would_answer() -> None:
+    """`--budget 4m` with 68 s runs: an answer needs 23 min; the run keeps its 4 min and says
+    that `--budget 23m` (the whole run, not the search's --timeout) would answer it."""
+    growth = grow_budget(240, ConfirmationPrice(68.41), 0.3, may_grow=False)
+    assert growth.budget_s == 240 and not growth.grew and growth.short
+    assert growth.answering_flag == "--budget 23m"
+    said = growth.describe(ConfirmationPrice(68.41))
+    assert "more than --budget 4.0 min" in said and "(--budget 23m would answer it)" in said
+    roomy = grow_budget(1800, ConfirmationPrice(5), 0.3, may_grow=False)
+    assert roomy.budget_s == 1800 and not roomy.short and roomy.describe(ConfirmationPrice(5)) == ""
 
 
 def test_with_time_to_spare_the_confirmation_gets_its_share() -> None:

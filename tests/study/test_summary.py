@@ -96,5 +96,11 @@ def test_a_budget_too_short_for_an_answer_says_what_is_unknown_and_the_timeout(
     verdict = " ".join(study_summary(study).verdict.split())
     assert "Left unknown: the speedup's interval" in verdict
     assert "`--timeout 58m` would answer it" in verdict
+    # a given --budget is named as such, and the verdict's sentences stay apart
+    study.set_user_attr(StudyKey.SHORT_BUDGET, {"budget_s": 240.0, "needed_s": 1380.0,
+                                                "fixed": True, "flag": "--budget 23m"})
+    verdict = " ".join(study_summary(study).verdict.split())
+    assert "the run kept --budget 4.0 min); `--budget 23m` would answer it." in verdict
+    assert ". Left unknown:" in verdict and ".. Left" not in verdict
     study.set_user_attr(StudyKey.CONFIRMATION, _confirmation().to_json())
     assert "Left unknown" not in study_summary(study).verdict

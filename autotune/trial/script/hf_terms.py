@@ -4,6 +4,8 @@ TrainingArguments it built."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from enum import Enum
@@ -20,10 +22,28 @@ _OPTIMIZERS = {"adafactor": "adafactor", "adamw_bnb_8bit": "adamw_8bit",
                "adamw_8bit": "adamw_8bit"}
 # Checkpointing every other layer (autotune's "selective") is TrainingArguments' every_n_layers.
 _SELECTIVE_EVERY = 2
-# The fields of the knobs a script can keep to itself (`ScriptBaseline.fixed`).
-_FIELDS = {"optimizer": ("optim",), "optimizer_impl": ("optim",),
-           "activation_checkpointing": ("activation_checkpointing",
-                                        "activation_checkpointing_kwargs")}
+
+
+@functools.cache
+def checkpointing_field() -> str:
+    """TrainingArguments' name for activation checkpointing in the installed transformers:
+    `activation_checkpointing` in newer releases (5.24 has it, `gradient_checkpointing` left as
+    a deprecated alias), `gradient_checkpointing` alone in older ones (5.17 and 4.x). Its
+    `_kwargs` field and the model's `_enable()` method follow the same name."""
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return "activation_checkpointing" if "activation_checkpointing" in names \
+        else "gradient_checkpointing"
+
+
+def _fields_of(knob: str) -> tuple[str, ...]:
+    """The fields of a knob a script can keep to itself (`ScriptBaseline.fixed`)."""
+    if knob in ("optimizer", "optimizer_impl"):
+        return ("optim",)
+    if knob == "activation_checkpointing":
+        return (checkpointing_field(), f"{checkpointing_field()}_kwargs")
+    return ()
 
 
 def training_arguments(config: TrainConfig, script: Mapping[str, Any],
@@ -31,7 +51,8 @@ def training_arguments(config: TrainConfig, script: Mapping[str, Any],
     """The TrainingArguments fields and values that apply `config`, given the script's own
     (`ScriptBaseline.settings["TrainingArguments"]`), less the fields of the `fixed` knobs,
     which stay as the script sets them: the answer in the script's terms."""
-    kwargs = {k: v for k, v in (script.get("activation_checkpointing_kwargs") or {}).items()
+    checkpointing = checkpointing_field()
+    kwargs = {k: v for k, v in (script.get(f"{checkpointing}_kwargs") or {}).items()
               if k != "every_n_layers"}
     if config.activation_checkpointing == "selective":
         kwargs["every_n_layers"] = _SELECTIVE_EVERY
@@ -40,8 +61,8 @@ def training_arguments(config: TrainConfig, script: Mapping[str, Any],
         "gradient_accumulation_steps": config.grad_accum_steps,
         "bf16": config.precision == "bf16",
         "fp16": config.precision == "fp16",
-        "activation_checkpointing": config.activation_checkpointing != "none",
-        "activation_checkpointing_kwargs": kwargs or None,
+        checkpointing: config.activation_checkpointing != "none",
+        f"{checkpointing}_kwargs": kwargs or None,
         "optim": OPTIMS.get(config.optimizer, "adamw_torch_fused"
                             if config.optimizer_impl == "fused" else "adamw_torch"),
         "dataloader_num_workers": config.num_workers,
@@ -62,7 +83,7 @@ def training_arguments(config: TrainConfig, script: Mapping[str, Any],
         fields.update(ddp_bucket_cap_mb=config.ddp_bucket_cap_mb,
                       ddp_static_graph=config.ddp_static_graph)
     for knob in fixed:
-        for name in _FIELDS.get(knob, ()):
+        for name in _fields_of(knob):
             fields.pop(name, None)
     return fields
 
@@ -133,17 +154,18 @@ def read_baseline(args: Any, device_type: str, model: Any = None) -> ScriptBasel
         "persistent_workers": bool(args.dataloader_persistent_workers) and workers > 0,
         "compile_mode": (args.torch_compile_mode or "default") if args.torch_compile else "none",
     }
-    every = (args.activation_checkpointing_kwargs or {}).get("every_n_layers", 1)
+    field = checkpointing_field()
+    every = (getattr(args, f"{field}_kwargs") or {}).get("every_n_layers", 1)
     checkpointing = {1: "full", _SELECTIVE_EVERY: "selective"}.get(every) \
-        if args.activation_checkpointing else "none"
+        if getattr(args, field) else "none"
     if checkpointing is None:
         baseline.fixed["activation_checkpointing"] = (
             f"the script checkpoints every {every} layers, which is none of autotune's values "
             "(full: every layer, selective: every other one)")
     elif model is not None and not _can_checkpoint(model):
         baseline.fixed["activation_checkpointing"] = (
-            f"the model ({type(model).__name__}) has no activation_checkpointing_enable() "
-            "that TrainingArguments' activation_checkpointing could turn on")
+            f"the model ({type(model).__name__}) has no {field}_enable() "
+            f"that TrainingArguments' {field} could turn on")
     else:
         baseline.knobs["activation_checkpointing"] = checkpointing
     optim = _text(args.optim)
@@ -167,7 +189,7 @@ def read_baseline(args: Any, device_type: str, model: Any = None) -> ScriptBasel
 
 
 def _can_checkpoint(model: Any) -> bool:
-    return hasattr(model, "activation_checkpointing_enable") and \
+    return hasattr(model, f"{checkpointing_field()}_enable") and \
         getattr(model, "supports_gradient_checkpointing", True)
 
 

@@ -18,22 +18,36 @@ from transformers import TrainingArguments  # noqa: E402
 
 from autotune.trial.script.hf_terms import (  # noqa: E402
     changed_arguments,
+    checkpointing_field,
     read_baseline,
     run_steps,
     training_arguments,
     unexpressed,
 )
 
+# the installed transformers' name for it: activation_checkpointing, or gradient_checkpointing
+CHECKPOINTING = checkpointing_field()
+
 
 def _args(tmp_path: Path, **fields) -> TrainingArguments:
     return TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, **fields)
 
 
+def test_checkpointing_is_named_as_the_installed_transformers_names_it() -> None:
+    """transformers 5.17 (the GPU machines' own) has only gradient_checkpointing; newer ones
+    activation_checkpointing, with the old name a deprecated alias: reading or setting a field
+    the installed release lacks fails every HF script before its training starts."""
+    fields = set(TrainingArguments.__dataclass_fields__)
+    assert CHECKPOINTING in fields and f"{CHECKPOINTING}_kwargs" in fields
+    if "activation_checkpointing" in fields:
+        assert CHECKPOINTING == "activation_checkpointing"
+
+
 def test_the_baseline_is_what_the_trainingarguments_say(tmp_path: Path) -> None:
     args = _args(tmp_path, per_device_train_batch_size=16, gradient_accumulation_steps=4,
                  bf16=True, optim="adamw_torch", dataloader_num_workers=2,
-                 activation_checkpointing=True,
-                 activation_checkpointing_kwargs={"every_n_layers": 2, "use_reentrant": False})
+                 **{CHECKPOINTING: True,
+                    f"{CHECKPOINTING}_kwargs": {"every_n_layers": 2, "use_reentrant": False}})
     baseline = read_baseline(args, "cpu")
     assert baseline.config("cpu") == TrainConfig(
         micro_batch_size=16, grad_accum_steps=4, precision="bf16",
@@ -45,14 +59,14 @@ def test_the_baseline_is_what_the_trainingarguments_say(tmp_path: Path) -> None:
 def test_settings_the_knobs_do_not_have_are_kept_and_said(tmp_path: Path) -> None:
     baseline = read_baseline(_args(tmp_path, optim="sgd"), "cpu", nn.Linear(2, 2))
     assert "'sgd' is none of the optimizers" in baseline.fixed["optimizer_impl"]
-    assert "no activation_checkpointing_enable()" in baseline.fixed["activation_checkpointing"]
+    assert f"no {CHECKPOINTING}_enable()" in baseline.fixed["activation_checkpointing"]
     config = baseline.config("cpu")
     assert [x.knob for x in unexpressed(config.replace(activation_checkpointing="full"),
                                         baseline, "cpu")] == ["activation_checkpointing"]
     assert unexpressed(config, baseline, "cpu") == []
     # what the script keeps is never overwritten, whatever the configuration's own value
     fields = training_arguments(config, baseline.settings["TrainingArguments"], baseline.fixed)
-    assert "optim" not in fields and "activation_checkpointing" not in fields
+    assert "optim" not in fields and CHECKPOINTING not in fields
 
 
 @pytest.mark.parametrize(("change", "expressible"), [
@@ -75,8 +89,8 @@ def test_what_trainingarguments_can_say(tmp_path: Path, change: dict,
 
 
 def test_the_answer_is_the_fields_that_change(tmp_path: Path) -> None:
-    args = _args(tmp_path, per_device_train_batch_size=8, activation_checkpointing_kwargs={
-        "use_reentrant": False})
+    args = _args(tmp_path, per_device_train_batch_size=8, **{
+        f"{CHECKPOINTING}_kwargs": {"use_reentrant": False}})
     baseline = read_baseline(args, "cpu")
     config = baseline.config("cpu").replace(
         micro_batch_size=16, grad_accum_steps=2, precision="bf16",
@@ -84,8 +98,8 @@ def test_the_answer_is_the_fields_that_change(tmp_path: Path) -> None:
         compile_mode="default")
     assert changed_arguments(config, baseline, "cpu") == {
         "per_device_train_batch_size": 16, "gradient_accumulation_steps": 2, "bf16": True,
-        "activation_checkpointing": True,
-        "activation_checkpointing_kwargs": {"use_reentrant": False, "every_n_layers": 2},
+        CHECKPOINTING: True,
+        f"{CHECKPOINTING}_kwargs": {"use_reentrant": False, "every_n_layers": 2},
         "optim": "adamw_torch", "torch_compile": True}
     assert changed_arguments(baseline.config("cpu"), baseline, "cpu") == {}
 
