@@ -211,8 +211,6 @@ def _refusal(config: TrainConfig, info: DeviceInfo) -> tuple[str, str] | None:
                                  "kernels, and eager float8 is slower than bf16")
     if config.optimizer_impl == "fused" and not info.fused_adamw:
         return "optimizer_impl", f"fused AdamW is not available on {info.name}"
-    if config.num_workers > info.cpu_count:
-        return "num_workers", f"more DataLoader workers than the {info.cpu_count} usable CPUs"
     return _missing_library(config)
 
 

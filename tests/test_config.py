@@ -304,13 +304,9 @@ def test_cpu_accepts_cpu_knobs(cpu_info, changes):
     assert unsupported_reason(TrainConfig(**changes), cpu_info) is None
 
 
-def test_workers_above_cpu_count_are_unsupported(cpu_info):
+def test_workers_above_cpu_count_run(cpu_info):
+    """A DataLoader that waits on storage is fed by more workers than there are cores (a
+    waiting worker takes no CPU): the device refuses no worker count."""
     assert cpu_info.type == "cpu"
-    assert cpu_info.cpu_count >= 1
-    ok = TrainConfig(num_workers=cpu_info.cpu_count)
-    assert unsupported_reason(ok, cpu_info) is None
-    too_many = TrainConfig(num_workers=cpu_info.cpu_count + 1)
-    reason = unsupported_reason(too_many, cpu_info)
-    assert reason is not None
-    assert f"num_workers={cpu_info.cpu_count + 1}" in reason
-    assert str(cpu_info.cpu_count) in reason
+    more = TrainConfig(num_workers=4 * cpu_info.cpu_count)
+    assert unsupported_reason(more, cpu_info) is None

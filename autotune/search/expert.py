@@ -1,5 +1,13 @@
-"""Which trials an expert queues first, after the fast corner, as plain functions of the trials
-so far (`worker` enqueues what they return; `--plain-tpe` turns them off).
+"""Which trials an expert queues first, as plain functions of the trials so far (`worker`
+enqueues what they return; `--plain-tpe` turns them off).
+
+First the bottleneck: the baseline's profile says where its step goes (`study/bottleneck`), and
+the knobs its dominant share points to are measured first, one at a time (a DataLoader that
+keeps the step waiting gets workers, an optimizer-bound step a fused AdamW, a launch-bound one a
+larger micro-batch, then compiling; unused memory a larger micro-batch). Each fix that wins
+clearly becomes the point the next is measured from, and the diagnosis is read again there: a
+bottleneck that moves (the loader fixed, the step now optimizer-bound) sets the next move
+(`next_bottleneck_trial`). Then the fast corner.
 
 The fast corner bundles every usually-fast value. Where it does not win clearly (its score is
 not above the baseline's by more than the noise, `clearly_faster`), one of its changes may
@@ -20,12 +28,13 @@ so far, compiled (`_compiled_best`), unless something compiled was measured alre
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.search.space import SearchSpace
+from autotune.study.bottleneck import KNOBS, Diagnosis
 from autotune.study.records import RAN_A_PROCESS, Role, TrialRecord
 from autotune.trial.protocol import TrialStatus
 
@@ -39,6 +48,13 @@ ONE_CHANGE_ORDER = ("optimizer_impl", "num_workers", "precision", "memory_format
 MIN_CLEAR_MARGIN = 0.05
 # Outcomes that say what a configuration does: a compile that ran out of time is tried again.
 SETTLED = RAN_A_PROCESS - {TrialStatus.COMPILE_TIMEOUT}
+# The most bottleneck moves before the fast corner.
+MAX_BOTTLENECK_MOVES = 4
+
+# A trial's diagnosis (None without a profile), and the knob values that fix one knob from a
+# trial's configuration (None where there is nothing to change: the knob's fix is applied).
+Diagnose = Callable[[TrialRecord], "Diagnosis | None"]
+Fix = Callable[[str, TrialRecord], "dict[str, Any] | None"]
 
 
 @dataclass(frozen=True)
@@ -70,31 +86,70 @@ def lost(trial: TrialRecord, baseline: TrialRecord) -> bool:
     return not trial.score or trial.score < baseline.score * (1 - noise_margin(trial, baseline))
 
 
-def one_change_order(baseline: TrainConfig, corner: TrainConfig) -> list[str]:
-    """The knobs the corner changed from the baseline, in `ONE_CHANGE_ORDER` (others after,
-    by name); the accumulation follows the micro-batch and is no change of its own."""
+def one_change_order(baseline: TrainConfig, corner: TrainConfig,
+                     first: Sequence[str] = ()) -> list[str]:
+    """The knobs the corner changed from the baseline, those the diagnosis points to first
+    (`first`), then in `ONE_CHANGE_ORDER` (others after, by name); the accumulation follows
+    the micro-batch and is no change of its own."""
     changed = [k for k, v in corner.to_dict().items()
                if k != "grad_accum_steps" and v != getattr(baseline, k)]
-    rank = {knob: i for i, knob in enumerate(ONE_CHANGE_ORDER)}
+    rank = {knob: i for i, knob in enumerate(dict.fromkeys([*first, *ONE_CHANGE_ORDER]))}
     return sorted(changed, key=lambda k: (rank.get(k, len(rank)), k))
 
 
-def next_expert_trial(records: Sequence[TrialRecord],
-                      space: SearchSpace) -> ExpertTrial | None:
+def next_bottleneck_trial(records: Sequence[TrialRecord], space: SearchSpace,
+                          diagnose: Diagnose, fix: Fix) -> ExpertTrial | None:
+    """The next fix of the step's dominant share, or None once there is none to try (no
+    dominant share, its knobs each tried, `MAX_BOTTLENECK_MOVES` made) or while the baseline or
+    a move is under way. Moves are measured from the last one that won clearly (the baseline at
+    first), whose own diagnosis decides the next: one knob of the dominant share at a time,
+    each knob once."""
+    baseline = next((r for r in records if r.role == Role.BASELINE and r.score), None)
+    moves = [r for r in records if r.role == Role.BOTTLENECK]
+    if baseline is None or len(moves) >= MAX_BOTTLENECK_MOVES or \
+            any(r.under_way for r in moves):
+        return None
+    current = baseline
+    for move in moves:
+        if clearly_faster(move, current):
+            current = move
+    diagnosis = diagnose(current)
+    if diagnosis is None or diagnosis.dominant is None:
+        return None
+    tried = {knob for r in moves for knob in r.changed}
+    for knob in KNOBS[diagnosis.dominant]:
+        changes = None if knob in tried else fix(knob, current)
+        if changes is None or current.config is None:
+            continue
+        params = _params(space, {**changes_from(current.config, space.baseline), **changes})
+        if params is not None:
+            return ExpertTrial(params, Role.BOTTLENECK, (knob,))
+    return None
+
+
+def changes_from(config: TrainConfig, baseline: TrainConfig) -> dict[str, Any]:
+    """The knob values of `config` that differ from the baseline's (the accumulation aside: it
+    follows the micro-batch)."""
+    return {k: v for k, v in config.to_dict().items()
+            if k != "grad_accum_steps" and v != getattr(baseline, k)}
+
+
+def next_expert_trial(records: Sequence[TrialRecord], space: SearchSpace,
+                      first: Sequence[str] = ()) -> ExpertTrial | None:
     """The next trial to queue after the fast corner, one per call, each once: where it did
     not win clearly, each of its changes alone from the baseline, in `one_change_order`,
     then, once every one has settled, those that won clearly alone together (when two or
     more did; `_one_changes`); where it won clearly, the corner with each change taken back
     in turn, then the corner without all those whose taking back won clearly
-    (`_taken_back`); then the best so far compiled (`_compiled_best`). None while the
-    baseline or a corner is due or under way, while an expert's trial is, and once all this
-    is done."""
+    (`_taken_back`); then the best so far compiled (`_compiled_best`). The knobs the
+    baseline's diagnosis points to (`first`) go first. None while the baseline or a corner is
+    due or under way, while an expert's trial is, and once all this is done."""
     baseline, corner = _baseline_and_corner(records)
     if baseline is None or corner is None:
         return None
     # The corner as the space builds it: what the DataLoader plan changed is not its own.
     bundle = space.fast_corner(corner.config.micro_batch_size)
-    knobs = one_change_order(space.baseline, bundle)
+    knobs = one_change_order(space.baseline, bundle, first)
     if len(knobs) >= 2:  # else the corner was itself the one change
         queued = (_taken_back(records, space, bundle, corner, knobs)
                   if clearly_faster(corner, baseline)

@@ -6,8 +6,11 @@ While some setting outruns the fastest consumption measured so far, every trial 
 cheapest such setting, whatever the sampler proposed: worker processes cost cores and memory,
 and past "fast enough" they buy nothing. Proposals that differ only in the DataLoader then
 collapse into one configuration, measured once. When no setting is fast enough the model is
-loader-bound, and the sampler's proposal is measured as it is. On CPU, where workers compete
-with training for the same cores, only in-process loading is ever planned.
+loader-bound: the fastest setting is planned where workers do not take the training's cores,
+else the sampler's proposal is measured as it is. On CPU, workers compete with training for the
+same cores, so only in-process loading is planned there, unless the loader waits (on storage, a
+network) rather than computes: its workers sleep while they wait, and they are planned as on a
+GPU (`waits`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from autotune.config import TrainConfig
+from autotune.trial.loader_rates import waits
 from autotune.trial.protocol import LoaderRate
 
 # Worker processes run beside training: their rate must exceed the model's by this factor.
@@ -32,12 +36,23 @@ def feeds(rate: LoaderRate, consumption: float) -> bool:
 
 def choose_loader(rates: Sequence[LoaderRate], consumption: float,
                   workers_share_cores: bool = False) -> LoaderRate | None:
-    """The fewest workers (then the smallest prefetch) that feed `consumption`; None when no
-    setting does. When workers take the cores training runs on (CPU training), their rate
-    alone does not say they help, so only in-process loading is planned."""
-    enough = [r for r in rates if feeds(r, consumption)
-              and not (workers_share_cores and r.num_workers > 0)]
-    return min(enough, key=lambda r: (r.num_workers, r.prefetch_factor or 0), default=None)
+    """The fewest workers (then the smallest prefetch) that feed `consumption`; where none
+    does, the fastest setting, unless workers take the cores training runs on (CPU training
+    with a loader that computes): their rate alone then does not say they help, so only
+    in-process loading is planned, and None where it does not feed."""
+    usable = [r for r in rates if not (workers_share_cores and r.num_workers > 0)]
+    enough = [r for r in usable if feeds(r, consumption)]
+    if enough:
+        return min(enough, key=lambda r: (r.num_workers, r.prefetch_factor or 0))
+    if workers_share_cores or not usable:
+        return None
+    return max(usable, key=lambda r: r.samples_per_sec)
+
+
+def workers_share_cores(device_type: str, rates: Sequence[LoaderRate]) -> bool:
+    """Whether DataLoader workers would take the cores training runs on: on CPU, unless the
+    loader waits rather than computes."""
+    return device_type == "cpu" and not waits(rates)
 
 
 def apply_loader(config: TrainConfig, rate: LoaderRate) -> TrainConfig:

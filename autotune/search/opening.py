@@ -134,7 +134,8 @@ class StudyOpener:
                                  world_size=opts.nproc_per_node,
                                  convolutional=self.probe.convolutional,
                                  attention=self.probe.attention,
-                                 optimizer_change=opts.allow_optimizer_change)
+                                 optimizer_change=opts.allow_optimizer_change,
+                                 loader_workers=self.probe.timed_workers())
         refused = device_refusals(self.baseline, info, opts.nproc_per_node,
                                   self.probe.convolutional, self.probe.attention,
                                   opts.allow_optimizer_change)

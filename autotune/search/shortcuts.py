@@ -5,9 +5,11 @@ DataLoader plan, and the screening threshold (`--plain-tpe` turns them off).
   (`SearchSpace.fast_corner`) at the largest micro-batch the baseline's peak says fits, one
   size smaller after each that does not fit, so that TPE starts from a strong configuration.
 - DataLoader plan: while some loader setting outruns the fastest model measured so far, every
-  trial gets the cheapest such setting (`loader_plan`).
+  trial gets the cheapest such setting, else the fastest one (`loader_plan`).
 - Screening: a trial whose short screening window is below a share of the best full
   measurement stops there (`measure`).
+- Bottleneck fixes: the knob values that address one share of a trial's step from its
+  configuration (`bottleneck_fix`), for `search/expert`'s first moves.
 """
 
 from __future__ import annotations
@@ -16,7 +18,12 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from autotune.search.loader_plan import choose_loader, consumption_rate
+from autotune.search.loader_plan import (
+    apply_loader,
+    choose_loader,
+    consumption_rate,
+    workers_share_cores,
+)
 from autotune.search.memory_model import largest_fitting_micro
 from autotune.search.space import SearchSpace
 from autotune.study.records import MEASURED_PEAK, RAN_A_PROCESS, TOO_BIG, Role, TrialRecord
@@ -32,20 +39,12 @@ def next_corner(records: Sequence[TrialRecord], space: SearchSpace, memory_limit
     """The parameters of the next fast-corner trial, or None: before the baseline has run,
     once a corner ran within memory (or failed, or is under way), or with no smaller
     micro-batch left. The first corner takes the largest micro-batch the baseline's peak says
-    fits (`state_bytes()`, the model's training state, is asked for only then); each that does
-    not fit sends the next one size down."""
-    micros = space.domains["micro_batch_size"]
-    cap, tried = max(micros), []
+    fits (`micro_cap`); each that does not fit sends the next one size down."""
+    cap = micro_cap(records, space, memory_limit, state_bytes)
+    if cap is None:
+        return None
+    tried = []
     for r in records:
-        if r.role == Role.BASELINE:
-            if r.under_way:
-                return None
-            own = r.config.micro_batch_size if r.config else cap
-            if r.peak_memory_bytes and memory_limit and r.status in MEASURED_PEAK:
-                cap = largest_fitting_micro(micros, r.peak_memory_bytes, own, state_bytes(),
-                                            memory_limit)
-            elif r.status == TrialStatus.OOM:
-                cap = max((m for m in micros if m < own), default=min(micros))
         if r.role != Role.FAST_CORNER:
             continue
         settled = r.state == "COMPLETE" or r.status in RAN_A_PROCESS
@@ -53,8 +52,28 @@ def next_corner(records: Sequence[TrialRecord], space: SearchSpace, memory_limit
             return None
         if r.config:
             tried.append(r.config.micro_batch_size)
+    micros = space.domains["micro_batch_size"]
     smaller = [m for m in micros if m <= cap and m < min(tried, default=math.inf)]
     return space.params_for(space.fast_corner(max(smaller))) if smaller else None
+
+
+def micro_cap(records: Sequence[TrialRecord], space: SearchSpace, memory_limit: int | None,
+              state_bytes: Callable[[], int]) -> int | None:
+    """The largest micro-batch the baseline's measured peak says fits (`state_bytes()`, the
+    model's training state, is asked for only then); the largest offered where no peak or
+    limit is known; one size below the baseline's where it ran out of memory. None while the
+    baseline has not run."""
+    micros = space.domains["micro_batch_size"]
+    baseline = next((r for r in records if r.role == Role.BASELINE), None)
+    if baseline is None or baseline.under_way:
+        return None
+    own = baseline.config.micro_batch_size if baseline.config else max(micros)
+    if baseline.peak_memory_bytes and memory_limit and baseline.status in MEASURED_PEAK:
+        return largest_fitting_micro(micros, baseline.peak_memory_bytes, own, state_bytes(),
+                                     memory_limit)
+    if baseline.status == TrialStatus.OOM:
+        return max((m for m in micros if m < own), default=min(micros))
+    return max(micros)
 
 
 def screen_below(records: Sequence[TrialRecord]) -> float | None:
@@ -67,12 +86,45 @@ def screen_below(records: Sequence[TrialRecord]) -> float | None:
 
 def planned_loader(records: Sequence[TrialRecord], rates: Sequence[LoaderRate],
                    workers_share_cores: bool) -> tuple[LoaderRate, float] | None:
-    """The cheapest DataLoader setting that feeds the fastest model measured so far, with that
-    model's consumption (samples/sec without its data waits); None when the model is
-    loader-bound and the proposal should be measured as it is."""
+    """The cheapest DataLoader setting that feeds the fastest model measured so far (the
+    fastest setting where none does), with that model's consumption (samples/sec without its
+    data waits); None where no setting is planned (`choose_loader`) and the proposal should
+    be measured as it is."""
     consumption = max((rate for r in records if r.status == TrialStatus.OK
                        and (rate := consumption_rate(r.samples_per_sec,
                                                      r.measurement.data_wait_fraction))),
                       default=0.0)
     chosen = choose_loader(rates, consumption, workers_share_cores=workers_share_cores)
     return (chosen, consumption) if chosen is not None else None
+
+
+def bottleneck_fix(knob: str, current: TrialRecord, records: Sequence[TrialRecord],
+                   space: SearchSpace, loader_rates: Sequence[LoaderRate], device_type: str,
+                   memory_limit: int | None, state_bytes: Callable[[], int],
+                   ) -> dict[str, Any] | None:
+    """The values of `knob` (and those it brings along) that address its share of `current`'s
+    step, or None where the space has nothing better than what `current` runs: the DataLoader
+    the plan gives for its consumption, a fused (else foreach) AdamW, the largest micro-batch
+    the memory says fits, torch.compile's default mode."""
+    config, domain = current.config, space.domains.get(knob, ())
+    if config is None:
+        return None
+    if knob == "num_workers":
+        plan = planned_loader([current], loader_rates,
+                              workers_share_cores(device_type, loader_rates))
+        if plan is None or plan[0].num_workers == config.num_workers:
+            return None
+        fixed = apply_loader(config, plan[0])
+        return {k: getattr(fixed, k) for k in ("num_workers", "prefetch_factor",
+                                               "persistent_workers")}
+    if knob == "optimizer_impl":
+        value = next((v for v in ("fused", "foreach") if v in domain), None)
+        return {knob: value} if value not in (None, config.optimizer_impl) else None
+    if knob == "micro_batch_size":
+        cap = micro_cap(records, space, memory_limit, state_bytes) or 0
+        larger = [m for m in domain if config.micro_batch_size < m <= cap]
+        return {knob: max(larger)} if larger else None
+    if knob == "compile_mode":
+        return {knob: "default"} if "default" in domain and config.compile_mode == "none" \
+            else None
+    return None

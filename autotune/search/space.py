@@ -253,7 +253,8 @@ def build_space(baseline: TrainConfig, info: DeviceInfo, dataset_size: int, *,
                 max_grad_accum: int = DEFAULT_MAX_GRAD_ACCUM,
                 left_out: Mapping[str, Mapping[Any, str]] | None = None,
                 world_size: int = 1, convolutional: bool = False,
-                attention: bool = False, optimizer_change: bool = False) -> SearchSpace:
+                attention: bool = False, optimizer_change: bool = False,
+                loader_workers: Sequence[int] = ()) -> SearchSpace:
     """The space for `baseline` on `info`'s device, narrowed by `--space` and then `--fix` (a
     fix must be one of the values `--space` lists for its knob).
 
@@ -262,6 +263,8 @@ def build_space(baseline: TrainConfig, info: DeviceInfo, dataset_size: int, *,
     micro-batches is never fast and takes minutes to measure. `left_out` (knob -> value ->
     reason, from the capability probe) removes values that fail or are pointless on this model
     and machine, the baseline's own excepted; a `--fix` of one is an error with its reason.
+    `loader_workers` (the worker counts the probe timed) adds those beyond the cores that a
+    DataLoader waiting on storage was timed with.
     """
     if not _positive_int(dataset_size):
         raise SpaceError(f"the dataset must hold at least one sample, got {dataset_size!r}")
@@ -287,6 +290,7 @@ def build_space(baseline: TrainConfig, info: DeviceInfo, dataset_size: int, *,
 
     offered = device_domains(baseline, info, world_size, convolutional, attention,
                              optimizer_change)
+    offered["num_workers"] = tuple(sorted({*offered["num_workers"], *loader_workers}))
     changed = [v for v in narrowed.get("optimizer", ()) if v not in offered["optimizer"]]
     if changed:
         raise SpaceError(f"optimizer={changed[0]} changes what the model learns (another update "

@@ -24,9 +24,13 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from autotune.config import TrainConfig
 from autotune.errors import Interrupted, RunFailed
 from autotune.search.events import StudyView
-from autotune.search.expert import kept_at_baseline, next_expert_trial
+from autotune.search.expert import (
+    kept_at_baseline,
+    next_bottleneck_trial,
+    next_expert_trial,
+)
 from autotune.search.heartbeat import Heartbeat, recover_orphans, requeue
-from autotune.search.loader_plan import apply_loader
+from autotune.search.loader_plan import apply_loader, workers_share_cores
 from autotune.search.memory_model import MemoryModel
 from autotune.search.outcome import (
     Scoring,
@@ -38,8 +42,14 @@ from autotune.search.outcome import (
     record_unsupported,
 )
 from autotune.search.runner import MeasureJob
-from autotune.search.shortcuts import next_corner, planned_loader, screen_below
+from autotune.search.shortcuts import (
+    bottleneck_fix,
+    next_corner,
+    planned_loader,
+    screen_below,
+)
 from autotune.search.space import SearchSpace
+from autotune.study.bottleneck import Diagnosis, diagnose
 from autotune.study.records import (
     COUNTS_AGAINST_BUDGET,
     DETERMINISTIC,
@@ -91,6 +101,11 @@ class Search:
 
     def __post_init__(self) -> None:
         self.sampler = self.study.sampler
+
+    def diagnose(self, record: TrialRecord) -> Diagnosis | None:
+        """Where a measured trial's step goes (`study/bottleneck`)."""
+        return diagnose(record.measurement, self.scoring.memory_limit_bytes) \
+            if record.measurement else None
 
 
 def measured_trials(study: optuna.Study) -> int:
@@ -191,14 +206,27 @@ def _ask(search: Search, budget: int | None) -> Trial | None:
 
 
 def _queue_expert(search: Search, records: Sequence[TrialRecord]) -> None:
-    """Queue the fast corner when due, else the expert's next trial (`expert`); and keep the
-    knobs that lost alone at the baseline's value in the sampler's proposals."""
-    corner = next_corner(records, search.space, search.scoring.memory_limit_bytes,
-                         search.state_bytes)
+    """Queue the next fix of the step's bottleneck while there is one (`expert`), else the fast
+    corner when due, else the expert's next trial; and keep the knobs that lost alone at the
+    baseline's value in the sampler's proposals."""
+    space, memory_limit = search.space, search.scoring.memory_limit_bytes
+
+    def fix(knob: str, current: TrialRecord) -> dict[str, Any] | None:
+        return bottleneck_fix(knob, current, records, space, search.loader_rates,
+                              search.scoring.device_type, memory_limit, search.state_bytes)
+
+    move = next_bottleneck_trial(records, space, search.diagnose, fix)
+    if move is not None:
+        search.study.enqueue_trial(move.params, user_attrs={
+            TrialKey.ROLE: move.role, TrialKey.CHANGED: list(move.changed)})
+        return
+    corner = next_corner(records, space, memory_limit, search.state_bytes)
     if corner is not None:
         search.study.enqueue_trial(corner, user_attrs={TrialKey.ROLE: Role.FAST_CORNER})
         return
-    expert = next_expert_trial(records, search.space)
+    baseline = next((r for r in records if r.role == Role.BASELINE and r.measurement), None)
+    diagnosis = search.diagnose(baseline) if baseline else None
+    expert = next_expert_trial(records, space, diagnosis.first_knobs() if diagnosis else ())
     if expert is not None:
         search.study.enqueue_trial(expert.params, user_attrs={
             TrialKey.ROLE: expert.role, TrialKey.CHANGED: list(expert.changed)})
@@ -263,6 +291,8 @@ def run_trial(search: Search, trial: Trial, device: Any, finish_by: float,
     if record.status == TrialStatus.COMPILE_TIMEOUT:
         requeue(study, study.trials[trial.number], record.retry + 1)
     search.view.trial_finished(record)
+    if baseline and (diagnosis := search.diagnose(record)) is not None:
+        search.view.note(f"where your step's time goes: {diagnosis.describe()}")
     if baseline and record.status == TrialStatus.DIVERGED:
         raise RunFailed(f"the baseline (the model file's BASELINE) diverged: {record.message}; "
                         "a speedup over a run that does not train means nothing, so the study "
@@ -295,11 +325,12 @@ def _record(study: optuna.Study, trial: Trial) -> TrialRecord:
 
 def _plan_loader(search: Search, trial: Trial, config: TrainConfig,
                  records: Sequence[TrialRecord]) -> TrainConfig:
-    """The cheapest DataLoader setting that feeds the fastest model measured so far."""
-    plan = planned_loader(records, search.loader_rates,
-                          workers_share_cores=search.scoring.device_type == "cpu")
+    """The cheapest DataLoader setting that feeds the fastest model measured so far (the
+    fastest, for a model the loader holds back)."""
+    plan = planned_loader(records, search.loader_rates, workers_share_cores(
+        search.scoring.device_type, search.loader_rates))
     if plan is None:
-        return config  # loader-bound: the proposal is measured as it is
+        return config  # loader-bound on the training's cores: measured as it is
     chosen, consumption = plan
     trial.set_user_attr(TrialKey.LOADER_PLAN, {**chosen.to_dict(),
                                                "consumption_samples_per_sec": consumption})

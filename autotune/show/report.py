@@ -285,6 +285,7 @@ def summary_tables(summary: StudySummary) -> Group:
     if summary.script_answer is not None:
         parts += [Text("in your script's terms:", style="bold"),
                   *(Text(f"  {line}", style="bold green") for line in summary.script_lines())]
+    parts += [Text(line) for line in diagnosis_lines(summary)]
     parts += [knobs, figures]
     for line in left_out_lines(summary):
         parts.append(Text(line, style="dim"))
@@ -389,6 +390,16 @@ def group_rows(group: ProcessGroupFigures | None) -> list[tuple[str, str, str]]:
     ]
 
 
+def diagnosis_lines(summary: StudySummary) -> list[str]:
+    """Where the step's time goes, your settings' and the answer's (`study/bottleneck`)."""
+    lines = []
+    if summary.diagnosis is not None:
+        lines.append(f"your settings' step: {summary.diagnosis.describe()}")
+    if summary.answer_diagnosis is not None:
+        lines.append(f"the answer's step: {summary.answer_diagnosis.describe()}")
+    return lines
+
+
 def left_out_lines(summary: StudySummary) -> list[str]:
     """The knob values the capability probe kept out of the search, each with its reason."""
     return [f"left out: {item.describe()}" for item in summary.left_out]
@@ -460,6 +471,7 @@ def summary_markdown(summary: StudySummary) -> str:
     else:
         lines.append(f"- model: `{summary.model}` {summary.model_args or ''}")
     lines.append(f"- device: {summary.device}")
+    lines += [f"- {line}" for line in diagnosis_lines(summary)]
     lines += [f"- {name}: {value}" + (f" ({how})" if how else "")
               for name, value, how in result_rows(summary)]
     lines += [f"- {line}" for line in left_out_lines(summary)]

@@ -25,7 +25,13 @@ from autotune.formatting import (
     short_config,
 )
 from autotune.show import plots
-from autotune.show.report import group_rows, knob_rows, left_out_lines, speedup_text
+from autotune.show.report import (
+    diagnosis_lines,
+    group_rows,
+    knob_rows,
+    left_out_lines,
+    speedup_text,
+)
 from autotune.study.confirmation import WARM_TURNS, CandidateSummary, Run, stored_confirmation
 from autotune.study.records import StudyKey, TrialRecord, trial_records
 from autotune.study.results import compile_rows, study_summary
@@ -166,8 +172,9 @@ def _operators_and_findings(study: optuna.Study, summary: StudySummary) -> str:
         return "<p>No best configuration yet.</p>"
     m = TrialRecord.of(study.trials[number]).measurement
     ops = m.top_operators if m else ()
-    parts = [f"<p class='muted'>From trial #{number}'s profiler window (after its timed "
-             "window, so the profiler did not slow the figure above).</p>"]
+    parts = [f"<p>{_e(line)}</p>" for line in diagnosis_lines(summary)]
+    parts.append(f"<p class='muted'>From trial #{number}'s profiler window (after its timed "
+                 "window, so the profiler did not slow the figure above).</p>")
     findings = m.findings if m else ()
     if findings:
         for i, f in enumerate(findings, 1):

@@ -46,6 +46,7 @@ class Role:
     """Why a trial was run."""
 
     BASELINE = "baseline"        # the model file's BASELINE, always first
+    BOTTLENECK = "bottleneck"    # a fix of the dominant share of the step (`search/expert`)
     FAST_CORNER = "fast-corner"  # the configuration an expert tries first
     ONE_CHANGE = "one-change"    # one of the fast corner's changes alone (`search/expert`)
     TAKEN_BACK = "taken-back"    # a winning fast corner with one of its changes undone

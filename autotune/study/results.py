@@ -16,6 +16,7 @@ from optuna.trial import TrialState
 from autotune.config import CONDITIONS, DISTRIBUTED_KNOBS, TrainConfig, knob_names
 from autotune.errors import ConfigError
 from autotune.formatting import format_disturbance, format_seconds, short_config
+from autotune.study.bottleneck import Diagnosis, before_and_after, diagnose
 from autotune.study.confirmation import Confirmation, stored_confirmation
 from autotune.study.records import (
     MEASURED_PEAK,
@@ -136,6 +137,12 @@ def study_summary(study: optuna.Study) -> StudySummary:
         search_verdict(best_config, figures["speedup"], baseline_config)
     if unknown := _left_unknown(attrs.get(StudyKey.SHORT_BUDGET), figures.get("confirmation")):
         verdict = f"{verdict.rstrip('.')}. {unknown}"
+    limit = (attrs.get(StudyKey.MEMORY) or {}).get("limit_bytes")
+    diagnosis = _diagnosis(baseline_trial, limit)
+    answer_diagnosis = _diagnosis(_profiled(records, best_config), limit) \
+        if best_config is not None and best_config != baseline_config else None
+    if diagnosis and (words := before_and_after(diagnosis, answer_diagnosis)):
+        verdict = f"{words[0].upper()}{words[1:]}. {verdict}"
     best_trial = figures["best_trial"]
     if attrs.get(StudyKey.FREE_BATCH, False) and best_config and baseline_config:
         best_eb, base_eb = best_config.effective_batch_size, baseline_config.effective_batch_size
@@ -184,6 +191,7 @@ def study_summary(study: optuna.Study) -> StudySummary:
         queued_trials=tuple(r.number for r in every if r.state == TrialState.WAITING.name),
         disturbed_trials=tuple(r.number for r in records if r.disturbed and not r.duplicate),
         best_disturbed=best_disturbed, compile_payoff=payoff,
+        diagnosis=diagnosis, answer_diagnosis=answer_diagnosis,
         trial_times=trial_times(records),
         probe_s=(attrs.get(StudyKey.PROBE) or {}).get("wall_s"),
         verifications=tuple(Verification.from_json(v)
@@ -194,6 +202,17 @@ def study_summary(study: optuna.Study) -> StudySummary:
         script_answer=script_answer(records, best_config)
         if identity and identity.script_args is not None else None,
         **figures)
+
+
+def _diagnosis(record: TrialRecord | None, memory_limit: int | None) -> Diagnosis | None:
+    return diagnose(record.measurement, memory_limit) \
+        if record is not None and record.measurement else None
+
+
+def _profiled(records: Iterable[TrialRecord], config: TrainConfig) -> TrialRecord | None:
+    """The last trial of `config` measured with a profile: where its step's time goes."""
+    return next((r for r in reversed(list(records)) if r.config == config and r.measurement
+                 and r.measurement.host_syncs_per_step is not None and not r.duplicate), None)
 
 
 def script_answer(records: list[TrialRecord], config: TrainConfig | None) -> ScriptAnswer | None:

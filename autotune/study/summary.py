@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from autotune.config import TrainConfig
+from autotune.study.bottleneck import Diagnosis
 from autotune.study.confirmation import FRESH_ROUNDS
 from autotune.study.verification import Verification
 from autotune.trial.protocol import LeftOut, LoaderRate, PhaseTimes, ScriptAnswer
@@ -155,6 +156,10 @@ class StudySummary:
     # file's study, or no measured trial of the answer says it).
     script_args: tuple[str, ...] | None = None
     script_answer: ScriptAnswer | None = None
+    # Where the step's time goes (`study/bottleneck`): the baseline's, and the answer's where
+    # a trial of it was profiled.
+    diagnosis: Diagnosis | None = None
+    answer_diagnosis: Diagnosis | None = None
 
     def script_lines(self) -> list[str]:
         """The answer as the script's user applies it: the flags to add to its command line,
@@ -180,7 +185,11 @@ class StudySummary:
         """Plain data, the keys `autotune show --json` has always printed."""
         data = {f.name: _plain(getattr(self, f.name)) for f in fields(self)
                 if f.name not in ("confirmation", "process_group", "verifications", "files",
-                                  "script_args", "script_answer")}
+                                  "script_args", "script_answer", "diagnosis",
+                                  "answer_diagnosis")}
+        for name in ("diagnosis", "answer_diagnosis"):
+            diagnosis = getattr(self, name)
+            data[name] = diagnosis.to_json() if diagnosis is not None else None
         data["confirmed"] = self.confirmed
         if self.confirmation is not None:
             data.update(_plain(self.confirmation))

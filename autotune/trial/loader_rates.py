@@ -1,10 +1,16 @@
 """How fast each DataLoader setting delivers batches on its own, with no model: measured once
 per study by the capability probe, for every (num_workers, prefetch_factor) the space offers
 (`autotune.search.loader_plan` decides from these rates).
+
+Loading in the training process is timed on the CPU clock too: a loader that spends most of its
+wall time off the CPU waits (on storage, a network, a remote service), and its workers sleep
+rather than compute while they wait, so more of them than there are cores still help
+(`waiting_worker_counts`).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -18,6 +24,12 @@ from autotune.trial.training import make_loader
 
 PROBE_BATCHES = 20
 PROBE_SECONDS = 1.0
+# In-process loading on the CPU less than this share of its wall time waits rather than
+# computes (`LoaderRate.cpu_share`): a sleeping read is on it a few percent of the time, and a
+# computing loader on a machine whose other processes take half its cores still about half.
+WAITS_BELOW = 0.25
+# The most workers a waiting loader is timed with: each is a process with a copy of the dataset.
+MAX_WAITING_WORKERS = 32
 
 
 def measure_loader_rates(dataset: Dataset, collate: Callable[[list[Any]], Any] | None,
@@ -31,14 +43,35 @@ def measure_loader_rates(dataset: Dataset, collate: Callable[[list[Any]], Any] |
                              prefetch_factor=prefetch)
         batches = _forever(make_loader(dataset, config, torch.device("cpu"), collate))
         next(batches)  # worker start-up is paid once per run, not per batch
-        count, start = 0, time.perf_counter()
+        count, start, cpu = 0, time.perf_counter(), time.process_time()
         while count < PROBE_BATCHES or time.perf_counter() - start < PROBE_SECONDS:
             next(batches)
             count += 1
-        rates.append(LoaderRate(workers, prefetch,
-                                count * micro_batch_size / (time.perf_counter() - start)))
+        wall = time.perf_counter() - start
+        # the workers' CPU time is their own processes': only in-process loading is read
+        share = min(1.0, (time.process_time() - cpu) / wall) if workers == 0 else None
+        rates.append(LoaderRate(workers, prefetch, count * micro_batch_size / wall, share))
         batches.close()
     return rates
+
+
+def waits(rates: Iterable[LoaderRate]) -> bool:
+    """Whether loading in the training process waits rather than computes."""
+    return any(r.cpu_share is not None and r.cpu_share < WAITS_BELOW for r in rates)
+
+
+def waiting_worker_counts(rates: Iterable[LoaderRate], cores: int) -> list[int]:
+    """Worker counts beyond those timed that a waiting loader is worth timing with: powers of
+    two up to the cores over the CPU share of in-process loading (the workers that keep the
+    cores as busy as in-process loading would, were it not waiting), at most
+    `MAX_WAITING_WORKERS`; none for a loader that computes."""
+    rates = list(rates)
+    share = min((r.cpu_share for r in rates if r.cpu_share is not None), default=None)
+    if share is None or share >= WAITS_BELOW:
+        return []
+    most = min(MAX_WAITING_WORKERS, math.ceil(cores / max(share, 1e-3)))
+    timed = max(r.num_workers for r in rates)
+    return [n for n in (2**i for i in range(most.bit_length())) if timed < n <= most]
 
 
 def _forever(loader: torch.utils.data.DataLoader) -> Any:

@@ -201,6 +201,7 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
         data_wait_fraction=min(1.0, window.data_wait_s / window.seconds),
         host_syncs_per_step=profile.host_syncs_per_step if profile else None,
         host_sync_s_per_step=profile.host_sync_s_per_step if profile else None,
+        optimizer_fraction=profile.optimizer_fraction if profile else None,
         device_idle_fraction=profile.device_idle_fraction if profile else None,
         flops_per_sample=flops_per_sample,
         mfu=mfu,

@@ -41,10 +41,10 @@ from typing import Any
 import torch
 
 from autotune.config import FP8_PRECISIONS, TrainConfig, from_baseline, loader_settings
-from autotune.hardware import cpu_has_native_bf16, describe, unsupported_reason
+from autotune.hardware import cpu_has_native_bf16, describe, unsupported_reason, usable_cpus
 from autotune.trial.child import is_oom
 from autotune.trial.float8 import MIN_FEATURES, large_linears
-from autotune.trial.loader_rates import measure_loader_rates
+from autotune.trial.loader_rates import measure_loader_rates, waiting_worker_counts
 from autotune.trial.optimizers import make_optimizer
 from autotune.trial.protocol import LeftOut, ProbeReport
 from autotune.trial.training import (
@@ -111,8 +111,18 @@ def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
     usable = {(w, p) for w, p in loader_settings(offered)
               if not any(x.knob == "num_workers" and x.value == w for x in report.left_out)}
     progress("timing the DataLoader alone")
-    report.loader_rates = measure_loader_rates(dataset, workload.hook("collate_fn"),
-                                               config.micro_batch_size, sorted(usable, key=str))
+    collate = workload.hook("collate_fn")
+    report.loader_rates = measure_loader_rates(dataset, collate, config.micro_batch_size,
+                                               sorted(usable, key=str))
+    # a loader that waits is timed with more workers than cores, where workers can load at all
+    more = waiting_worker_counts(report.loader_rates, usable_cpus()) \
+        if any(w > 0 for w, _ in usable) else []
+    if more:
+        progress(f"the DataLoader waits rather than computes: timing {', '.join(map(str, more))}"
+                 " workers too")
+        prefetch = sorted({p for w, p in usable if w > 0}, key=lambda v: v or 0)
+        report.loader_rates += measure_loader_rates(
+            dataset, collate, config.micro_batch_size, [(w, p) for w in more for p in prefetch])
     return report
 
 

@@ -45,7 +45,8 @@ HOST_SYNC_NAMES: tuple[str, ...] = (
 _SCALAR_READS = frozenset({"aten::item", "aten::_local_scalar_dense"})
 _CUDA_WAITS = frozenset(HOST_SYNC_NAMES) - _SCALAR_READS
 # Ranges whose scalar reads belong to the loader or the optimizer, not to the model's code.
-_OUTSIDE_MODEL_CODE = ("enumerate(DataLoader)", NEXT_BATCH, "Optimizer.step#",
+_OPTIMIZER_STEP = "Optimizer.step#"
+_OUTSIDE_MODEL_CODE = ("enumerate(DataLoader)", NEXT_BATCH, _OPTIMIZER_STEP,
                        "Optimizer.zero_grad#")
 
 # Kineto activity types that occupy the device; user annotations and sync markers only
@@ -77,6 +78,9 @@ class ProfileSummary:
     # Share of the window with a collective in flight (gloo's on the host, NCCL's kernels on
     # the GPU), overlapped with compute or not; None in a process of its own.
     communication_fraction: float | None = None
+    # Share of the window in the optimizer's step: its host time, or on CUDA its kernels'
+    # where longer; None where no optimizer step was recorded.
+    optimizer_fraction: float | None = None
 
 
 def _synchronize(device: torch.device | None) -> None:
@@ -137,6 +141,20 @@ def _union_within(intervals: Sequence[tuple[float, float]], lo: float, hi: float
             covered += end - start
             cursor = end
     return covered
+
+
+def _optimizer_fraction(events: Iterable[Any], lo: float, hi: float,
+                        on_cuda: bool) -> float | None:
+    """The share of [lo, hi] the optimizer's step took (torch's optimizers record each step as
+    `Optimizer.step#<class>.step`): on the host, or on CUDA its kernels' time where longer (a
+    device-bound step)."""
+    steps = [evt for evt in events if evt.name.startswith(_OPTIMIZER_STEP)
+             and evt.device_type == DeviceType.CPU]
+    if not steps or hi <= lo:
+        return None
+    host = _union_within([(e.time_range.start, e.time_range.end) for e in steps], lo, hi)
+    device = sum(_device_us(e) for e in steps) if on_cuda else 0.0
+    return min(1.0, max(host, device) / (hi - lo))
 
 
 def _has_descendant(evt: Any, names: frozenset[str]) -> bool:
@@ -355,6 +373,7 @@ def _summary(prof: profile, steps: int, on_cuda: bool, trace_path: str | os.Path
         top_operators=top_ops,
         trace_path=None if trace_path is None else str(trace_path),
         communication_fraction=communication,
+        optimizer_fraction=_optimizer_fraction(events, lo, hi, on_cuda),
     )
 
 

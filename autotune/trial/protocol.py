@@ -237,6 +237,8 @@ class Measurement:
     host_syncs_per_step: float | None = None
     host_sync_s_per_step: float | None = None
     device_idle_fraction: float | None = None
+    # Share of a profiled step (its batches fetched ahead) in the optimizer's step.
+    optimizer_fraction: float | None = None
     flops_per_sample: float | None = None
     mfu: float | None = None
     peak_allocated_bytes: int | None = None
@@ -464,11 +466,14 @@ class WarmTurn:
 
 @dataclass(frozen=True)
 class LoaderRate:
-    """Samples/sec one DataLoader setting delivers on its own, after its first batch."""
+    """Samples/sec one DataLoader setting delivers on its own, after its first batch; for
+    loading in the training process, the share of its wall time the process spent on the CPU
+    (`cpu_share`): far below 1, the loader waits (on storage, a network) rather than computes."""
 
     num_workers: int
     prefetch_factor: int | None
     samples_per_sec: float
+    cpu_share: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -514,6 +519,11 @@ class ProbeReport:
     def from_dict(cls, data: Mapping[str, Any]) -> ProbeReport:
         return cls(**{**data, "left_out": [LeftOut(**x) for x in data["left_out"]],
                       "loader_rates": [LoaderRate(**r) for r in data["loader_rates"]]})
+
+    def timed_workers(self) -> list[int]:
+        """The DataLoader worker counts the probe timed (beyond the cores for a loader that
+        waits): the search's `num_workers` values."""
+        return sorted({r.num_workers for r in self.loader_rates})
 
     def left_out_values(self) -> dict[str, dict[Any, str]]:
         """knob -> {value: reason}."""

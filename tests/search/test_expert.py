@@ -12,10 +12,12 @@ from autotune.hardware import DeviceInfo
 from autotune.search.expert import (
     clearly_faster,
     kept_at_baseline,
+    next_bottleneck_trial,
     next_expert_trial,
     one_change_order,
 )
 from autotune.search.space import build_space
+from autotune.study.bottleneck import Diagnosis, Share
 from autotune.study.records import Role, TrialRecord
 from autotune.trial.protocol import Measurement, TrialStatus
 
@@ -210,3 +212,48 @@ def test_the_best_so_far_is_compiled_once_after_the_corners_changes_are_split() 
     compiled = [*trials[:2], record(2, BASELINE.replace(compile_mode="default"), 90.0)]
     assert next_expert_trial(compiled, COMPILING) is None or \
         next_expert_trial(compiled, COMPILING).role != Role.COMPILED_BEST
+
+
+def test_the_bottleneck_is_fixed_first_and_a_moved_bottleneck_sets_the_next_move() -> None:
+    """The baseline waits on its loader: its first move is workers, alone from the baseline.
+    That wins, and its own diagnosis says the optimizer now dominates: the next move is a fused
+    AdamW on top of the workers. That loses: the optimizer's knob is tried once, and with no
+    other knob for the dominant share the moves end (the fast corner comes next)."""
+    shares = {0: {"data_wait": 0.7, "optimizer": 0.1},
+              1: {"data_wait": 0.05, "optimizer": 0.5}}
+
+    def diagnose(r: TrialRecord) -> Diagnosis | None:
+        got = shares.get(r.number)
+        return None if got is None else Diagnosis(tuple(
+            Share(k, v) for k, v in sorted(got.items(), key=lambda kv: -kv[1])))
+
+    def fix(knob: str, current: TrialRecord) -> dict | None:
+        return {"num_workers": {"num_workers": 2, "prefetch_factor": 2},
+                "optimizer_impl": {"optimizer_impl": "fused"}}.get(knob)
+
+    trials = [record(0, BASELINE, 100.0, Role.BASELINE)]
+    first = next_bottleneck_trial(trials, SPACE, diagnose, fix)
+    assert first.role == Role.BOTTLENECK and first.changed == ("num_workers",)
+    loader = SPACE.with_changes({"num_workers": 2, "prefetch_factor": 2})
+    assert first.params == SPACE.params_for(loader)
+    trials.append(record(1, loader, 300.0, Role.BOTTLENECK, ("num_workers",)))
+    second = next_bottleneck_trial(trials, SPACE, diagnose, fix)
+    assert second.changed == ("optimizer_impl",)
+    both = SPACE.with_changes({"num_workers": 2, "prefetch_factor": 2,
+                               "optimizer_impl": "fused"})
+    assert second.params == SPACE.params_for(both)
+    trials.append(record(2, both, 290.0, Role.BOTTLENECK, ("optimizer_impl",)))
+    assert next_bottleneck_trial(trials, SPACE, diagnose, fix) is None
+    # while a move is under way nothing else is queued; with no dominant share, no move
+    running = trials[:1] + [record(1, loader, None, Role.BOTTLENECK, ("num_workers",),
+                                   state="RUNNING")]
+    assert next_bottleneck_trial(running, SPACE, diagnose, fix) is None
+    shares[0] = {"compute": 0.9, "data_wait": 0.05}
+    assert next_bottleneck_trial(trials[:1], SPACE, diagnose, fix) is None
+
+
+def test_the_diagnosis_puts_its_knobs_first_among_the_corners_changes() -> None:
+    corner = BASELINE.replace(micro_batch_size=1024, grad_accum_steps=1, precision="bf16",
+                              optimizer_impl="fused", num_workers=2)
+    assert one_change_order(BASELINE, corner, first=("num_workers",)) == [
+        "num_workers", "optimizer_impl", "precision", "micro_batch_size"]

@@ -438,8 +438,6 @@ def test_space_without_workers_switches_the_loader_knobs_off():
     ({"fixes": {"pin_memory": True}},
      "--fix pin_memory=True: not on this device: pinned memory only speeds up copies to a CUDA "
      "device"),
-    ({"fixes": {"num_workers": 7}},
-     "--fix num_workers=7: not on this device: more DataLoader workers than the 6 usable CPUs"),
     ({"fixes": {"micro_batch_size": 7}}, "micro_batch_size=7 does not divide 32"),
     ({"fixes": {"micro_batch_size": 0}}, "micro_batch_size must be a positive integer"),
     ({"fixes": {"grad_accum_steps": 5}}, "grad_accum_steps=5 does not divide 32"),

@@ -156,7 +156,9 @@ def test_a_study_written_before_typed_records_opens_and_says_what_it_said(tmp_pa
     """A journal from autotune before measurements had a record of their own (each figure an
     attribute of its own): read with today's code, every trial has its measurement, and the
     summary is the one `show --json` printed then (the new `knobs`, `queued_trials`,
-    `trial_times` and `confirmation_measured` aside: its rounds were fresh ones)."""
+    `trial_times` and `confirmation_measured` aside: its rounds were fresh ones; the
+    diagnosis of its baseline, read off its profiled trial; and the loader's CPU share, not
+    measured then)."""
     folder = tmp_path / "tiny_dict"
     folder.mkdir()
     shutil.copy(OLD_STUDY / "journal.log", folder / "journal.log")
@@ -171,6 +173,9 @@ def test_a_study_written_before_typed_records_opens_and_says_what_it_said(tmp_pa
     assert now.pop("queued_trials") == [] and now.pop("trial_times") == []
     assert now.pop("probe_s") is None  # not recorded before
     assert now.pop("confirmation_measured") == FRESH_ROUNDS
+    assert now.pop("diagnosis")["dominant"] == "overhead"
+    assert now.pop("answer_diagnosis") is None  # its answer kept the baseline
+    assert all(rate.pop("cpu_share") is None for rate in now["loader_rates"])
     assert now == then
 
 

@@ -252,6 +252,7 @@ class MeasuringObserver:
             device_slowdowns=tuple(kept.contention.device_slowdowns),
             host_syncs_per_step=profile.host_syncs_per_step if profile else None,
             host_sync_s_per_step=profile.host_sync_s_per_step if profile else None,
+            optimizer_fraction=profile.optimizer_fraction if profile else None,
             device_idle_fraction=profile.device_idle_fraction if profile else None,
             top_operators=profile.top_operators if profile else (),
             trace_path=profile.trace_path if profile else None,
