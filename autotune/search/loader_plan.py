@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from autotune.config import TrainConfig
-from autotune.trial.loader_rates import waits
 from autotune.trial.protocol import LoaderRate
 
 # Worker processes run beside training: their rate must exceed the model's by this factor.
@@ -52,7 +51,7 @@ def choose_loader(rates: Sequence[LoaderRate], consumption: float,
 def workers_share_cores(device_type: str, rates: Sequence[LoaderRate]) -> bool:
     """Whether DataLoader workers would take the cores training runs on: on CPU, unless the
     loader waits rather than computes."""
-    return device_type == "cpu" and not waits(rates)
+    return device_type == "cpu" and not any(r.waits for r in rates)
 
 
 def apply_loader(config: TrainConfig, rate: LoaderRate) -> TrainConfig:

@@ -24,10 +24,6 @@ from autotune.trial.training import make_loader
 
 PROBE_BATCHES = 20
 PROBE_SECONDS = 1.0
-# In-process loading on the CPU less than this share of its wall time waits rather than
-# computes (`LoaderRate.cpu_share`): a sleeping read is on it a few percent of the time, and a
-# computing loader on a machine whose other processes take half its cores still about half.
-WAITS_BELOW = 0.25
 # The most workers a waiting loader is timed with: each is a process with a copy of the dataset.
 MAX_WAITING_WORKERS = 32
 
@@ -55,20 +51,16 @@ def measure_loader_rates(dataset: Dataset, collate: Callable[[list[Any]], Any] |
     return rates
 
 
-def waits(rates: Iterable[LoaderRate]) -> bool:
-    """Whether loading in the training process waits rather than computes."""
-    return any(r.cpu_share is not None and r.cpu_share < WAITS_BELOW for r in rates)
-
-
 def waiting_worker_counts(rates: Iterable[LoaderRate], cores: int) -> list[int]:
     """Worker counts beyond those timed that a waiting loader is worth timing with: powers of
     two up to the cores over the CPU share of in-process loading (the workers that keep the
     cores as busy as in-process loading would, were it not waiting), at most
     `MAX_WAITING_WORKERS`; none for a loader that computes."""
     rates = list(rates)
-    share = min((r.cpu_share for r in rates if r.cpu_share is not None), default=None)
-    if share is None or share >= WAITS_BELOW:
+    waiting = [r.cpu_share for r in rates if r.waits and r.cpu_share is not None]
+    if not waiting:
         return []
+    share = min(waiting)
     most = min(MAX_WAITING_WORKERS, math.ceil(cores / max(share, 1e-3)))
     timed = max(r.num_workers for r in rates)
     return [n for n in (2**i for i in range(most.bit_length())) if timed < n <= most]

@@ -464,6 +464,12 @@ class WarmTurn:
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
+# In-process loading on the CPU less than this share of its wall time waits rather than
+# computes (`LoaderRate.waits`): a sleeping read is on it a few percent of the time, and a
+# computing loader on a machine whose other processes take half its cores still about half.
+LOADER_WAITS_BELOW = 0.25
+
+
 @dataclass(frozen=True)
 class LoaderRate:
     """Samples/sec one DataLoader setting delivers on its own, after its first batch; for
@@ -474,6 +480,11 @@ class LoaderRate:
     prefetch_factor: int | None
     samples_per_sec: float
     cpu_share: float | None = None
+
+    @property
+    def waits(self) -> bool:
+        """In-process loading that waits rather than computes."""
+        return self.cpu_share is not None and self.cpu_share < LOADER_WAITS_BELOW
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

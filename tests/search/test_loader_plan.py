@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from autotune.search.loader_plan import choose_loader, feeds, workers_share_cores
-from autotune.trial.loader_rates import waiting_worker_counts, waits
+from autotune.trial.loader_rates import waiting_worker_counts
 from autotune.trial.protocol import LoaderRate
 
 
@@ -29,13 +29,13 @@ def test_a_loader_that_waits_gets_workers_beyond_the_cores_even_on_cpu() -> None
     (on the CPU 90% of its time) gets neither."""
     waiting = [LoaderRate(0, None, 500.0, cpu_share=0.05), LoaderRate(1, 2, 900.0),
                LoaderRate(2, 2, 1_800.0)]
-    assert waits(waiting)
+    assert waiting[0].waits
     assert waiting_worker_counts(waiting, cores=2) == [4, 8, 16, 32]
     assert not workers_share_cores("cpu", waiting)
     more = [*waiting, LoaderRate(8, 2, 7_000.0), LoaderRate(16, 2, 13_000.0)]
     # the fewest workers that outrun a model of 4,000 samples/s by 1.5x
     assert choose_loader(more, 4_000.0, workers_share_cores("cpu", more)) == more[3]
     computing = [LoaderRate(0, None, 500.0, cpu_share=0.9), LoaderRate(2, 2, 900.0)]
-    assert not waits(computing) and waiting_worker_counts(computing, cores=2) == []
+    assert not computing[0].waits and waiting_worker_counts(computing, cores=2) == []
     assert workers_share_cores("cpu", computing) and not workers_share_cores("cuda", computing)
     assert choose_loader(computing, 4_000.0, workers_share_cores("cpu", computing)) is None
