@@ -253,7 +253,7 @@ def run_failure(summary: StudySummary) -> str | None:
 def cmd_profile(options: ProfileOptions, console: Console) -> int:
     info, knobs = _target(options)
     name = Path(options.workload_path).stem
-    out = writable_folder(Path(options.out or Path("studies") / name / "profile"))
+    out = writable_folder(Path(options.out or Path("studies") / name / "profile").absolute())
     request = TrialRequest(
         model_path=options.workload_path, config=knobs, device=str(info.torch_device),
         model_args=options.model_args, memory_limit_bytes=options.memory_limit_bytes,

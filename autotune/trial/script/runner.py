@@ -2,12 +2,18 @@
 their arguments in `sys.argv` and its directory first on `sys.path`, in this process, with the
 libraries' hooks installed (each library patched when the script imports it). The run ends
 when the library's training loop does (`TrainingDone`), so nothing the script does after
-training runs; every other ending is one clear message."""
+training runs; every other ending is one clear message.
+
+The script works in a scratch folder of its own (`working_in`), never in the user's: what it
+writes by a relative path to a new file or folder lands there. The folder holds a link to each
+entry of the user's, so its relative reads work as before, and an argument that names an
+existing path outside the user's folder by a relative path (`../data`) is made absolute."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import runpy
 import sys
 import time
@@ -58,17 +64,21 @@ class ScriptRun:
 
 
 def run_script(path: str | Path, argv: Sequence[str], trial: ScriptTrial) -> ScriptRun:
-    """Run `path` with `argv` until its training has run under `trial` and ended."""
-    path = Path(path)
+    """Run `path` with `argv` until its training has run under `trial` and ended; the script
+    works in `trial.scratch_dir` (`working_in`)."""
+    given = Path(path)
+    path = given.absolute()
     if not path.is_file():
-        raise ScriptError(f"training script not found: {path}")
+        raise ScriptError(f"training script not found: {given}")
     trial.script = path.name
     saved_argv, saved_path = sys.argv, list(sys.path)
-    sys.argv = [str(path), *argv]
+    home = Path.cwd()
+    sys.argv = [str(path), *absolute_arguments(argv, home)]
     sys.path.insert(0, str(path.resolve().parent))
     trial.started_at = time.perf_counter()
     try:
-        with active(trial), patched_on_import(PATCHES), _parser_exits_recorded(), \
+        with working_in(trial.scratch_dir / "cwd", home), active(trial), \
+                patched_on_import(PATCHES), _parser_exits_recorded(), \
                 recording_imports() as imports:
             runpy.run_path(str(path), run_name="__main__")
     except TrainingDone:
@@ -95,6 +105,45 @@ def run_script(path: str | Path, argv: Sequence[str], trial: ScriptTrial) -> Scr
         sys.path[:] = saved_path
     raise NeverTrained(never_trained_message(path.name, time.perf_counter() - trial.started_at,
                                              ended=True))
+
+
+@contextlib.contextmanager
+def working_in(scratch: Path, home: Path) -> Iterator[Path]:
+    """The script's current directory for its run: `scratch`, made with a link to each entry
+    of `home` (the user's folder), so relative reads find the user's files and relative writes
+    of new files stay out of it; `home` again afterwards."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError), os.scandir(home) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                (scratch / entry.name).symlink_to(entry.path)
+    os.chdir(scratch)
+    try:
+        yield scratch
+    finally:
+        os.chdir(home)
+
+
+def absolute_arguments(argv: Sequence[str], home: Path) -> list[str]:
+    """`argv` with each argument (or `--flag=` value) that names an existing file or folder
+    outside `home` by a path relative to it (`../data`) made absolute: from the scratch folder
+    it would name nothing. Paths inside `home` stay as given, the scratch folder's links find
+    them."""
+    def absolute(text: str) -> str:
+        if not text.startswith(".."):
+            return text
+        target = Path(os.path.normpath(home / text))
+        try:
+            return str(target) if target.exists() and not target.is_relative_to(home) else text
+        except (OSError, ValueError):
+            return text
+
+    out = []
+    for arg in argv:
+        flag, equals, value = arg.partition("=")
+        out.append(f"{flag}={absolute(value)}" if arg.startswith("-") and equals
+                   else absolute(arg))
+    return out
 
 
 def script_traceback(exc: BaseException, path: Path) -> str:

@@ -57,7 +57,9 @@ class ScriptTrial:
 
     device: torch.device
     observer: StepObserver
-    scratch_dir: Path              # the library's outputs, instead of the user's own
+    # This run's own folder: the script's current directory (`cwd`) and the library's outputs,
+    # instead of the user's own
+    scratch_dir: Path
     config: TrainConfig | None = None
     max_steps: int = 1_000_000     # what the library is told: the observer stops it far sooner
     script: str = "the script"

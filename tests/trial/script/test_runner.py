@@ -16,6 +16,7 @@ from autotune.trial.script.errors import (
     ScriptFailed,
     never_trained_message,
 )
+from autotune.trial.script.runner import absolute_arguments
 from tests.conftest import need
 from tests.trial.script.steps import run
 
@@ -106,3 +107,43 @@ def test_a_script_whose_hfargumentparser_refuses_its_arguments(
 def test_a_script_that_is_not_there(tmp_path: Path) -> None:
     with pytest.raises(ScriptError, match="training script not found: .*missing.py"):
         run(tmp_path / "missing.py", [], tmp_path / "s")
+
+
+def test_a_script_works_in_a_scratch_folder_that_finds_the_users_files(
+        tmp_path: Path, monkeypatch) -> None:
+    """What the script writes by a relative path to a new file lands in the run's scratch
+    folder, never the user's; its relative reads still find the user's files, and an
+    argument naming a path outside the user's folder (`../shared`) still names it."""
+    home, shared = tmp_path / "home", tmp_path / "shared"
+    (home / "data").mkdir(parents=True)
+    (home / "data" / "train.csv").write_text("x,y\n")
+    shared.mkdir()
+    (shared / "vocab.txt").write_text("a b\n")
+    script = _script(home, '''
+        import os, sys
+        from pathlib import Path
+        assert Path("data/train.csv").read_text() == "x,y\\n"
+        assert Path(sys.argv[2]).read_text() == "a b\\n", sys.argv
+        assert sys.argv[3:] == ["--out", "new_dir"], sys.argv
+        Path("made_at_import.txt").write_text("written")
+        os.makedirs("new_dir")
+        ''')
+    monkeypatch.chdir(home)
+    scratch = tmp_path / "scratch"
+    with pytest.raises(NeverTrained):
+        run(script, ["--vocab", "../shared/vocab.txt", "--out", "new_dir"], scratch)
+    assert sorted(p.name for p in home.iterdir()) == ["data", "train.py"]
+    assert (scratch / "cwd" / "made_at_import.txt").read_text() == "written"
+    assert (scratch / "cwd" / "new_dir").is_dir()
+    assert Path.cwd() == home
+
+
+def test_only_arguments_naming_a_path_outside_the_users_folder_are_made_absolute(
+        tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / "data").mkdir(parents=True)
+    (tmp_path / "shared").mkdir()
+    assert absolute_arguments(
+        ["../shared", "--vocab=../shared", "data", "--out", "../missing", "-3", "..x"],
+        home) == [str(tmp_path / "shared"), f"--vocab={tmp_path / 'shared'}", "data", "--out",
+                  "../missing", "-3", "..x"]
