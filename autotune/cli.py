@@ -1,6 +1,7 @@
 """`autotune` command line: each command's flags generated from its options dataclass
 (`options`), and the error families mapped to exit codes in one place (`exit_code`): 0 ok,
-1 failed, 2 bad input, 130 interrupted. Bad input is one line, no traceback unless --debug."""
+1 failed, 2 bad input, 130 interrupted. Bad input is one message, no traceback of
+autotune's unless --debug."""
 
 from __future__ import annotations
 
@@ -292,9 +293,13 @@ def cmd_profile(options: ProfileOptions, console: Console) -> int:
 
 
 def _error(message: str) -> None:
-    """One line on stderr, never wrapped (scripts and logs read it whole)."""
+    """The message on stderr, never wrapped (scripts and logs read it whole): its first line
+    after `autotune: error:`, the lines that follow (a script's traceback, its last lines) as
+    they are."""
+    first, _, rest = message.strip().partition("\n")
     Console(stderr=True, soft_wrap=True).print(
-        Text.assemble(("autotune: error: ", "bold red"), " ".join(message.split())))
+        Text.assemble(("autotune: error: ", "bold red"), " ".join(first.split()),
+                      "\n" + rest.rstrip() if rest.strip() else ""))
 
 
 def cmd_report(options: ReportOptions, console: Console) -> int:

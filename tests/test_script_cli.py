@@ -83,3 +83,60 @@ def test_a_script_that_never_trains_is_one_message(source: str, message: str, tm
     err = " ".join(capsys.readouterr().err.split())
     assert message in err and err.count("autotune: error:") == 1
     assert not list(studies.rglob("journal.log")), "bad input leaves no study behind"
+
+
+def _run_bad_script(tmp_path: Path, capsys, source: str, *script_args: str) -> str:
+    """`run --script` of a script that fails before its training: exit 2, the message as
+    printed (its lines kept), no study left."""
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    studies = tmp_path / "studies"
+    assert main(["run", "--script", str(script), "--device", "cpu", "--trials", "2",
+                 "--studies-dir", str(studies), "--", *script_args]) == 2
+    assert not list(studies.rglob("journal.log"))
+    return capsys.readouterr().err
+
+
+def test_a_syntax_error_arrives_as_python_shows_it(tmp_path: Path, capsys) -> None:
+    err = _run_bad_script(tmp_path, capsys, "import os\nx = (1,\ny = 2\n")
+    assert err.endswith(f"autotune: error: train.py failed before its training started:\n"
+                        f'  File "{tmp_path / "train.py"}", line 2\n    x = (1,\n        ^\n'
+                        "SyntaxError: '(' was never closed\n")
+
+
+def test_a_long_failure_keeps_the_errors_own_line(tmp_path: Path, capsys) -> None:
+    err = _run_bad_script(tmp_path, capsys,
+                          "raise ValueError('no data: ' + 'x' * 6000 + ' (run prepare.py)')\n")
+    assert err.count("autotune: error:") == 1
+    assert "characters left out ...]" in err and err.endswith("x (run prepare.py)\n")
+
+
+def test_a_scripts_own_reason_to_exit_is_shown(tmp_path: Path, capsys) -> None:
+    err = _run_bad_script(tmp_path, capsys, "import sys\nprint('no data under ./data', "
+                                            "file=sys.stderr)\nsys.exit(3)\n")
+    assert err.endswith("autotune: error: train.py exited with status 3 before its training "
+                        "started; its last lines:\n  no data under ./data\n")
+
+
+def test_a_script_asked_for_its_help_is_told_whose_arguments_follow_the_double_dash(
+        tmp_path: Path, capsys) -> None:
+    err = _run_bad_script(tmp_path, capsys, "import argparse\n"
+                                            "argparse.ArgumentParser().parse_args()\n", "--help")
+    assert " ".join(err.split()).endswith(
+        "autotune: error: train.py printed its help and exited (--help): the arguments after "
+        "-- are train.py's own; autotune's are before it (autotune run --help)")
+
+
+def test_a_failed_probe_keeps_the_log_its_message_names(tmp_path: Path, capsys) -> None:
+    """Not bad input (the script's process died without a result): exit 1, and the log the
+    message points to is there to read; the study's other files are not."""
+    script = tmp_path / "train.py"
+    script.write_text("import os\nprint('loading the data')\nos._exit(1)\n")
+    studies = tmp_path / "studies"
+    assert main(["run", "--script", str(script), "--device", "cpu", "--trials", "2",
+                 "--studies-dir", str(studies)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    log = studies / "train" / "logs" / "probe.log"
+    assert f"(log: {log})" in err
+    assert "loading the data" in log.read_text()
+    assert [p.name for p in (studies / "train").iterdir()] == ["logs"]

@@ -20,7 +20,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.config import loader_settings
-from autotune.errors import ContractError
+from autotune.errors import ContractError, RunFailed
 from autotune.formatting import format_seconds
 from autotune.hardware import DeviceInfo, core_shares, describe, parse_device
 from autotune.options import DEFAULT_TIME_BUDGET_S, TuneOptions
@@ -96,13 +96,13 @@ class Tuner:
             startup_limit_s=opts.startup_limit_s, on_note=lambda text: self.view.note(text))
         try:
             self._open(name, info)
-        except BaseException:
+        except BaseException as exc:
             self.close()
             # The folder goes only while no study is in it: another tuner started beside this
             # one may have created the study there meanwhile.
             journal = self.directory / JOURNAL_FILE
-            if self._new_folder and not (journal.exists() and journal.stat().st_size):
-                shutil.rmtree(self.directory, ignore_errors=True)
+            if not (journal.exists() and journal.stat().st_size):
+                self._discard_folder(keep_logs=isinstance(exc, RunFailed))
             raise
 
     def _open(self, name: str, info: DeviceInfo) -> None:
@@ -136,8 +136,24 @@ class Tuner:
         if not self._new_study or any(t.state == TrialState.COMPLETE for t in self.study.trials):
             return
         optuna.delete_study(study_name=self.study.study_name, storage=self.storage)
-        if self._new_folder:
-            shutil.rmtree(self.directory, ignore_errors=True)
+        self._discard_folder()
+
+    def _discard_folder(self, keep_logs: bool = False) -> None:
+        """The study's folder, where this run made it: bad input leaves nothing behind.
+        `keep_logs`: a failure's message names a log, which stays (its folder's other files
+        go)."""
+        if not self._new_folder:
+            return
+        logs = self.directory / "logs"
+        if keep_logs and logs.is_dir():
+            for entry in self.directory.iterdir():
+                if entry != logs:
+                    if entry.is_dir():
+                        shutil.rmtree(entry, ignore_errors=True)
+                    else:
+                        entry.unlink(missing_ok=True)
+            return
+        shutil.rmtree(self.directory, ignore_errors=True)
 
     def run(self) -> StudySummary:
         """Trials until the budget is spent, then confirmation; returns the summary. The

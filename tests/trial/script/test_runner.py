@@ -147,3 +147,65 @@ def test_only_arguments_naming_a_path_outside_the_users_folder_are_made_absolute
         ["../shared", "--vocab=../shared", "data", "--out", "../missing", "-3", "..x"],
         home) == [str(tmp_path / "shared"), f"--vocab={tmp_path / 'shared'}", "data", "--out",
                   "../missing", "-3", "..x"]
+
+
+def test_a_syntax_error_in_the_script_is_shown_as_python_shows_it(tmp_path: Path) -> None:
+    script = _script(tmp_path, "import sys\nx = (1,\ny = 2\n")
+    with pytest.raises(ScriptFailed) as caught:
+        run(script, [], tmp_path / "s")
+    assert str(caught.value) == (
+        f"train.py failed before its training started:\n  File \"{script}\", line 2\n"
+        "    x = (1,\n        ^\nSyntaxError: '(' was never closed")
+
+
+def test_a_script_that_exits_before_training_shows_its_own_last_lines(tmp_path: Path) -> None:
+    script = _script(tmp_path, '''
+        import sys
+        for i in range(20):
+            print(f"loading shard {i}\\r", end="")
+        print()
+        print("no data under ./data: run prepare.py first", file=sys.stderr)
+        sys.exit(3)
+        ''')
+    with pytest.raises(ScriptFailed) as caught:
+        run(script, [], tmp_path / "s")
+    assert str(caught.value) == (
+        "train.py exited with status 3 before its training started; its last lines:\n"
+        "  loading shard 19\n  no data under ./data: run prepare.py first")
+
+
+def test_a_script_that_exits_with_its_reason_says_it(tmp_path: Path) -> None:
+    script = _script(tmp_path, "import sys\nsys.exit('no GPU found')\n")
+    with pytest.raises(ScriptFailed, match="^train.py exited before its training started: "
+                                           "no GPU found$"):
+        run(script, [], tmp_path / "s")
+
+
+def test_a_script_asked_for_its_help_says_so(tmp_path: Path) -> None:
+    script = _script(tmp_path, '''
+        import argparse
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--epochs", type=int)
+        parser.parse_args()
+        ''')
+    with pytest.raises(ScriptError) as caught:
+        run(script, ["--help"], tmp_path / "s")
+    assert str(caught.value) == (
+        "train.py printed its help and exited (--help): the arguments after -- are "
+        "train.py's own; autotune's are before it (autotune run --help)")
+
+
+def test_a_long_usage_is_left_out_of_a_parsers_refusal_and_its_reason_kept(
+        tmp_path: Path) -> None:
+    script = _script(tmp_path, '''
+        import argparse
+        parser = argparse.ArgumentParser()
+        for i in range(300):
+            parser.add_argument(f"--option_number_{i}", type=int)
+        parser.parse_args()
+        ''')
+    with pytest.raises(ScriptArgumentsRejected) as caught:
+        run(script, ["--option_number_7", "many"], tmp_path / "s")
+    assert str(caught.value) == (
+        "train.py rejected its arguments (--option_number_7 many):\ntrain.py: error: argument "
+        "--option_number_7: invalid int value: 'many'")
