@@ -192,11 +192,13 @@ def _run_in(home: Path, temp: Path, *args: str, timeout: float) -> subprocess.Co
 
 
 @pytest.mark.slow
-def test_every_run_of_a_script_works_in_a_scratch_folder(
+def test_every_run_of_a_script_works_in_a_scratch_folder_and_says_what_its_run_is(
         tmp_path: Path) -> None:
     """A script that writes a file at import (into its current directory) and reads one of the
     user's by a relative path, tuned from the user's folder: the probe, every trial and the
-    confirmation run it, and none writes there; nothing is left in the temp directory."""
+    confirmation run it, and none writes there; nothing is left in the temp directory. Its own
+    run is 2 optimizer steps, fewer than a trial measures: the run says so at its start and
+    the summary keeps it. The study is a Hugging Face script's: Lightning code is refused."""
     need("transformers", "examples")
     home, temp = tmp_path / "home", tmp_path / "tmp"
     home.mkdir()
@@ -219,6 +221,18 @@ def test_every_run_of_a_script_works_in_a_scratch_folder(
     assert len(set(ran_in)) == len(ran_in) and str(home) not in ran_in
     assert sorted(p.name for p in home.iterdir()) == ["data.txt", "train.py"]
     assert [p.name for p in temp.iterdir() if p.name.startswith("autotune")] == []
+    short = ("the script's own run is 2 optimizer steps at its settings, fewer than a trial "
+             "measures")
+    assert f"warning: {short}" in " ".join(done.stdout.split())
+    shown = run_cli("show", "train", "--studies-dir", str(studies), "--json")
+    assert any(w.startswith(short) for w in json.loads(shown.stdout)["warnings"])
+    refused = run_cli("export", "train", "--studies-dir", str(studies), "--format",
+                      "lightning")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert " ".join(refused.stderr.split()) == (
+        "autotune: error: study 'train' tuned a Hugging Face Trainer script: --format "
+        "lightning writes another library's code; --format args gives its answer in the "
+        "script's own terms")
 
 
 @pytest.mark.slow
@@ -242,4 +256,21 @@ def test_a_script_that_never_reaches_its_trainer_ends_at_the_probes_limit(
     assert [line for line in done.stdout.splitlines() if line.startswith("probing:")] == [
         f"probing: train.py has run {s} s, not yet at its Trainer.train or Trainer.fit (the "
         "probe stops it at 120 s: --startup-limit)" for s in (30, 60, 90)]
-    assert not list((tmp_path / "studies").rglob("journal.log"))
+    assert not (tmp_path / "studies").exists()
+
+
+@pytest.mark.slow
+def test_a_script_whose_own_settings_diverge_is_named_as_the_scripts(tmp_path: Path) -> None:
+    need("transformers", "examples")
+    script = tmp_path / "train.py"
+    script.write_text((ROOT / SCRIPT).read_text().replace(
+        "    trainer.train()",
+        "    model.register_forward_hook(lambda m, i, out: setattr(out, 'loss', out.loss * "
+        "float('nan')))\n    trainer.train()"))
+    done = run_cli("run", "--script", str(script), "--device", "cpu", "--trials", "2",
+                   "--studies-dir", str(tmp_path), *NO_COMPILE, *FAST, "--",
+                   "--output_dir", str(tmp_path / "out"), timeout=300)
+    assert done.returncode == 1, done.stderr
+    error = " ".join(done.stderr.split())
+    assert error.startswith("autotune: error: the baseline (the script's own settings) diverged: "
+                            "the loss became nan"), error
