@@ -1,6 +1,7 @@
 """`autotune` command line: each command's flags generated from its options dataclass
 (`options`), and the error families mapped to exit codes in one place (`exit_code`): 0 ok,
-1 failed, 2 bad input, 130 interrupted. Bad input is one line, no traceback unless --debug."""
+1 failed, 2 bad input, 130 interrupted (143 by a SIGTERM). Bad input is one message, no
+traceback of autotune's unless --debug."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from autotune.errors import (
     Interrupted,
     RunFailed,
     UsageError,
+    baseline_name,
 )
 from autotune.flags import add_flags, from_args
 from autotune.formatting import short_config
@@ -75,6 +77,8 @@ from autotune.study.summary import StudySummary
 from autotune.trial.protocol import TrialRequest, TrialResult, TrialStatus
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+# Ended by a SIGTERM: 128 + its number, as a shell reports a process that signal ended.
+EXIT_TERMINATED = 128 + signal.SIGTERM
 
 
 class _WarningLines(logging.Handler):
@@ -241,7 +245,8 @@ def run_failure(summary: StudySummary) -> str | None:
     failed (nothing can be compared), or no trial measured anything."""
     baseline = summary.baseline_trial
     if baseline is not None and baseline.status in DETERMINISTIC:
-        return (f"the baseline (the model file's BASELINE) failed as {baseline.status}: "
+        return (f"the baseline ({baseline_name(summary.script_args is not None)}) failed as "
+                f"{baseline.status}: "
                 f"{baseline.message.splitlines()[0] if baseline.message else ''}; "
                 "nothing can be compared")
     if not summary.best_config:
@@ -253,7 +258,7 @@ def run_failure(summary: StudySummary) -> str | None:
 def cmd_profile(options: ProfileOptions, console: Console) -> int:
     info, knobs = _target(options)
     name = Path(options.workload_path).stem
-    out = writable_folder(Path(options.out or Path("studies") / name / "profile"))
+    out = writable_folder(Path(options.out or Path("studies") / name / "profile").absolute())
     request = TrialRequest(
         model_path=options.workload_path, config=knobs, device=str(info.torch_device),
         model_args=options.model_args, memory_limit_bytes=options.memory_limit_bytes,
@@ -292,9 +297,13 @@ def cmd_profile(options: ProfileOptions, console: Console) -> int:
 
 
 def _error(message: str) -> None:
-    """One line on stderr, never wrapped (scripts and logs read it whole)."""
+    """The message on stderr, never wrapped (scripts and logs read it whole): its first line
+    after `autotune: error:`, the lines that follow (a script's traceback, its last lines) as
+    they are."""
+    first, _, rest = message.strip().partition("\n")
     Console(stderr=True, soft_wrap=True).print(
-        Text.assemble(("autotune: error: ", "bold red"), " ".join(message.split())))
+        Text.assemble(("autotune: error: ", "bold red"), " ".join(first.split()),
+                      "\n" + rest.rstrip() if rest.strip() else ""))
 
 
 def cmd_report(options: ReportOptions, console: Console) -> int:
@@ -335,6 +344,11 @@ def cmd_export(options: ExportOptions, console: Console) -> int:
     summary = study_summary(load_study(options.study, options.studies_dir, options.storage))
     if not summary.best_config:
         raise ConfigError(f"study {options.study!r} has no feasible trial to export yet")
+    other = _other_library(summary, options.format)
+    if other:
+        raise ConfigError(f"study {options.study!r} tuned a {other}: --format "
+                          f"{options.format} writes another library's code; --format args "
+                          "gives its answer in the script's own terms")
     device = "cuda" if summary.device and "cpu" not in str(summary.device).lower() else "cpu"
     text = export_config(summary.best_config, options.format,
                          model_path=summary.model, model_args=summary.model_args,
@@ -348,6 +362,15 @@ def cmd_export(options: ExportOptions, console: Console) -> int:
     else:
         sys.stdout.write(text)
     return EXIT_OK
+
+
+def _other_library(summary: StudySummary, fmt: str) -> str | None:
+    """What a script study tuned, where `fmt` is the other library's format (None where it
+    is not)."""
+    library = summary.script_answer.library if summary.script_answer else None
+    tuned = {"transformers": ("Hugging Face Trainer script", "lightning"),
+             "lightning": ("Lightning Trainer script", "hf")}.get(library or "")
+    return tuned[0] if tuned and tuned[1] == fmt else None
 
 
 def cmd_verify(options: VerifyOptions, console: Console) -> int:
@@ -414,7 +437,7 @@ COMMANDS = {
         "paired rounds until the speedup's 95% interval is known; a winner no measurably "
         "faster than a simpler one gives way to it. Kill it at any moment and run the same "
         "command again: it continues. Exit codes: 0 an answer, 1 the run failed (the "
-        "baseline failed, nothing measured), 2 bad input, 130 interrupted."),
+        "baseline failed, nothing measured), 2 bad input, 130 interrupted (143 by SIGTERM)."),
     "profile": Command(
         ProfileOptions, cmd_profile,
         "profile one configuration and say in words what to fix first",
@@ -492,13 +515,40 @@ def split_script_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return argv[:cut], argv[cut + 1:]
 
 
+# The signal that interrupted this command, if one did (SIGTERM exits 143, Ctrl-C 130).
+_signalled: list[int] = []
+
+
 def _interrupt(signum: int, frame: Any) -> None:
+    _signalled.append(signum)
     raise KeyboardInterrupt
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command's exit code: 130 when interrupted, 143 when that was a SIGTERM."""
+    _signalled.clear()
+    code = _main(argv)
+    return EXIT_TERMINATED if code == EXIT_INTERRUPTED and signal.SIGTERM in _signalled \
+        else code
+
+
+def _parse(own: list[str]) -> argparse.Namespace:
+    """autotune's own arguments; a script's arguments given without `--` before them are
+    refused with the command that would pass them."""
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(own)
+    if unknown:
+        hint = ""
+        if getattr(args, "script_path", None):
+            hint = (f" (a script's own arguments go after --: autotune {args.command} --script "
+                    f"{args.script_path} [autotune's flags] -- {' '.join(unknown)})")
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+    return args
+
+
+def _main(argv: Sequence[str] | None) -> int:
     own, script_args = split_script_args(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(own)
+    args = _parse(own)
     console = Console()
     if _WARNINGS not in logging.getLogger("autotune").handlers:
         logging.getLogger("autotune").addHandler(_WARNINGS)

@@ -47,3 +47,9 @@ def never_trained_message(script: str, seconds: float, ended: bool = False) -> s
     how = "ended without calling" if ended else "never called"
     return (f"{script} ran {seconds:.0f} s and {how} Trainer.train or Trainer.fit; for other "
             f"training loops write a model file: {README}")
+
+
+def baseline_name(script: bool) -> str:
+    """What the baseline is, in a message: a training script's own settings, or a model
+    file's BASELINE."""
+    return "the script's own settings" if script else "the model file's BASELINE"

@@ -114,8 +114,11 @@ def parse_bytes(text: str) -> int:
     return value
 
 
-def parse_duration(text: str) -> float:
-    """`90`, `90s`, `30m`, `1h`, `1h30m` to seconds."""
+def parse_duration(text: str | float) -> float:
+    """`90`, `90s`, `30m`, `1h`, `1h30m` to seconds (a number, a field's default, is seconds
+    already)."""
+    if isinstance(text, (int, float)):
+        return float(text)
     parts = re.findall(r"(\d+(?:\.\d+)?)\s*([hms]?)", text.strip().lower())
     if not parts or "".join(n + u for n, u in parts) != re.sub(r"\s+", "", text.lower()):
         raise UsageError(f"cannot read {text!r} as a duration; use e.g. 90s, 30m, 1h30m")

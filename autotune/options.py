@@ -19,6 +19,8 @@ from autotune.hardware import parse_device
 # A whole run's time budget when neither --trials nor --timeout is given.
 DEFAULT_TIME_BUDGET_S = 600.0
 DEFAULT_TRIAL_TIME_LIMIT_S = 900.0
+# How long a training script's probe waits for the script to reach its Trainer.train/fit.
+DEFAULT_STARTUP_LIMIT_S = 120.0
 DEFAULT_HEARTBEAT_S = 10.0
 # How long to keep retrying while the storage is unreachable, backing off from half a second.
 DEFAULT_STORAGE_RETRY_S = 60.0
@@ -348,6 +350,10 @@ class TuneOptions(StorageOptions, WorkloadOptions):
     trial_time_limit_s: float = option("--trial-time-limit", "kill a trial after this long "
                                        "(a timeout)", default=DEFAULT_TRIAL_TIME_LIMIT_S,
                                        metavar="SECONDS", kind=float)
+    startup_limit_s: float = option(
+        "--startup-limit", "a training script's probe stops a script that has not reached its "
+        "Trainer.train or Trainer.fit after this long (its imports, data and model), e.g. 10m",
+        default=DEFAULT_STARTUP_LIMIT_S, metavar="DURATION", parse=parse_duration)
     seed: int | None = option("--seed", "sampler seed, for a reproducible search", kind=int)
     workers: int = option(
         "--workers", "trials at once on a CPU --device (parallel trials share the cores and "
@@ -388,7 +394,7 @@ class TuneOptions(StorageOptions, WorkloadOptions):
             "storage_retry_s": 0})
         if self.confirm_max_rounds < self.confirm_repeats:
             out.append("--confirm-max-rounds must be >= --confirm-repeats")
-        for name in ("heartbeat_s", "trial_time_limit_s", "confirm_target"):
+        for name in ("heartbeat_s", "trial_time_limit_s", "startup_limit_s", "confirm_target"):
             if getattr(self, name) <= 0:
                 out.append(f"{flag_of(TuneOptions, name)} must be > 0")
         for name in ("stall_penalty", "memory_headroom"):

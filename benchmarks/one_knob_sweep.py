@@ -4,8 +4,11 @@ values gone), each run in its own process the way a search trial is (forked from
 server, warm-up, a timed window, no profiler), in rounds: the baseline and every change once a
 round, in a shuffled order, each change's speed taken as a ratio to its round's baseline.
 
-Writes JSON that `expert_search.py --sweep FILE` replays searches over. Any `autotune run` flag
-goes after the script's own (`--model`, `--model-arg`, `--fix`, `--window-seconds`, ...).
+Writes JSON that `expert_search.py --sweep FILE` replays searches over, with what the search's
+first moves read: the baseline measured once more with its profile (where its step goes), the
+probe's DataLoader rates and the model's training state, and the memory limit. Any `autotune
+run` flag goes after the script's own (`--model`, `--model-arg`, `--fix`, `--window-seconds`,
+...); `--baseline-only` adds those to an existing sweep file without sweeping again.
 
     python benchmarks/one_knob_sweep.py --rounds 3 --out benchmarks/results/sweep_mlp.json \\
         -- --model models/mlp.py --device cpu --model-arg num_samples=4096
@@ -56,6 +59,19 @@ def space_json(space: SearchSpace) -> dict[str, Any]:
             "fixed_grad_accum": space.fixed_grad_accum, "max_grad_accum": space.max_grad_accum}
 
 
+def first_moves(tuner: Tuner, options: TuneOptions) -> dict[str, Any]:
+    """What the search's first moves read: the baseline's profiled measurement, the probe's
+    DataLoader rates and training state, the memory limit."""
+    job = MeasureJob("sweep-baseline-profiled", options.trial_time_limit_s, str(tuner.device),
+                     profile=True)
+    result = tuner.runner.measure(tuner.space.baseline, job)
+    if result.measurement is None:
+        raise SystemExit(f"the baseline's profiled run failed: {result.message}")
+    return {"baseline_measurement": result.measurement.to_json(),
+            "loader_rates": [r.to_dict() for r in tuner.probe.loader_rates],
+            "state_bytes": tuner.probe.state_bytes, "memory_limit_bytes": tuner.memory_limit()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -63,6 +79,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", action="append", default=[],
                         help="sweep only these knobs (repeatable)")
+    parser.add_argument("--baseline-only", action="store_true",
+                        help="add the profiled baseline, loader rates and memory to --out, an "
+                             "existing sweep of the same model, without sweeping")
     ours, theirs = parser.parse_known_args()
     run_parser = argparse.ArgumentParser()
     add_flags(run_parser, TuneOptions)
@@ -71,6 +90,14 @@ def main() -> None:
         [a for a in theirs if a != "--"] + ["--studies-dir", studies]), TuneOptions)
     began = time.monotonic()
     tuner = Tuner(options)
+    if ours.baseline_only:
+        try:
+            stored = json.loads(Path(ours.out).read_text())
+            stored.update(first_moves(tuner, options))
+            Path(ours.out).write_text(json.dumps(stored, indent=1))
+        finally:
+            tuner.close()
+        return
     try:
         space = tuner.space
         changes = [c for c in one_knob_changes(space) if not ours.only or set(c) <= set(ours.only)]
@@ -95,6 +122,7 @@ def main() -> None:
                 print(f"round {round_ + 1}/{ours.rounds}, {i}/{len(configs) - 1}: "
                       f"{changes[i - 1] if i else 'baseline'}: {status.value} "
                       f"{rates[i][-1] or 0:.1f} samples/s", file=sys.stderr)
+        moves = first_moves(tuner, options)
     finally:
         tuner.close()
     base = rates[0]
@@ -108,7 +136,7 @@ def main() -> None:
            "machine": str(describe(tuner.device)), "rounds": ours.rounds,
            "wall_s": round(time.monotonic() - began, 1),
            "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "space": space_json(space), "sweep": entries}
+           "space": space_json(space), "sweep": entries, **moves}
     Path(ours.out).write_text(json.dumps(out, indent=1))
     print("| change | ratio to the baseline (median, min-max of rounds) |\n|---|---|")
     for e in sorted(entries[1:], key=lambda e: -(e["ratio"] or 0)):

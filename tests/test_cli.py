@@ -7,13 +7,15 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pytest
 
-from autotune.cli import main
+from autotune.cli import _other_library, main, run_failure
 from autotune.config import TrainConfig
 from autotune.study.storage import open_storage
+from autotune.study.summary import BaselineTrial
 
 from .conftest import FAST, ROOT, TEST_MODELS, run_cli
 from .study.test_results import _told
@@ -144,3 +146,25 @@ def test_outputs_that_cannot_be_written_are_one_message_and_exit_2(tmp_path, rea
         [line] = err.strip().splitlines()
         into = "to " if command[0] == "profile" else ""
         assert line.startswith(f"autotune: error: cannot write {into}{target}: "), line
+
+
+@pytest.mark.parametrize(("script_args", "baseline"), [
+    (None, "the model file's BASELINE"), ((), "the script's own settings")])
+def test_a_failed_baseline_is_named_as_the_studys_own(script_args, baseline) -> None:
+    """A script study's baseline is the script's own settings, not a model file's BASELINE."""
+    summary = SimpleNamespace(baseline_trial=BaselineTrial(0, "error", "ValueError: boom\nmore"),
+                              script_args=script_args)
+    assert run_failure(summary) == (f"the baseline ({baseline}) failed as error: ValueError: "
+                                    "boom; nothing can be compared")
+
+
+def test_a_script_study_refuses_the_other_librarys_export_format() -> None:
+    def study(library: str | None) -> SimpleNamespace:
+        return SimpleNamespace(script_answer=SimpleNamespace(library=library) if library
+                               else None)
+
+    assert _other_library(study("transformers"), "lightning") == "Hugging Face Trainer script"
+    assert _other_library(study("lightning"), "hf") == "Lightning Trainer script"
+    assert [_other_library(study("transformers"), f) for f in ("hf", "args", "yaml")] == \
+        [None] * 3
+    assert _other_library(study(None), "lightning") is None  # a model file's study

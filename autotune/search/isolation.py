@@ -8,7 +8,9 @@ child is a new interpreter running `autotune.trial.child` or, when the tuner run
 both end the same ways. The child classifies its own exceptions and writes a result file
 atomically; a child that dies without one is a `crash`, one that runs past its limit is killed
 with its whole process group (DataLoader workers included) and is a `timeout`. No model file is
-ever imported here: user code runs only in children.
+ever imported here: user code runs only in children. A training script's run works in a scratch
+folder inside the trial's folder in the temp directory; that folder goes however the trial
+ends, a timeout or an interruption included.
 
 A trial of a process group (`nproc_per_node` > 1) is PyTorch's own launcher,
 `python -m torch.distributed.run --standalone`, starting that many ranks of the child (never
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,6 +53,8 @@ from autotune.trial.protocol import (
 )
 
 Child = subprocess.Popen | ForkedChild
+# Told the child's phase and its seconds so far at every poll: True ends it as a timeout.
+Watch = Callable[[str, float], bool]
 # How a rank's result reads when its collective failed because another rank went away: torch's
 # distributed errors, and gloo's transport errors (raised as plain RuntimeErrors).
 COLLECTIVE_ERRORS = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
@@ -60,12 +65,15 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
                  log_path: str | Path | None = None,
                  on_phase: Callable[[str], None] | None = None,
                  stop: threading.Event | None = None,
-                 server: ForkServer | None = None) -> TrialResult:
+                 server: ForkServer | None = None,
+                 watch: Watch | None = None) -> TrialResult:
     """Run `request` in a fresh process (forked from `server` when one is given and alive);
     never raises for anything the child does.
 
     Setting `stop` (from another thread) kills the child and raises KeyboardInterrupt here,
-    as Ctrl-C does in the main thread.
+    as Ctrl-C does in the main thread. `watch` is told the child's phase and seconds so far at
+    every poll; True ends the child as a timeout. The trial's files in the temp directory (and
+    a script's scratch folder) are removed however it ends, an interruption included.
     """
     # The child sees its GPU alone, as cuda:0 (`hardware.trial_device`).
     # A process group's ranks each take their own GPU: of its devices, or of all this sees.
@@ -75,51 +83,70 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
         device, device_env = "cuda", group_device_env(request.group_devices, os.environ)
     else:
         device, device_env = request.device, {}
-    request = replace(request, device=device)
     workdir = Path(tempfile.mkdtemp(prefix="autotune-trial-"))
+    scratch = workdir / "scratch"
+    # A script works in a scratch folder (its current directory): the paths it is given
+    # must not depend on the current directory.
+    request = replace(request, device=device, trace_path=_absolute(request.trace_path),
+                      inductor_cache_dir=_absolute(request.inductor_cache_dir),
+                      scratch_dir=str(scratch) if request.script_args is not None else None)
     log = Path(log_path) if log_path else workdir / "trial.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     request_file, result_file, phase_file = (workdir / n for n in
                                              ("request.json", "result.json", "phase"))
+    ranks = request.nproc_per_node
     start = time.monotonic()
-    with open(log, "ab") as log_file:
-        child = _start(request, request_file, result_file, phase_file, log, log_file, server,
-                       device_env)
-        ranks = request.nproc_per_node
-        try:
-            timed_out, phase = _wait(child, start + time_limit_s, phase_file, on_phase, stop,
-                                     result_file, ranks)
-        except BaseException:
-            _kill_group(child, result_file, ranks)
-            raise
-    wall = time.monotonic() - start
-    rank_results = _rank_results(result_file, ranks) if ranks > 1 else []
-    missing = [r for r in range(ranks) if not rank_result_path(result_file, r).exists()] \
-        if ranks > 1 else []
-    if timed_out:
-        where = f" (in: {phase})" if phase else ""
-        every = f"all {ranks} ranks" if ranks > 1 else "its worker processes"
-        result = TrialResult(TrialStatus.TIMEOUT, f"still running after the {time_limit_s:g} s "
-                             f"limit{where}; killed with {every}")
-    elif ranks > 1:
-        result = _group_result(rank_results, missing, ranks, child.returncode, log)
-    elif result_file.exists():
-        result = TrialResult.from_json(json.loads(result_file.read_text()))
-    elif child.returncode < 0:
-        name = signal.Signals(-child.returncode).name
-        hint = " (possibly the kernel's OOM killer)" if name == "SIGKILL" else ""
-        result = TrialResult(TrialStatus.CRASH, f"killed by {name}{hint}")
-    else:
-        result = TrialResult(TrialStatus.CRASH, f"exited with code {child.returncode} and no "
-                             f"result; see {log}")
-    for scratch in (request_file, result_file, phase_file,
-                    *(f(result_file, r) for r in range(ranks) if ranks > 1
-                      for f in (rank_result_path, rank_pid_path))):
-        scratch.unlink(missing_ok=True)
-    if not any(workdir.iterdir()):
-        workdir.rmdir()
+    try:
+        with open(log, "ab") as log_file:
+            child = _start(request, request_file, result_file, phase_file, log, log_file,
+                           server, device_env)
+            try:
+                timed_out, phase = _wait(child, start, time_limit_s, phase_file, on_phase,
+                                         stop, result_file, ranks, watch)
+            except BaseException:
+                _kill_group(child, result_file, ranks)
+                raise
+        wall = time.monotonic() - start
+        rank_results = _rank_results(result_file, ranks) if ranks > 1 else []
+        missing = [r for r in range(ranks) if not rank_result_path(result_file, r).exists()] \
+            if ranks > 1 else []
+        if timed_out:
+            where = f" (in: {phase})" if phase else ""
+            every = f"all {ranks} ranks" if ranks > 1 else "its worker processes"
+            result = TrialResult(TrialStatus.TIMEOUT, f"still running after the "
+                                 f"{time_limit_s:g} s limit{where}; killed with {every}")
+        elif ranks > 1:
+            result = _group_result(rank_results, missing, ranks, child.returncode, log)
+        elif result_file.exists():
+            result = TrialResult.from_json(json.loads(result_file.read_text()))
+        elif child.returncode < 0:
+            name = signal.Signals(-child.returncode).name
+            hint = " (possibly the kernel's OOM killer)" if name == "SIGKILL" else ""
+            result = TrialResult(TrialStatus.CRASH, f"killed by {name}{hint}")
+        else:
+            result = TrialResult(TrialStatus.CRASH, f"exited with code {child.returncode} and "
+                                 f"no result; see {log}")
+    finally:
+        _remove_trial_files(workdir, log)
     return replace(result, log_path=str(log), wall_s=wall, returncode=child.returncode,
                    phase=phase)
+
+
+def _absolute(path: str | None) -> str | None:
+    return os.path.abspath(path) if path else path
+
+
+def _remove_trial_files(workdir: Path, log: Path) -> None:
+    """The trial's folder in the temp directory goes, unless its log is there (a run given no
+    log path keeps it: the result names it)."""
+    if workdir in log.parents:
+        for entry in workdir.iterdir():
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            elif entry != log:
+                entry.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _start(request: TrialRequest, request_file: Path, result_file: Path, phase_file: Path,
@@ -187,19 +214,20 @@ def _rank_results(result_file: Path, ranks: int) -> list[TrialResult]:
             (rank_result_path(result_file, r) for r in range(ranks)) if path.exists()]
 
 
-def _wait(child: Child, deadline: float, phase_file: Path,
-          on_phase: Callable[[str], None] | None,
-          stop: threading.Event | None, result_file: Path, ranks: int) -> tuple[bool, str]:
-    """Poll the child until it exits or the deadline passes; report phase changes. Returns
-    whether it timed out, and its last phase."""
+def _wait(child: Child, start: float, time_limit_s: float, phase_file: Path,
+          on_phase: Callable[[str], None] | None, stop: threading.Event | None,
+          result_file: Path, ranks: int, watch: Watch | None) -> tuple[bool, str]:
+    """Poll the child until it exits, the time limit passes or `watch` ends it; report phase
+    changes. Returns whether it timed out, and its last phase."""
     phase = ""
     while child.poll() is None:
         if stop is not None and stop.is_set():
             raise KeyboardInterrupt
-        if time.monotonic() > deadline:
-            _kill_group(child, result_file, ranks)
-            return True, _last_phase(phase_file, phase)
+        elapsed = time.monotonic() - start
         current = _last_phase(phase_file, phase)
+        if elapsed > time_limit_s or (watch is not None and watch(current, elapsed)):
+            _kill_group(child, result_file, ranks)
+            return True, current
         if current != phase:
             phase = current
             if on_phase is not None:

@@ -31,7 +31,7 @@ from autotune.search.group_checks import group_left_out
 from autotune.search.runner import Runner
 from autotune.search.space import SearchSpace, build_space
 from autotune.study.records import StudyKey, study_machines
-from autotune.study.results import study_identity
+from autotune.study.results import shorter_than_measured, study_identity
 from autotune.study.storage import open_storage
 from autotune.trial.protocol import ProbeReport, StudyIdentity
 
@@ -103,6 +103,11 @@ class StudyOpener:
                 continue  # another tuner created it while this one probed: join it
         self.new_study = existing is None
         self._record(identity, info, fingerprint)
+        settings = opts.settings
+        if short := shorter_than_measured(self.probe.script_run_steps,
+                                          1 + settings.steady_steps + settings.window_steps,
+                                          opts.train_steps):
+            self.view.note(f"warning: {short}")
 
     def _recorded(self, name: str) -> optuna.Study | None:
         """The study of that name, or None. A study another tuner has just created is read

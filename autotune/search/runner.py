@@ -23,6 +23,7 @@ import torch
 from autotune.config import TrainConfig
 from autotune.errors import ContractError, RunFailed, never_trained_message
 from autotune.hardware import describe
+from autotune.options import DEFAULT_STARTUP_LIMIT_S
 from autotune.search.domains import probe_candidates
 from autotune.search.forkserver import ForkServer, ForkServerUnavailable
 from autotune.search.isolation import run_isolated
@@ -55,6 +56,8 @@ class MeasureJob:
     check_run: bool = False
 
 
+# A line every this many seconds while a script's probe waits for the script's trainer.
+STARTUP_PROGRESS_S = 30.0
 # A round run's timed window, in optimizer steps (at least the window's seconds still).
 ROUND_WINDOW_STEPS = 3
 # A check run's settings: does it train at all.
@@ -64,6 +67,28 @@ CHECK_RUN = {"screen_steps": 0, "warmup_max_steps": 1, "window_steps": 1, "windo
 
 class ProbeFailed(RunFailed):
     """The probe did not finish (a crash, a timeout, an error in the user's code)."""
+
+
+class StartupWatch:
+    """A training script's probe until the script reaches its Trainer.train or Trainer.fit: a
+    line every `STARTUP_PROGRESS_S` (`tell`), and its end at `limit_s` (`stopped`)."""
+
+    def __init__(self, script: str, limit_s: float, tell: Callable[[str], None]) -> None:
+        self.script, self.limit_s, self.tell = script, limit_s, tell
+        self.told, self.stopped = 0, False
+
+    def __call__(self, phase: str, elapsed: float) -> bool:
+        if phase not in ("", SCRIPT_STARTUP):
+            return False
+        if elapsed >= self.limit_s:
+            self.stopped = True
+            return True
+        if elapsed >= (self.told + 1) * STARTUP_PROGRESS_S:
+            self.told += 1
+            self.tell(f"probing: {self.script} has run {self.told * STARTUP_PROGRESS_S:.0f} s, "
+                      "not yet at its Trainer.train or Trainer.fit (the probe stops it at "
+                      f"{self.limit_s:.0f} s: --startup-limit)")
+        return False
 
 
 class Runner(Protocol):
@@ -85,10 +110,14 @@ class ProcessRunner:
                  on_phase: Callable[[str, int | None], None],
                  stop: threading.Event | None = None, nproc_per_node: int = 1,
                  groups: dict[str, list[str]] | None = None,
-                 script_args: list[str] | None = None) -> None:
+                 script_args: list[str] | None = None,
+                 startup_limit_s: float = DEFAULT_STARTUP_LIMIT_S,
+                 on_note: Callable[[str], None] | None = None) -> None:
         self.model_path, self.model_args, self.directory = model_path, model_args, directory
-        # A training script's arguments (`model_path` is the script), None for a model file.
-        self.script_args = script_args
+        # A training script's arguments (`model_path` is the script), None for a model file,
+        # and how long its probe waits for it to reach its trainer.
+        self.script_args, self.startup_limit_s = script_args, startup_limit_s
+        self.on_note = on_note or (lambda text: None)
         # ranks per trial, and per worker's device the GPUs of its group (--devices)
         self.nproc_per_node, self.groups = nproc_per_node, groups or {}
         self.settings, self.memory_limit_bytes = settings, memory_limit_bytes
@@ -110,13 +139,20 @@ class ProcessRunner:
                                script_args=self.script_args,
                                settings={"candidates": candidates},
                                inductor_cache_dir=self._inductor_cache())
+        script = Path(self.model_path).name
+        watch = (StartupWatch(script, self.startup_limit_s, self.on_note)
+                 if self.script_args is not None else None)
         result = run_isolated(request, time_limit_s, self.directory / "logs" / "probe.log",
-                              on_phase=lambda text: self.on_phase(text, None), server=server)
+                              on_phase=lambda text: self.on_phase(text, None), server=server,
+                              watch=watch)
         if result.bad_input:
             raise ContractError(result.message)
-        if self.script_args is not None and result.status == TrialStatus.TIMEOUT and \
-                result.phase == SCRIPT_STARTUP:
-            raise ContractError(never_trained_message(Path(self.model_path).name, time_limit_s))
+        if watch is not None and result.status == TrialStatus.TIMEOUT and \
+                result.phase in ("", SCRIPT_STARTUP):
+            longer = (f"; a start-up longer than {self.startup_limit_s:.0f} s: --startup-limit "
+                      "10m" if watch.stopped else "")
+            raise ContractError(never_trained_message(script, result.wall_s or time_limit_s) +
+                                longer)
         if result.status != "ok":
             raise ProbeFailed(f"the {'script' if self.script_args is not None else 'model file'}"
                               f"'s probe ended as {result.status}: "

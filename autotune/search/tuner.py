@@ -8,6 +8,7 @@ confirmation (`confirm`), orphan recovery (`heartbeat`), the summary (`results`)
 
 from __future__ import annotations
 
+import contextlib
 import math
 import shutil
 import threading
@@ -20,7 +21,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.config import loader_settings
-from autotune.errors import ContractError
+from autotune.errors import ContractError, RunFailed, baseline_name
 from autotune.formatting import format_seconds
 from autotune.hardware import DeviceInfo, core_shares, describe, parse_device
 from autotune.options import DEFAULT_TIME_BUDGET_S, TuneOptions
@@ -88,20 +89,22 @@ class Tuner:
         name = validate_study_name(opts.study or model.stem)
         self.directory = study_dir(opts.studies_dir, name)
         self._new_folder = opts.storage is None and not self.directory.exists()
+        self._new_parent = self._new_folder and not self.directory.parent.exists()
         self.runner = runner or ProcessRunner(
             str(model), opts.model_args, self.directory, vars(opts.settings),
             memory_limit_bytes=opts.memory_limit_bytes, core_shares=self.core_shares,
             on_phase=lambda text, number: self.view.phase(text, number), stop=self.stop,
-            nproc_per_node=opts.nproc_per_node, groups=groups, script_args=opts.script_argv)
+            nproc_per_node=opts.nproc_per_node, groups=groups, script_args=opts.script_argv,
+            startup_limit_s=opts.startup_limit_s, on_note=lambda text: self.view.note(text))
         try:
             self._open(name, info)
-        except BaseException:
+        except BaseException as exc:
             self.close()
             # The folder goes only while no study is in it: another tuner started beside this
             # one may have created the study there meanwhile.
             journal = self.directory / JOURNAL_FILE
-            if self._new_folder and not (journal.exists() and journal.stat().st_size):
-                shutil.rmtree(self.directory, ignore_errors=True)
+            if not (journal.exists() and journal.stat().st_size):
+                self._discard_folder(keep_logs=isinstance(exc, RunFailed))
             raise
 
     def _open(self, name: str, info: DeviceInfo) -> None:
@@ -135,8 +138,27 @@ class Tuner:
         if not self._new_study or any(t.state == TrialState.COMPLETE for t in self.study.trials):
             return
         optuna.delete_study(study_name=self.study.study_name, storage=self.storage)
-        if self._new_folder:
-            shutil.rmtree(self.directory, ignore_errors=True)
+        self._discard_folder()
+
+    def _discard_folder(self, keep_logs: bool = False) -> None:
+        """The study's folder, where this run made it, and the studies folder, where this run
+        made it and nothing else is in it: bad input leaves nothing behind. `keep_logs`: a
+        failure's message names a log, which stays (its folder's other files go)."""
+        if not self._new_folder:
+            return
+        logs = self.directory / "logs"
+        if keep_logs and logs.is_dir():
+            for entry in self.directory.iterdir():
+                if entry != logs:
+                    if entry.is_dir():
+                        shutil.rmtree(entry, ignore_errors=True)
+                    else:
+                        entry.unlink(missing_ok=True)
+            return
+        shutil.rmtree(self.directory, ignore_errors=True)
+        if self._new_parent:
+            with contextlib.suppress(OSError):
+                self.directory.parent.rmdir()
 
     def run(self) -> StudySummary:
         """Trials until the budget is spent, then confirmation; returns the summary. The
@@ -202,7 +224,8 @@ class Tuner:
             owner=self.owner, trial_time_limit_s=opts.trial_time_limit_s,
             heartbeat_s=opts.heartbeat_s, shortcuts=not opts.plain_tpe,
             fast_corner=opts.fast_corner_first, loader_rates=self._planned_loader_rates(),
-            state_bytes=lambda: self.probe.state_bytes, stop=self.stop)
+            state_bytes=lambda: self.probe.state_bytes, stop=self.stop,
+            baseline_name=baseline_name(opts.script_path is not None))
 
     def _price(self, fallback_s: float) -> ConfirmationPrice:
         """What confirming costs: in warm turns where the confirmation will take them (memory

@@ -22,7 +22,7 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from autotune.config import TrainConfig
-from autotune.errors import Interrupted, RunFailed
+from autotune.errors import Interrupted, RunFailed, baseline_name
 from autotune.search.events import StudyView
 from autotune.search.expert import (
     kept_at_baseline,
@@ -93,6 +93,7 @@ class Search:
     loader_rates: Sequence[LoaderRate] = ()
     state_bytes: Callable[[], int] = lambda: 0
     after_trial: Callable[[], None] = lambda: None  # tells the time left, say
+    baseline_name: str = baseline_name(script=False)  # the baseline in messages
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
     # The study's own sampler; knobs that lost alone are fixed around it (`_queue_expert`).
@@ -294,7 +295,7 @@ def run_trial(search: Search, trial: Trial, device: Any, finish_by: float,
     if baseline and (diagnosis := search.diagnose(record)) is not None:
         search.view.note(f"where your step's time goes: {diagnosis.describe()}")
     if baseline and record.status == TrialStatus.DIVERGED:
-        raise RunFailed(f"the baseline (the model file's BASELINE) diverged: {record.message}; "
+        raise RunFailed(f"the baseline ({search.baseline_name}) diverged: {record.message}; "
                         "a speedup over a run that does not train means nothing, so the study "
                         "stops here")
     return True

@@ -156,8 +156,13 @@ def study_summary(study: optuna.Study) -> StudySummary:
                         "comparable")
     payoff = compile_payoff(records, best_trial)
     objective = attrs.get(StudyKey.OBJECTIVE) or {}
-    short = _short_run(probe.get("script_run_steps"), best_config, payoff,
-                       objective.get("train_steps"))
+    measured = baseline_trial.measurement if baseline_trial else None
+    short = shorter_than_measured(
+        probe.get("script_run_steps"),
+        1 + measured.warmup_steps + measured.window_steps if measured else None,
+        objective.get("train_steps")) or \
+        _short_run(probe.get("script_run_steps"), best_config, payoff,
+                   objective.get("train_steps"))
     if short:
         warnings.append(short)
     best_disturbed = bool(best and best.disturbed)
@@ -364,6 +369,20 @@ def prediction_errors(trials: Iterable[TrialRecord]) -> MemoryPredictions | None
     absolute = [abs(e) for e in errors]
     return MemoryPredictions(checked=len(errors), median_abs_error=statistics.median(absolute),
                              max_abs_error=max(absolute), median_error=statistics.median(errors))
+
+
+def shorter_than_measured(run_steps: int | None, measured_steps: int | None,
+                          train_steps: int | None) -> str | None:
+    """Where the script's own run ends before the steps a trial measures (its first step,
+    the warm-up and a timed window): the trials rank steady steps the run never reaches
+    (`--train-steps` ranks by the run's own wall time)."""
+    if not run_steps or not measured_steps or train_steps or run_steps >= measured_steps:
+        return None
+    return (f"the script's own run is {run_steps:,} optimizer steps at its settings, fewer "
+            f"than a trial measures ({measured_steps:,}: its first step, the warm-up and a "
+            "timed window): the trials rank steady steps that run never reaches; "
+            f"`--train-steps {run_steps}` ranks by the run's whole wall time, start-up "
+            "included")
 
 
 def _short_run(run_steps: int | None, best: TrainConfig | None,

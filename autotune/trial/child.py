@@ -43,6 +43,9 @@ OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory
 OOM_MARKER_PAIRS = (("cublas_status_not_initialized", "cublascreate"),)
 
 
+# A result's message at most (the log has it whole), in characters.
+MESSAGE_LIMIT = 4000
+
 # What a child can be asked to do: module and function, each called as
 # fn(workload, config, device, settings, trace_path, progress), and the field of the
 # `TrialResult` its answer goes in.
@@ -202,7 +205,18 @@ def _lift_memory_limit() -> None:
 def _failed(status: TrialStatus, exc: BaseException, bad_input: bool = False) -> TrialResult:
     traceback.print_exception(exc)
     message = str(exc) if bad_input else f"{type(exc).__name__}: {exc}"
-    return TrialResult(status, message.strip()[:4000], bad_input=bad_input)
+    return TrialResult(status, clipped(message.strip()), bad_input=bad_input)
+
+
+def clipped(message: str, limit: int = MESSAGE_LIMIT) -> str:
+    """`message` within `limit` characters: its start (what failed) and its end (the error's
+    own line, after a traceback or a parser's usage), the middle left out where it is long."""
+    if len(message) <= limit:
+        return message
+    head = limit // 4
+    tail = limit - head
+    return (f"{message[:head].rstrip()}\n[... {len(message) - head - tail:,} characters left "
+            f"out ...]\n{message[-tail:].lstrip()}")
 
 
 def _say_phase(phase: str) -> None:

@@ -80,6 +80,9 @@ class TrialRequest:
     # A user's own training script instead of a model file (`model_path` is the script), run
     # with these arguments; None: a model file.
     script_args: list[str] | None = None
+    # Where a script's run works (its current directory, its library's outputs): a folder the
+    # tuner made and removes however the trial ends, so nothing is left in the temp directory.
+    scratch_dir: str | None = None
 
 
 def rank_result_path(result_file: Path, rank: int) -> Path:

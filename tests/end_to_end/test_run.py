@@ -259,7 +259,8 @@ def test_a_sigterm_mid_trial_leaves_nothing_running_and_the_rerun_measures_it(tm
     tuner = _start_study(tmp_path, 20)
     _wait_for(lambda: (tmp_path / "mlp" / "logs" / "trial-1.log").exists())
     tuner.send_signal(signal.SIGTERM)
-    tuner.communicate(timeout=60)
+    _, err = tuner.communicate(timeout=60)
+    assert tuner.returncode == 143, err  # as a shell reports a process SIGTERM ended
     [stopped] = [r for r in records_of(tmp_path) if r.status == TrialStatus.INTERRUPTED]
     shown = run_cli("show", "mlp", "--studies-dir", str(tmp_path), "--json")
     summary = json.loads(shown.stdout)

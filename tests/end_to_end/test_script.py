@@ -4,7 +4,10 @@ a new user would run it; the answer in the script's own arguments, its output un
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,7 @@ from autotune.study.records import trial_records
 from autotune.study.results import load_study
 from autotune.trial.protocol import TrialStatus
 
-from ..conftest import CONFIRM_ONCE, FAST, need, run_cli
+from ..conftest import CONFIRM_ONCE, FAST, ROOT, need, run_cli
 
 SCRIPT = "tests/models/scripts/hf_argparser.py"
 # Compile costs ~30 s a trial on CI's cores: held off, as in the model-file studies.
@@ -179,3 +182,95 @@ def test_a_scripts_trials_fork_with_its_libraries_imported_and_run_it_from_its_f
         again = [line.split() for line in runs.read_text().splitlines()][len(lines):]
         assert len(again) == 4 and {preloaded for preloaded, _ in again} == {"True"}
     assert not out.exists()
+
+
+def _run_in(home: Path, temp: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    """`autotune ARGS` run from the user's folder `home`, with its own temp directory."""
+    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=home,
+                          env={**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(ROOT)})
+
+
+@pytest.mark.slow
+def test_every_run_of_a_script_works_in_a_scratch_folder_and_says_what_its_run_is(
+        tmp_path: Path) -> None:
+    """A script that writes a file at import (into its current directory) and reads one of the
+    user's by a relative path, tuned from the user's folder: the probe, every trial and the
+    confirmation run it, and none writes there; nothing is left in the temp directory. Its own
+    run is 2 optimizer steps, fewer than a trial measures: the run says so at its start and
+    the summary keeps it. The study is a Hugging Face script's: Lightning code is refused."""
+    need("transformers", "examples")
+    home, temp = tmp_path / "home", tmp_path / "tmp"
+    home.mkdir()
+    temp.mkdir()
+    runs = tmp_path / "runs.txt"
+    (home / "data.txt").write_text("16\n")
+    (home / "train.py").write_text(
+        "import os\nfrom pathlib import Path\n"
+        "Path(f'written-at-import-{os.getpid()}.txt').write_text('x')\n"
+        "assert Path('data.txt').read_text() == '16\\n'\n"
+        f"with open({str(runs)!r}, 'a') as f:\n    f.write(os.getcwd() + '\\n')\n" +
+        (ROOT / SCRIPT).read_text())
+    studies = tmp_path / "studies"
+    done = _run_in(home, temp, "run", "--script", "train.py", "--device", "cpu", "--trials",
+                   "2", "--studies-dir", str(studies), *NO_COMPILE, *FAST, *CONFIRM_ONCE,
+                   "--", "--output_dir", "out", "--max_steps", "2", timeout=600)
+    assert done.returncode == 0, done.stderr
+    ran_in = runs.read_text().split()
+    assert len(ran_in) >= 4  # the probe, two trials, a confirmation round
+    assert len(set(ran_in)) == len(ran_in) and str(home) not in ran_in
+    assert sorted(p.name for p in home.iterdir()) == ["data.txt", "train.py"]
+    assert [p.name for p in temp.iterdir() if p.name.startswith("autotune")] == []
+    short = ("the script's own run is 2 optimizer steps at its settings, fewer than a trial "
+             "measures")
+    assert f"warning: {short}" in " ".join(done.stdout.split())
+    shown = run_cli("show", "train", "--studies-dir", str(studies), "--json")
+    assert any(w.startswith(short) for w in json.loads(shown.stdout)["warnings"])
+    refused = run_cli("export", "train", "--studies-dir", str(studies), "--format",
+                      "lightning")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert " ".join(refused.stderr.split()) == (
+        "autotune: error: study 'train' tuned a Hugging Face Trainer script: --format "
+        "lightning writes another library's code; --format args gives its answer in the "
+        "script's own terms")
+
+
+@pytest.mark.slow
+def test_a_script_that_never_reaches_its_trainer_ends_at_the_probes_limit(
+        tmp_path: Path) -> None:
+    """The probe waits 120 s for the script's trainer, telling the wait every 30 s, then ends
+    the run with one line (the default trial limit is 900 s)."""
+    home, temp = tmp_path / "home", tmp_path / "tmp"
+    home.mkdir()
+    temp.mkdir()
+    (home / "train.py").write_text("import time\ntime.sleep(3600)\n")
+    start = time.monotonic()
+    done = _run_in(home, temp, "run", "--script", "train.py", "--device", "cpu",
+                   "--studies-dir", str(tmp_path / "studies"), timeout=400)
+    assert time.monotonic() - start < 240
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "autotune: error: train.py ran 120 s and never called Trainer.train or Trainer.fit; for "
+        "other training loops write a model file: README; a start-up longer than 120 s: "
+        "--startup-limit 10m"]
+    assert [line for line in done.stdout.splitlines() if line.startswith("probing:")] == [
+        f"probing: train.py has run {s} s, not yet at its Trainer.train or Trainer.fit (the "
+        "probe stops it at 120 s: --startup-limit)" for s in (30, 60, 90)]
+    assert not (tmp_path / "studies").exists()
+
+
+@pytest.mark.slow
+def test_a_script_whose_own_settings_diverge_is_named_as_the_scripts(tmp_path: Path) -> None:
+    need("transformers", "examples")
+    script = tmp_path / "train.py"
+    script.write_text((ROOT / SCRIPT).read_text().replace(
+        "    trainer.train()",
+        "    model.register_forward_hook(lambda m, i, out: setattr(out, 'loss', out.loss * "
+        "float('nan')))\n    trainer.train()"))
+    done = run_cli("run", "--script", str(script), "--device", "cpu", "--trials", "2",
+                   "--studies-dir", str(tmp_path), *NO_COMPILE, *FAST, "--",
+                   "--output_dir", str(tmp_path / "out"), timeout=300)
+    assert done.returncode == 1, done.stderr
+    error = " ".join(done.stderr.split())
+    assert error.startswith("autotune: error: the baseline (the script's own settings) diverged: "
+                            "the loss became nan"), error

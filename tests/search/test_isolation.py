@@ -10,6 +10,8 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from autotune.cli import main
 from autotune.config import TrainConfig
 from autotune.search.forkserver import ForkServer
 from autotune.search.isolation import run_isolated
-from autotune.trial.protocol import FIRST_STEP, TrialRequest, TrialResult
+from autotune.trial.protocol import FIRST_STEP, SCRIPT_STARTUP, TrialRequest, TrialResult
 
 from ..conftest import FAST, ROOT, TINY_SOURCE
 
@@ -361,3 +363,40 @@ def test_every_rank_stops_when_its_tuner_dies(write_model, tmp_path) -> None:
     tuner.kill()
     tuner.wait()
     assert len(pids) == 2 and _wait_gone(pids, 10) == []
+
+
+def _sleeping_script(tmp_path: Path) -> Path:
+    script = tmp_path / "train.py"
+    script.write_text("from pathlib import Path\nimport time\n"
+                      "Path('started.txt').write_text('yes')\ntime.sleep(600)\n")
+    return script
+
+
+@pytest.mark.parametrize("ending", ["watch", "stop"])
+def test_a_scripts_scratch_folder_and_the_trials_files_go_however_it_ends(
+        ending: str, tmp_path: Path, monkeypatch) -> None:
+    """The script runs in a scratch folder inside the trial's folder in the temp directory;
+    a watch that ends it (the probe's start-up limit) or an interruption leaves neither."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    script = _sleeping_script(tmp_path)
+    stop = threading.Event()
+
+    def started() -> bool:
+        return any(temp.glob("autotune-trial-*/scratch/autotune-script-*/cwd/started.txt"))
+
+    def watch(phase: str, elapsed: float) -> bool:
+        if started():
+            stop.set()
+        return ending == "watch" and started()
+
+    given = request(script, script_args=[], job="probe", settings={"candidates": {}})
+    if ending == "watch":
+        result = run_isolated(given, 120, tmp_path / "probe.log", watch=watch)
+        assert result.status == "timeout" and result.phase == SCRIPT_STARTUP
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            run_isolated(given, 120, tmp_path / "probe.log", watch=watch, stop=stop)
+    assert list(temp.iterdir()) == []
+    assert not (tmp_path / "started.txt").exists()

@@ -10,7 +10,8 @@ import pytest
 
 from autotune.config import TrainConfig
 from autotune.errors import ContractError
-from autotune.search.runner import MeasureJob, ProbeFailed, ProcessRunner
+from autotune.search.runner import MeasureJob, ProbeFailed, ProcessRunner, StartupWatch
+from autotune.trial.protocol import FIRST_STEP, SCRIPT_STARTUP
 
 from ..conftest import TINY_SOURCE
 
@@ -78,3 +79,38 @@ def test_a_contract_violation_in_the_probe_is_bad_input(write_model, tmp_path) -
             made.probe("cpu", 120)
     finally:
         made.close()
+
+
+def test_a_scripts_probe_tells_its_wait_and_stops_at_the_start_up_limit() -> None:
+    """While the script has not reached its trainer, a line every 30 s; at the limit, the end;
+    once it trains, the start-up limit no longer applies."""
+    told: list[str] = []
+    watch = StartupWatch("train.py", 100, told.append)
+    assert [watch(phase, s) for phase, s in
+            [("", 5), (SCRIPT_STARTUP, 29), (SCRIPT_STARTUP, 31), (SCRIPT_STARTUP, 45),
+             (SCRIPT_STARTUP, 61)]] == [False] * 5
+    assert told == [f"probing: train.py has run {s} s, not yet at its Trainer.train or "
+                    "Trainer.fit (the probe stops it at 100 s: --startup-limit)"
+                    for s in (30, 60)]
+    assert not watch.stopped and watch(SCRIPT_STARTUP, 100) and watch.stopped
+    assert not StartupWatch("train.py", 100, told.append)(FIRST_STEP, 500)
+
+
+def test_a_script_that_never_reaches_its_trainer_is_stopped_at_the_start_up_limit(
+        tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    made = ProcessRunner(str(script), {}, tmp_path / "study", SETTINGS, memory_limit_bytes=None,
+                         core_shares=None, on_phase=lambda text, number: None, script_args=[],
+                         startup_limit_s=4)
+    start = time.monotonic()
+    try:
+        with pytest.raises(ContractError, match=r"^train.py ran [45] s and never called "
+                                                r"Trainer.train or Trainer.fit; for other "
+                                                r"training loops write a model file: README; "
+                                                r"a start-up longer than 4 s: --startup-limit "
+                                                r"10m$"):
+            made.probe("cpu", 120)
+    finally:
+        made.close()
+    assert time.monotonic() - start < 30

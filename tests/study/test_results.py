@@ -26,6 +26,7 @@ from autotune.study.results import (
     list_studies,
     load_study,
     prediction_errors,
+    shorter_than_measured,
     study_summary,
 )
 from autotune.study.storage import open_storage
@@ -198,3 +199,18 @@ def test_an_answer_that_compiles_is_questioned_where_the_scripts_run_is_shorter_
     assert _short_run(96, compiled.replace(compile_mode="none"), payoff, None) is None
     assert _short_run(96, compiled, payoff, 96) is None
     assert _short_run(None, compiled, payoff, None) is None
+
+
+def test_a_scripts_run_shorter_than_a_trial_measures_is_said() -> None:
+    """A script whose own run is 2 optimizer steps, tuned on trials that time 14: the ranking
+    is of steady steps its run never reaches, and `--train-steps 2` ranks by that run. No
+    word where the run is as long, unknown, or the study ranks by --train-steps."""
+    assert shorter_than_measured(2, 14, None) == (
+        "the script's own run is 2 optimizer steps at its settings, fewer than a trial "
+        "measures (14: its first step, the warm-up and a timed window): the trials rank steady "
+        "steps that run never reaches; `--train-steps 2` ranks by the run's whole wall time, "
+        "start-up included")
+    assert shorter_than_measured(14, 14, None) is None
+    assert shorter_than_measured(None, 14, None) is None
+    assert shorter_than_measured(2, None, None) is None
+    assert shorter_than_measured(2, 14, 2) is None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.trial.child import is_oom
+from autotune.trial.child import clipped, is_oom
 
 CUBLAS_CREATE = "`cublasCreate(handle)`"
 
@@ -26,3 +26,16 @@ def test_cublas_and_cudnn_allocation_failures_are_oom(message, oom) -> None:
         raise RuntimeError("backend compiler failed") from RuntimeError(message)
     except RuntimeError as wrapped:
         assert is_oom(wrapped) is oom
+
+
+def test_a_long_message_keeps_its_start_and_its_own_last_line() -> None:
+    """A traceback or a parser's usage runs long; what failed is at the start, the error's
+    own line at the end: both are kept, the middle is left out."""
+    message = "train.py failed before its training started:\n" + "  frame\n" * 2000 + \
+        "ValueError: invalid int value: 'many'"
+    short = clipped(message, 400)
+    assert len(short) < 460
+    assert short.startswith("train.py failed before its training started:\n  frame")
+    assert short.endswith("  frame\nValueError: invalid int value: 'many'")
+    assert f"[... {len(message) - 400:,} characters left out ...]" in short
+    assert clipped("short", 400) == "short"

@@ -66,7 +66,12 @@ def script_job(request: TrialRequest, device: torch.device, world_size: int,
     observer = MeasuringObserver(settings, device, progress,
                                  profiler=_profiler(request, settings, device))
     config = None if probing or not request.config else TrainConfig.from_dict(request.config)
-    with tempfile.TemporaryDirectory(prefix="autotune-script-") as scratch:
+    # The tuner's scratch folder for this trial, where it gave one (it removes it however the
+    # trial ends); each rank of a process group has its own folder in it.
+    parent = Path(request.scratch_dir) if request.scratch_dir else None
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="autotune-script-", dir=parent) as scratch:
         trial = ScriptTrial(device, observer, Path(scratch), config=config)
         progress(SCRIPT_STARTUP)
         start = time.perf_counter()

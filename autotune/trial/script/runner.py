@@ -2,12 +2,18 @@
 their arguments in `sys.argv` and its directory first on `sys.path`, in this process, with the
 libraries' hooks installed (each library patched when the script imports it). The run ends
 when the library's training loop does (`TrainingDone`), so nothing the script does after
-training runs; every other ending is one clear message."""
+training runs; every other ending is one clear message.
+
+The script works in a scratch folder of its own (`working_in`), never in the user's: what it
+writes by a relative path to a new file or folder lands there. The folder holds a link to each
+entry of the user's, so its relative reads work as before, and an argument that names an
+existing path outside the user's folder by a relative path (`../data`) is made absolute."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import runpy
 import sys
 import time
@@ -29,7 +35,14 @@ from autotune.trial.script.errors import (
 from autotune.trial.script.imports import patched_on_import
 from autotune.trial.script.observer import TrainingDone
 from autotune.trial.script.preload import ImportRecorder, recording_imports
-from autotune.trial.script.session import ScriptBaseline, ScriptTrial, Settings, active, current
+from autotune.trial.script.session import (
+    OutputTail,
+    ScriptBaseline,
+    ScriptTrial,
+    Settings,
+    active,
+    current,
+)
 
 # The modules whose import installs a hook: the classes are patched in the module that defines
 # them, so `from transformers import Trainer` and subclasses elsewhere all go through it.
@@ -39,6 +52,9 @@ PATCHES = {
     "lightning.pytorch.trainer.trainer": lightning.patch_trainer,
     "pytorch_lightning.trainer.trainer": lightning.patch_trainer,
 }
+# A parser's usage longer than this is left out of its refusal (TrainingArguments' is 20,000
+# characters): its own line says what was wrong.
+USAGE_SHOWN = 1000
 
 
 @dataclass(frozen=True)
@@ -58,18 +74,22 @@ class ScriptRun:
 
 
 def run_script(path: str | Path, argv: Sequence[str], trial: ScriptTrial) -> ScriptRun:
-    """Run `path` with `argv` until its training has run under `trial` and ended."""
-    path = Path(path)
+    """Run `path` with `argv` until its training has run under `trial` and ended; the script
+    works in `trial.scratch_dir` (`working_in`)."""
+    given = Path(path)
+    path = given.absolute()
     if not path.is_file():
-        raise ScriptError(f"training script not found: {path}")
+        raise ScriptError(f"training script not found: {given}")
     trial.script = path.name
     saved_argv, saved_path = sys.argv, list(sys.path)
-    sys.argv = [str(path), *argv]
+    home = Path.cwd()
+    sys.argv = [str(path), *absolute_arguments(argv, home)]
     sys.path.insert(0, str(path.resolve().parent))
     trial.started_at = time.perf_counter()
     try:
-        with active(trial), patched_on_import(PATCHES), _parser_exits_recorded(), \
-                recording_imports() as imports:
+        with working_in(trial.scratch_dir / "cwd", home), active(trial), \
+                patched_on_import(PATCHES), _parser_exits_recorded(), \
+                _output_kept(trial), recording_imports() as imports:
             runpy.run_path(str(path), run_name="__main__")
     except TrainingDone:
         assert trial.baseline is not None and trial.train_called_at is not None
@@ -94,48 +114,140 @@ def run_script(path: str | Path, argv: Sequence[str], trial: ScriptTrial) -> Scr
         sys.argv = saved_argv
         sys.path[:] = saved_path
     raise NeverTrained(never_trained_message(path.name, time.perf_counter() - trial.started_at,
-                                             ended=True))
+                                             ended=True) + _last_lines(trial.output))
+
+
+@contextlib.contextmanager
+def working_in(scratch: Path, home: Path) -> Iterator[Path]:
+    """The script's current directory for its run: `scratch`, made with a link to each entry
+    of `home` (the user's folder), so relative reads find the user's files and relative writes
+    of new files stay out of it; `home` again afterwards."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError), os.scandir(home) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                (scratch / entry.name).symlink_to(entry.path)
+    os.chdir(scratch)
+    try:
+        yield scratch
+    finally:
+        os.chdir(home)
+
+
+def absolute_arguments(argv: Sequence[str], home: Path) -> list[str]:
+    """`argv` with each argument (or `--flag=` value) that names an existing file or folder
+    outside `home` by a path relative to it (`../data`) made absolute: from the scratch folder
+    it would name nothing. Paths inside `home` stay as given, the scratch folder's links find
+    them."""
+    def absolute(text: str) -> str:
+        if not text.startswith(".."):
+            return text
+        target = Path(os.path.normpath(home / text))
+        try:
+            return str(target) if target.exists() and not target.is_relative_to(home) else text
+        except (OSError, ValueError):
+            return text
+
+    out = []
+    for arg in argv:
+        flag, equals, value = arg.partition("=")
+        out.append(f"{flag}={absolute(value)}" if arg.startswith("-") and equals
+                   else absolute(arg))
+    return out
 
 
 def script_traceback(exc: BaseException, path: Path) -> str:
     """The exception as Python prints it, from the script's own first frame on (autotune's
-    and runpy's frames left out)."""
+    and runpy's frames left out; a syntax error as its file, line and caret)."""
     error = traceback.TracebackException.from_exception(exc)
     frames = list(error.stack)
     script = str(path.resolve())
+    # No frame of the script's (a syntax error in it): none of autotune's or runpy's either.
     first = next((i for i, f in enumerate(frames) if str(Path(f.filename).resolve()) == script),
-                 0)
+                 len(frames))
     error.stack = traceback.StackSummary.from_list(frames[first:])
     return "".join(error.format()).rstrip()
 
 
 def _exit_error(trial: ScriptTrial, argv: Sequence[str], exc: SystemExit) -> ScriptError:
     """A script that exited before its training: its parser refused the arguments, it printed
-    its help, or it exited by itself."""
+    its help, or it exited by itself (its last lines say why)."""
+    given = " ".join(argv) or "no arguments"
     if trial.rejected_arguments:
-        given = " ".join(argv) or "no arguments"
         return ScriptArgumentsRejected(f"{trial.script} rejected its arguments ({given}):\n"
                                        f"{trial.rejected_arguments.rstrip()}")
+    if trial.printed_help:
+        return ScriptError(f"{trial.script} printed its help and exited ({given}): the "
+                           f"arguments after -- are {trial.script}'s own; autotune's are "
+                           "before it (autotune run --help)")
     if exc.code in (0, None):
         return NeverTrained(never_trained_message(
-            trial.script, time.perf_counter() - trial.started_at, ended=True))
+            trial.script, time.perf_counter() - trial.started_at, ended=True) +
+            _last_lines(trial.output))
+    if not isinstance(exc.code, int):  # sys.exit("reason"): Python prints it, status 1
+        return ScriptFailed(f"{trial.script} exited before its training started: {exc.code}")
     return ScriptFailed(f"{trial.script} exited with status {exc.code} before its training "
-                        "started")
+                        f"started{_last_lines(trial.output)}")
+
+
+def _last_lines(output: OutputTail) -> str:
+    """What the script wrote last, to follow a message (nothing where it wrote nothing)."""
+    lines = output.lines()
+    return "; its last lines:\n" + "\n".join(f"  {line}" for line in lines) if lines else ""
+
+
+class _Tee:
+    """A stream that passes what the script writes on and, until its training starts (no
+    message shows it after), keeps its last lines."""
+
+    def __init__(self, stream: Any, trial: ScriptTrial) -> None:
+        self._stream, self._trial = stream, trial
+
+    def write(self, text: str) -> int:
+        if not self._trial.training:
+            self._trial.output.add(text)
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _output_kept(trial: ScriptTrial) -> Iterator[None]:
+    """The script's stdout and stderr, as written, kept in `trial.output` while it runs."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Tee(sys.stdout, trial), _Tee(sys.stderr, trial)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
 
 
 @contextlib.contextmanager
 def _parser_exits_recorded() -> Iterator[None]:
-    """argparse's refusal (usage and message, as it prints them) kept for the message."""
-    original = argparse.ArgumentParser.exit
+    """argparse's refusal (its message, after its usage where that is short) kept for the
+    message, and whether it printed its help."""
+    original_exit, original_help = argparse.ArgumentParser.exit, \
+        argparse.ArgumentParser.print_help
 
     def exit(self: argparse.ArgumentParser, status: int = 0, message: Any = None) -> Any:
         trial = current()
         if trial is not None and status and not trial.training:
-            trial.rejected_arguments = self.format_usage() + (message or "")
-        return original(self, status, message)
+            usage = self.format_usage()
+            trial.rejected_arguments = (usage if len(usage) <= USAGE_SHOWN else "") + \
+                (message or "")
+        return original_exit(self, status, message)
+
+    def print_help(self: argparse.ArgumentParser, file: Any = None) -> None:
+        trial = current()
+        if trial is not None and not trial.training:
+            trial.printed_help = True
+        original_help(self, file)
 
     argparse.ArgumentParser.exit = exit  # type: ignore[method-assign]
+    argparse.ArgumentParser.print_help = print_help  # type: ignore[method-assign]
     try:
         yield
     finally:
-        argparse.ArgumentParser.exit = original  # type: ignore[method-assign]
+        argparse.ArgumentParser.exit = original_exit  # type: ignore[method-assign]
+        argparse.ArgumentParser.print_help = original_help  # type: ignore[method-assign]

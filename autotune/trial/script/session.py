@@ -50,6 +50,25 @@ class ScriptBaseline:
         return cls(**data)
 
 
+class OutputTail:
+    """The last lines a script wrote to its stdout and stderr, as it wrote them: what a message
+    shows of a script that ended before its training (its own reason for `sys.exit(3)`)."""
+
+    KEEP_CHARS = 8192
+
+    def __init__(self, lines: int = 10) -> None:
+        self.count, self._text = lines, ""
+
+    def add(self, text: str) -> None:
+        self._text = (self._text + text)[-self.KEEP_CHARS:]
+
+    def lines(self) -> list[str]:
+        """The last non-empty lines, of a line a progress bar rewrote (`\\r`) its last state."""
+        shown = ([part for part in line.split("\r") if part.strip()][-1:]
+                 for line in self._text.split("\n"))
+        return [state[0].rstrip() for state in shown if state][-self.count:]
+
+
 @dataclass
 class ScriptTrial:
     """A request to the hooks (`config` None: the script's own settings, only read) and what
@@ -57,7 +76,9 @@ class ScriptTrial:
 
     device: torch.device
     observer: StepObserver
-    scratch_dir: Path              # the library's outputs, instead of the user's own
+    # This run's own folder: the script's current directory (`cwd`) and the library's outputs,
+    # instead of the user's own
+    scratch_dir: Path
     config: TrainConfig | None = None
     max_steps: int = 1_000_000     # what the library is told: the observer stops it far sooner
     script: str = "the script"
@@ -68,6 +89,8 @@ class ScriptTrial:
     stopped_by_observer: bool = False
     steps: int = 0
     rejected_arguments: str | None = None  # the script's argument parser's message
+    printed_help: bool = False  # its parser printed its help (`-- --help`)
+    output: OutputTail = field(default_factory=OutputTail)
 
     def training_called(self) -> float:
         """Mark the moment the script hands over to the library; its start-up in seconds."""
