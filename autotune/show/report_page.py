@@ -25,7 +25,13 @@ from autotune.formatting import (
     short_config,
 )
 from autotune.show import plots
-from autotune.show.report import group_rows, knob_rows, left_out_lines, speedup_text
+from autotune.show.report import (
+    group_rows,
+    knob_rows,
+    left_out_lines,
+    speedup_text,
+    taken_back_rows,
+)
 from autotune.study.confirmation import WARM_TURNS, CandidateSummary, Run, stored_confirmation
 from autotune.study.records import StudyKey, TrialRecord, trial_records
 from autotune.study.results import compile_rows, study_summary
@@ -153,6 +159,9 @@ def _best_vs_baseline(study: optuna.Study, summary: StudySummary) -> str:
     group = summary.process_group
     ranks = _table(["process group (best trial)", "figure", "how"], group_rows(group)) \
         if group else ""
+    backs = taken_back_rows(summary)
+    ranks += _table(["each change taken back", "cost", "what it showed"], backs) \
+        if backs else ""
     warnings = "".join(f'<p class="muted">{_e(line)}</p>' for line in [
         *(f"warning: {w}" for w in summary.warnings), *left_out_lines(summary),
         *(f"verified {v.describe()}" for v in summary.verifications)])

@@ -266,14 +266,17 @@ def _confirmed_figures(confirmation: Confirmation) -> dict[str, Any]:
             best_runs=tuple(r.samples_per_sec for r in ok_runs),
             baseline_spread=baseline.spread, speedup_ci=confirmation.speedup_ci,
             no_measurable_difference=confirmation.no_measurable_difference,
-            confirmation_repeats=confirmation.rounds,
+            confirmation_repeats=confirmation.answer_rounds or confirmation.rounds,
             # the search's figure for the recommendation beside the confirmed one: the gap is
             # the winner's curse (the search keeps the luckiest measurement)
             best_search_samples_per_sec=winner.search_samples_per_sec,
             fastest_config=fastest.config, fastest_speedup=fastest.speedup,
             fastest_speedup_ci=fastest.speedup_ci, best_time_to_train_s=winner.time_to_train_s,
             baseline_time_to_train_s=baseline.time_to_train_s,
-            confirmation_measured=confirmation.measured)}
+            confirmation_measured=confirmation.measured,
+            taken_back=confirmation.taken_back,
+            taken_from_config=confirmation.taken_from.config
+            if confirmation.taken_from else None)}
 
 
 def _search_figures(records: Sequence[TrialRecord], best: TrialRecord | None,

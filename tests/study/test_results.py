@@ -156,7 +156,8 @@ def test_a_study_written_before_typed_records_opens_and_says_what_it_said(tmp_pa
     """A journal from autotune before measurements had a record of their own (each figure an
     attribute of its own): read with today's code, every trial has its measurement, and the
     summary is the one `show --json` printed then (the new `knobs`, `queued_trials`,
-    `trial_times` and `confirmation_measured` aside: its rounds were fresh ones)."""
+    `trial_times` and `confirmation_measured` aside: its rounds were fresh ones; and no change
+    of its answer was taken back, which confirmations did not do then)."""
     folder = tmp_path / "tiny_dict"
     folder.mkdir()
     shutil.copy(OLD_STUDY / "journal.log", folder / "journal.log")
@@ -171,6 +172,7 @@ def test_a_study_written_before_typed_records_opens_and_says_what_it_said(tmp_pa
     assert now.pop("queued_trials") == [] and now.pop("trial_times") == []
     assert now.pop("probe_s") is None  # not recorded before
     assert now.pop("confirmation_measured") == FRESH_ROUNDS
+    assert now.pop("taken_back") == [] and now.pop("taken_from_config") is None
     assert now == then
 
 
