@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from autotune.config import TrainConfig, changes, taken_back
+from autotune.config import CHANGE_GROUPS, TrainConfig, changes, taken_back
 from autotune.formatting import describe_changes
 from autotune.search.space import SearchSpace
 from autotune.stats import Ratio
@@ -37,6 +37,20 @@ JUDGE_ROUNDS = 3
 DROP_BOUND = 0.05
 # Why a change was kept unjudged where the space holds none without it.
 OUTSIDE = "the search space holds no configuration without it (--fix, --space or the batch)"
+# The changes of the best a time plan prices taken back: a winner rarely makes more (where it
+# does, the rest are taken back as the time allows).
+PRICED_CHANGES = 4
+
+
+def priced_changes(space: SearchSpace) -> int:
+    """How many changes of the best the confirmation's price counts taken back: those the space
+    can make from the baseline (a knob, or a group of `CHANGE_GROUPS`, with another value to
+    take), at most `PRICED_CHANGES`; none where it can make one only (the race itself takes
+    that one back)."""
+    grouped = {knob: group for group in CHANGE_GROUPS for knob in group}
+    offered = {grouped.get(knob, (knob,)) for knob, values in space.domains.items()
+               if len(values) > 1}
+    return min(len(offered), PRICED_CHANGES) if len(offered) > 1 else 0
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The minimal answer's parts: each change of a configuration taken back within the search
-space, and a change judged on its paired ratio."""
+space, a change judged on its paired ratio, and the changes a time plan prices."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from autotune.search.minimal import (
     DROP_BOUND,
     JUDGE_ROUNDS,
     OUTSIDE,
+    PRICED_CHANGES,
     judge,
+    priced_changes,
     take_backs,
     without_all,
 )
@@ -39,6 +41,10 @@ def test_each_change_is_taken_back_within_the_space_and_the_batch_keeps_its_size
     assert without_all(best, [backs["fused AdamW"], backs["2 loader workers, prefetch 2"]],
                        BASE, space) == best.replace(optimizer_impl="for_loop", num_workers=0,
                                                     prefetch_factor=None)
+    assert priced_changes(space) == PRICED_CHANGES  # the batch, loader, AdamW, compile...
+    assert priced_changes(build_space(BASE, CPU6, 1024, fixes={
+        "precision": "fp32", "optimizer_impl": "for_loop", "num_workers": 0,
+        "compile_mode": "none", "micro_batch_size": 8})) == 0
 
 
 def test_a_change_is_kept_when_it_pays_and_dropped_only_on_enough_rounds() -> None:
