@@ -261,9 +261,13 @@ def warm_or_why(warm: WarmStart | None, configs: Sequence[TrainConfig],
         rounds = warm.start(configs, prefix)
     except (WarmUnavailable, OSError) as exc:
         return None, f"measuring in fresh-process rounds: a warm process did not start: {exc}"
-    return rounds, (f"measuring in {WARM_TURNS}: {len(configs)} processes warmed up in "
+    return rounds, (f"measuring in {WARM_TURNS}: {_processes(len(configs))} warmed up in "
                     f"{time.monotonic() - began:.0f} s, each now timed in turns of "
                     f"{TURN_SECONDS:g} s")
+
+
+def _processes(count: int) -> str:
+    return f"{count} process{'es' if count != 1 else ''}"
 
 
 class WarmPool:
@@ -292,7 +296,7 @@ class WarmPool:
             rounds.release(index)
         new = [i for i, key in enumerate(keys) if key not in self.live]
         kept = len(keys) - len(new)
-        why = f"measuring in {WARM_TURNS}: {kept} processes still warm"
+        why = f"measuring in {WARM_TURNS}: {_processes(kept)} still warm"
         if new:
             began = time.monotonic()
             started, why = warm_or_why(self.warm, [configs[i] for i in new],

@@ -341,7 +341,9 @@ def result_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
                      f"the same configuration's search trial; confirmed {gap:+.0%} (the "
                      "search keeps its luckiest figures)"))
     fastest = confirmed.fastest_config if confirmed else None
-    if confirmed and fastest and fastest != summary.best_config:
+    # the race's best the answer drops changes of is a row of its own (`taken_back_rows`)
+    if confirmed and fastest and fastest not in (summary.best_config,
+                                                 confirmed.taken_from_config):
         interval = confirmed.fastest_speedup_ci
         rows.append(("fastest measured", short_config(fastest),
                      f"{confirmed.fastest_speedup:.2f}x"

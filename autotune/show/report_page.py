@@ -171,6 +171,10 @@ def _best_vs_baseline(study: optuna.Study, summary: StudySummary) -> str:
 
 def _operators_and_findings(study: optuna.Study, summary: StudySummary) -> str:
     number = summary.best_trial
+    if number is None and summary.best_config is not None:
+        return ("<p>The answer has no search trial of its own (the confirmation took changes "
+                "back from the race's best to make it): no profiler window to show here; its "
+                "trace is best-trace.json in the study folder.</p>")
     if number is None:
         return "<p>No best configuration yet.</p>"
     m = TrialRecord.of(study.trials[number]).measurement
