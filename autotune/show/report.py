@@ -342,7 +342,9 @@ def result_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
                      f"the same configuration's search trial; confirmed {gap:+.0%} (the "
                      "search keeps its luckiest figures)"))
     fastest = confirmed.fastest_config if confirmed else None
-    if confirmed and fastest and fastest != summary.best_config:
+    # the race's best the answer drops changes of is a row of its own (`taken_back_rows`)
+    if confirmed and fastest and fastest not in (summary.best_config,
+                                                 confirmed.taken_from_config):
         interval = confirmed.fastest_speedup_ci
         rows.append(("fastest measured", short_config(fastest),
                      f"{confirmed.fastest_speedup:.2f}x"
@@ -351,6 +353,7 @@ def result_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
                         if summary.difference_unknown else
                         " of the baseline, no measurable difference from the best")
                      + ", which changes fewer knobs"))
+    rows += taken_back_rows(summary)
     rows += group_rows(summary.process_group)
     rows += [
         ("peak memory (best)", format_bytes(summary.best_peak_memory_bytes),
@@ -371,6 +374,23 @@ def result_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
          "trials timed while other processes used the CPUs; never ranked above a clean one"),
     ]
     return rows + search_rows(summary)
+
+
+def taken_back_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
+    """Each change of the race's recommendation taken back: what it cost (the speed lost
+    without it, with its 95% interval) and whether the answer keeps it."""
+    confirmed = summary.confirmation
+    if confirmed is None or not confirmed.taken_back:
+        return []
+    rows = []
+    if confirmed.taken_from_config is not None:
+        rows.append(("the race's best", short_config(confirmed.taken_from_config),
+                     "the answer is it less the changes dropped below"))
+    for back in confirmed.taken_back:
+        cost = back.cost_text() if back.ratio is not None else "not measured"
+        rows.append((f"without {back.change}", cost,
+                     f"speed lost, paired by round, 95% interval: {back.outcome_text()}"))
+    return rows
 
 
 def group_rows(group: ProcessGroupFigures | None) -> list[tuple[str, str, str]]:

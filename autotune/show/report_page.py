@@ -31,6 +31,7 @@ from autotune.show.report import (
     knob_rows,
     left_out_lines,
     speedup_text,
+    taken_back_rows,
 )
 from autotune.study.confirmation import WARM_TURNS, CandidateSummary, Run, stored_confirmation
 from autotune.study.records import StudyKey, TrialRecord, trial_records
@@ -159,6 +160,9 @@ def _best_vs_baseline(study: optuna.Study, summary: StudySummary) -> str:
     group = summary.process_group
     ranks = _table(["process group (best trial)", "figure", "how"], group_rows(group)) \
         if group else ""
+    backs = taken_back_rows(summary)
+    ranks += _table(["each change taken back", "cost", "what it showed"], backs) \
+        if backs else ""
     warnings = "".join(f'<p class="muted">{_e(line)}</p>' for line in [
         *(f"warning: {w}" for w in summary.warnings), *left_out_lines(summary),
         *(f"verified {v.describe()}" for v in summary.verifications)])
@@ -168,6 +172,10 @@ def _best_vs_baseline(study: optuna.Study, summary: StudySummary) -> str:
 
 def _operators_and_findings(study: optuna.Study, summary: StudySummary) -> str:
     number = summary.best_trial
+    if number is None and summary.best_config is not None:
+        return ("<p>The answer has no search trial of its own (the confirmation took changes "
+                "back from the race's best to make it): no profiler window to show here; its "
+                "trace is best-trace.json in the study folder.</p>")
     if number is None:
         return "<p>No best configuration yet.</p>"
     m = TrialRecord.of(study.trials[number]).measurement

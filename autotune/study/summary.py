@@ -13,7 +13,7 @@ from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.study.bottleneck import Diagnosis
-from autotune.study.confirmation import FRESH_ROUNDS
+from autotune.study.confirmation import FRESH_ROUNDS, TakenBack
 from autotune.study.verification import Verification
 from autotune.trial.protocol import LeftOut, LoaderRate, PhaseTimes, ScriptAnswer
 
@@ -101,6 +101,10 @@ class ConfirmedFigures:
     best_time_to_train_s: float | None
     baseline_time_to_train_s: float | None
     confirmation_measured: str = FRESH_ROUNDS  # or WARM_TURNS (`study.confirmation`)
+    # Each change of the race's recommendation taken back, and that recommendation where the
+    # answer drops some of its changes (`study.confirmation.TakenBack`).
+    taken_back: tuple[TakenBack, ...] = ()
+    taken_from_config: TrainConfig | None = None
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from autotune.show.report import (
     summary_tables,
     trial_row,
 )
+from autotune.study.confirmation import NOISE, PAYS, TakenBack
 from autotune.study.records import StudyKey, TrialRecord
 from autotune.study.results import applicable_knobs, load_study, study_summary
 from autotune.study.storage import open_storage
@@ -178,3 +179,28 @@ def test_a_script_studys_answer_is_in_its_own_terms_everywhere() -> None:
     data = summary.to_json()
     assert data["answer_in_script_terms"] == [flags] and data["script_flags"] == flags.split()
     assert "script_args" not in _summary(knobs=()).to_json()  # a model file's, as before
+
+
+def test_each_change_taken_back_is_a_row_with_its_cost_and_what_it_says() -> None:
+    """The race's best, then each of its changes taken back: the speed lost without it with
+    its interval, and kept or dropped and why; in the terminal's table and summary.md alike."""
+    base = TrainConfig(micro_batch_size=8)
+    best = base.replace(num_workers=2, prefetch_factor=2, persistent_workers=True)
+    raced = best.replace(compile_mode="default")
+    backs = (TakenBack("2 loader workers, prefetch 2 + persistent workers",
+                       ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory"),
+                       raced.replace(num_workers=0, prefetch_factor=None,
+                                     persistent_workers=False), PAYS, 0.3, (0.29, 0.31), 24),
+             TakenBack("torch.compile", ("compile_mode",), best, NOISE, 0.996, (0.988, 1.012),
+                       24))
+    summary = _summary(study="s", best_config=best, baseline_config=base,
+                       knobs=applicable_knobs(None, best, base, 1), speedup=3.4,
+                       confirmation=_confirmed(taken_back=backs, taken_from_config=raced,
+                                               speedup_ci=(3.3, 3.5)))
+    text = " ".join(_text(summary_tables(summary)).split())
+    assert "the race's best" in text
+    assert "without torch.compile" in text and "0.4% [-1.2%, +1.2%]" in text
+    assert "inside the noise: dropped" in text and "it pays: kept" in text
+    markdown = summary_markdown(summary)
+    assert "- without torch.compile: 0.4% [-1.2%, +1.2%] (speed lost, paired by round, 95% " \
+        "interval: inside the noise: dropped)" in markdown

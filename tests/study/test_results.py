@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -12,7 +13,13 @@ import pytest
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
-from autotune.study.confirmation import FRESH_ROUNDS
+from autotune.study.confirmation import (
+    FRESH_ROUNDS,
+    PAYS,
+    CandidateSummary,
+    Confirmation,
+    TakenBack,
+)
 from autotune.study.records import (
     MEMORY_CONSTRAINT,
     StudyKey,
@@ -22,7 +29,10 @@ from autotune.study.records import (
 )
 from autotune.study.results import (
     _short_run,
+    compile_payoff,
     compile_rows,
+    compile_sentence,
+    confirmed_payoff,
     list_studies,
     load_study,
     prediction_errors,
@@ -158,8 +168,9 @@ def test_a_study_written_before_typed_records_opens_and_says_what_it_said(tmp_pa
     attribute of its own): read with today's code, every trial has its measurement, and the
     summary is the one `show --json` printed then (the new `knobs`, `queued_trials`,
     `trial_times` and `confirmation_measured` aside: its rounds were fresh ones; the
-    diagnosis of its baseline, read off its profiled trial; and the loader's CPU share, not
-    measured then)."""
+    diagnosis of its baseline, read off its profiled trial; the loader's CPU share, not
+    measured then; and no change of its answer was taken back, which confirmations did not do
+    then)."""
     folder = tmp_path / "tiny_dict"
     folder.mkdir()
     shutil.copy(OLD_STUDY / "journal.log", folder / "journal.log")
@@ -177,6 +188,7 @@ def test_a_study_written_before_typed_records_opens_and_says_what_it_said(tmp_pa
     assert now.pop("diagnosis")["dominant"] == "overhead"
     assert now.pop("answer_diagnosis") is None  # its answer kept the baseline
     assert all(rate.pop("cpu_share") is None for rate in now["loader_rates"])
+    assert now.pop("taken_back") == [] and now.pop("taken_from_config") is None
     assert now == then
 
 
@@ -214,3 +226,39 @@ def test_a_scripts_run_shorter_than_a_trial_measures_is_said() -> None:
     assert shorter_than_measured(None, 14, None) is None
     assert shorter_than_measured(2, None, None) is None
     assert shorter_than_measured(2, 14, 2) is None
+
+
+def test_an_answer_that_compiles_says_its_start_up_and_the_steps_it_pays_for_itself_after(
+        ) -> None:
+    """The answer (no trial of its own: the confirmation made it) compiles: its payoff comes
+    from a trial of the same configuration, its gain per step from the paired rounds that took
+    compile back (10% slower without: 128 samples a step at 1000/s against 900/s save 14.2 ms
+    a step, so 30 s of compile pays after 2,109 steps), and the verdict says so in a
+    sentence; nothing where the user's settings compile already."""
+    plain = _record(0, "none", sps=1000.0, first_step_s=1.0)
+    compiled = _record(1, "default", sps=2000.0, first_step_s=31.0)
+    answer = compiled.config
+    payoff = compile_payoff([plain, compiled], None, answer)
+    assert payoff.trial == 1 and payoff.break_even_steps == pytest.approx(30 / 0.064)
+    assert compile_sentence(answer, plain.config, payoff) == (
+        "torch.compile costs 30.00 s at start-up and pays for itself after 469 steps")
+    assert compile_sentence(answer, answer, payoff) == ""
+    assert compile_sentence(plain.config, plain.config, payoff) == ""
+    back = TakenBack("torch.compile", ("compile_mode",), plain.config, PAYS, 0.9, (0.88, 0.92), 12)
+    confirmation = replace(_confirmed(answer, 1000.0), taken_back=(back,))
+    paired = confirmed_payoff(payoff, confirmation, answer)
+    assert paired.gain == pytest.approx(1 / 0.9 - 1)
+    assert paired.break_even_steps == pytest.approx(30 / (128 * (1 / 900 - 1 / 1000)))
+    assert "in the paired rounds" in paired.reference
+    never = replace(payoff, break_even_steps=None)
+    assert compile_sentence(answer, plain.config, never).endswith("never pays for itself here")
+
+
+def _confirmed(config: TrainConfig, rate: float) -> Confirmation:
+    def one(candidate: TrainConfig, median: float) -> CandidateSummary:
+        return CandidateSummary(candidate, None, True, True, (), median, 0.0, median, None,
+                                None, 1.0, None, None)
+
+    winner = one(config, rate)
+    return Confirmation((winner,), winner, winner, one(TrainConfig(), 100.0), winner, 10.0,
+                        (9.0, 11.0), False, None, False, 12, 1.0, 0.0, 0.03, None, 0)

@@ -34,7 +34,7 @@ CONFIRMED_KEYS = {
     "best_runs", "baseline_spread", "speedup_ci", "no_measurable_difference",
     "confirmation_repeats", "best_search_samples_per_sec", "fastest_config", "fastest_speedup",
     "fastest_speedup_ci", "best_time_to_train_s", "baseline_time_to_train_s",
-    "confirmation_measured"}
+    "confirmation_measured", "taken_back", "taken_from_config"}
 
 BASE = TrainConfig(micro_batch_size=8)
 
