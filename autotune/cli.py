@@ -355,7 +355,8 @@ def cmd_export(options: ExportOptions, console: Console) -> int:
                          device=device, nproc_per_node=summary.nproc_per_node,
                          convolutional=summary.convolutional,
                          script_answer=summary.script_answer,
-                         script_args=list(summary.script_args or ()))
+                         script_args=list(summary.script_args or ()),
+                         checks=summary.check_lines())
     if options.output:
         write_output(Path(options.output), text)
         Console(stderr=True).print(f"wrote {options.output}")

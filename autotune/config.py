@@ -53,8 +53,10 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 # What a configuration file autotune wrote may say beside the knobs (best.json's sentence on
-# what the study found): not a knob, and left out when the file is read.
+# what the study found, and what it checked of the answer beyond its speed): not knobs, and
+# left out when the file is read.
 VERDICT = "verdict"
+CHECKS = "checks"
 
 
 @dataclass(frozen=True)
@@ -268,6 +270,17 @@ def config_with(knob: str, value: Any) -> TrainConfig:
     return TrainConfig(**{**_ENABLING.get(knob, {}), **enabling, knob: value})
 
 
+# Knobs that change the numbers a step computes, not only how fast it runs or in how much
+# memory: a configuration that changes any is checked for its loss against the baseline's
+# (`search/checks`).
+NUMERICS = ("precision", "optimizer", "attention_backend", "compile_mode")
+
+
+def numerics_changes(config: TrainConfig, baseline: TrainConfig) -> list[str]:
+    """The knobs of `NUMERICS` `config` changes from the baseline."""
+    return [knob for knob in NUMERICS if getattr(config, knob) != getattr(baseline, knob)]
+
+
 # Knobs a person changes together, each group one change: the micro-batch with its accumulation,
 # and the DataLoader's settings. Every other knob is a change of its own.
 CHANGE_GROUPS = (("micro_batch_size", "grad_accum_steps"),
@@ -315,7 +328,8 @@ def loader_settings(domains: Mapping[str, Sequence[Any]]) -> list[tuple[int, int
 
 def knobs_in(data: Any) -> Any:
     """A configuration file's mapping less what autotune wrote beside the knobs."""
-    return {k: v for k, v in data.items() if k != VERDICT} if isinstance(data, Mapping) else data
+    return {k: v for k, v in data.items() if k not in (VERDICT, CHECKS)} \
+        if isinstance(data, Mapping) else data
 
 
 def knob_names() -> list[str]:

@@ -347,6 +347,11 @@ class TuneOptions(StorageOptions, WorkloadOptions):
         "within a time budget)",
         default=DEFAULT_CONFIRM_SHARE,
         metavar="SHARE", kind=float)
+    no_loss_check: bool = option(
+        "--no-loss-check", "skip the loss check of answers that change the numerics (precision, "
+        "optimizer, attention kernel, compile): short paired runs of each and of your settings "
+        "from the same weights and batches, where one that learns worse is never recommended; "
+        "for speed alone", default=False, switch=True)
     trial_time_limit_s: float = option("--trial-time-limit", "kill a trial after this long "
                                        "(a timeout)", default=DEFAULT_TRIAL_TIME_LIMIT_S,
                                        metavar="SECONDS", kind=float)

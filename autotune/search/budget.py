@@ -13,11 +13,12 @@ import optuna
 
 from autotune.formatting import format_seconds
 from autotune.options import MeasureSettings
+from autotune.search.checks import CheckPrices, loss_steps
 from autotune.search.confirm import CLAIM_SETTLE_S, SHORT_RACE
 from autotune.search.runner import ROUND_WINDOW_STEPS
 from autotune.search.warm import WARM_MAX_ROUNDS, WARM_ROUNDS_PER_ROUND, turn_seconds
 from autotune.study.records import COUNTS_AGAINST_BUDGET, Role, TrialRecord, trial_records
-from autotune.trial.protocol import Measurement, TrialStatus
+from autotune.trial.protocol import Measurement, SampleSizes, TrialStatus
 
 # Paired rounds an answer needs: with two, a 95% interval spans t = 12.7 standard errors, with
 # three 4.3.
@@ -27,6 +28,12 @@ STARTUP_DOMINATES = 0.5
 # The default budget grows at most to this many times itself for an answer: a person who
 # planned for the default is never told an hour.
 MAX_GROWTH = 3
+# A worst-batch run's steps (`trial.worst_batch`), each priced at the baseline's step times the
+# largest sample's size over the median's (at most `WORST_SLOWER`), in a fresh interpreter,
+# whose start (torch and the model file imported) is about `FRESH_START_S` more than a fork's.
+WORST_STEPS_PRICED = 3
+WORST_SLOWER = 100.0
+FRESH_START_S = 3.0
 
 
 def trial_seconds(study: optuna.Study) -> float | None:
@@ -68,17 +75,21 @@ def round_run_seconds(study: optuna.Study, settings: MeasureSettings) -> float |
 
 def confirmation_price(study: optuna.Study, settings: MeasureSettings, fallback_s: float,
                        warm_holds: Callable[[float | None], bool],
-                       taken_back: int = 0) -> ConfirmationPrice:
+                       taken_back: int = 0, checks: CheckPrices | None = None,
+                       loss_changes: int = 0) -> ConfirmationPrice:
     """What confirming costs here, priced at the baseline's trial (`round_run_seconds`, else
     `fallback_s`): in warm turns where `warm_holds` the baseline's peak memory for each
     candidate (`confirm.warm_expected`), else in fresh runs; with `taken_back` changes of the
-    best taken back beside it."""
+    best taken back beside it; and the checks of what it may recommend (`checks`: a run of
+    each, and `loss_changes` numerics changes the space can make)."""
     run_s = round_run_seconds(study, settings) or fallback_s
     baseline = _baseline(study)
+    priced = {"worst_s": checks.worst_s, "loss_s": checks.loss_s,
+              "loss_changes": loss_changes if checks.loss_s else 0} if checks else {}
     if baseline is None or not warm_holds(baseline.peak_memory_bytes):
-        return ConfirmationPrice(run_s, taken_back=taken_back)
+        return ConfirmationPrice(run_s, taken_back=taken_back, **priced)
     return ConfirmationPrice(run_s, turn_seconds(baseline.measurement.step_time_median_s),
-                             taken_back)
+                             taken_back, **priced)
 
 
 def startup_note(study: optuna.Study) -> str | None:
@@ -113,6 +124,29 @@ def run_price_s(wall_s: float, measurement: Measurement, settings: MeasureSettin
     return process_start + phases.build_s + phases.first_step_s + phases.warmup_s + window
 
 
+def check_prices(study: optuna.Study, sizes: SampleSizes | None,
+                 loss_check: bool) -> CheckPrices | None:
+    """What one run of each check of the answer takes (`search.checks`), priced at the
+    baseline's trial: its process start, build and first step, then a worst batch's steps (at
+    its step time, scaled by the largest sample over the median, in a fresh interpreter; none
+    where the samples are one size or were not sized) or a loss run's (`checks.loss_steps` at
+    its step time; none where the loss check is off). None before the baseline has run."""
+    baseline = _baseline(study)
+    if baseline is None or not baseline.measurement.step_time_median_s:
+        return None
+    m = baseline.measurement
+    step = m.step_time_median_s
+    start = (max(0.0, (baseline.wall_s or 0.0) - m.measure_wall_s) if m.measure_wall_s
+             is not None else 0.0) + m.setup_s + (m.time_to_first_step_s or step)
+    steps = loss_steps(step)
+    worst = 0.0
+    if sizes is not None and not sizes.uniform:
+        slower = min(WORST_SLOWER, sizes.largest_bytes[0] / max(1, sizes.median_bytes))
+        worst = FRESH_START_S + start + WORST_STEPS_PRICED * step * slower
+    return CheckPrices(worst_s=worst, loss_s=start + steps * step if loss_check else 0.0,
+                       loss_steps=steps)
+
+
 def _measured(study: optuna.Study) -> list[TrialRecord]:
     """The trials that ran a process to its end and were not repeats, with their wall time."""
     return [r for r in trial_records(study)
@@ -136,11 +170,19 @@ class ConfirmationPrice:
 
     With `taken_back` changes of the best taken back (`search.minimal`), the best less each
     races too, every round, and, two or more of them, a short race of the best less those
-    dropped, the best and the baseline follows, of the least rounds an answer needs."""
+    dropped, the best and the baseline follows, of the least rounds an answer needs.
+
+    Before the rounds, the checks (`search.checks`): each configuration's worst batch
+    (`worst_s` a run; 0: none), and the loss runs: the baseline's two and one for each
+    configuration that changes the numerics, `loss_changes` the numerics changes the space can
+    make (`loss_s` a run)."""
 
     run_s: float
     turn_s: float | None = None
     taken_back: int = 0
+    worst_s: float = 0.0
+    loss_s: float = 0.0
+    loss_changes: int = 0
 
     @property
     def warm(self) -> bool:
@@ -157,10 +199,20 @@ class ConfirmationPrice:
         first of them all, then the race's two (the best and the baseline) and the best less
         each change; then the short race after it."""
         racing, each = candidates + self.taken_back, 2 + self.taken_back
+        checks = self.checks_s(candidates)
         if self.turn_s is None:
-            return (racing + each * (rounds - 1)) * self.run_s + self.short_race_s()
+            return (racing + each * (rounds - 1)) * self.run_s + self.short_race_s() + checks
         turns = 2 * racing + each * (rounds - 1) + 2
-        return racing * self.run_s + turns * self.turn_s + self.short_race_s()
+        return racing * self.run_s + turns * self.turn_s + self.short_race_s() + checks
+
+    def checks_s(self, candidates: int) -> float:
+        """The checks of `candidates` configurations and the best less each change: a worst
+        batch each; the baseline's two loss runs and one for each configuration that changes
+        the numerics (priced at two for each numerics change the space can make, at most one a
+        configuration besides the baseline)."""
+        racing = candidates + self.taken_back
+        loss = 2 + min(2 * self.loss_changes, racing - 1) if self.loss_changes else 0
+        return racing * self.worst_s + loss * self.loss_s
 
     def short_race_s(self) -> float:
         """The short race after the race, where two or more changes may be dropped: the best
@@ -181,11 +233,14 @@ class ConfirmationPrice:
 
     def describe_rounds(self, rounds: int, candidates: int) -> str:
         backs = ", the best less each of its changes among them" if self.taken_back else ""
+        checks = self.checks_s(candidates)
+        checked = (f" (after about {format_seconds(checks)} of checks: worst batches, loss)"
+                   if checks else "")
         if self.warm:
             return (f"{rounds} paired round{'s' if rounds != 1 else ''} of warm turns, after "
-                    f"{candidates + self.taken_back} processes warm up{backs}")
+                    f"{candidates + self.taken_back} processes warm up{backs}{checked}")
         return (f"{rounds} confirmation round{'s' if rounds != 1 else ''}, the first of "
-                f"{candidates + self.taken_back} runs{backs}")
+                f"{candidates + self.taken_back} runs{backs}{checked}")
 
     def describe(self) -> str:
         if self.warm:

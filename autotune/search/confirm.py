@@ -41,6 +41,7 @@ from autotune.options import (
     DEFAULT_CONFIRM_ROUNDS,
     DEFAULT_CONFIRM_TARGET,
 )
+from autotune.search.checks import AnswerChecks
 from autotune.search.events import StudyView
 from autotune.search.memory_model import MemoryModel
 from autotune.search.minimal import (
@@ -67,6 +68,7 @@ from autotune.search.warm import (
 )
 from autotune.search.worker import Measure
 from autotune.stats import Ratio, paired_ratio
+from autotune.study.checks import LossCheck, WorstBatchCheck
 from autotune.study.confirmation import (
     FAILED,
     FRESH_ROUNDS,
@@ -150,6 +152,12 @@ class Candidate:
     # Measured only to judge one change of `taken_from` (that configuration less the change):
     # never the race's answer itself, and out of the race once the change shows it pays.
     taken_from: Candidate | None = field(default=None, repr=False, compare=False)
+    # What its checks found (`search.checks`), once checked; why they ruled it out, where
+    # they did: it never races.
+    checked: bool = False
+    worst: WorstBatchCheck | None = None
+    loss: LossCheck | None = None
+    excluded: str = ""
 
     @property
     def variant(self) -> bool:
@@ -224,7 +232,7 @@ def _peak(record: TrialRecord) -> float | None:
 class Measuring:
     """How a race's rounds are measured: fresh runs through `measure`, or warm turns from the
     `pool` where it has them; each run within `time_limit_s` on `device`, its files under
-    `directory`."""
+    `directory`; what may be recommended checked first by `checks` (none: unchecked)."""
 
     scoring: Scoring
     measure: Measure
@@ -233,6 +241,7 @@ class Measuring:
     device: str
     directory: Path
     pool: WarmPool | None = None
+    checks: AnswerChecks | None = None
 
 
 @dataclass
@@ -248,6 +257,7 @@ class Race:
     wall_s: float
     run_s: float
     capped: str = NO_TIME
+    ruled_out: list[Candidate] = field(default_factory=list)  # by a check, before it raced
 
     @property
     def reference(self) -> Candidate:
@@ -257,7 +267,8 @@ class Race:
 def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measure: Measure,
             view: StudyView, plan: Plan, *, time_limit_s: float, device: str,
             directory: Path, warm: WarmStart | None = None,
-            space: SearchSpace | None = None) -> Confirmation | None:
+            space: SearchSpace | None = None,
+            checks: AnswerChecks | None = None) -> Confirmation | None:
     """Paired rounds as a race: after each round, a candidate measurably slower than the leader
     (its paired interval against the leader below 1) is dropped, and only those that could
     still win are measured again. It ends when one candidate is left besides the baseline and
@@ -271,17 +282,24 @@ def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measur
 
     With `warm` (and memory for them all), each round is a turn of every candidate's warm
     process (`search.warm`): seconds instead of process starts, so the least rounds are
-    `WARM_ROUNDS_PER_ROUND` times more and beyond them time caps the race, not a count."""
-    entries = candidates(study, baseline, plan.top)
-    if len(entries) == 1:
+    `WARM_ROUNDS_PER_ROUND` times more and beyond them time caps the race, not a count.
+
+    With `checks`, every configuration that may be recommended is checked before it races
+    (`search.checks`: its worst batch, its loss against the user's settings'); one they rule
+    out never races, and the next best of the search takes its place (`_admitted`)."""
+    ranked = candidates(study, baseline, plan.top * (2 if checks is not None else 1))
+    if len(ranked) == 1:
         view.note("no configuration besides your settings was measured in full (the others "
                   "were stopped at screening or failed): nothing to confirm")
         return None
     records, began = trial_records(study), time.monotonic()
-    backs = _backs(entries[0].config, baseline, space)
-    judged = _with_variants(entries, entries[0], backs, records)
     how = Measuring(scoring, measure, view, time_limit_s, device, directory,
-                 WarmPool(warm) if warm is not None else None)
+                    WarmPool(warm) if warm is not None else None, checks)
+    entries, ruled_out = _admitted(ranked, plan, how)
+    if plan.ends_by is not None:  # the checks are priced apart from the rounds' share
+        plan = replace(plan, ends_by=plan.ends_by + time.monotonic() - began)
+    backs = _backs(entries[0].config, baseline, space) if len(entries) > 1 else []
+    judged = _with_variants(entries, entries[0], backs, records)
     try:
         race = _race(entries, "confirm", plan, how, reserve=SHORT_RACE if len(backs) > 1 else 0)
         result = conclusion(race.entries, race.reference, wall_s=race.wall_s,
@@ -291,9 +309,52 @@ def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measur
     finally:
         if how.pool is not None:
             how.pool.close()
-    result = replace(result, wall_s=time.monotonic() - began)
+    out = [*ruled_out, *race.ruled_out]
+    result = replace(result, wall_s=time.monotonic() - began,
+                     candidates=result.candidates + tuple(_summary(e, race.reference)
+                                                          for e in out),
+                     checks=checks.summary() if checks is not None else None)
     study.set_user_attr(StudyKey.CONFIRMATION, result.to_json())
     return result
+
+
+def _admitted(ranked: list[Candidate], plan: Plan, how: Measuring,
+              ) -> tuple[list[Candidate], list[Candidate]]:
+    """The best `plan.top` of `ranked` (the baseline last) that the checks do not rule out,
+    in order, then the baseline (checked too: its worst batch is what the answer is when it
+    keeps the user's settings); and those ruled out on the way. Without checks, the first
+    `plan.top`."""
+    reference = ranked[-1]
+    if how.checks is None:
+        return ranked[:-1][:plan.top] + [reference], []
+    _check(reference, how, plan)
+    admitted: list[Candidate] = []
+    out: list[Candidate] = []
+    for entry in ranked[:-1]:
+        if len(admitted) == plan.top:
+            break
+        _check(entry, how, plan)
+        (out if entry.excluded else admitted).append(entry)
+    return admitted + [reference], out
+
+
+def _check(entry: Candidate, how: Measuring, plan: Plan) -> None:
+    """Check `entry` once (`AnswerChecks.check`, within the time budget): its findings, and
+    why it is ruled out where it is; the baseline (the reference) is never ruled out. A
+    worst batch that peaked higher than its search trial raises the peak its warm process is
+    planned with."""
+    if how.checks is None or entry.checked:
+        return
+    reference = entry.taken_from is None and entry.config == how.checks.baseline
+    found = how.checks.check(entry.config, reference=reference, deadline=plan.budget_ends)
+    entry.checked, entry.worst, entry.loss = True, found.worst, found.loss
+    entry.excluded = found.why_out
+    if found.worst is not None and found.worst.peak_memory_bytes:
+        entry.search_peak_bytes = max(entry.search_peak_bytes or 0.0,
+                                      found.worst.peak_memory_bytes)
+    if entry.excluded:
+        named = describe_changes(entry.config, how.checks.baseline)
+        how.view.note(f"confirmation: {named} is ruled out: {entry.excluded}")
 
 
 def warm_expected(warm: WarmStart | None, scoring: Scoring, max_rounds: int,
@@ -331,6 +392,7 @@ def _race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
     """The rounds of a race among `entries` (the baseline last), in warm turns while the
     pool's processes answer, else in fresh runs. Beyond its least rounds it leaves room for a
     short race of `reserve` configurations after it (`_minimal`'s)."""
+    entries, ruled_out = _checked(entries, plan, how)
     reference, view = entries[-1], how.view
     fresh_plan = plan
     turns, plan = _warm_rounds(entries, how, plan, name)
@@ -406,7 +468,19 @@ def _race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
                            f"most about {format_seconds(left_s)} more")
     if turns is not None:
         _warm_traces(entries, racing, turns, how.directory / "traces", name, view)
-    return Race(entries, measured, kept_disturbed, time.monotonic() - start, run_s, capped)
+    return Race(entries, measured, kept_disturbed, time.monotonic() - start, run_s, capped,
+                [e for e in ruled_out if not e.variant])
+
+
+def _checked(entries: list[Candidate], plan: Plan, how: Measuring,
+             ) -> tuple[list[Candidate], list[Candidate]]:
+    """A race's entries that may race (each checked first, `_check`), and those the checks
+    ruled out; a configuration less one change races only while the one with it does."""
+    for entry in entries:
+        _check(entry, how, plan)
+    out = [e for e in entries if e.excluded]
+    return [e for e in entries if not e.excluded and
+            (not e.variant or not e.taken_from.excluded)], out
 
 
 def _reserve_s(configurations: int, plan: Plan, run_s: float, how: Measuring,
@@ -483,7 +557,8 @@ def _again(entry: Candidate) -> Candidate:
     """The same configuration, to be measured afresh in a race of its own."""
     return Candidate(entry.config, entry.trial, entry.feasible, entry.search_samples_per_sec,
                      search_precision=entry.search_precision,
-                     search_peak_bytes=entry.search_peak_bytes)
+                     search_peak_bytes=entry.search_peak_bytes, checked=entry.checked,
+                     worst=entry.worst, loss=entry.loss, excluded=entry.excluded)
 
 
 def _minimal(result: Confirmation, race: Race, judged: list[tuple[TakeBack, Candidate | None]],
@@ -506,7 +581,8 @@ def _minimal(result: Confirmation, race: Race, judged: list[tuple[TakeBack, Cand
         pairs, where = _taken_back_race(chosen, backs, plan, how, records, race)
     with_it = where.entries[0] if where is not None else chosen
     decisions = [judge(back, paired(v, with_it, objective) if v and where else None,
-                       v.ok if v and where else True, where.capped if where else NO_TIME)
+                       v.ok if v and where else True, where.capped if where else NO_TIME,
+                       failed=v.excluded if v else "")
                  for back, v in pairs]
     if unjudged := [d for d in decisions if d.outcome == UNJUDGED and d.config]:
         how.view.note(f"confirmation: not taken back ({unjudged[0].why}): "
@@ -561,6 +637,9 @@ def _without_all(config: TrainConfig | None, with_it: Candidate, race: Race,
                   "change inside the noise) in a short race")
     answer = _variant(config, records, with_it, race.reference)
     answer.taken_from = None  # a candidate in its own right: it may be the answer
+    _check(answer, how, plan)
+    if answer.excluded:
+        return TOGETHER, f"without all of them {answer.excluded}"
     entries = [answer, _again(with_it), _again(race.reference)]
     short = _race(entries, "minimal", plan, how)
     ratio = paired(entries[0], entries[1], objective)
@@ -795,7 +874,8 @@ def _summary(entry: Candidate, reference: Candidate) -> CandidateSummary:
     rates = entry.values(rate)
     ratio = paired(entry, reference, rate) if entry is not reference else None
     return CandidateSummary(
-        config=entry.config, trial=entry.trial, feasible=entry.feasible, ok=entry.ok,
+        config=entry.config, trial=entry.trial, feasible=entry.feasible,
+        ok=entry.ok and not entry.excluded,
         runs=tuple(r if r is not None else Run(FAILED) for r in entry.runs),
         median=statistics.median(rates) if rates else None,
         spread=(max(rates) - min(rates)) / 2 if rates else None,
@@ -804,7 +884,8 @@ def _summary(entry: Candidate, reference: Candidate) -> CandidateSummary:
         search_samples_per_sec=entry.search_samples_per_sec,
         speedup=ratio.value if ratio else 1.0,
         speedup_ci=(ratio.low, ratio.high) if ratio and ratio.low is not None else None,
-        trace=entry.trace or next((r.trace for r in entry.runs if r and r.trace), None))
+        trace=entry.trace or next((r.trace for r in entry.runs if r and r.trace), None),
+        worst_batch=entry.worst, loss_check=entry.loss, excluded=entry.excluded)
 
 
 def drift(reference: Candidate) -> Drift | None:

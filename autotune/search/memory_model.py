@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from autotune.config import TrainConfig
-from autotune.study.records import MEASURED_PEAK, RAN_OUT, TrialRecord
+from autotune.study.records import MEASURED_PEAK, RAN_OUT, TrialRecord, config_key
 
 # A configuration is skipped only when its predicted peak is this far above the limit: the fit
 # is a line through a few noisy peaks, and a wrongly skipped optimum costs more than a trial.
@@ -59,18 +59,22 @@ class MemoryVerdict:
 
 
 class MemoryModel:
-    """Per-family fits and out-of-memory walls from finished trials."""
+    """Per-family fits and out-of-memory walls from finished trials; a configuration whose worst
+    batch was measured (`worst`: by `config_key`, from a confirmation's checks) counts at the
+    larger of its trial's peak and its worst batch's: what a whole run of it needs."""
 
-    def __init__(self, trials: Iterable[TrialRecord]) -> None:
+    def __init__(self, trials: Iterable[TrialRecord],
+                 worst: Mapping[str, float] | None = None) -> None:
         peaks: dict[tuple, dict[int, list[float]]] = {}
         self._walls: dict[tuple, tuple[int, int]] = {}  # family -> (micro, trial number)
+        worst = worst or {}
         for t in trials:
             if not t.config:
                 continue
             family, micro = memory_family(t.config), t.config.micro_batch_size
             if t.status in MEASURED_PEAK and t.peak_memory_bytes:
-                peaks.setdefault(family, {}).setdefault(micro, []).append(
-                    float(t.peak_memory_bytes))
+                peak = max(float(t.peak_memory_bytes), worst.get(config_key(t.config), 0.0))
+                peaks.setdefault(family, {}).setdefault(micro, []).append(peak)
             if t.status in RAN_OUT:
                 wall = self._walls.get(family)
                 if wall is None or micro < wall[0]:

@@ -98,14 +98,19 @@ def in_space(config: TrainConfig, space: SearchSpace | None) -> TrainConfig | No
     return None
 
 
-def judge(back: TakeBack, ratio: Ratio | None, ran: bool, capped: str = NO_TIME) -> TakenBack:
+def judge(back: TakeBack, ratio: Ratio | None, ran: bool, capped: str = NO_TIME,
+          failed: str = "") -> TakenBack:
     """What taking `back` back showed: `ratio` is the configuration without the change over the
-    one with it, paired by round (None: not measured); `ran`, whether it ran in every round.
-    Measurably slower without it, on any number of rounds: the change pays. Not, on at least
-    `JUDGE_ROUNDS` and within `DROP_BOUND` for sure: it is dropped. Else it is kept, unjudged,
-    for what `capped` the rounds (`NO_TIME` or `NO_ROUNDS`): more would have told."""
+    one with it, paired by round (None: not measured); `ran`, whether it ran in every round;
+    `failed`, why a check ruled it out before it raced (`search.checks`: the change is then
+    kept, as where it did not run). Measurably slower without it, on any number of rounds: the
+    change pays. Not, on at least `JUDGE_ROUNDS` and within `DROP_BOUND` for sure: it is
+    dropped. Else it is kept, unjudged, for what `capped` the rounds (`NO_TIME` or
+    `NO_ROUNDS`): more would have told."""
     if back.config is None:
         return TakenBack(back.change, back.knobs, None, UNJUDGED, why=back.why)
+    if failed:
+        return TakenBack(back.change, back.knobs, back.config, FAILS, why=failed)
     if not ran:
         return TakenBack(back.change, back.knobs, back.config, FAILS)
     if ratio is None or ratio.rounds == 0:

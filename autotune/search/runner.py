@@ -54,6 +54,14 @@ class MeasureJob:
     # A check that the configuration runs at all (the probe's, in a process group): one step
     # of warm-up and one timed, nothing else.
     check_run: bool = False
+    # The child's job (`trial.child.JOBS`): a measurement, or a check of what may be
+    # recommended (`search.checks`: "worst_batch", "loss_run"), with its own `settings`.
+    kind: str = "measure"
+    settings: dict[str, Any] | None = None
+    # A fresh interpreter, not a fork of the fork server: a fork maps the libraries the
+    # server loaded without counting them in its RSS until it touches them, so on CPU only a
+    # fresh process's peak is the one a user's own run reaches (the worst batch's).
+    fresh: bool = False
 
 
 # A line every this many seconds while a script's probe waits for the script's trainer.
@@ -182,17 +190,18 @@ class ProcessRunner:
         return run_isolated(self.request(config, job), job.time_limit_s,
                             self.directory / "logs" / f"{job.name}.log",
                             on_phase=lambda text: self.on_phase(text, job.number),
-                            stop=self.stop, server=self._fork_server(job.time_limit_s))
+                            stop=self.stop,
+                            server=None if job.fresh else self._fork_server(job.time_limit_s))
 
     def request(self, config: TrainConfig, job: MeasureJob) -> TrialRequest:
         """What a trial process of `job` is asked (a warm process is asked the same)."""
         return TrialRequest(
             model_path=self.model_path, config=config.to_dict(), device=job.device,
-            model_args=self.model_args, script_args=self.script_args,
+            model_args=self.model_args, script_args=self.script_args, job=job.kind,
             settings={**self.settings, "screen_below": job.screen_below,
                       **({} if job.profile else {"profile_steps": 0}),
                       **(self._round_window() if job.round_run else {}),
-                      **(CHECK_RUN if job.check_run else {})},
+                      **(CHECK_RUN if job.check_run else {}), **(job.settings or {})},
             memory_limit_bytes=self.memory_limit_bytes,
             trace_path=str(job.trace) if job.trace else None,
             inductor_cache_dir=self._inductor_cache(),

@@ -30,6 +30,7 @@ from autotune.search.budget import (
     ConfirmationPrice,
     Forecast,
     candidates_that_fit,
+    check_prices,
     confirmation_price,
     forecast,
     grow_budget,
@@ -38,6 +39,7 @@ from autotune.search.budget import (
     startup_note,
     trial_seconds,
 )
+from autotune.search.checks import AnswerChecks, CheckPrices, loss_steps, numerics_offered
 from autotune.search.confirm import Plan, confirm, should_confirm, warm_expected
 from autotune.search.events import SilentView, StudyView
 from autotune.search.heartbeat import recover_orphans, tuner_name
@@ -239,7 +241,30 @@ class Tuner:
             return warm_expected(warm, self.scoring, opts.confirm_max_rounds,
                                  [peak] * (opts.confirm_top + 1 + taken_back))
 
-        return confirmation_price(self.study, opts.settings, fallback_s, holds, taken_back)
+        return confirmation_price(self.study, opts.settings, fallback_s, holds, taken_back,
+                                  self._check_prices() if not self._not_checked() else None,
+                                  numerics_offered(self.space.domains))
+
+    def _check_prices(self) -> CheckPrices | None:
+        return check_prices(self.study, self.probe.sizes, not self.options.no_loss_check)
+
+    def _not_checked(self) -> str:
+        """Why the answer's checks (`search.checks`) are not made in this study, or empty."""
+        if self.options.script_path is not None:
+            return "not made for training scripts yet"
+        if self.options.nproc_per_node > 1:
+            return "not made for process groups yet"
+        return ""
+
+    def _checks(self) -> AnswerChecks:
+        """The checks of what the confirmation may recommend: its worst batch, its loss."""
+        opts = self.options
+        prices = self._check_prices() or CheckPrices(0.0, 0.0, loss_steps(None))
+        return AnswerChecks(self.runner.measure, self.baseline, self.scoring,
+                            sizes=self.probe.sizes, capacity_bytes=self.capacity_bytes,
+                            loss_check=not opts.no_loss_check, prices=prices,
+                            time_limit_s=opts.trial_time_limit_s, device=str(self.device),
+                            view=self.view, not_here=self._not_checked())
 
     def _warm_start(self) -> WarmStart | None:
         return warm_start(self.runner, str(self.device), self.options.trial_time_limit_s) \
@@ -275,7 +300,8 @@ class Tuner:
         confirmation = confirm(study, self.baseline, self.scoring, self.runner.measure,
                                self.view, plan, time_limit_s=opts.trial_time_limit_s,
                                device=str(self.device), directory=self.directory,
-                               warm=self._warm_start(), space=self.space)
+                               warm=self._warm_start(), space=self.space,
+                               checks=self._checks())
         if confirmation and confirmation.winner and confirmation.winner.trace and \
                 Path(confirmation.winner.trace).is_file():
             shutil.copyfile(confirmation.winner.trace, self.directory / "best-trace.json")

@@ -50,11 +50,13 @@ from autotune.search.shortcuts import (
 )
 from autotune.search.space import SearchSpace
 from autotune.study.bottleneck import Diagnosis, diagnose
+from autotune.study.confirmation import worst_batch_peaks
 from autotune.study.records import (
     COUNTS_AGAINST_BUDGET,
     DETERMINISTIC,
     FINISHED,
     Role,
+    StudyKey,
     TrialKey,
     TrialRecord,
     config_key,
@@ -265,7 +267,8 @@ def run_trial(search: Search, trial: Trial, device: Any, finish_by: float,
         record_unsupported(study, trial, known)
         search.view.trial_finished(_record(study, trial))
         return False
-    memory = MemoryModel(records) if shortcuts else None
+    memory = MemoryModel(records, worst_batch_peaks(study.user_attrs.get(
+        StudyKey.CONFIRMATION))) if shortcuts else None
     limit = search.scoring.memory_limit_bytes
     verdict = memory.verdict(config, limit) if memory else None
     if verdict is not None:

@@ -13,7 +13,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from autotune.config import VERDICT, TrainConfig
+from autotune.config import CHECKS, VERDICT, TrainConfig, numerics_changes
 from autotune.formatting import (
     format_bytes,
     format_disturbance,
@@ -22,6 +22,7 @@ from autotune.formatting import (
     format_seconds,
     short_config,
 )
+from autotune.show.export.config_file import yaml_file
 from autotune.study.confirmation import WARM_TURNS
 from autotune.study.records import TrialRecord
 from autotune.study.summary import ProcessGroupFigures, StudySummary
@@ -355,9 +356,12 @@ def result_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
                      + ", which changes fewer knobs"))
     rows += taken_back_rows(summary)
     rows += group_rows(summary.process_group)
+    worst = confirmed.worst_batch if confirmed else None
     rows += [
         ("peak memory (best)", format_bytes(summary.best_peak_memory_bytes),
-         "the largest rank's" if summary.process_group else ""),
+         "the largest rank's" if summary.process_group else
+         "the larger of its rounds' and its worst batch's" if worst else ""),
+        *check_rows(summary),
         ("MFU (best)", format_percent(summary.best_mfu), "CUDA only"),
         ("tuning wall time", format_seconds(summary.tuning_wall_s), "trials only"),
         ("trials", ", ".join(f"{k.lower()} {v}" for k, v in sorted(summary.trials.items())),
@@ -390,6 +394,42 @@ def taken_back_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
         cost = back.cost_text() if back.ratio is not None else "not measured"
         rows.append((f"without {back.change}", cost,
                      f"speed lost, paired by round, 95% interval: {back.outcome_text()}"))
+    return rows
+
+
+def check_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
+    """What the confirmation checked of the answer beyond its speed (`study.checks`): its
+    worst batch's peak and the memory it leaves, its loss against your settings' (with their
+    seed-to-seed spread), or why each was not checked; and each configuration ruled out."""
+    confirmed = summary.confirmation
+    checks = confirmed.checks if confirmed else None
+    if checks is None:
+        return []
+    rows = []
+    worst = confirmed.worst_batch
+    if worst is not None:
+        headroom = worst.headroom_bytes
+        rows.append(("worst batch (best)", format_bytes(worst.peak_memory_bytes)
+                     if worst.peak_memory_bytes else worst.outcome,
+                     f"peak on a micro-batch of {worst.batch()} ({checks.sizes})"
+                     + (f"; {format_bytes(headroom)} of {format_bytes(worst.capacity_bytes)} "
+                        "left" if headroom is not None else "")))
+    else:
+        rows.append(("worst batch (best)", "not checked", checks.worst_batch_missing()))
+    loss = confirmed.loss_check
+    if loss is not None:
+        rows.append(("loss (best)", f"{loss.delta:+.1%}" if loss.delta is not None else
+                     "not finite", loss.describe("its")))
+    elif checks.loss_note or (summary.best_config and summary.baseline_config and
+                              numerics_changes(summary.best_config, summary.baseline_config)):
+        rows.append(("loss (best)", "not checked", checks.loss_missing()))
+    if len(checks.baseline_losses) >= 2:
+        first, second = checks.baseline_losses[:2]
+        rows.append(("loss (your settings)", f"{first:.4g} | {second:.4g}",
+                     f"after {checks.loss_steps} steps from two seeds: a spread of "
+                     f"{checks.spread:.1%}, what a loss is compared against"))
+    rows += [("ruled out", short_config(out.config), f"{out.status}: {out.why}")
+             for out in confirmed.ruled_out]
     return rows
 
 
@@ -509,9 +549,11 @@ def write_study_files(summary: StudySummary, directory: Path) -> StudySummary:
     every file of the study there (best-trace.json too, when the confirmation kept one)."""
     if summary.best_config:
         best = summary.best_config
-        best.save(directory / "best.yaml")
+        (directory / "best.yaml").write_text(yaml_file(best, summary.nproc_per_node,
+                                                       summary.check_lines()))
+        checks = {CHECKS: summary.check_lines()} if summary.check_lines() else {}
         (directory / "best.json").write_text(json.dumps(
-            {**best.to_dict(), VERDICT: summary.verdict}, indent=2) + "\n")
+            {**best.to_dict(), VERDICT: summary.verdict, **checks}, indent=2) + "\n")
     (directory / "summary.md").write_text(summary_markdown(summary))
     return replace(summary, files={name: str(directory / name) for name in
                                    ("best.yaml", "best.json", "summary.md", "best-trace.json")

@@ -26,6 +26,7 @@ from autotune.formatting import (
 )
 from autotune.show import plots
 from autotune.show.report import (
+    check_rows,
     diagnosis_lines,
     group_rows,
     knob_rows,
@@ -149,7 +150,7 @@ def _best_vs_baseline(study: optuna.Study, summary: StudySummary) -> str:
                                     baseline.spread if baseline else None),
          format_rate(summary.best_samples_per_sec, summary.best_spread)),
         ("speedup", "1.00x", speedup_text(summary)),
-        ("peak memory", format_bytes(_confirmed(baseline, lambda r: r.peak_memory_bytes)),
+        ("peak memory", format_bytes(baseline.peak_memory_bytes if baseline else None),
          format_bytes(summary.best_peak_memory_bytes)),
         ("MFU", format_percent(_confirmed(baseline, lambda r: r.mfu)),
          format_percent(summary.best_mfu)),
@@ -163,6 +164,9 @@ def _best_vs_baseline(study: optuna.Study, summary: StudySummary) -> str:
     backs = taken_back_rows(summary)
     ranks += _table(["each change taken back", "cost", "what it showed"], backs) \
         if backs else ""
+    checked = check_rows(summary)
+    ranks += _table(["checked beyond speed", "figure", "what it showed"], checked) \
+        if checked else ""
     warnings = "".join(f'<p class="muted">{_e(line)}</p>' for line in [
         *(f"warning: {w}" for w in summary.warnings), *left_out_lines(summary),
         *(f"verified {v.describe()}" for v in summary.verifications)])

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from autotune.config import TrainConfig
+from autotune.study.checks import CheckSummary, LossCheck, WorstBatchCheck
+from autotune.study.records import config_key
 
 FAILED = "failed"
 # How the rounds were measured: each candidate kept warm in its own process taking turns of a
@@ -58,7 +60,9 @@ class Run:
 @dataclass(frozen=True)
 class CandidateSummary:
     """One confirmed configuration: its runs, their median and its speedup over the baseline
-    paired by round (the baseline's own is 1.0)."""
+    paired by round (the baseline's own is 1.0); what its checks found (`study.checks`: its
+    worst batch, its loss against the user's settings'), and why it was ruled out before it
+    raced where they ruled it out (`excluded`: it then has no runs)."""
 
     config: TrainConfig
     trial: int | None
@@ -73,23 +77,39 @@ class CandidateSummary:
     speedup: float
     speedup_ci: tuple[float, float] | None
     trace: str | None
+    worst_batch: WorstBatchCheck | None = None
+    loss_check: LossCheck | None = None
+    excluded: str = ""
 
     def ok_runs(self) -> list[Run]:
         return [run for run in self.runs if run.ok]
+
+    @property
+    def peak_memory_bytes(self) -> float | None:
+        """The larger of its rounds' peaks and its worst batch's: what it needs over a run."""
+        peaks = [r.peak_memory_bytes for r in self.ok_runs() if r.peak_memory_bytes]
+        if self.worst_batch is not None and self.worst_batch.peak_memory_bytes:
+            peaks.append(self.worst_batch.peak_memory_bytes)
+        return max(peaks, default=None)
 
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         return {**data, "config": self.config.to_dict(),
                 "runs": [run.to_json() for run in self.runs],
-                "speedup_ci": list(self.speedup_ci) if self.speedup_ci else None}
+                "speedup_ci": list(self.speedup_ci) if self.speedup_ci else None,
+                "worst_batch": self.worst_batch.to_json() if self.worst_batch else None,
+                "loss_check": self.loss_check.to_json() if self.loss_check else None}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> CandidateSummary:
-        ci = data.get("speedup_ci")
+        ci, worst, loss = data.get("speedup_ci"), data.get("worst_batch"), data.get("loss_check")
         return cls(**{**{f.name: data.get(f.name) for f in fields(cls)},
                       "config": TrainConfig.from_dict(data["config"]),
                       "runs": tuple(_run(r) for r in data["runs"]),
-                      "speedup_ci": tuple(ci) if ci else None})
+                      "speedup_ci": tuple(ci) if ci else None,
+                      "worst_batch": WorstBatchCheck.from_json(worst) if worst else None,
+                      "loss_check": LossCheck.from_json(loss) if loss else None,
+                      "excluded": data.get("excluded") or ""})
 
 
 @dataclass(frozen=True)
@@ -117,7 +137,7 @@ class TakenBack:
         if self.outcome == UNJUDGED:
             return f"{self.change} was not taken back ({self.why}): kept"
         if self.outcome == FAILS:
-            return f"without {self.change} it did not run in every round: kept"
+            return f"without {self.change} {self.failed_text()}: kept"
         if self.outcome == HURTS:
             return f"taking back {self.change} made it {self.gain_text()} faster: dropped"
         return f"taking back {self.change} cost {self.cost_text()}, {self.outcome_text()}"
@@ -126,9 +146,14 @@ class TakenBack:
         """What the taking back says, without its figure: "inside the noise: dropped"."""
         return {PAYS: "it pays: kept", NOISE: "inside the noise: dropped",
                 HURTS: "faster without it: dropped",
-                FAILS: "it did not run in every round without it: kept",
+                FAILS: f"without it {self.failed_text()}: kept",
                 TOGETHER: f"inside the noise alone, but {self.why}: kept",
                 UNJUDGED: f"not taken back ({self.why}): kept"}[self.outcome]
+
+    def failed_text(self) -> str:
+        """What went wrong without the change: a check that ruled it out (`why`), else its
+        rounds."""
+        return self.why or "it did not run in every round"
 
     def cost_text(self) -> str:
         """The speed lost without it, with its interval: "0.4% [-1.2%, +2.0%]"."""
@@ -212,6 +237,9 @@ class Confirmation:
     # The paired rounds behind the answer's interval where it was measured in a short race of
     # its own after the race (the recommendation less several changes); else `rounds`.
     answer_rounds: int | None = None
+    # How the checks of what may be recommended were made (None: a study from before them,
+    # or none were asked for).
+    checks: CheckSummary | None = None
 
     @property
     def in_rounds(self) -> str:
@@ -232,6 +260,11 @@ class Confirmation:
         """The changes measured too little to judge (the time or the rounds ran out); those the
         search space cannot take back (no `config`) are not among them."""
         return tuple(t for t in self.taken_back if t.outcome == UNJUDGED and t.config)
+
+    @property
+    def ruled_out(self) -> tuple[CandidateSummary, ...]:
+        """The candidates a check ruled out before they could win."""
+        return tuple(c for c in self.candidates if c.excluded)
 
     @property
     def difference_unknown(self) -> bool:
@@ -256,7 +289,8 @@ class Confirmation:
                 "drift": self.drift.to_json() if self.drift else None,
                 "disturbed_rounds": self.disturbed_rounds, "measured": self.measured,
                 "taken_back": [t.to_json() for t in self.taken_back],
-                "taken_from": one(self.taken_from), "answer_rounds": self.answer_rounds}
+                "taken_from": one(self.taken_from), "answer_rounds": self.answer_rounds,
+                "checks": self.checks.to_json() if self.checks else None}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Confirmation:
@@ -282,13 +316,26 @@ class Confirmation:
                    taken_back=tuple(TakenBack.from_json(t)
                                     for t in data.get("taken_back", ())),
                    taken_from=one(data.get("taken_from")),
-                   answer_rounds=data.get("answer_rounds"))
+                   answer_rounds=data.get("answer_rounds"),
+                   checks=CheckSummary.from_json(data["checks"]) if data.get("checks")
+                   else None)
 
 
 def stored_confirmation(stored: Mapping[str, Any] | None) -> Confirmation | None:
     """The confirmation a study stored (`StudyKey.CONFIRMATION`), or None: none ran, or it
     found nothing to recommend."""
     return Confirmation.from_json(stored) if stored and stored.get("winner") else None
+
+
+def worst_batch_peaks(stored: Mapping[str, Any] | None) -> dict[str, float]:
+    """The worst batches' peaks a study's confirmation measured (`StudyKey.CONFIRMATION`), by
+    configuration (`records.config_key`): for the memory model of a study resumed after it."""
+    if not stored:
+        return {}
+    confirmation = Confirmation.from_json(stored)
+    return {config_key(c.config): c.worst_batch.peak_memory_bytes
+            for c in confirmation.candidates
+            if c.worst_batch is not None and c.worst_batch.peak_memory_bytes}
 
 
 def _run(data: Mapping[str, Any]) -> Run:

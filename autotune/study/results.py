@@ -18,6 +18,7 @@ from autotune.config import CONDITIONS, DISTRIBUTED_KNOBS, TrainConfig, knob_nam
 from autotune.errors import ConfigError
 from autotune.formatting import format_disturbance, format_seconds, short_config
 from autotune.study.bottleneck import Diagnosis, before_and_after, diagnose
+from autotune.study.checks import ruled_out_status
 from autotune.study.confirmation import Confirmation, stored_confirmation
 from autotune.study.records import (
     MEASURED_PEAK,
@@ -37,10 +38,11 @@ from autotune.study.summary import (
     ConfirmedFigures,
     MemoryPredictions,
     ProcessGroupFigures,
+    RuledOut,
     StudySummary,
     TrialTimes,
 )
-from autotune.study.verdict import confirmed_verdict, search_verdict
+from autotune.study.verdict import checks_verdict, confirmed_verdict, search_verdict
 from autotune.study.verification import Verification
 from autotune.trial.protocol import (
     LeftOut,
@@ -141,6 +143,9 @@ def study_summary(study: optuna.Study) -> StudySummary:
     if confirmation is not None:
         payoff = confirmed_payoff(payoff, confirmation, best_config)
     if said := compile_sentence(best_config, baseline_config, payoff):
+        verdict = f"{verdict.rstrip('.')}. {said}"
+    if confirmation is not None and (said := checks_verdict(
+            confirmation, baseline_config or confirmation.baseline.config)):
         verdict = f"{verdict.rstrip('.')}. {said}"
     if unknown := _left_unknown(attrs.get(StudyKey.SHORT_BUDGET), figures.get("confirmation")):
         verdict = f"{verdict.rstrip('.')}. {unknown}"
@@ -285,10 +290,14 @@ def _confirmed_figures(confirmation: Confirmation) -> dict[str, Any]:
     winner, baseline = confirmation.winner, confirmation.baseline
     fastest = confirmation.fastest or winner
     ok_runs = winner.ok_runs()
+    worst = winner.worst_batch
     return {
         "best_config": winner.config, "best_samples_per_sec": winner.median,
         "best_spread": winner.spread, "best_trial": winner.trial,
-        "best_peak_memory_bytes": max((r.peak_memory_bytes or 0) for r in ok_runs) or None,
+        # the larger of its rounds' peaks and its worst batch's: what a whole run needs
+        "best_peak_memory_bytes": winner.peak_memory_bytes,
+        "best_worst_batch_peak_bytes": worst.peak_memory_bytes if worst else None,
+        "best_worst_batch_headroom_bytes": worst.headroom_bytes if worst else None,
         "best_mfu": median_or_none([r.mfu for r in ok_runs]),
         "baseline_samples_per_sec": baseline.median, "speedup": confirmation.speedup,
         "confirmation": ConfirmedFigures(
@@ -305,7 +314,11 @@ def _confirmed_figures(confirmation: Confirmation) -> dict[str, Any]:
             confirmation_measured=confirmation.measured,
             taken_back=confirmation.taken_back,
             taken_from_config=confirmation.taken_from.config
-            if confirmation.taken_from else None)}
+            if confirmation.taken_from else None,
+            worst_batch=worst, loss_check=winner.loss_check, checks=confirmation.checks,
+            ruled_out=tuple(RuledOut(c.config, ruled_out_status(c.worst_batch, c.loss_check),
+                                     c.excluded, c.worst_batch, c.loss_check)
+                            for c in confirmation.ruled_out))}
 
 
 def _search_figures(records: Sequence[TrialRecord], best: TrialRecord | None,

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from autotune.config import TrainConfig
+from autotune.config import TrainConfig, numerics_changes
 from autotune.study.bottleneck import Diagnosis
+from autotune.study.checks import CheckSummary, LossCheck, WorstBatchCheck, answer_lines
 from autotune.study.confirmation import FRESH_ROUNDS, TakenBack
 from autotune.study.verification import Verification
 from autotune.trial.protocol import LeftOut, LoaderRate, PhaseTimes, ScriptAnswer
@@ -86,6 +87,18 @@ class TrialTimes:
 
 
 @dataclass(frozen=True)
+class RuledOut:
+    """A configuration the confirmation's checks ruled out before it raced: its status
+    (`study.checks`: `learns_worse` or `worst_batch_fails`), why, and the checks' figures."""
+
+    config: TrainConfig
+    status: str
+    why: str
+    worst_batch: WorstBatchCheck | None = None
+    loss_check: LossCheck | None = None
+
+
+@dataclass(frozen=True)
 class ConfirmedFigures:
     """What only the confirmation's paired rounds tell."""
 
@@ -105,6 +118,13 @@ class ConfirmedFigures:
     # answer drops some of its changes (`study.confirmation.TakenBack`).
     taken_back: tuple[TakenBack, ...] = ()
     taken_from_config: TrainConfig | None = None
+    # What the checks found of the answer beyond its speed (`study.checks`): its worst batch,
+    # its loss against the user's settings' (None: not checked, or nothing to check), how they
+    # were made, and what they ruled out.
+    worst_batch: WorstBatchCheck | None = None
+    loss_check: LossCheck | None = None
+    checks: CheckSummary | None = None
+    ruled_out: tuple[RuledOut, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -122,6 +142,7 @@ class StudySummary:
     best_samples_per_sec: float | None
     best_spread: float | None
     best_trial: int | None
+    # the larger of its rounds' peaks and, where it was checked, its worst batch's
     best_peak_memory_bytes: float | None
     best_mfu: float | None
     baseline_config: TrainConfig | None
@@ -164,6 +185,10 @@ class StudySummary:
     # a trial of it was profiled.
     diagnosis: Diagnosis | None = None
     answer_diagnosis: Diagnosis | None = None
+    # The answer's peak on a micro-batch of the dataset's largest samples, and the memory it
+    # leaves there of the --memory-limit (or the device's) (None: not checked).
+    best_worst_batch_peak_bytes: float | None = None
+    best_worst_batch_headroom_bytes: float | None = None
 
     def script_lines(self) -> list[str]:
         """The answer as the script's user applies it: the flags to add to its command line,
@@ -176,6 +201,16 @@ class StudySummary:
     @property
     def confirmed(self) -> bool:
         return self.confirmation is not None
+
+    def check_lines(self) -> list[str]:
+        """What the confirmation checked of the answer beyond its speed, a line each (its
+        worst batch, its loss), for the exported files; none where nothing was checked."""
+        c = self.confirmation
+        if c is None or c.checks is None or self.best_config is None:
+            return []
+        numerics = self.baseline_config is not None and \
+            bool(numerics_changes(self.best_config, self.baseline_config))
+        return answer_lines(c.worst_batch, c.loss_check, c.checks, numerics)
 
     @property
     def difference_unknown(self) -> bool:

@@ -1,11 +1,13 @@
 """A study's answer in words, first: what to change and how much faster it is, with its interval
-and the rounds behind it, or why the user's settings are kept. `show`, the report, `--json`,
-summary.md and best.json all print this one sentence."""
+and the rounds behind it, or why the user's settings are kept; then what was checked of it
+beyond its speed (its worst batch, its loss) and what the checks ruled out. `show`, the report,
+`--json`, summary.md and best.json all print these sentences."""
 
 from __future__ import annotations
 
-from autotune.config import TrainConfig
+from autotune.config import TrainConfig, numerics_changes
 from autotune.formatting import describe_changes
+from autotune.study.checks import answer_lines
 from autotune.study.confirmation import (
     HURTS,
     NO_ROUNDS,
@@ -36,6 +38,10 @@ def confirmed_verdict(confirmation: Confirmation, baseline: TrainConfig) -> str:
         if fastest is not None and fastest.config != baseline:
             return f"not known: {_figure(fastest, baseline)} in {in_rounds}, too few for an " \
                 "interval; your settings kept"
+        if ruled := confirmation.ruled_out:
+            return (f"kept your settings: {_count(len(ruled), 'configuration')} faster in the "
+                    f"search {'was' if len(ruled) == 1 else 'were'} ruled out by the checks, "
+                    f"and they measured fastest of the rest in {in_rounds}")
         return f"kept your settings: they measured fastest in {in_rounds}"
     named = describe_changes(contender.config, baseline)
     interval = confirmation.speedup_ci  # the contender's, widened where the search disagreed
@@ -51,6 +57,30 @@ def confirmed_verdict(confirmation: Confirmation, baseline: TrainConfig) -> str:
                 f"{contender.speedup:.2f}x {_interval(interval)}")
     return (f"kept your settings: as fast as {named} ({contender.speedup:.2f}x "
             f"{_interval(interval)}) by the objective, with fewer changes")
+
+
+def checks_verdict(confirmation: Confirmation, baseline: TrainConfig) -> str:
+    """What the checks found of the answer (`study.checks`), in sentences: its worst batch's
+    peak and the memory it leaves, its loss against the user's settings' (where it changes the
+    numerics), or why each was not checked; then what they ruled out, and why."""
+    winner, checks = confirmation.winner, confirmation.checks
+    if winner is None or checks is None:
+        return ""
+    owner = "your settings'" if winner.config == baseline else "the answer's"
+    said = answer_lines(winner.worst_batch, winner.loss_check, checks,
+                        bool(numerics_changes(winner.config, baseline)), owner)
+    reasons: dict[str, list[str]] = {}
+    for candidate in confirmation.ruled_out:
+        reasons.setdefault(candidate.excluded, []).append(
+            describe_changes(candidate.config, baseline))
+    said += [f"ruled out by the checks: {_listed(names)} ({why})"
+             for why, names in reasons.items()]
+    return " ".join(f"{text[0].upper()}{text[1:]}." for text in said)
+
+
+def _listed(names: list[str]) -> str:
+    """`a`, `a and b`, `a, b and c`."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def search_verdict(best: TrainConfig | None, speedup: float | None,
@@ -79,6 +109,10 @@ def _taken_back(confirmation: Confirmation) -> str:
         if names := [t.change for t in confirmation.unjudged if t.why == why]:
             said.append(f"{words}: {', '.join(names)}")
     return "".join(f"; {clause}" for clause in said)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' if n != 1 else ''}"
 
 
 def _figure(candidate: CandidateSummary, baseline: TrainConfig) -> str:

@@ -1,4 +1,5 @@
-"""The trial's side of one trial = one process: run the job asked for, classify how it ended,
+"""The trial's side of one trial = one process: run the job asked for (a measurement, the probe,
+a profile, a worst batch's peak, a loss run: `JOBS`), classify how it ended,
 write the result, exit.
 
 The process is a new interpreter (`child_main`) or a fork of the fork server
@@ -51,7 +52,9 @@ MESSAGE_LIMIT = 4000
 # `TrialResult` its answer goes in.
 JOBS = {"measure": ("autotune.trial.measure", "measure_job", "measurement"),
         "probe": ("autotune.trial.probe", "probe_job", "probe"),
-        "profile": ("autotune.trial.deep_profile", "profile_job", "profile")}
+        "profile": ("autotune.trial.deep_profile", "profile_job", "profile"),
+        "worst_batch": ("autotune.trial.worst_batch", "worst_batch_job", "worst_batch"),
+        "loss_run": ("autotune.trial.loss_run", "loss_run_job", "loss_run")}
 
 
 def child_main() -> None:

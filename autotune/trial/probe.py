@@ -22,7 +22,9 @@ on this device (the tuner's side sends them in the request's settings, `candidat
   forward): one step under `sdpa_kernel`, which refuses shapes, masks or dtypes it cannot run;
 - torch.compile: the toolchain inductor needs (a C++ compiler on CPU, Triton on CUDA);
 - DataLoader workers: a worker process loading two batches (datasets and collate functions
-  that cannot be pickled fail here), then every workers/prefetch setting's own rate.
+  that cannot be pickled fail here), then every workers/prefetch setting's own rate;
+- the samples' sizes (`sample_sizes`): which are the largest, for the worst batch the
+  confirmation runs each answer it may give on.
 
 The tuner caches the report in the study under a fingerprint of the model file, its arguments,
 the device and torch, and probes again when one of them changes.
@@ -46,7 +48,8 @@ from autotune.trial.child import is_oom
 from autotune.trial.float8 import MIN_FEATURES, large_linears
 from autotune.trial.loader_rates import measure_loader_rates, waiting_worker_counts
 from autotune.trial.optimizers import make_optimizer
-from autotune.trial.protocol import LeftOut, ProbeReport
+from autotune.trial.protocol import LeftOut, ProbeReport, SampleSizes
+from autotune.trial.sample_sizes import size_samples
 from autotune.trial.training import (
     CHECK_SAMPLES,
     Unsupported,
@@ -123,7 +126,19 @@ def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
         prefetch = sorted({p for w, p in usable if w > 0}, key=lambda v: v or 0)
         report.loader_rates += measure_loader_rates(
             dataset, collate, config.micro_batch_size, [(w, p) for w in more for p in prefetch])
+    report.sizes = _sizes(dataset, collate, progress)
     return report
+
+
+def _sizes(dataset: Any, collate: Callable[[list[Any]], Any] | None,
+           progress: Progress) -> SampleSizes | None:
+    """The samples' sizes, or None where the collate function cannot take one sample alone
+    (the worst batch then goes unchecked, and the study says so)."""
+    progress("sizing the samples: which are the largest")
+    try:
+        return size_samples(dataset, collate)
+    except Exception:  # noqa: BLE001 - a collate that needs more than one sample
+        return None
 
 
 def _offered(candidates: Mapping[str, Sequence[Any]], config: TrainConfig,

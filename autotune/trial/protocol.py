@@ -5,10 +5,11 @@ The tuner's side (`autotune.search.isolation`) writes a `TrialRequest` to a file
 side (`autotune.trial.child`) runs it and writes a `TrialResult` back; `TrialStatus` names how a
 trial ended, in the result and in the study storage alike. A result carries what its job
 answered: a `Measurement` (with its `Finding`s and `OperatorStat`s), the capability probe's
-`ProbeReport` (its `LeftOut` values and `LoaderRate`s, which the study caches), or a
-`ProfileReport`. The study stores its `StudyIdentity` and each trial's `Measurement`. Each record
-is turned back into its type the moment it is read (`from_json`), never read by string key.
-Nothing here imports torch.
+`ProbeReport` (its `LeftOut` values, `LoaderRate`s and `SampleSizes`, which the study caches), a
+`ProfileReport`, a `WorstBatch` (a configuration's peak on a micro-batch of the dataset's largest
+samples) or a `LossRun` (its loss after N steps from fixed weights and batches). The study
+stores its `StudyIdentity` and each trial's `Measurement`. Each record is turned back into its
+type the moment it is read (`from_json`), never read by string key. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -383,6 +384,93 @@ class UnsupportedSetting:
                                                         **self.together}.items())
 
 
+@dataclass(frozen=True)
+class SampleSizes:
+    """How large the dataset's samples are, each by the bytes of the tensors its collate
+    function makes of it alone (a padding collate pads it to its own length): every sample
+    (`how` is `SCANNED`, where reading them all is cheap) or a random sample of them
+    (`SAMPLED`), the largest first (`largest`: their indices, `largest_bytes`: their sizes),
+    and the median and smallest seen. The worst batch a run can meet is its micro-batch of the
+    largest."""
+
+    how: str
+    seen: int
+    total: int
+    largest: tuple[int, ...]
+    largest_bytes: tuple[int, ...]
+    median_bytes: int
+    smallest_bytes: int
+    seconds: float = 0.0
+
+    @property
+    def uniform(self) -> bool:
+        """Every sample seen is the same size: any batch is the worst."""
+        return not self.largest_bytes or self.largest_bytes[0] == self.smallest_bytes
+
+    def worst_indices(self, samples: int) -> list[int]:
+        """The `samples` largest samples' indices, the largest repeated where fewer are known
+        (a padding collate pads every one to the longest anyway)."""
+        known = list(self.largest[:samples])
+        return known + [known[0]] * (samples - len(known))
+
+    def describe(self) -> str:
+        """How the largest samples were found, in words."""
+        if self.how == SCANNED:
+            found = f"a scan of all {self.total:,} samples"
+        else:
+            found = f"a random sample of {self.seen:,} of the {self.total:,} samples"
+        if self.uniform:
+            return f"every sample is the same size ({found})"
+        ratio = self.largest_bytes[0] / max(1, self.median_bytes)
+        return f"the largest sample is {ratio:,.1f}x the median ({found})"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SampleSizes:
+        return cls(**{**data, "largest": tuple(data["largest"]),
+                      "largest_bytes": tuple(data["largest_bytes"])})
+
+
+# How `SampleSizes` were found: every sample read, or a bounded random sample of them.
+SCANNED = "scan"
+SAMPLED = "sample"
+
+
+@dataclass(frozen=True)
+class WorstBatch:
+    """A configuration trained a few steps on a micro-batch of the dataset's largest samples
+    (`samples` of them): the process's peak memory then (on CPU its peak RSS, build included,
+    as a trial's), and whether its loss stayed finite."""
+
+    samples: int
+    peak_memory_bytes: int
+    steps: int
+    loss_finite: bool = True
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class LossRun:
+    """One short training run from fixed weights (`seed`) on fixed batches: `steps`
+    optimizer steps, the loss on a held set of samples (the same for every run) before and
+    after them, and the mean training loss of the last steps; `finite` is False where any
+    loss went NaN or inf."""
+
+    seed: int
+    steps: int
+    initial_loss: float
+    final_loss: float
+    train_loss: float
+    finite: bool = True
+    seconds: float = 0.0
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LossRun:
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
 # Bumped when a field of `TrialResult` changes meaning or goes.
 RESULT_VERSION = 1
 
@@ -390,13 +478,16 @@ RESULT_VERSION = 1
 @dataclass(frozen=True)
 class TrialResult:
     """What became of one trial: how it ended and what its job answered (a measurement, the
-    probe's report or a profile). `bad_input` marks a contract or config error of the user's."""
+    probe's report, a profile, a worst batch's peak or a loss run). `bad_input` marks a
+    contract or config error of the user's."""
 
     status: TrialStatus
     message: str = ""
     measurement: Measurement | None = None
     probe: ProbeReport | None = None
     profile: ProfileReport | None = None
+    worst_batch: WorstBatch | None = None
+    loss_run: LossRun | None = None
     unsupported: UnsupportedSetting | None = None
     log_path: str | None = None
     wall_s: float = 0.0
@@ -417,6 +508,8 @@ class TrialResult:
                 "measurement": self.measurement.to_json() if self.measurement else None,
                 "probe": self.probe.to_dict() if self.probe else None,
                 "profile": self.profile.to_json() if self.profile else None,
+                "worst_batch": asdict(self.worst_batch) if self.worst_batch else None,
+                "loss_run": asdict(self.loss_run) if self.loss_run else None,
                 "unsupported": asdict(self.unsupported) if self.unsupported else None,
                 "log_path": self.log_path, "wall_s": self.wall_s, "bad_input": self.bad_input,
                 "returncode": self.returncode,
@@ -436,6 +529,8 @@ class TrialResult:
                    measurement=read("measurement", Measurement.from_json),
                    probe=read("probe", ProbeReport.from_dict),
                    profile=read("profile", ProfileReport.from_json),
+                   worst_batch=read("worst_batch", lambda w: WorstBatch(**w)),
+                   loss_run=read("loss_run", LossRun.from_json),
                    unsupported=read("unsupported", lambda u: UnsupportedSetting(**u)),
                    log_path=data["log_path"], wall_s=data["wall_s"],
                    bad_input=data["bad_input"], returncode=data["returncode"],
@@ -525,14 +620,18 @@ class ProbeReport:
     script_environment_changed: list[str] = field(default_factory=list)
     # The optimizer steps of the script's own run at its own settings, where its library says.
     script_run_steps: int | None = None
+    # The samples' sizes, the largest first (None: not measured, as for a training script).
+    sizes: SampleSizes | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ProbeReport:
+        sizes = data.get("sizes")
         return cls(**{**data, "left_out": [LeftOut(**x) for x in data["left_out"]],
-                      "loader_rates": [LoaderRate(**r) for r in data["loader_rates"]]})
+                      "loader_rates": [LoaderRate(**r) for r in data["loader_rates"]],
+                      "sizes": SampleSizes.from_json(sizes) if sizes else None})
 
     def timed_workers(self) -> list[int]:
         """The DataLoader worker counts the probe timed (beyond the cores for a loader that

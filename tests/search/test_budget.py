@@ -13,6 +13,7 @@ from autotune.search.budget import (
     ConfirmationPrice,
     answer_budget_s,
     candidates_that_fit,
+    check_prices,
     confirmation_price,
     forecast,
     grow_budget,
@@ -25,7 +26,7 @@ from autotune.search.budget import (
 from autotune.search.confirm import CLAIM_SETTLE_S
 from autotune.study.records import TrialKey
 from autotune.study.storage import open_storage
-from autotune.trial.protocol import Measurement, PhaseTimes, ScriptAnswer
+from autotune.trial.protocol import SCANNED, Measurement, PhaseTimes, SampleSizes, ScriptAnswer
 
 
 def test_a_slow_model_grows_the_budget_to_hold_an_answer_and_still_searches() -> None:
@@ -304,3 +305,40 @@ def test_the_price_counts_the_best_less_each_change_and_the_short_race_after() -
     slow = ConfirmationPrice(60, taken_back=4)
     assert candidates_that_fit(3000, slow, 0.3, 3) == 1
     assert candidates_that_fit(3000, ConfirmationPrice(60), 0.3, 3) == 3
+
+
+def test_the_answers_checks_are_priced_before_the_rounds_and_the_search_leaves_them_room(
+        tmp_path) -> None:
+    """The baseline's trial: 2 s to start, 3 s to build, a 1 s first step, steps of 0.1 s.
+    A worst batch is a fresh interpreter (3 s more) and three steps 50x the median sample's
+    (the largest is 50x): 3 + 6 + 3 x 0.1 x 50 = 24 s; a loss run 6 + 30 steps x 0.1 s = 9 s
+    (30 steps: a loss run's 3 s, at least its 50 steps). Three configurations: three worst
+    batches, the baseline's two loss runs and one each for the other two (the space offers
+    one numerics change): the plan's search ends that much sooner, and its line says so."""
+    study = optuna.create_study(storage=open_storage(None, tmp_path), study_name="s")
+    trial = study.ask()
+    figures = Measurement(samples_per_sec=1.0, window_s=1.0, step_time_median_s=0.1,
+                          setup_s=3.0, time_to_first_step_s=1.0, measure_wall_s=10.0)
+    for key, value in {TrialKey.STATUS: "ok", TrialKey.ROLE: "baseline", TrialKey.WALL_S: 12.0,
+                       TrialKey.MEASUREMENT: figures.to_json()}.items():
+        trial.set_user_attr(key, value)
+    study.tell(trial, 1.0)
+    sizes = SampleSizes(SCANNED, 100, 100, (1, 2), (5000, 100), 100, 100)
+    prices = check_prices(study, sizes, loss_check=True)
+    assert prices.loss_steps == 50
+    assert prices.worst_s == pytest.approx(3.0 + 6.0 + 3 * 0.1 * 50)
+    assert prices.loss_s == pytest.approx(6.0 + 50 * 0.1)
+    uniform = check_prices(study, SampleSizes(SCANNED, 9, 9, (1,), (8,), 8, 8), loss_check=False)
+    assert uniform.worst_s == 0.0 == uniform.loss_s
+    price = confirmation_price(study, MeasureSettings(), 99.0, lambda peak: False,
+                               checks=prices, loss_changes=1)
+    checks_s = 3 * prices.worst_s + (2 + 2) * prices.loss_s
+    assert price.checks_s(3) == pytest.approx(checks_s)
+    bare = confirmation_price(study, MeasureSettings(), 99.0, lambda peak: False)
+    assert price.seconds(3, 3) == pytest.approx(bare.seconds(3, 3) + checks_s)
+    assert "of checks: worst batches, loss" in price.describe_rounds(3, 3)
+    checked = plan_time(600, started=0, now=20, trial_s=10, price=price, candidates=3,
+                        share=0.3, max_rounds=3)
+    plain = plan_time(600, started=0, now=20, trial_s=10, price=bare, candidates=3,
+                      share=0.3, max_rounds=3)
+    assert checked.search_ends_at <= plain.search_ends_at

@@ -25,7 +25,7 @@ from autotune.search.runner import MeasureJob
 from autotune.search.verify import verify
 from autotune.show.report import result_rows, speedup_text
 from autotune.study.confirmation import Run
-from autotune.study.records import MEMORY_CONSTRAINT, StudyKey, TrialKey
+from autotune.study.records import MEMORY_CONSTRAINT, StudyKey, TrialKey, config_key
 from autotune.study.results import study_summary
 from autotune.study.storage import open_storage
 from autotune.study.verdict import confirmed_verdict
@@ -526,3 +526,75 @@ def test_too_few_rounds_asked_for_keep_the_changes_and_say_so(tmp_path) -> None:
     assert result.winner.config == best
     assert study_summary(study).verdict.endswith(
         "; not taken back within --confirm-max-rounds: fused AdamW")
+
+
+def test_what_the_checks_rule_out_never_races_and_the_next_best_takes_its_place(
+        tmp_path) -> None:
+    """Scripted runs: bf16 at micro-batch 64 is fastest in the search but learns worse; micro-
+    batch 128 is next but runs out of memory on its worst batch; micro-batch 32 (1.2x) and
+    fused AdamW (1.1x) pass. Only they race the baseline; the answer carries its worst batch's
+    peak as its own, and the verdict says what was ruled out and why."""
+    from autotune.search.checks import AnswerChecks, CheckPrices
+    from autotune.trial.protocol import SCANNED, LossRun, SampleSizes, WorstBatch
+
+    base = TrainConfig(micro_batch_size=16, grad_accum_steps=8)
+    bf16 = base.replace(micro_batch_size=64, grad_accum_steps=2, precision="bf16")
+    big = base.replace(micro_batch_size=128, grad_accum_steps=1)
+    mid = base.replace(micro_batch_size=32, grad_accum_steps=4)
+    fused = base.replace(optimizer_impl="fused")
+    rates = {config_key(c): r for c, r in ((base, 100.0), (bf16, 200.0), (big, 160.0),
+                                           (mid, 120.0), (fused, 110.0))}
+    noise = itertools.cycle([1.0, 1.01, 0.99])
+    raced: list[TrainConfig] = []
+
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        if job.kind == "worst_batch":
+            if config.micro_batch_size == 128:
+                return TrialResult(TrialStatus.OOM, "out of memory")
+            return TrialResult(TrialStatus.OK, worst_batch=WorstBatch(
+                config.micro_batch_size, config.micro_batch_size * 10 * 2**20, 3))
+        if job.kind == "loss_run":
+            final = 2.0 if config.precision == "bf16" else 1.0 + job.settings["seed"] / 100
+            return TrialResult(TrialStatus.OK, loss_run=LossRun(
+                job.settings["seed"], 50, 3.0, final, final))
+        raced.append(config)
+        return TrialResult(TrialStatus.OK, measurement=Measurement(
+            samples_per_sec=rates[config_key(config)] * next(noise),
+            peak_memory_bytes=100 * 2**20))
+
+    study = _study_of(tmp_path, [(base, 100.0, "ok"), (bf16, 200.0, "ok"), (big, 160.0, "ok"),
+                                 (mid, 120.0, "ok"), (fused, 110.0, "ok")])
+    study.set_user_attr(StudyKey.BASELINE_CONFIG, base.to_dict())
+    scoring = Scoring("cpu", 2**30, 0.1, 0.0)
+    sizes = SampleSizes(SCANNED, 1000, 1000, (5, 9), (9000, 100), 90, 80)
+    checks = AnswerChecks(measure, base, scoring, sizes=sizes, capacity_bytes=2**30,
+                          loss_check=True, prices=CheckPrices(1.0, 1.0, 50), time_limit_s=60,
+                          device="cpu", view=SilentView())
+    view = _Notes()
+    result = confirm(study, base, scoring, measure, view,
+                     Plan(top=2, rounds=3, max_rounds=3, target=0.01), time_limit_s=60,
+                     device="cpu", directory=tmp_path, checks=checks)
+    assert {config_key(c) for c in raced} == {config_key(c) for c in (mid, fused, base)}
+    ruled = {config_key(c.config): c.excluded for c in result.ruled_out}
+    assert ruled[config_key(bf16)].startswith("it learns worse: its loss after 50 steps is "
+                                              "100.0% above your settings'")
+    assert ruled[config_key(big)] == ("its worst batch (the 128 largest samples) runs out of "
+                                      "memory")
+    assert result.winner.config == mid
+    assert result.winner.worst_batch.peak_memory_bytes == 320 * 2**20
+    assert result.winner.loss_check is None  # it changes nothing a step computes
+    assert result.checks.baseline_losses == (1.0, 1.01)
+    assert any("bf16 is ruled out: it learns worse" in line for line in view.lines)
+    summary = study_summary(study)
+    assert summary.best_peak_memory_bytes == 320 * 2**20  # its worst batch's, not its rounds'
+    assert summary.best_worst_batch_headroom_bytes == 2**30 - 320 * 2**20
+    assert "The answer's worst batch (the 32 largest samples) peaks at 320.00 MiB, 704.00 MiB " \
+           "(69%) below the 1.00 GiB memory." in summary.verdict
+    assert "Ruled out by the checks: micro-batch 64 x 2 + bf16 (it learns worse: its loss " \
+           "after 50 steps is 100.0% above your settings', beyond their seed-to-seed spread " \
+           "of 1.0%)." in summary.verdict
+    assert "micro-batch 128 x 1 (its worst batch (the 128 largest samples) runs out of " \
+           "memory)" in summary.verdict
+    rows = {name: (value, how) for name, value, how in result_rows(summary)}
+    assert rows["worst batch (best)"][0] == "320.00 MiB"
+    assert rows["loss (your settings)"][0] == "1 | 1.01"

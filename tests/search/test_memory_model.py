@@ -6,7 +6,7 @@ import pytest
 
 from autotune.config import TrainConfig
 from autotune.search.memory_model import MemoryModel, largest_fitting_micro
-from autotune.study.records import TrialRecord
+from autotune.study.records import TrialRecord, config_key
 from autotune.trial.protocol import Measurement, TrialStatus
 
 MIB = 2**20
@@ -58,3 +58,12 @@ def test_one_measured_peak_bounds_the_first_micro_batch_tried() -> None:
         return largest_fitting_micro([4, 8, 16, 32, 64], 300 * MIB, 8, 100 * MIB,
                                      limit_mib * MIB)
     assert fits(900) == 32 and fits(2000) == 64 and fits(500) == 16 and fits(120) == 4
+
+
+def test_a_worst_batch_measured_raises_its_configurations_point_of_the_line() -> None:
+    """A confirmation that measured micro-batch 16's worst batch at 600 MiB: the family's line
+    goes through it, not through its random windows' 400 MiB."""
+    records = [trial(0, 8, "ok", 300), trial(1, 16, "ok", 400)]
+    worst = {config_key(config(16)): 600 * MIB}
+    assert MemoryModel(records).predict(config(32)) == pytest.approx(600 * MIB)
+    assert MemoryModel(records, worst).predict(config(32)) == pytest.approx(1200 * MIB)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -769,3 +770,29 @@ def test_exported_scripts_import_only_what_autotune_hands_on(fmt, name, model_pa
     if config.parallelism == "fsdp" and fmt != "hf":
         expected |= {"callable_blocks", "repeated_blocks"}
     assert expected <= imported
+
+
+CHECKS = ("its worst batch (the 8 largest samples) peaks at 494.12 MiB, 205.88 MiB (29%) below "
+          "the 700.00 MiB memory",
+          "its loss after 120 steps is within 0.3% of your settings', inside their seed-to-seed "
+          "spread of 3.8%")
+
+
+@pytest.mark.parametrize("fmt", ["yaml", "hf", "lightning", "torch"])
+def test_every_export_says_what_the_study_checked_of_the_answer(fmt):
+    text = export_config(TrainConfig(micro_batch_size=8, precision="bf16"), fmt, checks=CHECKS)
+    header = text[:text.index("Checked beyond its speed") + 2000]
+    assert "# Checked beyond its speed by the study's confirmation:" in text
+    assert "#   its worst batch (the 8 largest samples) peaks at 494.12 MiB" in header
+    assert "its loss after 120 steps" in header
+    if fmt != "yaml":
+        compile(text, "<export>", "exec")
+
+
+def test_a_json_export_carries_the_checks_as_a_key_its_reader_leaves_out(tmp_path):
+    config = TrainConfig(micro_batch_size=8, precision="bf16")
+    text = export_config(config, "json", checks=CHECKS)
+    assert json.loads(text)["checks"] == list(CHECKS)
+    path = tmp_path / "best.json"
+    path.write_text(text)
+    assert TrainConfig.load(path) == config

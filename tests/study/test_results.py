@@ -169,8 +169,9 @@ def test_a_study_written_before_typed_records_opens_and_says_what_it_said(tmp_pa
     summary is the one `show --json` printed then (the new `knobs`, `queued_trials`,
     `trial_times` and `confirmation_measured` aside: its rounds were fresh ones; the
     diagnosis of its baseline, read off its profiled trial; the loader's CPU share, not
-    measured then; and no change of its answer was taken back, which confirmations did not do
-    then)."""
+    measured then; no change of its answer was taken back, which confirmations did not do
+    then; and nothing was checked of its answer beyond its speed, which they did not do
+    either)."""
     folder = tmp_path / "tiny_dict"
     folder.mkdir()
     shutil.copy(OLD_STUDY / "journal.log", folder / "journal.log")
@@ -189,6 +190,10 @@ def test_a_study_written_before_typed_records_opens_and_says_what_it_said(tmp_pa
     assert now.pop("answer_diagnosis") is None  # its answer kept the baseline
     assert all(rate.pop("cpu_share") is None for rate in now["loader_rates"])
     assert now.pop("taken_back") == [] and now.pop("taken_from_config") is None
+    for unchecked in ("best_worst_batch_peak_bytes", "best_worst_batch_headroom_bytes",
+                      "worst_batch", "loss_check", "checks"):
+        assert now.pop(unchecked) is None, unchecked
+    assert now.pop("ruled_out") == []
     assert now == then
 
 

@@ -28,13 +28,15 @@ SEARCH_KEYS = {
     "memory_predictions", "loader_rates", "baseline_trial", "left_out", "convolutional",
     "warnings",
     "queued_trials", "trial_times", "probe_s", "disturbed_trials",
-    "best_disturbed", "compile_payoff", "diagnosis", "answer_diagnosis"}
-# ... and the keys the paired rounds add.
+    "best_disturbed", "compile_payoff", "diagnosis", "answer_diagnosis",
+    "best_worst_batch_peak_bytes", "best_worst_batch_headroom_bytes"}
+# ... and the keys the paired rounds add (their checks of the answer among them).
 CONFIRMED_KEYS = {
     "best_runs", "baseline_spread", "speedup_ci", "no_measurable_difference",
     "confirmation_repeats", "best_search_samples_per_sec", "fastest_config", "fastest_speedup",
     "fastest_speedup_ci", "best_time_to_train_s", "baseline_time_to_train_s",
-    "confirmation_measured", "taken_back", "taken_from_config"}
+    "confirmation_measured", "taken_back", "taken_from_config", "worst_batch", "loss_check",
+    "checks", "ruled_out"}
 
 BASE = TrainConfig(micro_batch_size=8)
 

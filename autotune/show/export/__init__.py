@@ -8,7 +8,7 @@ from autotune only what the package hands on (`autotune.__all__`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ def export_config(config: TrainConfig, fmt: str, *, model_path: str | Path | Non
                   model_args: Mapping[str, Any] | None = None, device: str = "cuda",
                   nproc_per_node: int = 1, convolutional: bool = False,
                   script_answer: ScriptAnswer | None = None,
-                  script_args: list[str] | None = None) -> str:
+                  script_args: list[str] | None = None, checks: Sequence[str] = ()) -> str:
     """The recommended configuration as text in one of EXPORT_FORMATS.
 
     `yaml` and `json` load back with `TrainConfig.load`; `hf`, `lightning` and `torch` are
@@ -41,6 +41,8 @@ def export_config(config: TrainConfig, fmt: str, *, model_path: str | Path | Non
     convolutions, as the probe found) adds cudnn.benchmark to the HF and Lightning exports, as
     the trials on CUDA had it. `args` is a script study's answer in the script's terms
     (`script_answer`; `model_path` and `script_args` are the script and its own arguments).
+    `checks` are what the study checked of the configuration beyond its speed (its worst
+    batch, its loss), a line each: comments in every format but JSON, where they are a key.
     """
     if fmt in SCRIPT_EXPORT_FORMATS:
         return script_args_text(script_answer, str(model_path) if model_path else None,
@@ -56,11 +58,12 @@ def export_config(config: TrainConfig, fmt: str, *, model_path: str | Path | Non
                           "several ranks must share the model one way or the other, and this "
                           "configuration has parallelism none")
     if fmt == "yaml":
-        return yaml_file(config, nproc_per_node)
+        return yaml_file(config, nproc_per_node, checks)
     if fmt == "json":
-        return json_file(config)
+        return json_file(config, checks)
     if fmt == "hf":
-        return hf_script(config, nproc_per_node, convolutional)
+        return hf_script(config, nproc_per_node, convolutional, checks)
     if fmt == "lightning":
-        return lightning_script(config, nproc_per_node, convolutional)
-    return torch_script(config, model_path, dict(model_args or {}), device, nproc_per_node)
+        return lightning_script(config, nproc_per_node, convolutional, checks)
+    return torch_script(config, model_path, dict(model_args or {}), device, nproc_per_node,
+                        checks)

@@ -3,6 +3,7 @@ comment wherever TrainingArguments cannot say exactly what was measured."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from autotune.config import FP8_PRECISIONS, TrainConfig
@@ -28,11 +29,12 @@ CHANNELS_LAST_BY_HAND = (
     "data collator return the images as x.contiguous(memory_format=torch.channels_last)")
 
 
-def hf_script(config: TrainConfig, nproc_per_node: int, convolutional: bool) -> str:
+def hf_script(config: TrainConfig, nproc_per_node: int, convolutional: bool,
+              checks: Sequence[str] = ()) -> str:
     """`training_args`, a dict for TrainingArguments, each argument TrainingArguments cannot
     match exactly with a comment above it; what it has no argument for, said in the header."""
     notes = _notes(config)
-    lines = [*header(config, nproc_per_node), "#",
+    lines = [*header(config, nproc_per_node, checks), "#",
              "# Keyword arguments for transformers.TrainingArguments. Use them as:",
              "#     from transformers import TrainingArguments",
              '#     args = TrainingArguments(output_dir="out", **training_args)']

@@ -4,6 +4,8 @@ optimizer, activation checkpointing, float8, FSDP2's sharding and torch.compile.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from autotune.config import FP8_PRECISIONS, TrainConfig
 from autotune.errors import ConfigError
 from autotune.show.export.common import (
@@ -54,7 +56,8 @@ def tuned_sharding(module, mesh, blocks=None):
 '''
 
 
-def lightning_script(config: TrainConfig, nproc_per_node: int, convolutional: bool) -> str:
+def lightning_script(config: TrainConfig, nproc_per_node: int, convolutional: bool,
+                     checks: Sequence[str] = ()) -> str:
     """`trainer`, then `tuned_dataloader`, `tuned_optimizer`, `tuned_module` and, under FSDP2,
     `tuned_sharding`: the script's sections in the order a reader meets them."""
     fsdp = config.parallelism == "fsdp"
@@ -63,7 +66,7 @@ def lightning_script(config: TrainConfig, nproc_per_node: int, convolutional: bo
                           "(ModelParallelStrategy) refuses precision 16-mixed; export this "
                           "configuration as hf or torch")
     return script([
-        *header(config, nproc_per_node), "#",
+        *header(config, nproc_per_node, checks), "#",
         *_usage(config, nproc_per_node),
         *_imports(config),
         *_before_the_trainer(config),

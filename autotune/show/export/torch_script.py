@@ -5,6 +5,7 @@ process group runs it, its `main()` from `torch_group`."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +55,13 @@ for step in range(1, args.steps + 1):
 
 
 def torch_script(config: TrainConfig, model_path: str | Path | None,
-                 model_args: dict[str, Any], device: str, nproc_per_node: int) -> str:
+                 model_args: dict[str, Any], device: str, nproc_per_node: int,
+                 checks: Sequence[str] = ()) -> str:
     """Docstring and imports, the configuration as constants, the model (or FILL IN), and
     `main()`: set up, then train, on one process or on each rank of a group."""
     args_literal = _model_args_literal(model_path, model_args)
     group = config.parallelism != "none"
-    lines = header(config, nproc_per_node)
+    lines = header(config, nproc_per_node, checks)
     if config.optimizer != "adamw":
         lines += comment(update_rule(config))
     lines += group_preamble(config, model_path, nproc_per_node) if group else \

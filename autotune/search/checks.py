@@ -1,0 +1,281 @@
+"""The checks of every configuration the confirmation may recommend, beyond its speed: that the
+answer holds for the whole training run, not only for the few hundred steps a study measures.
+
+- The worst batch: a trial's window draws random batches, so a rare long sample (text padded
+  per batch, a large graph, a big image) may never be in one, and a micro-batch that fitted
+  every window runs out of memory hours into the user's run. Each configuration is trained a
+  few steps on a micro-batch of the dataset's largest samples (the probe's `SampleSizes`) in
+  a fresh interpreter of its own, as the user's run is one (`trial.worst_batch`); one that
+  runs out of memory there, or peaks above the memory a trial may use, is ruled out, and the
+  answer's peak is the larger of its rounds' and its worst batch's.
+- The loss: a change of the numerics (`config.NUMERICS`: precision, optimizer, attention
+  kernel, compile) can step faster and learn worse without going NaN. The user's settings with the
+  configuration's numerics (`loss_config`: the micro-batch and loader do not change what is
+  computed, so the steps align) is trained `steps` optimizer steps from the weights and
+  batches of one seed (`trial.loss_run`), the user's settings for two seeds; its loss after
+  them more than the larger of their seed-to-seed spread and `LOSS_FLOOR` above theirs
+  (`judge_loss`) rules it out.
+
+Each run is cached by configuration (the loss by its `loss_config`), so a configuration in two
+races is checked once. Where the time budget's end leaves no room for a run, it is skipped and
+the summary says so (`CheckSummary`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.config import NUMERICS, TrainConfig, numerics_changes
+from autotune.formatting import describe_changes
+from autotune.search.events import StudyView
+from autotune.search.outcome import Scoring
+from autotune.search.runner import MeasureJob
+from autotune.study.checks import (
+    FAILED,
+    FITS,
+    NO_TIME,
+    NOT_NEEDED,
+    OOM,
+    OVER,
+    CheckSummary,
+    LossCheck,
+    WorstBatchCheck,
+)
+from autotune.study.records import config_key
+from autotune.trial.protocol import LossRun, SampleSizes, TrialResult, TrialStatus
+
+# A loss this much above the user's settings' (relative) is worse even where their own
+# seed-to-seed spread is smaller.
+LOSS_FLOOR = 0.01
+# The user's settings run with each seed; a configuration with the first.
+LOSS_SEEDS = (0, 1)
+# A loss run takes about this long at the user's settings' step time, in steps between these.
+LOSS_RUN_S = 3.0
+MIN_LOSS_STEPS = 50
+MAX_LOSS_STEPS = 300
+
+Measure = Callable[[TrainConfig, MeasureJob], TrialResult]
+
+
+def loss_config(config: TrainConfig, baseline: TrainConfig) -> TrainConfig | None:
+    """What a loss run of `config` trains: the baseline with `config`'s numerics and, where its
+    optimizer step takes as many samples, its micro-batch and accumulation (a loss run's steps
+    take the same samples however they are split: the answer is checked as it will run); not
+    its loader, which changes nothing a step computes. None where it changes no numerics."""
+    changed = numerics_changes(config, baseline)
+    if not changed:
+        return None
+    out = baseline
+    if config.effective_batch_size == baseline.effective_batch_size:
+        out = out.replace(micro_batch_size=config.micro_batch_size,
+                          grad_accum_steps=config.grad_accum_steps)
+    for knob in changed:
+        out = out.setting(knob, getattr(config, knob))
+    return out
+
+
+def numerics_offered(domains: Mapping[str, Sequence[Any]]) -> int:
+    """How many `NUMERICS` knobs a space offers another value of: the numerics changes its
+    answer can make (each a loss run, at most)."""
+    return sum(len(domains.get(knob, ())) > 1 for knob in NUMERICS)
+
+
+def loss_steps(step_s: float | None) -> int:
+    """Optimizer steps of a loss run: about `LOSS_RUN_S` at a step of `step_s`, within
+    `MIN_LOSS_STEPS` and `MAX_LOSS_STEPS`."""
+    if not step_s:
+        return MIN_LOSS_STEPS
+    return max(MIN_LOSS_STEPS, min(MAX_LOSS_STEPS, round(LOSS_RUN_S / step_s)))
+
+
+def judge_loss(run: LossRun, first: LossRun, second: LossRun, changes: str,
+               floor: float = LOSS_FLOOR) -> LossCheck:
+    """`run` (the configuration, from `first`'s seed) against the user's settings' `first`:
+    worse where its loss after the steps is above theirs by more than the larger of their
+    seed-to-seed spread (`first` against `second`) and `floor`, relative to their loss; or
+    where it went NaN or inf."""
+    base = first.final_loss
+    scale = abs(base) or 1.0
+    spread = abs(second.final_loss - base) / scale
+    tolerance = max(spread, floor)
+    if not run.finite:
+        return LossCheck(changes, run.steps, None, base, spread, tolerance, worse=True)
+    return LossCheck(changes, run.steps, run.final_loss, base, spread, tolerance,
+                     worse=(run.final_loss - base) / scale > tolerance)
+
+
+def worst_batch_check(result: TrialResult, samples: int, limit_bytes: int | None,
+                      capacity_bytes: int | None) -> WorstBatchCheck:
+    """What a worst-batch run's result says: it fits (its peak within `limit_bytes`), is over
+    memory, ran out of memory, or failed (with the result's message)."""
+    found = WorstBatchCheck(samples, FITS, limit_bytes=limit_bytes,
+                            capacity_bytes=capacity_bytes)
+    if result.status == TrialStatus.OOM or result.status == TrialStatus.OVER_MEMORY:
+        return WorstBatchCheck(samples, OOM, limit_bytes=limit_bytes,
+                               capacity_bytes=capacity_bytes)
+    if result.status != TrialStatus.OK or result.worst_batch is None:
+        message = result.message.strip().splitlines()[-1] if result.message.strip() else ""
+        return WorstBatchCheck(samples, FAILED, limit_bytes=limit_bytes,
+                               capacity_bytes=capacity_bytes,
+                               why=f"{result.status}: {message}"[:300])
+    peak = result.worst_batch.peak_memory_bytes
+    outcome = OVER if limit_bytes and peak > limit_bytes else FITS
+    return WorstBatchCheck(samples, outcome, peak, found.limit_bytes, found.capacity_bytes)
+
+
+@dataclass(frozen=True)
+class CheckPrices:
+    """What one run of each check takes here, priced at the baseline's trial (its process
+    start, build and first step, then the steps it runs): a worst batch's, a loss run's."""
+
+    worst_s: float
+    loss_s: float
+    loss_steps: int
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What the checks found of one configuration (None where a check was not made), and why
+    it is ruled out, where it is (empty: it may race)."""
+
+    worst: WorstBatchCheck | None = None
+    loss: LossCheck | None = None
+    why_out: str = ""
+
+
+class AnswerChecks:
+    """The checks of the configurations one confirmation may recommend: run on demand
+    (`check`), each run once per configuration (the loss's once per `loss_config`), the user's
+    settings' two loss runs before the first that needs them."""
+
+    def __init__(self, measure: Measure, baseline: TrainConfig, scoring: Scoring, *,
+                 sizes: SampleSizes | None, capacity_bytes: int | None, loss_check: bool,
+                 prices: CheckPrices, time_limit_s: float, device: str, view: StudyView,
+                 not_here: str = "") -> None:
+        self.measure, self.baseline, self.scoring = measure, baseline, scoring
+        self.sizes, self.capacity_bytes = sizes, capacity_bytes
+        self.prices, self.time_limit_s, self.device, self.view = \
+            prices, time_limit_s, device, view
+        self._worst: dict[str, WorstBatchCheck | None] = {}
+        self._loss: dict[str, LossCheck | None] = {}
+        self._base: tuple[LossRun, LossRun] | None = None
+        self.worst_note = not_here or self._sizes_note(sizes)
+        self.loss_note = not_here or ("off (--no-loss-check)" if not loss_check else "")
+        self._worst_skipped = self._loss_skipped = False
+        self._runs = 0
+
+    @staticmethod
+    def _sizes_note(sizes: SampleSizes | None) -> str:
+        if sizes is None:
+            return ("the probe did not size the samples (a study probed before it did, or a "
+                    "collate function that cannot take one sample alone)")
+        if sizes.uniform:
+            return f"{NOT_NEEDED}: {sizes.describe()}, so any batch is the worst"
+        return ""
+
+    def check(self, config: TrainConfig, reference: bool = False,
+              deadline: float | None = None) -> Checked:
+        """The worst batch of `config`, then (unless that rules it out, or it is the user's
+        settings, `reference`) its loss against theirs; what rules it out, in words."""
+        worst = self._worst_batch(config, deadline)
+        if reference:
+            return Checked(worst)
+        if worst is not None and not worst.fits and not self._same_failure(worst):
+            return Checked(worst, None, worst.describe("its"))
+        loss = self._loss_check(config, deadline)
+        if loss is not None and loss.worse:
+            why = loss.describe("its") if loss.failed else \
+                f"it learns worse: {loss.describe('its')}"
+            return Checked(worst, loss, why)
+        return Checked(worst, loss)
+
+    def _same_failure(self, worst: WorstBatchCheck) -> bool:
+        """A worst batch that fails as the user's settings' own does: the data's failure (a
+        sample longer than the model takes), not the configuration's."""
+        own = self._worst.get(config_key(self.baseline))
+        return worst.outcome == FAILED and own is not None and own.outcome == FAILED
+
+    def summary(self) -> CheckSummary:
+        """How the checks were made, for the stored confirmation."""
+        worst = self.worst_note or (NO_TIME if self._worst_skipped and not self._worst else "")
+        loss = self.loss_note
+        if not loss and self._base is None:
+            loss = (NO_TIME if self._loss_skipped else
+                    f"{NOT_NEEDED}: nothing it may recommend changes the numerics")
+        return CheckSummary(
+            sizes=self.sizes.describe() if self.sizes is not None else "",
+            worst_batch_note=worst, loss_note=loss,
+            loss_steps=self.prices.loss_steps if self._base is not None else None,
+            baseline_losses=tuple(r.final_loss for r in self._base) if self._base else ())
+
+    def _in_time(self, price_s: float, deadline: float | None) -> bool:
+        return deadline is None or time.monotonic() + price_s <= deadline
+
+    def _job(self, config: TrainConfig, kind: str, settings: dict[str, Any],
+             fresh: bool = False) -> TrialResult:
+        self._runs += 1
+        job = MeasureJob(f"check-{kind}-{self._runs}", self.time_limit_s, self.device,
+                         profile=False, kind=kind, settings=settings, fresh=fresh)
+        return self.measure(config, job)
+
+    def _worst_batch(self, config: TrainConfig, deadline: float | None
+                     ) -> WorstBatchCheck | None:
+        key = config_key(config)
+        if self.worst_note or key in self._worst:
+            return self._worst.get(key)
+        if not self._in_time(self.prices.worst_s, deadline):
+            self._worst_skipped = True
+            return None
+        samples = config.micro_batch_size
+        self.view.note(f"checking {self._named(config)} on the worst batch: the {samples} "
+                       "largest samples")
+        result = self._job(config, "worst_batch",
+                           {"indices": self.sizes.worst_indices(samples)}, fresh=True)
+        found = worst_batch_check(result, samples, self.scoring.memory_limit_bytes,
+                                  self.capacity_bytes)
+        self._worst[key] = found
+        return found
+
+    def _loss_check(self, config: TrainConfig, deadline: float | None) -> LossCheck | None:
+        target = loss_config(config, self.baseline)
+        if target is None or self.loss_note:
+            return None
+        key = config_key(target)
+        if key in self._loss:
+            return self._loss[key]
+        runs = 1 if self._base is not None else 1 + len(LOSS_SEEDS)
+        if not self._in_time(runs * self.prices.loss_s, deadline):
+            self._loss_skipped = True
+            return None
+        changes = describe_changes(target, self.baseline)
+        if self._base is None:
+            self.view.note(f"checking the loss: your settings for {self.prices.loss_steps} "
+                           f"steps from seeds {' and '.join(map(str, LOSS_SEEDS))}")
+            base = [self._loss_run(self.baseline, seed) for seed in LOSS_SEEDS]
+            if not all(isinstance(b, LossRun) and b.finite for b in base):
+                why = next((b for b in base if isinstance(b, str)), "its loss went NaN or inf")
+                self.loss_note = f"your settings did not train to the end: {why}"
+                return None
+            self._base = (base[0], base[1])
+        self.view.note(f"checking the loss of {changes} for {self.prices.loss_steps} steps "
+                       f"from seed {LOSS_SEEDS[0]}")
+        run = self._loss_run(target, LOSS_SEEDS[0])
+        found = judge_loss(run, *self._base, changes) if isinstance(run, LossRun) else \
+            LossCheck(changes, self.prices.loss_steps, None, self._base[0].final_loss,
+                      0.0, 0.0, worse=True, failed=run)
+        self._loss[key] = found
+        return found
+
+    def _loss_run(self, config: TrainConfig, seed: int) -> LossRun | str:
+        """The run's losses, or how it failed, in words."""
+        result = self._job(config, "loss_run", {"seed": seed, "steps": self.prices.loss_steps})
+        if result.status == TrialStatus.OK and result.loss_run is not None:
+            return result.loss_run
+        message = result.message.strip().splitlines()[-1] if result.message.strip() else ""
+        return f"ended as {result.status}: {message}"[:300]
+
+    def _named(self, config: TrainConfig) -> str:
+        return describe_changes(config, self.baseline)

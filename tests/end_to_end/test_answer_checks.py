@@ -1,0 +1,126 @@
+"""Answers that hold for the whole training run, through the real CLI on tiny models: the answer
+fits the batch of the dataset's longest samples, which a random window seldom draws, and a bf16
+that steps faster but learns worse is never recommended, while one that learns as fp32 does is,
+with its figure."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autotune.study.confirmation import stored_confirmation
+from autotune.study.records import StudyKey, trial_records
+from autotune.study.results import load_study
+
+from ..conftest import FAST, TEST_MODELS, run_cli
+
+ONE_ROUND = ["--confirm-repeats", "1", "--confirm-max-rounds", "1"]
+MiB = 2**20
+
+
+@pytest.mark.slow
+def test_under_a_memory_limit_the_answer_fits_the_batch_of_the_longest_samples(
+        tmp_path) -> None:
+    """One sample of 2,048 tokens among 60,000 of 16 to 64, padded per batch: a random window
+    draws it about once in a hundred trials. Under 700 MiB a micro-batch of 32 fits every
+    random batch and runs out of memory on the one that holds it; the answer fits it, and the
+    peak the study reports is its worst batch's."""
+    done = run_cli("run", "--model", str(TEST_MODELS / "rare_long.py"), "--device", "cpu",
+                   "--memory-limit", "700M", "--fix", "compile_mode=none", "--fix",
+                   "num_workers=0", "--fix", "precision=fp32", *FAST, "--studies-dir",
+                   str(tmp_path), "--trials", "5", "--seed", "0", *ONE_ROUND, "--json",
+                   timeout=1200)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["confirmed"], done.stderr
+    assert summary["checks"]["sizes"] == ("the largest sample is 51.2x the median (a scan of "
+                                          "all 60,000 samples)")
+    worst = summary["worst_batch"]
+    assert worst["outcome"] == "fits" and worst["samples"] == \
+        summary["best_config"]["micro_batch_size"]
+    assert worst["peak_memory_bytes"] <= worst["limit_bytes"] < 700 * MiB
+    assert summary["best_worst_batch_peak_bytes"] == worst["peak_memory_bytes"]
+    assert summary["best_peak_memory_bytes"] == worst["peak_memory_bytes"]
+    assert summary["best_worst_batch_headroom_bytes"] == 700 * MiB - worst["peak_memory_bytes"]
+    assert "worst batch (the " in summary["verdict"] and "below the 700.00 MiB memory" in \
+        summary["verdict"]
+    # its random rounds never saw the long sample: their peak is well below its worst batch's
+    study = load_study("rare_long", tmp_path)
+    winner = stored_confirmation(study.user_attrs[StudyKey.CONFIRMATION]).winner
+    assert max(r.peak_memory_bytes for r in winner.ok_runs()) < worst["peak_memory_bytes"]
+    # a micro-batch of 32 that the search measured within memory is ruled out, not answered
+    big = [r for r in trial_records(study) if r.config and r.config.micro_batch_size == 32
+           and r.status == "ok"]
+    for out in summary["ruled_out"]:
+        assert out["status"] == "worst_batch_fails"
+        assert out["worst_batch"]["outcome"] in ("out of memory", "over memory"), out
+        assert out["why"].startswith("its worst batch (the ")
+    if big:
+        assert any(o["config"]["micro_batch_size"] == 32 for o in summary["ruled_out"])
+    shown = run_cli("show", "rare_long", "--studies-dir", str(tmp_path))
+    assert "worst batch (best)" in shown.stdout
+
+
+def _regression(tmp_path, offset: float, *extra: str):
+    return run_cli("run", "--model", str(TEST_MODELS / "precise_regression.py"), "--device",
+                   "cpu", "--model-arg", f"offset={offset}", "--fix", "compile_mode=none",
+                   "--fix", "num_workers=0", "--fix", "optimizer_impl=for_loop", *FAST,
+                   "--studies-dir", str(tmp_path), "--trials", "5", "--seed", "0",
+                   "--confirm-repeats", "2", "--confirm-max-rounds", "2", *extra, "--json",
+                   timeout=1200)
+
+
+@pytest.mark.slow
+def test_a_bf16_that_steps_faster_but_learns_worse_is_never_recommended(tmp_path) -> None:
+    """Targets on an offset of 256, where bf16's step is 2: its loss plateaus far above fp32's,
+    never NaN, while it steps faster. The search measures it faster; the loss check rules it
+    out with its figures; the answer keeps fp32 and the verdict says why."""
+    done = _regression(tmp_path, 256.0)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    records = trial_records(load_study("precise_regression", tmp_path))
+    rates = {p: max((r.samples_per_sec or 0.0) for r in records if r.config.precision == p)
+             for p in ("fp32", "bf16")}
+    assert rates["bf16"] > rates["fp32"], rates
+    assert summary["best_config"]["precision"] == "fp32"
+    ruled = [o for o in summary["ruled_out"] if o["config"]["precision"] == "bf16"]
+    assert ruled, summary["ruled_out"]
+    check = ruled[0]["loss_check"]
+    assert ruled[0]["status"] == "learns_worse" and check["worse"]
+    assert check["loss"] > 1.3 * check["baseline_loss"]
+    assert ruled[0]["why"].startswith("it learns worse: its loss after ")
+    assert "Ruled out by the checks: " in summary["verdict"]
+    assert "(it learns worse: its loss after " in summary["verdict"]
+    assert len(summary["checks"]["baseline_losses"]) == 2
+    assert "statuses" in summary and "diverged" not in summary["statuses"]
+    shown = run_cli("show", "precise_regression", "--studies-dir", str(tmp_path))
+    assert "ruled out" in shown.stdout and "loss (your settings)" in shown.stdout
+
+
+@pytest.mark.slow
+def test_a_bf16_that_learns_as_fp32_does_is_recommended_with_its_figure(tmp_path) -> None:
+    """No offset: bf16 fits the targets as fp32 does, and steps faster; it is the answer, and
+    the verdict gives its loss against fp32's with their seed-to-seed spread. The same study
+    with --no-loss-check checks nothing and says so."""
+    done = _regression(tmp_path, 0.0)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["best_config"]["precision"] == "bf16", summary["verdict"]
+    check = summary["loss_check"]
+    assert check is not None and not check["worse"] and check["changes"] == "bf16"
+    assert abs(check["loss"] / check["baseline_loss"] - 1) <= check["tolerance"]
+    assert "The answer's loss after " in summary["verdict"]
+    assert "of your settings', inside " in summary["verdict"]
+    assert summary["ruled_out"] == []
+    exported = run_cli("export", "precise_regression", "--studies-dir", str(tmp_path),
+                       "--format", "yaml")
+    assert "# Checked beyond its speed by the study's confirmation:" in exported.stdout
+    assert "its loss after " in exported.stdout
+    off = _regression(tmp_path / "off", 0.0, "--no-loss-check")
+    assert off.returncode == 0, off.stderr
+    unchecked = json.loads(off.stdout)
+    assert unchecked["loss_check"] is None
+    assert unchecked["checks"]["loss_note"] == "off (--no-loss-check)"
+    if unchecked["best_config"]["precision"] == "bf16":
+        assert "loss was not checked: off (--no-loss-check)" in unchecked["verdict"]

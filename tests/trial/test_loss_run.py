@@ -1,0 +1,55 @@
+"""A loss run: fixed weights, fixed batches whatever the split into micro-batches, the loss read
+on the same samples; and the worst batch's run, on the largest samples only."""
+
+from __future__ import annotations
+
+import torch
+
+from autotune.config import TrainConfig
+from autotune.trial.loss_run import held_indices, loss_run_job, step_order
+from autotune.trial.workload import load_workload
+from autotune.trial.worst_batch import WORST_STEPS, worst_batch_job
+
+from ..conftest import TINY_SOURCE
+
+CPU = torch.device("cpu")
+
+
+def test_a_step_takes_the_same_samples_however_it_is_split_and_each_seed_its_own() -> None:
+    order = step_order(100, 32, 5, seed=3)
+    assert len(order) == 5 * 32
+    steps = [order[i:i + 32] for i in range(0, len(order), 32)]
+    assert all(len(set(step)) == 32 for step in steps)
+    assert set(steps[0]) | set(steps[1]) | set(steps[2]) == set(order[:96])  # one epoch
+    assert step_order(100, 32, 5, seed=3) == order
+    assert step_order(100, 32, 5, seed=4) != order
+
+
+def test_the_loss_is_read_on_the_same_samples_in_every_run_of_one_effective_batch() -> None:
+    held = held_indices(1000, 64)
+    assert len(held) == 256 and held == held_indices(1000, 64)
+    assert len(held_indices(1000, 100)) == 300  # whole steps, so whole micro-batches
+    assert len(held_indices(100, 64)) == 64  # one step, where the dataset holds fewer
+
+
+def test_a_loss_run_is_the_same_for_the_same_seed_and_split_and_learns(write_model) -> None:
+    workload = load_workload(write_model(TINY_SOURCE))
+    config = TrainConfig(micro_batch_size=8, grad_accum_steps=2)
+    first = loss_run_job(workload, config, CPU, {"seed": 0, "steps": 30}, None, lambda p: None)
+    again = loss_run_job(workload, config, CPU, {"seed": 0, "steps": 30}, None, lambda p: None)
+    split = loss_run_job(workload, config.replace(micro_batch_size=16, grad_accum_steps=1), CPU,
+                         {"seed": 0, "steps": 30}, None, lambda p: None)
+    other = loss_run_job(workload, config, CPU, {"seed": 1, "steps": 30}, None, lambda p: None)
+    assert first.finite and first.steps == 30
+    assert first.final_loss < first.initial_loss
+    assert again.final_loss == first.final_loss and again.initial_loss == first.initial_loss
+    assert abs(split.final_loss - first.final_loss) <= 1e-4 * abs(first.final_loss)
+    assert other.initial_loss != first.initial_loss  # other weights
+
+
+def test_the_worst_batch_trains_on_the_largest_samples_only(write_model) -> None:
+    workload = load_workload(write_model(TINY_SOURCE))
+    found = worst_batch_job(workload, TrainConfig(micro_batch_size=4, grad_accum_steps=2), CPU,
+                            {"indices": [7, 3, 3, 1]}, None, lambda p: None)
+    assert found.samples == 4 and found.steps == WORST_STEPS and found.loss_finite
+    assert found.peak_memory_bytes > 0
