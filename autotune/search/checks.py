@@ -43,10 +43,14 @@ from autotune.study.checks import (
     CheckSummary,
     LossCheck,
     WorstBatchCheck,
+    largest_samples,
 )
 from autotune.study.records import config_key
 from autotune.trial.protocol import LossRun, SampleSizes, TrialResult, TrialStatus
 
+# Optimizer steps of a worst-batch run: the first allocates the optimizer's state, the second
+# holds it beside the activations, as every later step of a run does.
+WORST_STEPS = 2
 # A loss this much above the user's settings' (relative) is worse even where their own
 # seed-to-seed spread is smaller.
 LOSS_FLOOR = 0.01
@@ -230,10 +234,11 @@ class AnswerChecks:
             self._worst_skipped = True
             return None
         samples = config.micro_batch_size
-        self.view.note(f"checking {self._named(config)} on the worst batch: the {samples} "
-                       "largest samples")
+        self.view.note(f"checking {self._named(config)} on the worst batch: "
+                       f"{largest_samples(samples)}")
         result = self._job(config, "worst_batch",
-                           {"indices": self.sizes.worst_indices(samples)}, fresh=True)
+                           {"indices": self.sizes.worst_indices(samples), "steps": WORST_STEPS},
+                           fresh=True)
         found = worst_batch_check(result, samples, self.scoring.memory_limit_bytes,
                                   self.capacity_bytes)
         self._worst[key] = found

@@ -32,6 +32,11 @@ NO_TIME = "no time was left for it"
 NOT_NEEDED = "not needed"
 
 
+def largest_samples(samples: int) -> str:
+    """A worst batch in words: "the 8 largest samples", "the largest sample"."""
+    return f"the {samples} largest samples" if samples != 1 else "the largest sample"
+
+
 @dataclass(frozen=True)
 class WorstBatchCheck:
     """A configuration trained a few steps on a micro-batch of the dataset's `samples`
@@ -58,7 +63,7 @@ class WorstBatchCheck:
         return self.capacity_bytes - self.peak_memory_bytes
 
     def batch(self) -> str:
-        return f"the {self.samples} largest sample{'s' if self.samples != 1 else ''}"
+        return largest_samples(self.samples)
 
     def describe(self, owner: str = "its") -> str:
         """In words, of `owner`'s worst batch: "its worst batch (the 8 largest samples) peaks

@@ -26,19 +26,15 @@ from autotune.trial.protocol import WorstBatch
 from autotune.trial.training import setup_from_workload
 from autotune.trial.workload import Workload
 
-# Optimizer steps on the worst batch: the first allocates the optimizer's state, the later
-# ones hold it beside the activations, as every step of a run does.
-WORST_STEPS = 3
-
 
 def worst_batch_job(workload: Workload, config: TrainConfig, device: torch.device,
                     settings: Mapping[str, Any], trace_path: str | None,
                     progress: Callable[[str], None]) -> WorstBatch:
-    """A child process's job: `config` trained `WORST_STEPS` optimizer steps with every
+    """A child process's job: `config` trained `settings["steps"]` optimizer steps with every
     micro-batch made of the samples `settings["indices"]` (the largest, one per sample of the
     micro-batch), and the process's peak memory."""
     start = time.perf_counter()
-    indices = [int(i) for i in settings["indices"]]
+    indices, steps = [int(i) for i in settings["indices"]], int(settings["steps"])
     progress("building the model")
     model = workload.build_model()
     if device.type == "cuda":
@@ -49,12 +45,11 @@ def worst_batch_job(workload: Workload, config: TrainConfig, device: torch.devic
     dataset = Subset(workload.build_dataset(), indices)
     setup = setup_from_workload(workload, config, device, model=model, dataset=dataset)
     batches = setup.batches()
-    progress(f"{WORST_STEPS} optimizer steps on the worst batch ({len(indices)} largest "
-             "samples)")
+    progress(f"{steps} optimizer steps on the worst batch ({len(indices)} largest samples)")
     finite = torch.ones((), dtype=torch.bool, device=device)
-    for _ in range(WORST_STEPS):
+    for _ in range(steps):
         finite &= torch.isfinite(setup.step(batches).loss)
     synchronize(device)
     return WorstBatch(samples=len(indices), peak_memory_bytes=peak_memory(device).peak,
-                      steps=WORST_STEPS, loss_finite=bool(finite),
+                      steps=steps, loss_finite=bool(finite),
                       seconds=time.perf_counter() - start)
