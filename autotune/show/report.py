@@ -428,7 +428,7 @@ def check_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
         rows.append(("loss (your settings)", f"{first:.4g} | {second:.4g}",
                      f"after {checks.loss_steps} steps from two seeds: a spread of "
                      f"{checks.spread:.1%}, what a loss is compared against"))
-    rows += [("ruled out", short_config(out.config), f"{out.status}: {out.why}")
+    rows += [("ruled out", short_config(out.config), out.why)
              for out in confirmed.ruled_out]
     return rows
 

@@ -73,8 +73,9 @@ def checks_verdict(confirmation: Confirmation, baseline: TrainConfig) -> str:
     for candidate in confirmation.ruled_out:
         reasons.setdefault(candidate.excluded, []).append(
             describe_changes(candidate.config, baseline))
-    said += [f"ruled out by the checks: {_listed(names)} ({why})"
-             for why, names in reasons.items()]
+    if reasons:
+        said.append("ruled out by the checks: " + "; ".join(
+            f"{_listed(names)} ({why})" for why, names in reasons.items()))
     return " ".join(f"{text[0].upper()}{text[1:]}." for text in said)
 
 
