@@ -67,11 +67,10 @@ def test_under_a_memory_limit_the_answer_fits_the_batch_of_the_longest_samples(
 
 def _regression(tmp_path, offset: float, *extra: str):
     return run_cli("run", "--model", str(TEST_MODELS / "precise_regression.py"), "--device",
-                   "cpu", "--model-arg", f"offset={offset}", "--fix", "compile_mode=none",
-                   "--fix", "num_workers=0", "--fix", "optimizer_impl=for_loop", *FAST,
+                   "cpu", "--model-arg", f"offset={offset}", *NO_COMPILE, "--fix",
+                   "num_workers=0", "--fix", "optimizer_impl=for_loop", *FAST,
                    "--studies-dir", str(tmp_path), "--trials", "5", "--seed", "0",
-                   "--confirm-repeats", "2", "--confirm-max-rounds", "2", *extra, "--json",
-                   timeout=1200)
+                   "--confirm-repeats", "2", "--confirm-max-rounds", "2", *extra, "--json")
 
 
 @pytest.mark.slow
@@ -120,7 +119,7 @@ def test_a_bf16_that_learns_as_fp32_does_is_recommended_with_its_figure(tmp_path
                        "--format", "yaml")
     assert "# Checked beyond its speed by the study's confirmation:" in exported.stdout
     assert "its loss after " in exported.stdout
-    off = _regression(tmp_path / "off", 0.0, "--no-loss-check")
+    off = _regression(tmp_path / "off", 0.0, "--no-loss-check", "--trials", "3", *CONFIRM_ONCE)
     assert off.returncode == 0, off.stderr
     unchecked = json.loads(off.stdout)
     assert unchecked["loss_check"] is None
