@@ -13,7 +13,7 @@ import optuna
 
 from autotune.formatting import format_seconds
 from autotune.options import MeasureSettings
-from autotune.search.checks import WORST_STEPS, CheckPrices, loss_steps
+from autotune.search.checks import WORST_PRICED_STEPS, CheckPrices, loss_steps
 from autotune.search.confirm import CLAIM_SETTLE_S, SHORT_RACE
 from autotune.search.runner import ROUND_WINDOW_STEPS
 from autotune.search.warm import WARM_MAX_ROUNDS, WARM_ROUNDS_PER_ROUND, turn_seconds
@@ -28,9 +28,10 @@ STARTUP_DOMINATES = 0.5
 # The default budget grows at most to this many times itself for an answer: a person who
 # planned for the default is never told an hour.
 MAX_GROWTH = 3
-# A worst-batch run's steps (`checks.WORST_STEPS`), each priced at the baseline's step times the
-# largest sample's size over the median's (at most `WORST_SLOWER`), in a fresh interpreter,
-# whose start (torch and the model file imported) is about `FRESH_START_S` more than a fork's.
+# A worst-batch run's steps (`checks.WORST_PRICED_STEPS`), each priced at the baseline's step
+# times the largest sample's size over the median's (at most `WORST_SLOWER`), in a fresh
+# interpreter, whose start (torch and the model file imported) is about `FRESH_START_S` more
+# than a fork's.
 WORST_SLOWER = 100.0
 FRESH_START_S = 3.0
 
@@ -141,7 +142,7 @@ def check_prices(study: optuna.Study, sizes: SampleSizes | None,
     worst = 0.0
     if sizes is not None and not sizes.uniform:
         slower = min(WORST_SLOWER, sizes.largest_bytes[0] / max(1, sizes.median_bytes))
-        worst = FRESH_START_S + start + WORST_STEPS * step * slower
+        worst = FRESH_START_S + start + WORST_PRICED_STEPS * step * slower
     return CheckPrices(worst_s=worst, loss_s=start + steps * step if loss_check else 0.0,
                        loss_steps=steps)
 

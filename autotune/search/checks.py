@@ -48,9 +48,14 @@ from autotune.study.checks import (
 from autotune.study.records import config_key
 from autotune.trial.protocol import LossRun, SampleSizes, TrialResult, TrialStatus
 
-# Optimizer steps of a worst-batch run: the first allocates the optimizer's state, the second
-# holds it beside the activations, as every later step of a run does.
-WORST_STEPS = 2
+# Optimizer steps of a worst-batch run: at least 2 (the first allocates the optimizer's state,
+# the second holds it beside the activations, as every later step of a run does), then until
+# `WORST_STEADY` steps in a row leave its peak where it was (on CPU a fragmented heap raises it
+# for a few steps), at most `WORST_MAX_STEPS`; priced at `WORST_PRICED_STEPS`.
+WORST_LEAST_STEPS = 2
+WORST_STEADY = 3
+WORST_MAX_STEPS = 12
+WORST_PRICED_STEPS = 6
 # A loss this much above the user's settings' (relative) is worse even where their own
 # seed-to-seed spread is smaller.
 LOSS_FLOOR = 0.01
@@ -237,7 +242,9 @@ class AnswerChecks:
         self.view.note(f"checking {self._named(config)} on the worst batch: "
                        f"{largest_samples(samples)}")
         result = self._job(config, "worst_batch",
-                           {"indices": self.sizes.worst_indices(samples), "steps": WORST_STEPS},
+                           {"indices": self.sizes.worst_indices(samples),
+                            "steps": WORST_LEAST_STEPS, "steady": WORST_STEADY,
+                            "max_steps": WORST_MAX_STEPS},
                            fresh=True)
         found = worst_batch_check(result, samples, self.scoring.memory_limit_bytes,
                                   self.capacity_bytes)

@@ -26,15 +26,22 @@ from autotune.trial.protocol import WorstBatch
 from autotune.trial.training import setup_from_workload
 from autotune.trial.workload import Workload
 
+# A peak that grows by less than this share over the steady steps is steady.
+STEADY_GROWTH = 0.01
+
 
 def worst_batch_job(workload: Workload, config: TrainConfig, device: torch.device,
                     settings: Mapping[str, Any], trace_path: str | None,
                     progress: Callable[[str], None]) -> WorstBatch:
-    """A child process's job: `config` trained `settings["steps"]` optimizer steps with every
-    micro-batch made of the samples `settings["indices"]` (the largest, one per sample of the
-    micro-batch), and the process's peak memory."""
+    """A child process's job: `config` trained with every micro-batch made of the samples
+    `settings["indices"]` (the largest, one per sample of the micro-batch) until its peak
+    memory is steady, and that peak. Steady: at least `settings["steps"]` optimizer steps,
+    then until `settings["steady"]` steps in a row raise it by under `STEADY_GROWTH` (at most
+    `settings["max_steps"]`): on CPU the heap a step leaves fragmented can raise the next
+    step's peak for several steps, most under accumulation."""
     start = time.perf_counter()
-    indices, steps = [int(i) for i in settings["indices"]], int(settings["steps"])
+    indices = [int(i) for i in settings["indices"]]
+    least, steady, most = (int(settings[k]) for k in ("steps", "steady", "max_steps"))
     progress("building the model")
     model = workload.build_model()
     if device.type == "cuda":
@@ -45,11 +52,20 @@ def worst_batch_job(workload: Workload, config: TrainConfig, device: torch.devic
     dataset = Subset(workload.build_dataset(), indices)
     setup = setup_from_workload(workload, config, device, model=model, dataset=dataset)
     batches = setup.batches()
-    progress(f"{steps} optimizer steps on the worst batch ({len(indices)} largest samples)")
+    progress(f"optimizer steps on the worst batch ({len(indices)} largest samples) until its "
+             "peak memory is steady")
     finite = torch.ones((), dtype=torch.bool, device=device)
-    for _ in range(steps):
+    peaks: list[int] = []
+    while len(peaks) < most and not _steady(peaks, least, steady):
         finite &= torch.isfinite(setup.step(batches).loss)
-    synchronize(device)
-    return WorstBatch(samples=len(indices), peak_memory_bytes=peak_memory(device).peak,
-                      steps=steps, loss_finite=bool(finite),
-                      seconds=time.perf_counter() - start)
+        synchronize(device)
+        peaks.append(peak_memory(device).peak)
+    return WorstBatch(samples=len(indices), peak_memory_bytes=peaks[-1], steps=len(peaks),
+                      loss_finite=bool(finite), seconds=time.perf_counter() - start)
+
+
+def _steady(peaks: list[int], least: int, steady: int) -> bool:
+    """At least `least` steps, and the last `steady` of them raised the peak by under
+    `STEADY_GROWTH` in all."""
+    return len(peaks) >= max(least, steady + 1) and \
+        peaks[-1] <= peaks[-1 - steady] * (1 + STEADY_GROWTH)

@@ -310,8 +310,8 @@ def test_the_price_counts_the_best_less_each_change_and_the_short_race_after() -
 def test_the_answers_checks_are_priced_before_the_rounds_and_the_search_leaves_them_room(
         tmp_path) -> None:
     """The baseline's trial: 2 s to start, 3 s to build, a 1 s first step, steps of 0.1 s.
-    A worst batch is a fresh interpreter (3 s more) and two steps 50x the median sample's
-    (the largest is 50x): 3 + 6 + 2 x 0.1 x 50 = 19 s; a loss run 6 + 30 steps x 0.1 s = 9 s
+    A worst batch is a fresh interpreter (3 s more) and six steps 50x the median sample's
+    (the largest is 50x): 3 + 6 + 6 x 0.1 x 50 = 39 s; a loss run 6 + 30 steps x 0.1 s = 9 s
     (30 steps: a loss run's 3 s, at least its 50 steps). Three configurations: three worst
     batches, the baseline's two loss runs and one each for the other two (the space offers
     one numerics change): the plan's search ends that much sooner, and its line says so."""
@@ -326,7 +326,7 @@ def test_the_answers_checks_are_priced_before_the_rounds_and_the_search_leaves_t
     sizes = SampleSizes(SCANNED, 100, 100, (1, 2), (5000, 100), 100, 100)
     prices = check_prices(study, sizes, loss_check=True)
     assert prices.loss_steps == 50
-    assert prices.worst_s == pytest.approx(3.0 + 6.0 + 2 * 0.1 * 50)
+    assert prices.worst_s == pytest.approx(3.0 + 6.0 + 6 * 0.1 * 50)
     assert prices.loss_s == pytest.approx(6.0 + 50 * 0.1)
     uniform = check_prices(study, SampleSizes(SCANNED, 9, 9, (1,), (8,), 8, 8), loss_check=False)
     assert uniform.worst_s == 0.0 == uniform.loss_s
