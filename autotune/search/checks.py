@@ -179,8 +179,9 @@ class AnswerChecks:
     @staticmethod
     def _sizes_note(sizes: SampleSizes | None) -> str:
         if sizes is None:
-            return ("the probe did not size the samples (a study probed before it did, or a "
-                    "collate function that cannot take one sample alone)")
+            return ("the probe did not size the samples (a study probed before it did, a "
+                    "dataset that cannot be read by index, or a collate function that cannot "
+                    "take one sample alone)")
         if sizes.uniform:
             return f"{NOT_NEEDED}: {sizes.describe()}, so any batch is the worst"
         return ""

@@ -132,12 +132,13 @@ def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
 
 def _sizes(dataset: Any, collate: Callable[[list[Any]], Any] | None,
            progress: Progress) -> SampleSizes | None:
-    """The samples' sizes, or None where the collate function cannot take one sample alone
-    (the worst batch then goes unchecked, and the study says so)."""
+    """The samples' sizes, or None where the dataset cannot be read by index (a stream) or the
+    collate function cannot take one sample alone (the worst batch then goes unchecked, and
+    the study says so)."""
     progress("sizing the samples: which are the largest")
     try:
         return size_samples(dataset, collate)
-    except Exception:  # noqa: BLE001 - a collate that needs more than one sample
+    except Exception:  # noqa: BLE001 - a stream, or a collate that needs more than one sample
         return None
 
 
