@@ -98,6 +98,13 @@ def test_a_bf16_that_steps_faster_but_learns_worse_is_never_recommended(tmp_path
     assert "statuses" in summary and "diverged" not in summary["statuses"]
     shown = run_cli("show", "precise_regression", "--studies-dir", str(tmp_path))
     assert "ruled out" in shown.stdout and "loss (your settings)" in shown.stdout
+    assert "- ruled out: mb=" in (tmp_path / "precise_regression" / "summary.md").read_text()
+    page = tmp_path / "report.html"
+    made = run_cli("report", "precise_regression", "--studies-dir", str(tmp_path), "-o",
+                   str(page))
+    assert made.returncode == 0, made.stderr
+    assert "checked beyond speed" in page.read_text()
+    assert "it learns worse: its loss after " in page.read_text()
 
 
 @pytest.mark.slow
