@@ -41,7 +41,7 @@ def confirmed_verdict(confirmation: Confirmation, baseline: TrainConfig) -> str:
         if ruled := confirmation.ruled_out:
             return (f"kept your settings: {_count(len(ruled), 'configuration')} faster in the "
                     f"search {'was' if len(ruled) == 1 else 'were'} ruled out by the checks, "
-                    f"and they measured fastest of the rest in {in_rounds}")
+                    f"and your settings measured fastest of the rest in {in_rounds}")
         return f"kept your settings: they measured fastest in {in_rounds}"
     named = describe_changes(contender.config, baseline)
     interval = confirmation.speedup_ci  # the contender's, widened where the search disagreed

@@ -103,7 +103,7 @@ def test_settings_kept_because_the_faster_were_ruled_out_say_so() -> None:
     stored = confirmation(kept, worse, checks=CHECKED)
     assert confirmed_verdict(stored, BASE) == (
         "kept your settings: 1 configuration faster in the search was ruled out by the checks, "
-        "and they measured fastest of the rest in 3 paired rounds")
+        "and your settings measured fastest of the rest in 3 paired rounds")
     assert checks_verdict(stored, BASE).startswith("Your settings' worst batch (the 8 largest")
 
 
