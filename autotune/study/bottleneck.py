@@ -83,6 +83,15 @@ class Diagnosis:
             return MEMORY
         return None
 
+    def to_fix(self) -> tuple[str, ...]:
+        """The kinds worth a fix, in the order an engineer takes them: each fixable share of at
+        least `DOMINANT`, the largest first, then the memory where it is roomy."""
+        kinds = [s.kind for s in sorted(self.shares, key=lambda s: -s.fraction)
+                 if s.kind in FIXABLE and s.fraction >= DOMINANT]
+        if self.memory_free is not None and self.memory_free >= ROOMY:
+            kinds.append(MEMORY)
+        return tuple(kinds)
+
     def first_knobs(self) -> tuple[str, ...]:
         """The knobs an engineer tries first, the dominant kind's first, then the other
         fixable shares' by size."""
