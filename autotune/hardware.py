@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -225,9 +225,17 @@ def _missing_library(config: TrainConfig) -> tuple[str, str] | None:
     return None
 
 
-def peak_flops(info: DeviceInfo, precision: str) -> float | None:
-    """Peak FLOP/s for MFU: the data-sheet figure, else a short matmul measurement (CUDA only).
-    A MIG slice has a share of the GPU's SMs, so it is always measured."""
+class PeakFlops(NamedTuple):
+    """The FLOP/s an MFU divides by, and where the figure came from (a reader asks both)."""
+
+    flops: float
+    source: str  # e.g. "the bf16 data-sheet peak", "a bf16 matmul measured here"
+
+
+def peak_flops(info: DeviceInfo, precision: str) -> PeakFlops | None:
+    """Peak FLOP/s for MFU: the data-sheet figure, else a short matmul measurement (CUDA only:
+    a CPU has no such figure to divide by). A MIG slice has a share of the GPU's SMs, so it is
+    always measured."""
     if info.type != "cuda":
         return None
     # float8 runs only the large linears in float8: its MFU is against the bf16 peak, as
@@ -235,9 +243,10 @@ def peak_flops(info: DeviceInfo, precision: str) -> float | None:
     precision = "bf16" if precision in FP8_PRECISIONS else precision
     table = None if info.mig else table_peak_tflops(info.name, precision)
     if table is not None:
-        return table * 1e12
+        return PeakFlops(table * 1e12, f"the {precision} data-sheet peak")
     try:
-        return measure_matmul_flops(info.torch_device, precision)
+        return PeakFlops(measure_matmul_flops(info.torch_device, precision),
+                         f"a {precision} matmul measured here")
     except torch.cuda.OutOfMemoryError:  # a small GPU or slice, already full of the trial's cache
         return None
 

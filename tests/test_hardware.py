@@ -18,6 +18,7 @@ from autotune.hardware import (
     core_shares,
     cpu_name,
     describe,
+    peak_flops,
     table_peak_tflops,
     trial_device,
     unsupported_reason,
@@ -55,6 +56,18 @@ def test_variants_are_told_apart() -> None:
         "NVIDIA H100 80GB HBM3", "bf16")
     assert table_peak_tflops("NVIDIA L40", "bf16") > table_peak_tflops("NVIDIA L4", "bf16")
     assert table_peak_tflops("NVIDIA L40S", "bf16") > table_peak_tflops("NVIDIA L40", "bf16")
+
+
+def test_mfu_divides_by_the_precisions_peak_which_says_where_it_came_from() -> None:
+    """The data sheet's dense peak, float8 against bf16's (as torchtitan reports it); a CPU
+    has none, which is why MFU is CUDA's only."""
+    h100 = DeviceInfo(type="cuda", index=0, name="NVIDIA H100 80GB HBM3",
+                      total_memory_bytes=80 * 2**30, cpu_count=16, bf16=True, tf32=True,
+                      fused_adamw=True, cuda_graphs=True, fp8=True)
+    peak = peak_flops(h100, "fp8_rowwise")
+    assert peak is not None and peak.flops == PEAK_TFLOPS["H100"]["bf16"] * 1e12
+    assert peak.source == "the bf16 data-sheet peak"
+    assert peak_flops(describe(torch.device("cpu")), "bf16") is None
 
 
 def test_an_unknown_device_has_no_table_peak() -> None:

@@ -237,7 +237,12 @@ class Measurement:
     host_syncs_per_step: float | None = None
     host_sync_s_per_step: float | None = None
     device_idle_fraction: float | None = None
+    # MFU (CUDA only): model FLOPs a sample ("given" by the model file or "counted") times
+    # samples/sec over the precision's peak FLOP/s, which says where it came from.
     flops_per_sample: float | None = None
+    flops_source: str | None = None
+    peak_flops: float | None = None
+    peak_flops_source: str | None = None
     mfu: float | None = None
     peak_allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
