@@ -259,11 +259,22 @@ def table_peak_tflops(name: str, precision: str) -> float | None:
     return None
 
 
+def tf32_matmuls() -> bool:
+    """Whether fp32 matmuls on CUDA may run on TF32 tensor cores in this process, however it
+    was set. torch 2.9 and later have `fp32_precision` beside the legacy `allow_tf32` and
+    `set_float32_matmul_precision`, and the legacy getters raise once code in the process (a
+    user's script, say) has set the new one, so the new one is read where it exists."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        return matmul.fp32_precision == "tf32"
+    return bool(matmul.allow_tf32)
+
+
 def measure_matmul_flops(device: torch.device, precision: str, n: int = 8192,
                          repeats: int = 10) -> float:
     """Achieved FLOP/s of a large square matmul: a stand-in peak for GPUs not in the table."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
-    previous = torch.backends.cuda.matmul.allow_tf32
+    previous = tf32_matmuls()
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     try:
         a = torch.randn(n, n, device=device, dtype=dtype)

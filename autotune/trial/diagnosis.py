@@ -238,8 +238,7 @@ def _op_events(events: Iterable[Any]) -> list[Any]:
 def _self_time(evt: Any, on_cuda: bool) -> float:
     """Seconds: device time of the kernels an op launched on CUDA, its own CPU time elsewhere."""
     if on_cuda:
-        value = getattr(evt, "self_device_time_total", None)
-        return float(evt.self_cuda_time_total if value is None else value) * 1e-6
+        return float(evt.self_device_time_total) * 1e-6
     return float(evt.self_cpu_time_total) * 1e-6
 
 

@@ -97,14 +97,11 @@ def marked(name: str) -> Iterator[None]:
 
 
 def _self_device_us(avg: Any) -> float:
-    # torch renamed the *_cuda_* totals to *_device_* (2.4); fall back to the old names.
-    value = getattr(avg, "self_device_time_total", None)
-    return float(avg.self_cuda_time_total if value is None else value)
+    return float(avg.self_device_time_total)
 
 
 def _device_us(avg: Any) -> float:
-    value = getattr(avg, "device_time_total", None)
-    return float(avg.cuda_time_total if value is None else value)
+    return float(avg.device_time_total)
 
 
 def _is_device_busy(evt: Any) -> bool:
