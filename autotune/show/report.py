@@ -20,6 +20,8 @@ from autotune.formatting import (
     format_percent,
     format_rate,
     format_seconds,
+    mfu_basis,
+    mfu_figure,
     short_config,
 )
 from autotune.study.confirmation import WARM_TURNS
@@ -85,7 +87,8 @@ def bench_tables(m: Measurement, device: str, title: str) -> Group:
         ("host syncs/step", _fmt(m.host_syncs_per_step, "{:.1f}"),
          "profiler window after the timed one"),
         ("device idle", format_percent(m.device_idle_fraction), "CUDA only"),
-        ("MFU", format_percent(m.mfu), "model FLOPs over the precision's peak (CUDA only)"),
+        ("MFU", *mfu_figure(m.mfu, device, mfu_basis(m.flops_per_sample, m.flops_source,
+                                                     m.peak_flops, m.peak_flops_source))),
         ("CPU threads", _fmt(m.cpu_threads, "{}"),
          f"intra-op threads, on CPUs {_cpu_list(m.cpu_affinity)}"),
         ("other processes", format_percent(m.other_cpu_share), _contention_how(m)),
@@ -358,7 +361,8 @@ def result_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
     rows += [
         ("peak memory (best)", format_bytes(summary.best_peak_memory_bytes),
          "the largest rank's" if summary.process_group else ""),
-        ("MFU (best)", format_percent(summary.best_mfu), "CUDA only"),
+        ("MFU (best)", *mfu_figure(summary.best_mfu, summary.device_type,
+                                   summary.best_mfu_basis)),
         ("tuning wall time", format_seconds(summary.tuning_wall_s), "trials only"),
         ("trials", ", ".join(f"{k.lower()} {v}" for k, v in sorted(summary.trials.items())),
          "by Optuna state"),

@@ -16,7 +16,7 @@ from optuna.trial import TrialState
 
 from autotune.config import CONDITIONS, DISTRIBUTED_KNOBS, TrainConfig, knob_names
 from autotune.errors import ConfigError
-from autotune.formatting import format_disturbance, format_seconds, short_config
+from autotune.formatting import format_disturbance, format_seconds, mfu_basis, short_config
 from autotune.study.bottleneck import Diagnosis, before_and_after, diagnose
 from autotune.study.confirmation import Confirmation, stored_confirmation
 from autotune.study.records import (
@@ -202,6 +202,9 @@ def study_summary(study: optuna.Study) -> StudySummary:
         disturbed_trials=tuple(r.number for r in records if r.disturbed and not r.duplicate),
         best_disturbed=best_disturbed, compile_payoff=payoff,
         diagnosis=diagnosis, answer_diagnosis=answer_diagnosis,
+        device_type=identity.device_type if identity else None,
+        best_mfu_basis=_mfu_basis(records, best_trial)
+        if identity and identity.device_type == "cuda" else None,
         trial_times=trial_times(records),
         probe_s=(attrs.get(StudyKey.PROBE) or {}).get("wall_s"),
         verifications=tuple(Verification.from_json(v)
@@ -278,6 +281,15 @@ def _left_unknown(short: Mapping[str, Any] | None, confirmed: ConfirmedFigures |
     return (f"Left unknown: the speedup's interval (an answer needs "
             f"{format_seconds(short['needed_s'])}, the run kept {kept}); "
             f"`{short.get('flag') or '--timeout ' + short['timeout']}` would answer it.")
+
+
+def _mfu_basis(records: Sequence[TrialRecord], number: int | None) -> str | None:
+    """What the best trial's MFU divided by what (the confirmation's runs of it divide the
+    same FLOPs a sample by the same peak)."""
+    m = next((r.measurement for r in records if r.number == number), None)
+    if m is None:
+        return None
+    return mfu_basis(m.flops_per_sample, m.flops_source, m.peak_flops, m.peak_flops_source)
 
 
 def _confirmed_figures(confirmation: Confirmation) -> dict[str, Any]:

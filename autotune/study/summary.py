@@ -155,6 +155,10 @@ class StudySummary:
     verifications: tuple[Verification, ...] = ()
     trial_times: tuple[TrialTimes, ...] = ()  # of the measured trials that recorded phases
     probe_s: float | None = None  # the capability probe's wall time, once per study
+    # The kind of device the trials ran on ("cuda", "cpu"; None: a study from before its
+    # identity), and what the best's MFU divided by what (on CUDA: `formatting.mfu_basis`).
+    device_type: str | None = None
+    best_mfu_basis: str | None = None
     files: dict[str, str] = field(default_factory=dict)
     # A script's study: its own arguments, and the answer in its own terms (None: a model
     # file's study, or no measured trial of the answer says it).

@@ -5,18 +5,21 @@ from __future__ import annotations
 from dataclasses import MISSING, fields, replace
 
 import optuna
+import pytest
 import torch
 from rich.console import Console
 
 from autotune.config import DISTRIBUTED_KNOBS, TrainConfig
 from autotune.show.report import (
     OPERATOR_TABLE_TITLES,
+    bench_tables,
     knob_rows,
     stats_table,
     summary_markdown,
     summary_tables,
     trial_row,
 )
+from autotune.show.report_page import build_report
 from autotune.study.confirmation import NOISE, PAYS, TakenBack
 from autotune.study.records import StudyKey, TrialRecord
 from autotune.study.results import applicable_knobs, load_study, study_summary
@@ -204,3 +207,49 @@ def test_each_change_taken_back_is_a_row_with_its_cost_and_what_it_says() -> Non
     markdown = summary_markdown(summary)
     assert "- without torch.compile: 0.4% [-1.2%, +1.2%] (speed lost, paired by round, 95% " \
         "interval: inside the noise: dropped)" in markdown
+
+
+# What a CUDA trial of a GPT-2-small-like model records for its MFU (the figures are made up).
+CUDA_MFU = Measurement(samples_per_sec=200.0, flops_per_sample=4.21e9, flops_source="counted",
+                       peak_flops=989e12, peak_flops_source="the bf16 data-sheet peak",
+                       mfu=4.21e9 * 200.0 / 989e12)
+
+
+def test_bench_shows_mfu_with_what_it_divided_on_cuda_and_why_there_is_none_on_cpu() -> None:
+    on_cuda = " ".join(_text(bench_tables(CUDA_MFU, "cuda:0", "gpt2 on cuda")).split())
+    assert "MFU │ 0.1% │ 4.21 GFLOP a sample (counted) x samples/sec over 989 TFLOP/s, the " \
+        "bf16 data-sheet peak" in on_cuda
+    on_cpu = " ".join(_text(bench_tables(Measurement(samples_per_sec=200.0), "cpu",
+                                         "mlp on cpu")).split())
+    assert "MFU │ n/a on CPU │ no peak FLOP/s to divide by: MFU needs CUDA" in on_cpu
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_show_run_and_summary_md_give_the_best_mfu_or_why_there_is_none(tmp_path,
+                                                                       device) -> None:
+    """`show`, `run`'s closing summary and summary.md share one row, and `report`'s page says
+    the same; on CUDA the best trial's FLOPs a sample and peak are what it divided."""
+    study = optuna.create_study(study_name="s", storage=open_storage(None, tmp_path / "s"),
+                                direction="maximize")
+    study.set_user_attr(StudyKey.IDENTITY, StudyIdentity("models/mlp.py", {}, device).to_json())
+    base = TrainConfig(micro_batch_size=8)
+    study.set_user_attr(StudyKey.BASELINE_CONFIG, base.to_dict())
+    _told(study, base, "ok", 100.0, role="baseline")
+    mfu = {f: getattr(CUDA_MFU, f) for f in ("flops_per_sample", "flops_source", "peak_flops",
+                                              "peak_flops_source", "mfu")}
+    _told(study, base.replace(precision="bf16"), "ok", 200.0, **(mfu if device == "cuda" else {}))
+    summary = study_summary(load_study("s", tmp_path))
+    text = " ".join(_text(summary_tables(summary)).split())
+    markdown = summary_markdown(summary)
+    page = build_report(load_study("s", tmp_path))
+    if device == "cuda":
+        assert "MFU (best) │ 0.1% │ 4.21 GFLOP a sample (counted) x samples/sec over 989 " \
+            "TFLOP/s" in text
+        assert "- MFU (best): 0.1% (4.21 GFLOP a sample (counted)" in markdown
+        assert "<td>MFU</td><td class=\"num\">n/a</td><td class=\"num\">0.1%</td>" in page
+        assert "MFU: 4.21 GFLOP a sample (counted) x samples/sec over 989 TFLOP/s" in page
+    else:
+        assert "MFU (best) │ n/a on CPU │ no peak FLOP/s to divide by: MFU needs CUDA" in text
+        assert "- MFU (best): n/a on CPU (no peak FLOP/s to divide by" in markdown
+        assert "<td class=\"num\">n/a on CPU</td><td class=\"num\">n/a on CPU</td>" in page
+        assert "MFU: no peak FLOP/s to divide by: MFU needs CUDA." in page

@@ -28,7 +28,8 @@ SEARCH_KEYS = {
     "memory_predictions", "loader_rates", "baseline_trial", "left_out", "convolutional",
     "warnings",
     "queued_trials", "trial_times", "probe_s", "disturbed_trials",
-    "best_disturbed", "compile_payoff", "diagnosis", "answer_diagnosis"}
+    "best_disturbed", "compile_payoff", "diagnosis", "answer_diagnosis", "device_type",
+    "best_mfu_basis"}
 # ... and the keys the paired rounds add.
 CONFIRMED_KEYS = {
     "best_runs", "baseline_spread", "speedup_ci", "no_measurable_difference",
