@@ -420,7 +420,7 @@ def diagnosis_lines(summary: StudySummary) -> list[str]:
     if summary.diagnosis is not None:
         lines.append(f"your settings' step: {summary.diagnosis.describe()}")
     if summary.answer_diagnosis is not None:
-        lines.append(f"the answer's step: {summary.answer_diagnosis.describe()}")
+        lines.append(f"the answer's step: {summary.answer_diagnosis.describe(first=False)}")
     return lines
 
 

@@ -100,9 +100,9 @@ class Diagnosis:
                   and s.kind not in kinds]
         return tuple(dict.fromkeys(k for kind in kinds for k in KNOBS[kind]))
 
-    def describe(self) -> str:
+    def describe(self, first: bool = True) -> str:
         """In words: each named share with what it points to, the idle device, the memory,
-        and what comes first."""
+        and (`first`) what an engineer fixes first."""
         largest = self.shares[0].kind if self.shares else None
         parts = [f"{s.words} {s.fraction:.0%}{self._pointer(s, largest)}"
                  for s in self.shares if s.fraction >= NAMED]
@@ -113,10 +113,11 @@ class Diagnosis:
             text += f"; {self.memory_free:.0%} of the memory free at the peak"
             if self.dominant == MEMORY:
                 text += f" (-> {_FIXES[MEMORY]})"
-        first = self.dominant
-        if first is None:
+        if not first:
+            return text
+        if self.dominant is None:
             return f"{text}. No single bottleneck: the usual fast settings first"
-        return f"{text}. {_WORDS.get(first, 'the unused memory').capitalize()} first"
+        return f"{text}. {_WORDS.get(self.dominant, 'the unused memory').capitalize()} first"
 
     def _pointer(self, share: Share, largest: str | None) -> str:
         """What a share points to, where it is worth saying: a fixable share that dominates,
