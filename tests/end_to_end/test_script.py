@@ -250,12 +250,13 @@ def test_a_script_that_never_reaches_its_trainer_ends_at_the_probes_limit(
     assert time.monotonic() - start < 240
     assert done.returncode == 2
     assert done.stderr.splitlines() == [
-        "autotune: error: train.py ran 120 s and never called Trainer.train or Trainer.fit; for "
-        "other training loops write a model file: README; a start-up longer than 120 s: "
-        "--startup-limit 10m"]
+        "autotune: error: train.py ran 120 s and never reached Trainer.train, Trainer.fit or a "
+        "torch.optim optimizer's first step; a loop without a torch.optim optimizer: write a "
+        "model file (README); a start-up longer than 120 s: --startup-limit 10m"]
     assert [line for line in done.stdout.splitlines() if line.startswith("probing:")] == [
-        f"probing: train.py has run {s} s, not yet at its Trainer.train or Trainer.fit (the "
-        "probe stops it at 120 s: --startup-limit)" for s in (30, 60, 90)]
+        f"probing: train.py has run {s} s, not yet at its Trainer.train, Trainer.fit or a "
+        "torch.optim optimizer's first step (the probe stops it at 120 s: --startup-limit)"
+        for s in (30, 60, 90)]
     assert not (tmp_path / "studies").exists()
 
 
