@@ -246,6 +246,38 @@ def assignment_line(file: str, name: str, before: int | None = None) -> int | No
     return min(found) if found else None
 
 
+def argument_flag(file: str | Path, cls: type, parameter: str, value: Any,
+                  flags: Mapping[str, Any]) -> Source | None:
+    """The script's flag that its code passes as `parameter` where it builds a `cls`
+    (`Data(args.batch_size)`, `Data(batch_size=args.batch_size)`), read from its source: for
+    an object the library holds, built before the hook could see the call; None where no such
+    call passes a flag that holds `value`."""
+    tree = _source(str(file))[0]
+    if tree is None:
+        return None
+    try:
+        names = [p for p in inspect.signature(cls.__init__).parameters][1:]
+    except (TypeError, ValueError):
+        names = []
+    index = names.index(parameter) if parameter in names else None
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or _last_name(node.func) != cls.__name__:
+            continue
+        given = next((k.value for k in node.keywords if k.arg == parameter), None)
+        if given is None and index is not None and index < len(node.args):
+            given = node.args[index]
+        if isinstance(given, ast.Attribute) and given.attr in flags and \
+                flags[given.attr].value == value:
+            flag = flags[given.attr]
+            return Source(flag=flag.option, form=flag.form, const=flag.const)
+    return None
+
+
+def _last_name(node: ast.expr) -> str | None:
+    return node.attr if isinstance(node, ast.Attribute) else \
+        node.id if isinstance(node, ast.Name) else None
+
+
 def _call_node(frame: FrameType) -> ast.Call | None:
     """The call expression the frame is running, found by the instruction's position."""
     tree = _source(frame.f_code.co_filename)[0]
