@@ -42,7 +42,8 @@ def read_baseline(watch: LoopWatch) -> ScriptBaseline:
     sources = dict(record.sources)
     named = trial.flag_map.get("grad_accum_steps")
     if named:
-        sources["gradient_accumulation_steps"] = named_flag(named, trial.flags)
+        sources["gradient_accumulation_steps"] = named_flag(named, trial.flags,
+                                                                  "grad_accum_steps")
     baseline.knobs["grad_accum_steps"] = accelerator.gradient_accumulation_steps
     if record.accumulation_given:
         baseline.fixed["grad_accum_steps"] = ("the script gives its Accelerator a "

@@ -77,7 +77,8 @@ def patch_trainer(module: ModuleType) -> None:
         startup_s = trial.training_called()
         trial.baseline, trial.settings = prepared
         for knob, flag in trial.flag_map.items():
-            trial.baseline.said("TrainingArguments", FIELDS[knob], named_flag(flag, trial.flags))
+            trial.baseline.said("TrainingArguments", FIELDS[knob],
+                                named_flag(flag, trial.flags, knob))
         tally = StepTally()
         self.add_callback(callback_cls(trial, self, tally, startup_s))
         _tally_micro_steps(self, tally)

@@ -82,7 +82,9 @@ def script_job(request: TrialRequest, device: torch.device, world_size: int,
                             kind=own.library if own is not None else None, own=own,
                             candidates=request.settings.get("candidates", {}),
                             flag_map=dict(request.settings.get("script_flag_map") or {}),
-                            flags_set=flags_set)
+                            flags_set=flags_set,
+                            own_paths=[str(Path(p).parent) for p in (
+                                request.trace_path, request.settings.get("out")) if p])
         progress(SCRIPT_STARTUP)
         start = time.perf_counter()
         run = run_script(request.model_path, argv, trial)

@@ -19,7 +19,8 @@
   observer, which ends the loop when its measurement is done (`TrainingDone`).
 
 The script is claimed a hand-written loop at that start, unless a Trainer or an Accelerator
-claimed it first (`ScriptTrial.kind`)."""
+claimed it first (`ScriptTrial.kind`). Under torchrun a trial's rank has joined the group
+before the script runs: the script's own `init_process_group` finds it joined."""
 
 from __future__ import annotations
 
@@ -528,6 +529,7 @@ def watching_loop(trial: ScriptTrial, where: Path,
     next_batch = torch.utils.data.dataloader._BaseDataLoaderIter.__next__
     optimizer_init, adam_init = torch.optim.Optimizer.__init__, torch.optim.Adam.__init__
     backward, compile_ = torch.Tensor.backward, torch.compile
+    init_group = torch.distributed.init_process_group
     loader_signature = inspect.signature(loader_init)
     adam_signature = inspect.signature(adam_init)
 
@@ -614,6 +616,12 @@ def watching_loop(trial: ScriptTrial, where: Path,
                 watch.script_compiles(site)
         return compile_(*args, **kwargs)
 
+    @functools.wraps(init_group)
+    def patched_init_group(*args: Any, **kwargs: Any) -> None:
+        if current() is trial and torch.distributed.is_initialized():
+            return None  # the trial's rank joined the group torchrun started before the script
+        return init_group(*args, **kwargs)
+
     def pre_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if ours():
             watch.step_started(optimizer)
@@ -629,6 +637,7 @@ def watching_loop(trial: ScriptTrial, where: Path,
     torch.optim.Adam.__init__ = patched_adam_init  # type: ignore[method-assign]
     torch.Tensor.backward = patched_backward  # type: ignore[method-assign]
     torch.compile = patched_compile  # type: ignore[assignment]
+    torch.distributed.init_process_group = patched_init_group
     hooks = [register_optimizer_step_pre_hook(pre_step),
              register_optimizer_step_post_hook(post_step)]
     try:
@@ -641,6 +650,7 @@ def watching_loop(trial: ScriptTrial, where: Path,
         torch.optim.Adam.__init__ = adam_init  # type: ignore[method-assign]
         torch.Tensor.backward = backward  # type: ignore[method-assign]
         torch.compile = compile_  # type: ignore[assignment]
+        torch.distributed.init_process_group = init_group
         for hook in hooks:
             hook.remove()
         watch.finish()

@@ -49,7 +49,7 @@ def read_batch_sources(watch: LoopWatch, baseline: ScriptBaseline,
     loader = watch.train_loader
     for knob in knobs:
         named = trial.flag_map.get(knob)
-        source = named_flag(named, trial.flags) if named else None
+        source = named_flag(named, trial.flags, knob) if named else None
         if source is None and knob == "micro_batch_size" and loader is not None and \
                 loader.sources["batch_size"].flag:
             source = loader.sources["batch_size"]

@@ -46,7 +46,12 @@ from autotune.trial.script.session import (
 )
 from autotune.trial.script.sources import record_flags
 from autotune.trial.script.terms import read_loop_baseline
-from autotune.trial.script.writes import KeptWrites, kept_in_scratch, protected_paths
+from autotune.trial.script.writes import (
+    KeptWrites,
+    autotunes_paths,
+    kept_in_scratch,
+    protected_paths,
+)
 from autotune.trial.training import Unsupported
 
 # The modules whose import installs a hook: the classes are patched in the module that defines
@@ -94,7 +99,8 @@ def run_script(path: str | Path, argv: Sequence[str], trial: ScriptTrial) -> Scr
     sys.path.insert(0, str(path.resolve().parent))
     trial.started_at = time.perf_counter()
     imports = None
-    writes = KeptWrites(trial.scratch_dir, protected_paths(sys.argv[1:]))
+    writes = KeptWrites(trial.scratch_dir, protected_paths(sys.argv[1:]),
+                        autotunes_paths(*trial.own_paths))
     try:
         with working_in(trial.scratch_dir / "cwd", home), active(trial), \
                 patched_on_import(PATCHES), _parser_exits_recorded(), \

@@ -107,6 +107,7 @@ class ScriptTrial:
     flag_map: dict[str, str] = field(default_factory=dict)  # knob -> the user's named flag
     flags_set: list[str] = field(default_factory=list)  # the script's flags the trial set
     loop: Any = None  # the watch on a script's own loop (`trial/script/loop.LoopWatch`)
+    own_paths: list[str] = field(default_factory=list)  # autotune's files the trial writes
     printed_help: bool = False  # its parser printed its help (`-- --help`)
     output: OutputTail = field(default_factory=OutputTail)
 

@@ -29,6 +29,7 @@ from autotune.trial.protocol import (
     ScriptFlag,
     without_flag,
 )
+from autotune.trial.script.errors import ScriptError
 from autotune.trial.script.preload import library_roots
 
 _AUTOTUNE = str(Path(__file__).resolve().parents[2]) + os.sep
@@ -316,14 +317,18 @@ def _source(file: str) -> tuple[ast.Module | None, list[str]]:
         return None, []
 
 
-def named_flag(flag: str, parsed: dict[str, Any]) -> Source:
-    """How the user's named flag is written: as its parser takes it, else as the command
-    line gives it (`--flag=VALUE` where it is not given: both argparse and `--key=value`
-    configurators read that)."""
+def named_flag(flag: str, parsed: Mapping[str, Any], knob: str = "") -> Source:
+    """How the user's named flag (`--arg KNOB=FLAG`) is written: as the script's parser takes
+    it, else as the command line gives it (`--flag=VALUE` where it is not given: argparse and
+    `--key=value` configurators both read that). A script whose argparse parser has no such
+    flag is bad input."""
     traced = next((f for f in parsed.values() if f.option == flag), None)
     if traced is not None:
         return Source(flag=flag, form=traced.form, const=traced.const)
-    words = sys.argv[1:]
-    if flag in words:
+    if parsed:
+        options = ", ".join(sorted(f.option for f in parsed.values()))
+        raise ScriptError(f"--arg {knob}={flag}: the script's parser has no {flag} (its "
+                          f"flags: {options})")
+    if flag in sys.argv[1:]:
         return Source(flag=flag, form=VALUE)
     return Source(flag=flag, form=EQUALS)

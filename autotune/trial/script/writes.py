@@ -28,11 +28,14 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 class KeptWrites:
     """Where a path the script writes lands: itself, or its place under `scratch/elsewhere`."""
 
-    def __init__(self, scratch: Path, protected: Iterable[Path]) -> None:
+    def __init__(self, scratch: Path, protected: Iterable[Path],
+                 autotunes: Iterable[Path] = ()) -> None:
         self.scratch = Path(os.path.realpath(scratch))
         self.overlay = self.scratch / "elsewhere"
         self.protected = tuple(Path(os.path.realpath(p)) for p in protected
                                if not _inside(Path(os.path.realpath(p)), self.scratch))
+        # autotune's own files (the trial's trace, the compile caches): never moved
+        self.autotunes = (self.scratch, *(Path(os.path.realpath(p)) for p in autotunes))
         self.moved = False  # whether anything was written elsewhere yet
 
     def target(self, path: Any) -> Any:
@@ -42,7 +45,7 @@ class KeptWrites:
             return path
         given = Path(os.path.abspath(text))
         real = Path(os.path.realpath(given))
-        if _inside(real, self.scratch):
+        if any(_inside(real, own) for own in self.autotunes):
             return path
         through_link = _inside(given, self.scratch)
         if not through_link and not any(_inside(real, root) for root in self.protected):
@@ -56,6 +59,14 @@ class KeptWrites:
             return path
         moved = self.target(path)
         return moved if moved is not path and os.path.lexists(moved) else path
+
+
+def autotunes_paths(*given: str | os.PathLike | None) -> list[Path]:
+    """autotune's own folders a trial writes to while the script runs: those given (the
+    trace's), and the compile caches the environment names."""
+    names = [*given, *(os.environ.get(v) for v in ("TORCHINDUCTOR_CACHE_DIR",
+                                                    "TRITON_CACHE_DIR"))]
+    return [Path(n) for n in names if n]
 
 
 def protected_paths(argv: Iterable[str]) -> list[Path]:

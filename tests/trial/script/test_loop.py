@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from autotune.config import TrainConfig
-from autotune.trial.script.errors import NeverTrained
+from autotune.trial.script.errors import NeverTrained, ScriptError
 from autotune.trial.script.session import ScriptBaseline
 from autotune.trial.script.terms import answer, kept, left_out
 from autotune.trial.training import Unsupported
@@ -88,6 +88,13 @@ def test_a_named_flag_that_does_not_set_the_batch_is_unsupported(tmp_path: Path)
     with pytest.raises(Unsupported, match="with the script's flags set so, its loop ran 16 "
                                           "samples in 2 backward passes"):
         run(NANOGPT, argv, tmp_path / "s", config=config, own=own, flag_map=named)
+
+
+def test_a_named_flag_the_scripts_parser_does_not_have_is_bad_input(tmp_path: Path) -> None:
+    with pytest.raises(ScriptError, match="--arg micro_batch_size=--bs: the script's parser "
+                                          "has no --bs"):
+        _probe(NANOGPT, ["--out_dir", str(tmp_path / "out")], tmp_path / "p",
+               {"micro_batch_size": "--bs"})
 
 
 def test_loader_settings_go_to_the_loader_the_loop_trains_from(tmp_path: Path) -> None:

@@ -45,3 +45,12 @@ def test_writes_to_the_users_paths_land_in_the_scratch_folder(
     moved = scratch / "elsewhere" / named.resolve().relative_to("/")
     assert (moved / "ckpt.pt").is_file()
     assert (os.mkdir, torch.save) == saved  # every patch taken back
+
+
+def test_autotunes_own_files_are_never_moved(tmp_path: Path) -> None:
+    """An argument naming a folder that holds the study (`--data_dir .`, say): the trial's
+    trace and the compile caches inside it are still written where autotune looks."""
+    study = tmp_path / "studies" / "train"
+    writes = KeptWrites(tmp_path / "scratch", [tmp_path], [study])
+    assert writes.target(str(study / "trace.json")) == str(study / "trace.json")
+    assert writes.target(str(tmp_path / "out.txt")) != str(tmp_path / "out.txt")
