@@ -156,3 +156,52 @@ def test_a_configuration_a_loop_cannot_take_is_refused_as_the_trials(tmp_path: P
     config = TrainConfig(micro_batch_size=8, grad_accum_steps=2, precision="bf16")
     assert [x.knob for x in left_out(own, {"precision": ("bf16",)}, "cpu")] == ["precision"]
     assert answer(config, own, "cpu").changes == {}  # nothing the loop can be told changes
+
+
+STATEFUL = '''
+import torch
+from torch import nn
+
+class Counting(nn.Module):
+    """A block whose output depends on how often it ran: recomputing it changes it."""
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return torch.relu(self.linear(x)) * (1 + 0.5 * (self.calls % 2))
+
+model = nn.Sequential(*(Counting() for _ in range(3)))
+optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+for _ in range(1000):
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+'''
+
+
+def test_the_probe_refuses_checkpointing_that_changes_what_the_loop_learns(
+        tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(STATEFUL).replace("LR", "1e-3"))
+    own = _probe(str(script), [], tmp_path / "probe")
+    assert "changes what this model learns" in own.refused["activation_checkpointing"]["full"]
+    found = left_out(own, {"activation_checkpointing": ("none", "full")}, "cpu")
+    assert [(x.knob, x.value) for x in found] == [("activation_checkpointing", "full")]
+
+
+def test_a_loop_whose_loss_goes_non_finite_is_measured_so(tmp_path: Path) -> None:
+    from autotune.trial.protocol import TrialRequest
+    from autotune.trial.script.job import script_job
+
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(STATEFUL).replace("LR", "1e30"))
+    request = TrialRequest(model_path=str(script), config={"micro_batch_size": 4}, device="cpu",
+                           script_args=[], settings={
+                               "window_steps": 2, "window_seconds": 0.0, "screen_steps": 0,
+                               "warmup_max_steps": 2, "profile_steps": 0})
+    _, figures = script_job(request, torch.device("cpu"), 1, lambda phase: None)
+    assert figures.loss_finite is False
