@@ -83,8 +83,9 @@ def script_job(request: TrialRequest, device: torch.device, world_size: int,
                             candidates=request.settings.get("candidates", {}),
                             flag_map=dict(request.settings.get("script_flag_map") or {}),
                             flags_set=flags_set,
-                            own_paths=[str(Path(p).parent) for p in (
-                                request.trace_path, request.settings.get("out")) if p])
+                            own_paths=[p for p in (
+                                request.trace_path and str(Path(request.trace_path).parent),
+                                request.settings.get("out")) if p])
         progress(SCRIPT_STARTUP)
         start = time.perf_counter()
         run = run_script(request.model_path, argv, trial)
