@@ -44,7 +44,7 @@ from autotune.trial.script.session import (
     active,
     current,
 )
-from autotune.trial.script.sources import record_flags
+from autotune.trial.script.sources import caller_site, record_flags
 from autotune.trial.script.terms import read_loop_baseline
 from autotune.trial.script.writes import (
     KeptWrites,
@@ -267,7 +267,8 @@ def _parser_exits_recorded() -> Iterator[None]:
                          namespace: Any = None) -> Any:
         parsed = original_parse(self, args, namespace)
         trial = current()
-        if trial is not None and not trial.training:
+        # the script's own parsers: a library's (HfArgumentParser's) are read where they build
+        if trial is not None and not trial.training and caller_site(sys._getframe(1)):
             record_flags(self, args, parsed[0], trial.flags)
         return parsed
 
