@@ -68,6 +68,9 @@ ACCELERATE = "accelerate"
 OWN_LOOPS = (None, LIBRARY, ACCELERATE)
 LOADER_ARGUMENTS = ("batch_size", "num_workers", "prefetch_factor", "pin_memory",
                     "persistent_workers")
+# Where a loop's settings are said (the places of `ScriptBaseline.settings`): its own flags,
+# the DataLoader its loop trains from, its optimizer, and its model.
+FLAGS, LOADER, OPTIMIZER, MODEL = "flags", "DataLoader", "optimizer", "model"
 _ADAM = ("Adam", "AdamW")
 
 
@@ -103,7 +106,6 @@ class ModelRecord:
     module: nn.Module
     name: str | None
     built: Source | None
-    checkpointing: str | None = None  # how the trial checkpoints it (`apply_...`'s words)
 
 
 class LoopWatch:
@@ -111,12 +113,10 @@ class LoopWatch:
 
     def __init__(self, trial: ScriptTrial, where: Path) -> None:
         self.trial, self.where = trial, where  # `where`: the script's folder, to name files
-        self.loaders: list[LoaderRecord] = []
         self.train_loader: LoaderRecord | None = None
         self.optimizers: dict[int, OptimizerRecord] = {}
         self.main: OptimizerRecord | None = None
         self.model: ModelRecord | None = None
-        self.outermost: nn.Module | None = None
         self.forward_site: Source | None = None  # the loop's call of the model
         self.script_compiled: Source | None = None
         self.autocast: torch.dtype | None = None  # the script's own, around the forward
@@ -144,7 +144,6 @@ class LoopWatch:
                                     for n in LOADER_ARGUMENTS}, site.code(self.where),
                               isinstance(arguments.get("dataset"), IterableDataset))
         loader._autotune_loader = record  # type: ignore[attr-defined]
-        self.loaders.append(record)
         return self._loader_changes(record)
 
     def _loader_changes(self, record: LoaderRecord) -> dict[str, Any]:
@@ -152,7 +151,7 @@ class LoopWatch:
         own = trial.own
         if config is None or own is None or trial.kind not in (LIBRARY, ACCELERATE):
             return {}
-        line = own.sources.get("DataLoader", {}).get("")
+        line = own.sources.get(LOADER, {}).get("")
         if line is None or (line.get("file"), line.get("line")) != \
                 (record.site.file, record.site.line):
             return {}
@@ -199,7 +198,7 @@ class LoopWatch:
         if config is None or own is None or trial.kind not in (LIBRARY, ACCELERATE) or \
                 config.optimizer_impl == impl:
             return {}
-        line = own.sources.get(_OPTIMIZER, {}).get("")
+        line = own.sources.get(OPTIMIZER, {}).get("")
         if line is None or (line.get("file"), line.get("line")) != (
                 site.code(self.where).file, site.line):
             return {}
@@ -250,7 +249,6 @@ class LoopWatch:
         self.started = True
         self.startup_s = trial.training_called()
         if module is not None:
-            self.outermost = module
             self._handles.append(module.register_forward_pre_hook(self._counted,
                                                                   with_kwargs=True))
             if torch.is_autocast_enabled(trial.device.type):
@@ -396,8 +394,7 @@ class LoopWatch:
         if config is None or own is None or config.activation_checkpointing == \
                 own.knobs.get("activation_checkpointing", "none"):
             return
-        model.checkpointing = apply_activation_checkpointing(model.module,
-                                                             config.activation_checkpointing)
+        apply_activation_checkpointing(model.module, config.activation_checkpointing)
 
     def _probe_checks(self, args: Any, kwargs: Any) -> None:
         """The probe's checks on the loop's own batch, on a copy of the model: checkpointing
@@ -439,10 +436,6 @@ class LoopWatch:
         baseline = self.trial.baseline
         if baseline is not None:
             baseline.refused.setdefault(knob, {})[str(value)] = reason
-
-
-# The place the answer names the optimizer's settings at.
-_OPTIMIZER = "optimizer"
 
 
 def _scalar(output: Any) -> torch.Tensor:

@@ -14,13 +14,10 @@ import torch
 
 from autotune.config import FP8_PRECISIONS, TrainConfig
 from autotune.trial.protocol import CodeChange, LeftOut
-from autotune.trial.script.loop import LIBRARY, LoopWatch
+from autotune.trial.script.loop import FLAGS, LIBRARY, LOADER, MODEL, OPTIMIZER, LoopWatch
 from autotune.trial.script.session import ScriptBaseline, Settings
 from autotune.trial.script.sources import Source, named_flag
 
-# Where a loop's settings are said (the places of `ScriptBaseline.settings`): its own flags,
-# the DataLoader its loop trains from, its optimizer, and its model.
-FLAGS, LOADER, OPTIMIZER, MODEL = "flags", "DataLoader", "optimizer", "model"
 BATCH_KNOBS = ("micro_batch_size", "grad_accum_steps")
 LOADER_KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
 _NO_MODEL = ("no module holding the optimizer's parameters was found among the script's "
