@@ -268,6 +268,45 @@ def config_with(knob: str, value: Any) -> TrainConfig:
     return TrainConfig(**{**_ENABLING.get(knob, {}), **enabling, knob: value})
 
 
+# Knobs a person changes together, each group one change: the micro-batch with its accumulation,
+# and the DataLoader's settings. Every other knob is a change of its own.
+CHANGE_GROUPS = (("micro_batch_size", "grad_accum_steps"),
+                 ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory"))
+
+
+def changes(config: TrainConfig, baseline: TrainConfig) -> list[tuple[str, ...]]:
+    """What `config` changes from `baseline`, one change each (`CHANGE_GROUPS`), in the knobs'
+    order: what the confirmation takes back one at a time. A knob that means nothing in one of
+    the two (`CONDITIONS`: AdamW's implementation beside another optimizer) moved with its
+    parent, and is that change's, not one of its own."""
+    mine, base = config.to_dict(), baseline.to_dict()
+    grouped = {knob: group for group in CHANGE_GROUPS for knob in group}
+    out: list[tuple[str, ...]] = []
+    for knob in knob_names():
+        group = grouped.get(knob, (knob,))
+        if mine[knob] == base[knob] or group in out:
+            continue
+        if knob not in grouped and knob in CONDITIONS and \
+                not (CONDITIONS[knob].holds(mine) and CONDITIONS[knob].holds(base)):
+            continue
+        out.append(group)
+    return out
+
+
+def taken_back(config: TrainConfig, change: Sequence[str], baseline: TrainConfig) -> TrainConfig:
+    """`config` with one of its `changes` set back to the baseline's values: a knob that then
+    means nothing at the value it takes otherwise, and one that means something again (its
+    parent taken back) at the baseline's."""
+    mine, base = config.to_dict(), baseline.to_dict()
+    values = {**mine, **{knob: base[knob] for knob in change}}
+    for name, condition in CONDITIONS.items():
+        if not condition.holds(values):
+            values[name] = condition.otherwise
+        elif not condition.holds(mine):
+            values[name] = base[name]
+    return TrainConfig(**values)
+
+
 def loader_settings(domains: Mapping[str, Sequence[Any]]) -> list[tuple[int, int | None]]:
     """Every (num_workers, prefetch_factor) of a space; prefetch means nothing without workers."""
     return [(w, p) for w in domains["num_workers"]

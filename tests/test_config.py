@@ -9,7 +9,14 @@ import pytest
 import torch
 import yaml
 
-from autotune.config import TrainConfig, from_baseline, knob_names, parse_assignments
+from autotune.config import (
+    TrainConfig,
+    changes,
+    from_baseline,
+    knob_names,
+    parse_assignments,
+    taken_back,
+)
 from autotune.errors import ConfigError
 from autotune.hardware import describe, unsupported_reason
 
@@ -310,3 +317,29 @@ def test_workers_above_cpu_count_run(cpu_info):
     assert cpu_info.type == "cpu"
     more = TrainConfig(num_workers=4 * cpu_info.cpu_count)
     assert unsupported_reason(more, cpu_info) is None
+
+
+def test_a_configuration_changes_the_batch_and_the_loader_as_one_change_each():
+    """Micro-batch and accumulation are one change, the DataLoader's settings another; every
+    other knob is one of its own. Taking one back sets its knobs to the baseline's."""
+    base = TrainConfig(micro_batch_size=8, grad_accum_steps=4)
+    best = base.replace(micro_batch_size=32, grad_accum_steps=1, num_workers=2,
+                        prefetch_factor=4, persistent_workers=True, precision="bf16",
+                        compile_mode="default")
+    assert changes(best, base) == [("micro_batch_size", "grad_accum_steps"), ("precision",),
+                                   ("num_workers", "prefetch_factor", "persistent_workers",
+                                    "pin_memory"), ("compile_mode",)]
+    assert taken_back(best, ("micro_batch_size", "grad_accum_steps"), base) == \
+        best.replace(micro_batch_size=8, grad_accum_steps=4)
+    assert taken_back(best, changes(best, base)[2], base) == \
+        best.replace(num_workers=0, prefetch_factor=None, persistent_workers=False)
+    assert changes(base, base) == []
+
+
+def test_a_knob_that_moved_with_its_parent_is_the_parents_change():
+    """Adafactor in place of foreach AdamW: the implementation means nothing beside Adafactor,
+    so the optimizer is one change, and taking it back brings AdamW's implementation back."""
+    base = TrainConfig(optimizer_impl="foreach")
+    other = base.replace(optimizer="adafactor", optimizer_impl="for_loop", precision="bf16")
+    assert changes(other, base) == [("precision",), ("optimizer",)]
+    assert taken_back(other, ("optimizer",), base) == base.replace(precision="bf16")

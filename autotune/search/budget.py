@@ -7,13 +7,13 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import optuna
 
 from autotune.formatting import format_seconds
 from autotune.options import MeasureSettings
-from autotune.search.confirm import CLAIM_SETTLE_S
+from autotune.search.confirm import CLAIM_SETTLE_S, SHORT_RACE
 from autotune.search.runner import ROUND_WINDOW_STEPS
 from autotune.search.warm import WARM_MAX_ROUNDS, WARM_ROUNDS_PER_ROUND, turn_seconds
 from autotune.study.records import COUNTS_AGAINST_BUDGET, Role, TrialRecord, trial_records
@@ -67,15 +67,18 @@ def round_run_seconds(study: optuna.Study, settings: MeasureSettings) -> float |
 
 
 def confirmation_price(study: optuna.Study, settings: MeasureSettings, fallback_s: float,
-                       warm_holds: Callable[[float | None], bool]) -> ConfirmationPrice:
+                       warm_holds: Callable[[float | None], bool],
+                       taken_back: int = 0) -> ConfirmationPrice:
     """What confirming costs here, priced at the baseline's trial (`round_run_seconds`, else
     `fallback_s`): in warm turns where `warm_holds` the baseline's peak memory for each
-    candidate (`confirm.warm_expected`), else in fresh runs."""
+    candidate (`confirm.warm_expected`), else in fresh runs; with `taken_back` changes of the
+    best taken back beside it."""
     run_s = round_run_seconds(study, settings) or fallback_s
     baseline = _baseline(study)
     if baseline is None or not warm_holds(baseline.peak_memory_bytes):
-        return ConfirmationPrice(run_s)
-    return ConfirmationPrice(run_s, turn_seconds(baseline.measurement.step_time_median_s))
+        return ConfirmationPrice(run_s, taken_back=taken_back)
+    return ConfirmationPrice(run_s, turn_seconds(baseline.measurement.step_time_median_s),
+                             taken_back)
 
 
 def startup_note(study: optuna.Study) -> str | None:
@@ -129,10 +132,15 @@ class ConfirmationPrice:
     configuration's process started once (about a fresh run), a turn each to settle, the turns
     of the rounds, and a profiled turn of the two left. Rounds are counted as the confirmation
     counts them: fresh ones, or warm ones (`WARM_ROUNDS_PER_ROUND` for each fresh round asked,
-    up to `WARM_MAX_ROUNDS`)."""
+    up to `WARM_MAX_ROUNDS`).
+
+    With `taken_back` changes of the best taken back (`search.minimal`), the best less each
+    races too, every round, and, two or more of them, a short race of the best less those
+    dropped, the best and the baseline follows, of the least rounds an answer needs."""
 
     run_s: float
     turn_s: float | None = None
+    taken_back: int = 0
 
     @property
     def warm(self) -> bool:
@@ -145,24 +153,39 @@ class ConfirmationPrice:
         return WARM_MAX_ROUNDS if self.warm else asked
 
     def seconds(self, candidates: int, rounds: int) -> float:
-        """`rounds` rounds of `candidates` configurations: the first of them all, then the
-        race's two (the best and the baseline)."""
+        """`rounds` rounds of `candidates` configurations and the best less each change: the
+        first of them all, then the race's two (the best and the baseline) and the best less
+        each change; then the short race after it."""
+        racing, each = candidates + self.taken_back, 2 + self.taken_back
         if self.turn_s is None:
-            return (candidates + 2 * (rounds - 1)) * self.run_s
-        turns = 2 * candidates + 2 * (rounds - 1) + 2
-        return candidates * self.run_s + turns * self.turn_s
+            return (racing + each * (rounds - 1)) * self.run_s + self.short_race_s()
+        turns = 2 * racing + each * (rounds - 1) + 2
+        return racing * self.run_s + turns * self.turn_s + self.short_race_s()
+
+    def short_race_s(self) -> float:
+        """The short race after the race, where two or more changes may be dropped: the best
+        less them, the best and the baseline, `MIN_ROUNDS` paired rounds (warm: one more
+        process to start)."""
+        if self.taken_back < 2:
+            return 0.0
+        rounds = self.least_rounds(MIN_ROUNDS)
+        if self.turn_s is None:
+            return SHORT_RACE * rounds * self.run_s
+        return self.run_s + SHORT_RACE * (rounds + 1) * self.turn_s
 
     def rounds_in(self, seconds: float, candidates: int) -> int:
         """The rounds `seconds` hold, the first always."""
         room = seconds - self.seconds(candidates, 1)
-        return 1 + math.floor(max(0.0, room) / (2 * (self.turn_s or self.run_s)) + 1e-9)
+        each = (2 + self.taken_back) * (self.turn_s or self.run_s)
+        return 1 + math.floor(max(0.0, room) / each + 1e-9)
 
     def describe_rounds(self, rounds: int, candidates: int) -> str:
+        backs = ", the best less each of its changes among them" if self.taken_back else ""
         if self.warm:
             return (f"{rounds} paired round{'s' if rounds != 1 else ''} of warm turns, after "
-                    f"{candidates} processes warm up")
+                    f"{candidates + self.taken_back} processes warm up{backs}")
         return (f"{rounds} confirmation round{'s' if rounds != 1 else ''}, the first of "
-                f"{candidates} runs")
+                f"{candidates + self.taken_back} runs{backs}")
 
     def describe(self) -> str:
         if self.warm:
@@ -206,8 +229,10 @@ def plan_time(budget_s: float, started: float, now: float, trial_s: float,
 def answer_budget_s(price: ConfirmationPrice, share: float) -> float:
     """The least wall time a study needs for an answer with an interval: `MIN_ROUNDS` paired
     rounds (their warm ones, in warm turns) of one candidate and the baseline, within the
-    confirmation's share."""
-    return price.seconds(2, price.least_rounds(MIN_ROUNDS)) / share
+    confirmation's share; taking its changes back is not needed for an answer, so a budget
+    does not grow for it."""
+    bare = replace(price, taken_back=0)
+    return bare.seconds(2, bare.least_rounds(MIN_ROUNDS)) / share
 
 
 @dataclass(frozen=True)

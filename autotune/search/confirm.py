@@ -42,29 +42,44 @@ from autotune.options import (
     DEFAULT_CONFIRM_TARGET,
 )
 from autotune.search.events import StudyView
+from autotune.search.memory_model import MemoryModel
+from autotune.search.minimal import (
+    DROP_BOUND,
+    JUDGE_ROUNDS,
+    TakeBack,
+    judge,
+    take_backs,
+    without_all,
+)
 from autotune.search.outcome import Scoring
 from autotune.search.runner import MeasureJob
+from autotune.search.space import SearchSpace
 from autotune.search.warm import (
     WARM_MAX_ROUNDS,
     WARM_ROUNDS_PER_ROUND,
     WARM_WORTH_ROUNDS,
     PairJudge,
-    WarmRounds,
+    WarmPool,
     WarmStart,
+    WarmTurns,
     WarmUnavailable,
     memory_holds,
-    warm_or_why,
 )
 from autotune.search.worker import Measure
 from autotune.stats import Ratio, paired_ratio
 from autotune.study.confirmation import (
     FAILED,
     FRESH_ROUNDS,
+    NO_ROUNDS,
+    NO_TIME,
+    TOGETHER,
+    UNJUDGED,
     WARM_TURNS,
     CandidateSummary,
     Confirmation,
     Drift,
     Run,
+    TakenBack,
 )
 from autotune.study.records import (
     Role,
@@ -79,6 +94,9 @@ from autotune.trial.protocol import TrialResult, TrialStatus
 
 # Tuners ending together each claim the confirmation; the claim standing after this wins.
 CLAIM_SETTLE_S = 1.0
+# The short race after the race, of the recommendation less several changes dropped: that
+# configuration, the recommendation and the baseline.
+SHORT_RACE = 3
 # Warm rounds take seconds: the time left is told every this many.
 WARM_REPORT_EVERY = 10
 
@@ -129,6 +147,13 @@ class Candidate:
     search_precision: float | None = None  # the search trial's median known within ±this
     search_peak_bytes: float | None = None  # its peak memory in the search (warm processes')
     trace: str | None = None  # its profiler trace, where its warm process was asked for one
+    # Measured only to judge one change of `taken_from` (that configuration less the change):
+    # never the race's answer itself, and out of the race once the change shows it pays.
+    taken_from: Candidate | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def variant(self) -> bool:
+        return self.taken_from is not None
 
     @property
     def ok(self) -> bool:
@@ -195,15 +220,54 @@ def _peak(record: TrialRecord) -> float | None:
     return record.measurement.peak_memory_bytes if record.measurement else None
 
 
+@dataclass(frozen=True)
+class Measuring:
+    """How a race's rounds are measured: fresh runs through `measure`, or warm turns from the
+    `pool` where it has them; each run within `time_limit_s` on `device`, its files under
+    `directory`."""
+
+    scoring: Scoring
+    measure: Measure
+    view: StudyView
+    time_limit_s: float
+    device: str
+    directory: Path
+    pool: WarmPool | None = None
+
+
+@dataclass
+class Race:
+    """What one race measured: its entries (the baseline last, the reference), how
+    (`WARM_TURNS` or `FRESH_ROUNDS`), its disturbed rounds kept, its wall time, its slowest
+    run's (a turn's, in warm turns), and why it ended where a cap ended it (`NO_TIME`, or
+    `NO_ROUNDS`: what a change it measured too little is kept for)."""
+
+    entries: list[Candidate]
+    measured: str
+    disturbed_rounds: int
+    wall_s: float
+    run_s: float
+    capped: str = NO_TIME
+
+    @property
+    def reference(self) -> Candidate:
+        return self.entries[-1]
+
+
 def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measure: Measure,
             view: StudyView, plan: Plan, *, time_limit_s: float, device: str,
-            directory: Path, warm: WarmStart | None = None) -> Confirmation | None:
+            directory: Path, warm: WarmStart | None = None,
+            space: SearchSpace | None = None) -> Confirmation | None:
     """Paired rounds as a race: after each round, a candidate measurably slower than the leader
     (its paired interval against the leader below 1) is dropped, and only those that could
     still win are measured again. It ends when one candidate is left besides the baseline and
     its speedup is known within the target, or at the cap; the outcome is stored in the study
     and returned. None, with nothing run, when the search measured no candidate besides the
     baseline in full: there is nothing to race it against.
+
+    The search's best races beside itself less each of its changes (`search.minimal`, in
+    `space` where one is given); the recommendation then keeps only the changes whose taking
+    back was measurably slower (`_minimal`).
 
     With `warm` (and memory for them all), each round is a turn of every candidate's warm
     process (`search.warm`): seconds instead of process starts, so the least rounds are
@@ -213,13 +277,23 @@ def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measur
         view.note("no configuration besides your settings was measured in full (the others "
                   "were stopped at screening or failed): nothing to confirm")
         return None
-    turns, warm_plan = _warm_rounds(entries, scoring, warm, view, plan)
+    records, began = trial_records(study), time.monotonic()
+    backs = _backs(entries[0].config, baseline, space)
+    judged = _with_variants(entries, entries[0], backs, records)
+    how = Measuring(scoring, measure, view, time_limit_s, device, directory,
+                 WarmPool(warm) if warm is not None else None)
     try:
-        return _race(study, entries, scoring, measure, view, warm_plan, plan, turns,
-                     time_limit_s=time_limit_s, device=device, directory=directory)
+        race = _race(entries, "confirm", plan, how, reserve=SHORT_RACE if len(backs) > 1 else 0)
+        result = conclusion(race.entries, race.reference, wall_s=race.wall_s,
+                            target=plan.target, disturbed_rounds=race.disturbed_rounds,
+                            measured=race.measured)
+        result = _minimal(result, race, judged, baseline, plan, how, space, records)
     finally:
-        if turns is not None:
-            turns.close()
+        if how.pool is not None:
+            how.pool.close()
+    result = replace(result, wall_s=time.monotonic() - began)
+    study.set_user_attr(StudyKey.CONFIRMATION, result.to_json())
+    return result
 
 
 def warm_expected(warm: WarmStart | None, scoring: Scoring, max_rounds: int,
@@ -230,20 +304,20 @@ def warm_expected(warm: WarmStart | None, scoring: Scoring, max_rounds: int,
         and memory_holds(peaks, warm.capacity)
 
 
-def _warm_rounds(entries: Sequence[Candidate], scoring: Scoring, warm: WarmStart | None,
-                 view: StudyView, plan: Plan) -> tuple[WarmRounds | None, Plan]:
+def _warm_rounds(entries: Sequence[Candidate], how: Measuring, plan: Plan,
+                 name: str) -> tuple[WarmTurns | None, Plan]:
     """Warm processes for the candidates, where the plan has room for more rounds than they
     cost to start, the objective is a rate, and the memory holds them all; with the plan's
     rounds counted in warm ones."""
-    if plan.max_rounds <= WARM_WORTH_ROUNDS:
+    if plan.max_rounds <= WARM_WORTH_ROUNDS or how.pool is None:
         return None, plan
-    if scoring.train_steps:
-        view.note("measuring in fresh-process rounds: --train-steps times whole runs from "
-                  "their first step")
+    if how.scoring.train_steps:
+        how.view.note("measuring in fresh-process rounds: --train-steps times whole runs from "
+                      "their first step")
         return None, plan
-    turns, why = warm_or_why(warm, [e.config for e in entries],
-                             [e.search_peak_bytes for e in entries], "confirm")
-    view.note(why)
+    turns, why = how.pool.turns([e.config for e in entries],
+                                [e.search_peak_bytes for e in entries], name)
+    how.view.note(why)
     if turns is None:
         return None, plan
     least = plan.rounds * WARM_ROUNDS_PER_ROUND
@@ -252,22 +326,27 @@ def _warm_rounds(entries: Sequence[Candidate], scoring: Scoring, warm: WarmStart
     return turns, replace(plan, rounds=least, max_rounds=max(least, most))
 
 
-def _race(study: optuna.Study, entries: list[Candidate], scoring: Scoring, measure: Measure,
-          view: StudyView, plan: Plan, fresh_plan: Plan, turns: WarmRounds | None, *,
-          time_limit_s: float, device: str, directory: Path) -> Confirmation:
-    """The rounds of `confirm`, in warm turns while `turns` answer, else in fresh runs."""
-    reference = entries[-1]
+def _race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
+          reserve: int = 0) -> Race:
+    """The rounds of a race among `entries` (the baseline last), in warm turns while the
+    pool's processes answer, else in fresh runs. Beyond its least rounds it leaves room for a
+    short race of `reserve` configurations after it (`_minimal`'s)."""
+    reference, view = entries[-1], how.view
+    fresh_plan = plan
+    turns, plan = _warm_rounds(entries, how, plan, name)
     measured = WARM_TURNS if turns is not None else FRESH_ROUNDS
     racing = list(range(len(entries)))
     shuffle = random.Random(0)
     start, rounds, kept_disturbed, run_s = time.monotonic(), 0, 0, 0.0
+    capped = NO_ROUNDS  # unless time or the race's own end ends it first
     judge = PairJudge()
     while rounds < plan.max_rounds:
         next_ends = time.monotonic() + run_s * len(racing)
-        if rounds and plan.budget_ends is not None and next_ends > plan.budget_ends:
-            break
-        if len(reference.runs) >= plan.rounds and plan.ends_by is not None and \
-                next_ends > plan.ends_by:
+        beyond = len(reference.runs) >= plan.rounds
+        slack = _reserve_s(reserve, plan, run_s, how, turns) if beyond else 0.0
+        if (rounds and plan.budget_ends is not None and next_ends + slack > plan.budget_ends) \
+                or (beyond and plan.ends_by is not None and next_ends + slack > plan.ends_by):
+            capped = NO_TIME
             break
         began = time.monotonic()
         rounds += 1
@@ -282,8 +361,7 @@ def _race(study: optuna.Study, entries: list[Candidate], scoring: Scoring, measu
                 turns.close()
                 turns, plan, measured = None, fresh_plan, FRESH_ROUNDS
         if runs is None:
-            runs = [_run(entries[i], i, rounds, scoring, measure, view, time_limit_s, device,
-                         directory, len(entries)) for i in order]
+            runs = [_run(entries[i], i, rounds, name, how, len(entries)) for i in order]
         run_s = max(run_s, (time.monotonic() - began) / len(order))
         if turns is not None and not judge.keeps(runs):
             continue  # not a pair (`PairJudge`): taken again, at the cost of seconds
@@ -305,16 +383,17 @@ def _race(study: optuna.Study, entries: list[Candidate], scoring: Scoring, measu
                           "kept, the machine stayed busy")
         for i, run in zip(order, runs):
             entries[i].runs.append(run)
-        for i, why in _eliminated(entries, racing, reference):
+        for i, why in _eliminated(entries, racing, reference, plan.target):
             racing.remove(i)
-            view.note(f"confirmation: candidate {i + 1} "
-                      f"({describe_changes(entries[i].config, reference.config)}) is out of "
-                      f"the race after round {len(reference.runs)}: {why}")
+            view.note(f"confirmation: {_named(entries, i)} is out of the race after round "
+                      f"{len(reference.runs)}: {why}")
         leader = _leader(entries, reference)
         known = leader is None or leader is reference or \
             (paired(leader, reference, objective).half_width or 1.0) <= plan.target
-        one_left = sum(entries[i] is not reference for i in racing) <= 1
-        if len(reference.runs) >= plan.rounds and one_left and known:
+        one_left = sum(entries[i] is not reference and not entries[i].variant
+                       for i in racing) <= 1
+        settled = all(_settled(entries[i], plan.target) for i in racing if entries[i].variant)
+        if len(reference.runs) >= plan.rounds and one_left and known and settled:
             break
         left_s = (plan.max_rounds - rounds) * run_s * len(racing)
         if plan.ends_by is not None:
@@ -326,36 +405,234 @@ def _race(study: optuna.Study, entries: list[Candidate], scoring: Scoring, measu
             view.time_left(f"confirmation round {len(reference.runs)} done, {racers} racing: at "
                            f"most about {format_seconds(left_s)} more")
     if turns is not None:
-        _warm_traces(entries, racing, turns, directory, view)
-    result = conclusion(entries, reference, wall_s=time.monotonic() - start, target=plan.target,
-                        disturbed_rounds=kept_disturbed, measured=measured)
-    study.set_user_attr(StudyKey.CONFIRMATION, result.to_json())
-    return result
+        _warm_traces(entries, racing, turns, how.directory / "traces", name, view)
+    return Race(entries, measured, kept_disturbed, time.monotonic() - start, run_s, capped)
 
 
-def _warm_traces(entries: Sequence[Candidate], racing: Sequence[int], turns: WarmRounds,
-                 directory: Path, view: StudyView) -> None:
+def _reserve_s(configurations: int, plan: Plan, run_s: float, how: Measuring,
+               turns: WarmTurns | None) -> float:
+    """The time a short race of `configurations` takes at the race's least rounds and slowest
+    run so far (in warm turns, one new process started too)."""
+    if not configurations:
+        return 0.0
+    start = how.pool.start_s if turns is not None and how.pool is not None else 0.0
+    return configurations * plan.rounds * run_s + start
+
+
+def _settled(entry: Candidate, target: float) -> bool:
+    """A configuration less one change whose ratio to the one with it is known within the
+    target, on the rounds a change is judged on: more rounds would not change what it says."""
+    ratio = paired(entry, entry.taken_from, objective)
+    return ratio.rounds >= JUDGE_ROUNDS and ratio.half_width is not None and \
+        ratio.half_width <= target
+
+
+def _named(entries: Sequence[Candidate], index: int) -> str:
+    """A racing configuration in words, for the notes."""
+    entry = entries[index]
+    if entry.variant:
+        return (f"candidate {index + 1} (the best without "
+                f"{describe_changes(entry.taken_from.config, entry.config)})")
+    return f"candidate {index + 1} ({describe_changes(entry.config, entries[-1].config)})"
+
+
+def _backs(config: TrainConfig, baseline: TrainConfig,
+           space: SearchSpace | None) -> list[TakeBack]:
+    """The changes of `config` to take back one at a time: none of a configuration of one
+    change, which the race itself takes back (the baseline races beside it)."""
+    backs = take_backs(config, baseline, space)
+    return backs if len(backs) > 1 else []
+
+
+def _with_variants(entries: list[Candidate], parent: Candidate, backs: Sequence[TakeBack],
+                   records: Sequence[TrialRecord]) -> list[tuple[TakeBack, Candidate | None]]:
+    """Each change of `backs` with the candidate that judges it: `parent` less the change,
+    inserted before the baseline (an entry of that configuration serves where one races
+    already); None where the space holds no configuration without it."""
+    out: list[tuple[TakeBack, Candidate | None]] = []
+    for back in backs:
+        same = next((e for e in entries if e.config == back.config), None) \
+            if back.config is not None else None
+        if back.config is not None and same is None:
+            same = _variant(back.config, records, parent, entries[-1])
+            entries.insert(len(entries) - 1, same)
+        out.append((back, same))
+    return out
+
+
+def _variant(config: TrainConfig, records: Sequence[TrialRecord], parent: Candidate,
+             reference: Candidate) -> Candidate:
+    """`config`, `parent` less one change, as a candidate: with the search's figures where a
+    trial measured it (the expert takes changes back from the fast corner), and its peak
+    memory (for the warm processes) as measured, else as the memory model predicts it, else
+    the larger of the two it lies between."""
+    measured = [r for r in records if r.config == config and r.samples_per_sec
+                and r.status != TrialStatus.SCREENED]
+    record = max(measured, key=lambda r: r.samples_per_sec, default=None)
+    peaks = [p for p in (parent.search_peak_bytes, reference.search_peak_bytes) if p]
+    peak = (_peak(record) if record else None) or MemoryModel(records).predict(config) or \
+        max(peaks, default=None)
+    return Candidate(config, record.number if record else None,
+                     record.feasible if record else True,
+                     record.samples_per_sec if record else None,
+                     search_precision=_precision(record) if record else None,
+                     search_peak_bytes=peak, taken_from=parent)
+
+
+def _again(entry: Candidate) -> Candidate:
+    """The same configuration, to be measured afresh in a race of its own."""
+    return Candidate(entry.config, entry.trial, entry.feasible, entry.search_samples_per_sec,
+                     search_precision=entry.search_precision,
+                     search_peak_bytes=entry.search_peak_bytes)
+
+
+def _minimal(result: Confirmation, race: Race, judged: list[tuple[TakeBack, Candidate | None]],
+             baseline: TrainConfig, plan: Plan, how: Measuring, space: SearchSpace | None,
+             records: Sequence[TrialRecord]) -> Confirmation:
+    """The race's recommendation less every change whose taking back cost less than the noise.
+    Its changes are judged on the configurations without each (`minimal.judge`), raced beside
+    it (the search's best), else in a short race of their own; where several are dropped, the
+    configuration without them all races it and the baseline, and is the answer unless it is
+    measurably slower, else the best of the single drops is."""
+    if result.winner is None or result.winner.config == baseline:
+        return result
+    chosen = next(e for e in race.entries if not e.variant and e.config == result.winner.config)
+    where: Race | None = race
+    pairs = judged if chosen is race.entries[0] else []
+    if not pairs:
+        backs = _backs(chosen.config, baseline, space)
+        if not backs:
+            return result
+        pairs, where = _taken_back_race(chosen, backs, plan, how, records, race)
+    with_it = where.entries[0] if where is not None else chosen
+    decisions = [judge(back, paired(v, with_it, objective) if v and where else None,
+                       v.ok if v and where else True, where.capped if where else NO_TIME)
+                 for back, v in pairs]
+    if unjudged := [d for d in decisions if d.outcome == UNJUDGED and d.config]:
+        how.view.note(f"confirmation: not taken back ({unjudged[0].why}): "
+                      f"{', '.join(d.change for d in unjudged)}")
+    dropped = [i for i, d in enumerate(decisions) if not d.kept]
+    follow = [where] if where is not race and where is not None else []
+    if not dropped:
+        return _with_extra(replace(result, taken_back=tuple(decisions)), follow)
+    single = max(dropped, key=lambda i: paired(pairs[i][1], with_it, objective).value)
+    answer, answer_race = pairs[single][1], where
+    if len(dropped) > 1:
+        config = without_all(chosen.config, [pairs[i][0] for i in dropped], baseline, space)
+        found = _without_all(config, with_it, where, baseline, plan, how, records)
+        if isinstance(found, Race):
+            answer, answer_race = found.entries[0], found
+            follow.append(found)
+        else:
+            decisions = [replace(d, outcome=found[0], why=found[1])
+                         if i in dropped and i != single else d
+                         for i, d in enumerate(decisions)]
+    return _with_extra(_answer(result, race, chosen, answer, answer_race, decisions), follow)
+
+
+def _taken_back_race(chosen: Candidate, backs: Sequence[TakeBack], plan: Plan, how: Measuring,
+                     records: Sequence[TrialRecord], race: Race,
+                     ) -> tuple[list[tuple[TakeBack, Candidate | None]], Race | None]:
+    """A short race of `chosen`, it less each change, and the baseline (None where the time
+    left cannot hold the rounds a change is judged on)."""
+    entries = [_again(chosen), _again(race.reference)]
+    pairs = _with_variants(entries, entries[0], backs, records)
+    changes_ = describe_changes(chosen.config, race.reference.config)
+    if not _time_for(len(entries), len(entries) - 2, plan, how, race.run_s):
+        return pairs, None
+    how.view.note(f"confirmation: taking back each change of {changes_} in a short race")
+    return pairs, _race(entries, "taken-back", plan, how, reserve=SHORT_RACE)
+
+
+def _without_all(config: TrainConfig | None, with_it: Candidate, race: Race,
+                 baseline: TrainConfig, plan: Plan, how: Measuring,
+                 records: Sequence[TrialRecord]) -> Race | tuple[str, str]:
+    """The short race of `config` (the recommendation less every change dropped), it and the
+    baseline, where `config` is not measurably slower than it (and at most `DROP_BOUND` slower
+    for sure); else what becomes of the changes besides the best single drop (kept: their
+    outcome, and why)."""
+    if config is None:
+        return TOGETHER, "the search space holds no configuration without all of them"
+    if config == baseline:
+        return TOGETHER, "without all of them it is your settings, which the race measured"
+    if not _time_for(SHORT_RACE, 1, plan, how, race.run_s):
+        return UNJUDGED, NO_TIME
+    how.view.note(f"confirmation: {describe_changes(config, baseline)} (the answer less every "
+                  "change inside the noise) in a short race")
+    answer = _variant(config, records, with_it, race.reference)
+    answer.taken_from = None  # a candidate in its own right: it may be the answer
+    entries = [answer, _again(with_it), _again(race.reference)]
+    short = _race(entries, "minimal", plan, how)
+    ratio = paired(entries[0], entries[1], objective)
+    if not entries[0].ok:
+        return TOGETHER, "without all of them it did not run in every round"
+    if ratio.high is not None and ratio.high < 1.0:
+        return TOGETHER, (f"without all of them it was {1 - ratio.value:.1%} slower "
+                          f"[{1 - ratio.high:+.1%}, {1 - ratio.low:+.1%}]")
+    if ratio.low is not None and ratio.low >= 1.0 - DROP_BOUND:
+        return short
+    return UNJUDGED, short.capped
+
+
+def _time_for(configurations: int, new: int, plan: Plan, how: Measuring, run_s: float) -> bool:
+    """Whether a short race of `configurations` (`new` of them to start) can run the rounds a
+    change is judged on before a time budget's end."""
+    if plan.budget_ends is None:
+        return True
+    warm = how.pool is not None and not how.pool.broken and bool(how.pool.live)
+    start = new * how.pool.start_s if warm else 0.0
+    return time.monotonic() + start + JUDGE_ROUNDS * configurations * run_s <= plan.budget_ends
+
+
+def _answer(result: Confirmation, race: Race, chosen: Candidate, answer: Candidate,
+            answer_race: Race, decisions: Sequence[TakenBack]) -> Confirmation:
+    """The confirmation with `answer` (measured in `answer_race`) as the recommendation, in
+    place of `chosen`, the race's, less the changes `decisions` drop."""
+    reference = answer_race.reference
+    ratio, interval, search, widened = _versus(answer, reference)
+    summary = _summary(answer, reference)
+    return replace(result, winner=summary, contender=summary, speedup=ratio.value,
+                   speedup_ci=interval,
+                   no_measurable_difference=interval[0] <= 1.0 <= interval[1]
+                   if interval else None,
+                   search_speedup=search[0] if search else None, widened=widened,
+                   taken_back=tuple(decisions), taken_from=_summary(chosen, race.reference),
+                   answer_rounds=len(reference.runs) if answer_race is not race else None)
+
+
+def _with_extra(result: Confirmation, races: Sequence[Race]) -> Confirmation:
+    """The confirmation with what the short races after the race measured among its
+    candidates (their baselines aside)."""
+    extra = tuple(_summary(e, r.reference) for r in races for e in r.entries[:-1])
+    return replace(result, candidates=result.candidates + extra)
+
+
+def _warm_traces(entries: Sequence[Candidate], racing: Sequence[int], turns: WarmTurns,
+                 traces: Path, name: str, view: StudyView) -> None:
     """Each racing candidate's profiler trace, from its warm process after the last turn: a
     fresh round's first run leaves one for the report and `best-trace.json`; turns do not."""
     for i in racing:
         try:
-            entries[i].trace = turns.trace(i, directory / "traces" / f"candidate-{i}.json")
+            entries[i].trace = turns.trace(i, traces / f"{name}-{i}.json")
         except WarmUnavailable as exc:
             view.note(f"no profiler trace of candidate {i + 1}: {exc}")
             return
 
 
-def _eliminated(entries: Sequence[Candidate], racing: Sequence[int],
-                reference: Candidate) -> list[tuple[int, str]]:
+def _eliminated(entries: Sequence[Candidate], racing: Sequence[int], reference: Candidate,
+                margin: float = 0.0) -> list[tuple[int, str]]:
     """The candidates still racing that cannot win any more, and why: one that failed a run,
     and one whose paired interval against the leader lies below 1. The baseline stays: it is
-    the reference."""
+    the reference. A configuration less one change is out once it failed a run, once it is
+    slower than the one with the change by more than `margin` for sure (the change pays: a
+    tie looked at after every round would now and then look slower by a little), or once that
+    one is out."""
     alive = [entries[i] for i in racing]
     leader = _leader(alive, reference)
     out = []
     for i in racing:
         entry = entries[i]
-        if entry is reference or entry is leader:
+        if entry is reference or entry is leader or entry.variant:
             continue
         if not entry.ok:
             out.append((i, "it did not run within memory in every round"))
@@ -366,19 +643,32 @@ def _eliminated(entries: Sequence[Candidate], racing: Sequence[int],
         if ratio.high is not None and ratio.high < 1.0:
             out.append((i, f"{ratio.value:.2f}x [{ratio.low:.2f}-{ratio.high:.2f}] of the "
                            "leader's speed"))
+    gone = {entries[i].config for i, _ in out} | \
+        {e.config for j, e in enumerate(entries) if j not in racing}
+    for i in racing:
+        entry = entries[i]
+        if not entry.variant:
+            continue
+        if not entry.ok:
+            out.append((i, "it did not run within memory in every round: the change is kept"))
+        elif entry.taken_from.config in gone:
+            out.append((i, "the configuration it takes a change back from is out"))
+        elif (ratio := paired(entry, entry.taken_from, objective)).high is not None and \
+                ratio.high < 1.0 - margin:
+            out.append((i, f"{ratio.value:.2f}x [{ratio.low:.2f}-{ratio.high:.2f}] of the "
+                           "speed with the change: it pays"))
     return out
 
 
-def _run(entry: Candidate, index: int, round_: int, scoring: Scoring, measure: Measure,
-         view: StudyView, time_limit_s: float, device: str, directory: Path,
+def _run(entry: Candidate, index: int, round_: int, name: str, how: Measuring,
          count: int) -> Run | None:
     """One fresh run of a candidate: its figures, or None when it did not run within memory."""
-    view.note(f"confirming: round {round_}, candidate {index + 1}/{count}")
+    how.view.note(f"confirming: round {round_}, candidate {index + 1}/{count}")
     # The first round profiles each candidate for the report; later ones need only the rate.
-    trace = directory / "traces" / f"candidate-{index}.json" if round_ == 1 else None
-    job = MeasureJob(f"confirm-{index}-{round_ - 1}", time_limit_s, device, trace=trace,
+    trace = how.directory / "traces" / f"{name}-{index}.json" if round_ == 1 else None
+    job = MeasureJob(f"{name}-{index}-{round_ - 1}", how.time_limit_s, how.device, trace=trace,
                      profile=trace is not None, round_run=True)
-    return run_of(measure(entry.config, job), scoring)
+    return run_of(how.measure(entry.config, job), how.scoring)
 
 
 def run_of(result: TrialResult, scoring: Scoring) -> Run | None:
@@ -406,7 +696,7 @@ def paired(entry: Candidate, reference: Candidate, figure: Figure) -> Ratio:
 def _leader(entries: Sequence[Candidate], reference: Candidate) -> Candidate | None:
     """The fastest candidate that fitted every round (by the objective, paired with the
     baseline; the baseline itself when it is fastest), or None when none did."""
-    ranked = [e for e in entries if e.ok and e.feasible and e.runs]
+    ranked = [e for e in entries if e.ok and e.feasible and e.runs and not e.variant]
     if not ranked:
         return None
     if not reference.ok or not reference.runs:
@@ -435,12 +725,15 @@ def conclusion(entries: list[Candidate], reference: Candidate, *, wall_s: float 
         drift=drift(reference), disturbed_rounds=disturbed_rounds, measured=measured)
     if fastest is None:
         return outcome
-    tied = [e for e in entries if e.ok and e.feasible and e.runs and
+    tied = [e for e in entries if e.ok and e.feasible and e.runs and not e.variant and
             (e is fastest or paired(e, fastest, objective).includes_one)]
     recommended = min(tied, key=lambda e: (_changes(e, reference),
                                            -paired(e, fastest, objective).value
                                            if e is not fastest else -1.0))
-    index = entries.index
+
+    def index(entry: Candidate) -> int:
+        return next(i for i, e in enumerate(entries) if e is entry)
+
     speedup, speedup_ci = (1.0 if reference.runs else None), None
     no_difference: bool | None = recommended is not fastest
     # The interval of the comparison that decided: the recommendation against the baseline,
@@ -449,20 +742,12 @@ def conclusion(entries: list[Candidate], reference: Candidate, *, wall_s: float 
     decisive = fastest if recommended is reference else recommended
     if decisive is reference:
         contenders = [e for e in entries if e is not reference and e.feasible
-                      and paired(e, reference, rate).low is not None]
+                      and not e.variant and paired(e, reference, rate).low is not None]
         decisive = max(contenders, key=lambda e: paired(e, reference, rate).value,
                        default=reference)
     search, widened = None, False
     if decisive is not reference and reference.runs:
-        ratio = paired(decisive, reference, rate)
-        speedup_ci = (ratio.low, ratio.high) if ratio.low is not None else None
-        search = _search_ratio(decisive, reference)
-        if speedup_ci is not None and search is not None and \
-                (search[2] < speedup_ci[0] or search[1] > speedup_ci[1]):
-            # The search measured the two at other moments and found another ratio: the
-            # machine moved between them, and the rounds alone do not show it.
-            speedup_ci = (min(speedup_ci[0], search[1]), max(speedup_ci[1], search[2]))
-            widened = True
+        ratio, speedup_ci, search, widened = _versus(decisive, reference)
         holds_one = speedup_ci is not None and speedup_ci[0] <= 1.0 <= speedup_ci[1]
         if ratio.low is None:
             # Too few paired rounds for an interval (one, say): the baseline is kept, and
@@ -478,6 +763,21 @@ def conclusion(entries: list[Candidate], reference: Candidate, *, wall_s: float 
                    speedup=speedup, speedup_ci=speedup_ci,
                    no_measurable_difference=no_difference,
                    search_speedup=search[0] if search else None, widened=widened)
+
+
+def _versus(entry: Candidate, reference: Candidate) -> tuple[
+        Ratio, tuple[float, float] | None, tuple[float, float, float] | None, bool]:
+    """entry / reference paired by round by the rate, its interval (widened to hold the
+    search's own ratio where that lies outside it), the search's ratio, and whether it was."""
+    ratio = paired(entry, reference, rate)
+    interval = (ratio.low, ratio.high) if ratio.low is not None else None
+    search = _search_ratio(entry, reference)
+    if interval is not None and search is not None and \
+            (search[2] < interval[0] or search[1] > interval[1]):
+        # The search measured the two at other moments and found another ratio: the machine
+        # moved between them, and the rounds alone do not show it.
+        return ratio, (min(interval[0], search[1]), max(interval[1], search[2])), search, True
+    return ratio, interval, search, False
 
 
 def _search_ratio(entry: Candidate, reference: Candidate) -> tuple[float, float, float] | None:

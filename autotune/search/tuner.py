@@ -41,6 +41,7 @@ from autotune.search.budget import (
 from autotune.search.confirm import Plan, confirm, should_confirm, warm_expected
 from autotune.search.events import SilentView, StudyView
 from autotune.search.heartbeat import recover_orphans, tuner_name
+from autotune.search.minimal import priced_changes
 from autotune.search.opening import StudyOpener
 from autotune.search.outcome import Scoring
 from autotune.search.runner import ProcessRunner, Runner
@@ -230,14 +231,16 @@ class Tuner:
 
     def _price(self, fallback_s: float) -> ConfirmationPrice:
         """What confirming costs: in warm turns where the confirmation will take them (memory
-        for the most candidates at the baseline's peak each)."""
+        for the most candidates at the baseline's peak each), with the changes of the best
+        taken back beside it (`minimal.priced_changes`)."""
         opts, warm = self.options, self._warm_start()
+        taken_back = priced_changes(self.space)
 
         def holds(peak: float | None) -> bool:
             return warm_expected(warm, self.scoring, opts.confirm_max_rounds,
-                                 [peak] * (opts.confirm_top + 1))
+                                 [peak] * (opts.confirm_top + 1 + taken_back))
 
-        return confirmation_price(self.study, opts.settings, fallback_s, holds)
+        return confirmation_price(self.study, opts.settings, fallback_s, holds, taken_back)
 
     def _warm_start(self) -> WarmStart | None:
         return warm_start(self.runner, str(self.device), self.options.trial_time_limit_s) \
@@ -273,7 +276,7 @@ class Tuner:
         confirmation = confirm(study, self.baseline, self.scoring, self.runner.measure,
                                self.view, plan, time_limit_s=opts.trial_time_limit_s,
                                device=str(self.device), directory=self.directory,
-                               warm=self._warm_start())
+                               warm=self._warm_start(), space=self.space)
         if confirmation and confirmation.winner and confirmation.winner.trace and \
                 Path(confirmation.winner.trace).is_file():
             shutil.copyfile(confirmation.winner.trace, self.directory / "best-trace.json")

@@ -116,9 +116,14 @@ def _measure(config: TrainConfig, index: int, round_: int, rounds: int,
 
 
 def _search_peak(study: optuna.Study, config: TrainConfig) -> float | None:
-    """The largest peak memory the study measured for `config` (what its warm process needs)."""
+    """The largest peak memory the study measured for `config` (what its warm process needs):
+    in its trials, or in the confirmation's rounds (an answer less some changes has no trial
+    of its own)."""
     peaks = [r.measurement.peak_memory_bytes for r in trial_records(study)
              if r.measurement is not None and config_key(r.config) == config_key(config)]
+    confirmation = stored_confirmation(study.user_attrs.get(StudyKey.CONFIRMATION))
+    peaks += [run.peak_memory_bytes for c in (confirmation.candidates if confirmation else ())
+              if c.config == config for run in c.ok_runs()]
     return max((p for p in peaks if p), default=None)
 
 

@@ -30,6 +30,7 @@ from autotune.errors import RunFailed
 from autotune.hardware import describe, host_available_memory, trial_device
 from autotune.search.runner import MeasureJob, ProcessRunner
 from autotune.study.confirmation import WARM_TURNS, Run
+from autotune.study.records import config_key
 from autotune.trial.protocol import TrialRequest, TrialStatus, WarmTurn
 
 # Of the memory a trial may use, what the warm processes together may take (the rest: the
@@ -179,7 +180,7 @@ class WarmRounds:
     def __init__(self, requests: Sequence[TrialRequest], logs: Sequence[Path],
                  time_limit_s: float) -> None:
         self.time_limit_s = time_limit_s
-        self.processes: list[_WarmProcess] = []
+        self.processes: list[_WarmProcess | None] = []
         try:
             for request, log in zip(requests, logs):
                 self.processes.append(_WarmProcess(request, log, time_limit_s))
@@ -203,9 +204,16 @@ class WarmRounds:
         leaves one; a turn does not)."""
         return self.processes[index].trace(path, self.time_limit_s)
 
+    def release(self, index: int) -> None:
+        """End configuration i's process (no later turn needs it): its memory is freed."""
+        process, self.processes[index] = self.processes[index], None
+        if process is not None:
+            process.close()
+
     def close(self) -> None:
         for process in self.processes:
-            process.close()
+            if process is not None:
+                process.close()
         self.processes = []
 
 
@@ -235,21 +243,107 @@ def warm_start(runner: ProcessRunner, device: str, time_limit_s: float) -> WarmS
 
 
 def warm_or_why(warm: WarmStart | None, configs: Sequence[TrainConfig],
-                peaks: Sequence[float | None], prefix: str) -> tuple[WarmRounds | None, str]:
-    """Warm processes for `configs`, or None; and, in one note, which it is and why."""
+                peaks: Sequence[float | None], prefix: str,
+                running: Sequence[float | None] = ()) -> tuple[WarmRounds | None, str]:
+    """Warm processes for `configs`, or None; and, in one note, which it is and why. The
+    memory must hold them beside those `running` already (their peaks)."""
     if warm is None:
         return None, "measuring in fresh-process rounds: warm processes do not run here"
-    if not memory_holds(peaks, warm.capacity):
+    if not memory_holds([*running, *peaks], warm.capacity):
+        peaks = [*running, *peaks]
         need = f"about {sum(p or 0 for p in peaks) / 2**30:.1f} GiB together (their search " \
             "peaks)" if all(peaks) else "memory their search trials did not measure"
         room = f"{warm.capacity / 2**30:.1f} GiB" if warm.capacity else "an unknown amount"
-        return None, (f"measuring in fresh-process rounds: {len(configs)} warm processes "
+        return None, (f"measuring in fresh-process rounds: {len(peaks)} warm processes "
                       f"would need {need}, and the device has {room} for them")
     began = time.monotonic()
     try:
         rounds = warm.start(configs, prefix)
     except (WarmUnavailable, OSError) as exc:
         return None, f"measuring in fresh-process rounds: a warm process did not start: {exc}"
-    return rounds, (f"measuring in {WARM_TURNS}: {len(configs)} processes warmed up in "
+    return rounds, (f"measuring in {WARM_TURNS}: {_processes(len(configs))} warmed up in "
                     f"{time.monotonic() - began:.0f} s, each now timed in turns of "
                     f"{TURN_SECONDS:g} s")
+
+
+def _processes(count: int) -> str:
+    return f"{count} process{'es' if count != 1 else ''}"
+
+
+class WarmPool:
+    """Warm processes by configuration, kept from one race of the confirmation to the next
+    (the race, then the short races of the changes taken back): a later race starts only the
+    configurations it lacks, after ending those it no longer needs, so that a compiled
+    configuration is not built again for each. After a process stops, no more are started."""
+
+    def __init__(self, warm: WarmStart) -> None:
+        self.warm = warm
+        self.live: dict[str, tuple[WarmRounds, int, float | None]] = {}
+        self.start_s = 0.0  # one process's start, the mean over those started so far
+        self.started = 0
+        self.broken = False
+
+    def turns(self, configs: Sequence[TrainConfig], peaks: Sequence[float | None],
+              prefix: str) -> tuple[WarmTurns | None, str]:
+        """A warm process for each of `configs` (those already warm kept, given one turn that
+        is not counted: they waited while the new ones started), or None; and, in one note,
+        which it is and why."""
+        if self.broken:
+            return None, "measuring in fresh-process rounds: a warm process stopped earlier"
+        keys = [config_key(c) for c in configs]
+        for key in [k for k in self.live if k not in keys]:
+            rounds, index, _ = self.live.pop(key)
+            rounds.release(index)
+        new = [i for i, key in enumerate(keys) if key not in self.live]
+        kept = len(keys) - len(new)
+        why = f"measuring in {WARM_TURNS}: {_processes(kept)} still warm"
+        if new:
+            began = time.monotonic()
+            started, why = warm_or_why(self.warm, [configs[i] for i in new],
+                                       [peaks[i] for i in new], prefix,
+                                       running=[self.live[k][2] for k in keys if k in self.live])
+            if started is None:
+                self.close()
+                return None, why
+            self.start_s = (self.start_s * self.started + time.monotonic() - began) / \
+                (self.started + len(new))
+            self.started += len(new)
+            for j, i in enumerate(new):
+                self.live[keys[i]] = (started, j, peaks[i])
+            if kept:
+                why += f" ({kept} more still warm)"
+        try:
+            for i, key in enumerate(keys):
+                if i not in new:
+                    rounds, index, _ = self.live[key]
+                    rounds.turn(index)
+        except WarmUnavailable as exc:
+            self.close()
+            return None, f"measuring in fresh-process rounds: a warm process stopped: {exc}"
+        return WarmTurns(self, [self.live[k][:2] for k in keys]), why
+
+    def close(self) -> None:
+        for rounds in {id(r): r for r, _, _ in self.live.values()}.values():
+            rounds.close()
+        self.live = {}
+
+
+class WarmTurns:
+    """The warm processes one race of the confirmation takes turns of, in its entries' order
+    (`WarmPool.turns`): `turn(i)` gives entry i's `Run`."""
+
+    def __init__(self, pool: WarmPool, slots: Sequence[tuple[WarmRounds, int]]) -> None:
+        self.pool, self.slots = pool, list(slots)
+
+    def turn(self, index: int) -> Run | None:
+        rounds, i = self.slots[index]
+        return rounds.turn(i)
+
+    def trace(self, index: int, path: Path) -> str:
+        rounds, i = self.slots[index]
+        return rounds.trace(i, path)
+
+    def close(self) -> None:
+        """A process stopped: warm turns end for the rest of the confirmation."""
+        self.pool.broken = True
+        self.pool.close()

@@ -20,6 +20,8 @@ from autotune.formatting import (
     format_percent,
     format_rate,
     format_seconds,
+    mfu_basis,
+    mfu_figure,
     short_config,
 )
 from autotune.study.confirmation import WARM_TURNS
@@ -85,7 +87,8 @@ def bench_tables(m: Measurement, device: str, title: str) -> Group:
         ("host syncs/step", _fmt(m.host_syncs_per_step, "{:.1f}"),
          "profiler window after the timed one"),
         ("device idle", format_percent(m.device_idle_fraction), "CUDA only"),
-        ("MFU", format_percent(m.mfu), "model FLOPs over the precision's peak (CUDA only)"),
+        ("MFU", *mfu_figure(m.mfu, device, mfu_basis(m.flops_per_sample, m.flops_source,
+                                                     m.peak_flops, m.peak_flops_source))),
         ("CPU threads", _fmt(m.cpu_threads, "{}"),
          f"intra-op threads, on CPUs {_cpu_list(m.cpu_affinity)}"),
         ("other processes", format_percent(m.other_cpu_share), _contention_how(m)),
@@ -342,7 +345,9 @@ def result_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
                      f"the same configuration's search trial; confirmed {gap:+.0%} (the "
                      "search keeps its luckiest figures)"))
     fastest = confirmed.fastest_config if confirmed else None
-    if confirmed and fastest and fastest != summary.best_config:
+    # the race's best the answer drops changes of is a row of its own (`taken_back_rows`)
+    if confirmed and fastest and fastest not in (summary.best_config,
+                                                 confirmed.taken_from_config):
         interval = confirmed.fastest_speedup_ci
         rows.append(("fastest measured", short_config(fastest),
                      f"{confirmed.fastest_speedup:.2f}x"
@@ -351,11 +356,13 @@ def result_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
                         if summary.difference_unknown else
                         " of the baseline, no measurable difference from the best")
                      + ", which changes fewer knobs"))
+    rows += taken_back_rows(summary)
     rows += group_rows(summary.process_group)
     rows += [
         ("peak memory (best)", format_bytes(summary.best_peak_memory_bytes),
          "the largest rank's" if summary.process_group else ""),
-        ("MFU (best)", format_percent(summary.best_mfu), "CUDA only"),
+        ("MFU (best)", *mfu_figure(summary.best_mfu, summary.device_type,
+                                   summary.best_mfu_basis)),
         ("tuning wall time", format_seconds(summary.tuning_wall_s), "trials only"),
         ("trials", ", ".join(f"{k.lower()} {v}" for k, v in sorted(summary.trials.items())),
          "by Optuna state"),
@@ -371,6 +378,23 @@ def result_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
          "trials timed while other processes used the CPUs; never ranked above a clean one"),
     ]
     return rows + search_rows(summary)
+
+
+def taken_back_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
+    """Each change of the race's recommendation taken back: what it cost (the speed lost
+    without it, with its 95% interval) and whether the answer keeps it."""
+    confirmed = summary.confirmation
+    if confirmed is None or not confirmed.taken_back:
+        return []
+    rows = []
+    if confirmed.taken_from_config is not None:
+        rows.append(("the race's best", short_config(confirmed.taken_from_config),
+                     "the answer is it less the changes dropped below"))
+    for back in confirmed.taken_back:
+        cost = back.cost_text() if back.ratio is not None else "not measured"
+        rows.append((f"without {back.change}", cost,
+                     f"speed lost, paired by round, 95% interval: {back.outcome_text()}"))
+    return rows
 
 
 def group_rows(group: ProcessGroupFigures | None) -> list[tuple[str, str, str]]:
@@ -396,7 +420,7 @@ def diagnosis_lines(summary: StudySummary) -> list[str]:
     if summary.diagnosis is not None:
         lines.append(f"your settings' step: {summary.diagnosis.describe()}")
     if summary.answer_diagnosis is not None:
-        lines.append(f"the answer's step: {summary.answer_diagnosis.describe()}")
+        lines.append(f"the answer's step: {summary.answer_diagnosis.describe(first=False)}")
     return lines
 
 

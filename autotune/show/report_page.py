@@ -22,6 +22,7 @@ from autotune.formatting import (
     format_percent,
     format_rate,
     format_seconds,
+    mfu_figure,
     short_config,
 )
 from autotune.show import plots
@@ -31,6 +32,7 @@ from autotune.show.report import (
     knob_rows,
     left_out_lines,
     speedup_text,
+    taken_back_rows,
 )
 from autotune.study.confirmation import WARM_TURNS, CandidateSummary, Run, stored_confirmation
 from autotune.study.records import StudyKey, TrialRecord, trial_records
@@ -143,6 +145,8 @@ def _best_vs_baseline(study: optuna.Study, summary: StudySummary) -> str:
     how = (f"median of {confirmation.rounds} paired rounds of {runs} ± half their "
            "range; the speedup's 95% interval from the rounds' paired ratios"
            if confirmation else "from the search trials; not confirmed")
+    mfu_value, mfu_how = mfu_figure(summary.best_mfu, summary.device_type,
+                                    summary.best_mfu_basis)
     figures = _table(["figure", "baseline", "best"], [
         ("samples/sec", format_rate(summary.baseline_samples_per_sec,
                                     baseline.spread if baseline else None),
@@ -150,8 +154,8 @@ def _best_vs_baseline(study: optuna.Study, summary: StudySummary) -> str:
         ("speedup", "1.00x", speedup_text(summary)),
         ("peak memory", format_bytes(_confirmed(baseline, lambda r: r.peak_memory_bytes)),
          format_bytes(summary.best_peak_memory_bytes)),
-        ("MFU", format_percent(_confirmed(baseline, lambda r: r.mfu)),
-         format_percent(summary.best_mfu)),
+        ("MFU", mfu_figure(_confirmed(baseline, lambda r: r.mfu), summary.device_type)[0],
+         mfu_value),
         ("step time (median)",
          format_seconds(_confirmed(baseline, lambda r: r.step_time_median_s)),
          format_seconds(_confirmed(winner, lambda r: r.step_time_median_s))),
@@ -159,15 +163,22 @@ def _best_vs_baseline(study: optuna.Study, summary: StudySummary) -> str:
     group = summary.process_group
     ranks = _table(["process group (best trial)", "figure", "how"], group_rows(group)) \
         if group else ""
+    backs = taken_back_rows(summary)
+    ranks += _table(["each change taken back", "cost", "what it showed"], backs) \
+        if backs else ""
     warnings = "".join(f'<p class="muted">{_e(line)}</p>' for line in [
         *(f"warning: {w}" for w in summary.warnings), *left_out_lines(summary),
         *(f"verified {v.describe()}" for v in summary.verifications)])
-    return (f"{knobs}{figures}{ranks}<p class='muted'>{_e(how)}. MFU needs CUDA.</p>"
+    return (f"{knobs}{figures}{ranks}<p class='muted'>{_e(how)}. MFU: {_e(mfu_how)}.</p>"
             f"{warnings}")
 
 
 def _operators_and_findings(study: optuna.Study, summary: StudySummary) -> str:
     number = summary.best_trial
+    if number is None and summary.best_config is not None:
+        return ("<p>The answer has no search trial of its own (the confirmation took changes "
+                "back from the race's best to make it): no profiler window to show here; its "
+                "trace is best-trace.json in the study folder.</p>")
     if number is None:
         return "<p>No best configuration yet.</p>"
     m = TrialRecord.of(study.trials[number]).measurement

@@ -19,6 +19,18 @@ FAILED = "failed"
 WARM_TURNS = "warm paired turns"
 FRESH_ROUNDS = "fresh rounds"
 
+# What taking one change of the race's recommendation back showed (`TakenBack.outcome`).
+PAYS = "pays"                      # measurably slower without it: kept
+NOISE = "inside the noise"         # no measurable difference without it: dropped
+HURTS = "faster without it"        # measurably faster without it: dropped
+FAILS = "fails without it"         # without it, it did not run within memory: kept
+TOGETHER = "needed together"       # inside the noise alone, not with the others: kept
+UNJUDGED = "not taken back"        # not measured, or too little (`TakenBack.why`): kept
+DROPPED = (NOISE, HURTS)
+# Why a change measured too little to judge was kept: the confirmation's time, or its rounds.
+NO_TIME = "too few paired rounds before the confirmation's time ran out"
+NO_ROUNDS = "too few paired rounds within --confirm-max-rounds"
+
 
 @dataclass(frozen=True)
 class Run:
@@ -81,6 +93,76 @@ class CandidateSummary:
 
 
 @dataclass(frozen=True)
+class TakenBack:
+    """One change of the race's recommendation taken back in the same paired rounds: the
+    configuration without it against the one with it (`ratio`: its speed over theirs, paired by
+    round, with its 95% interval), and whether the answer keeps it (`outcome`)."""
+
+    change: str                        # in words: "torch.compile max-autotune"
+    knobs: tuple[str, ...]
+    config: TrainConfig | None         # the recommendation without it (None: none measured)
+    outcome: str                       # PAYS, NOISE, HURTS, FAILS, TOGETHER or UNJUDGED
+    ratio: float | None = None
+    ratio_ci: tuple[float, float] | None = None
+    rounds: int = 0
+    why: str = ""                      # why it was not taken back, or not together
+
+    @property
+    def kept(self) -> bool:
+        return self.outcome not in DROPPED
+
+    def describe(self) -> str:
+        """In words: "taking back torch.compile cost 0.4% [-1.2%, +2.0%], inside the noise:
+        dropped"."""
+        if self.outcome == UNJUDGED:
+            return f"{self.change} was not taken back ({self.why}): kept"
+        if self.outcome == FAILS:
+            return f"without {self.change} it did not run in every round: kept"
+        if self.outcome == HURTS:
+            return f"taking back {self.change} made it {self.gain_text()} faster: dropped"
+        return f"taking back {self.change} cost {self.cost_text()}, {self.outcome_text()}"
+
+    def outcome_text(self) -> str:
+        """What the taking back says, without its figure: "inside the noise: dropped"."""
+        return {PAYS: "it pays: kept", NOISE: "inside the noise: dropped",
+                HURTS: "faster without it: dropped",
+                FAILS: "it did not run in every round without it: kept",
+                TOGETHER: f"inside the noise alone, but {self.why}: kept",
+                UNJUDGED: f"not taken back ({self.why}): kept"}[self.outcome]
+
+    def cost_text(self) -> str:
+        """The speed lost without it, with its interval: "0.4% [-1.2%, +2.0%]"."""
+        if self.ratio is None:
+            return "unknown"
+        text = f"{1 - self.ratio:.1%}"
+        if self.ratio_ci:
+            low, high = self.ratio_ci
+            text += f" [{1 - high:+.1%}, {1 - low:+.1%}]"
+        return text
+
+    def gain_text(self) -> str:
+        """The speed gained without it, with its interval: "3.1% [1.2%, 5.0%]"."""
+        text = f"{self.ratio - 1:.1%}" if self.ratio is not None else "unknown"
+        if self.ratio_ci:
+            low, high = self.ratio_ci
+            text += f" [{low - 1:+.1%}, {high - 1:+.1%}]"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "knobs": list(self.knobs),
+                "config": self.config.to_dict() if self.config else None,
+                "ratio_ci": list(self.ratio_ci) if self.ratio_ci else None}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TakenBack:
+        ci, config = data.get("ratio_ci"), data.get("config")
+        return cls(**{**{f.name: data[f.name] for f in fields(cls) if f.name in data},
+                      "knobs": tuple(data.get("knobs", ())),
+                      "config": TrainConfig.from_dict(config) if config else None,
+                      "ratio_ci": tuple(ci) if ci else None})
+
+
+@dataclass(frozen=True)
 class Drift:
     """The baseline at the start of the search against the confirmation rounds at the end."""
 
@@ -122,13 +204,34 @@ class Confirmation:
     drift: Drift | None
     disturbed_rounds: int
     measured: str = FRESH_ROUNDS  # WARM_TURNS or FRESH_ROUNDS (a study from before: fresh)
+    # Each change of the race's recommendation taken back in paired rounds, where it had two
+    # or more (a study from before: none), and that recommendation where the answer is it
+    # less some of them.
+    taken_back: tuple[TakenBack, ...] = ()
+    taken_from: CandidateSummary | None = None
+    # The paired rounds behind the answer's interval where it was measured in a short race of
+    # its own after the race (the recommendation less several changes); else `rounds`.
+    answer_rounds: int | None = None
 
     @property
     def in_rounds(self) -> str:
-        """How many rounds, and how they were measured, in words."""
-        plural = "s" if self.rounds != 1 else ""
+        """How many rounds the answer's figure rests on, and how they were measured, in
+        words."""
+        rounds = self.answer_rounds if self.answer_rounds is not None else self.rounds
+        plural = "s" if rounds != 1 else ""
         warm = " of warm turns" if self.measured == WARM_TURNS else ""
-        return f"{self.rounds} paired round{plural}{warm}"
+        return f"{rounds} paired round{plural}{warm}"
+
+    @property
+    def dropped(self) -> tuple[TakenBack, ...]:
+        """The changes of the race's recommendation the answer leaves out."""
+        return tuple(t for t in self.taken_back if not t.kept)
+
+    @property
+    def unjudged(self) -> tuple[TakenBack, ...]:
+        """The changes measured too little to judge (the time or the rounds ran out); those the
+        search space cannot take back (no `config`) are not among them."""
+        return tuple(t for t in self.taken_back if t.outcome == UNJUDGED and t.config)
 
     @property
     def difference_unknown(self) -> bool:
@@ -151,7 +254,9 @@ class Confirmation:
                 "rounds": self.rounds, "repeats": self.rounds, "wall_s": self.wall_s,
                 "at": self.at, "target": self.target,
                 "drift": self.drift.to_json() if self.drift else None,
-                "disturbed_rounds": self.disturbed_rounds, "measured": self.measured}
+                "disturbed_rounds": self.disturbed_rounds, "measured": self.measured,
+                "taken_back": [t.to_json() for t in self.taken_back],
+                "taken_from": one(self.taken_from), "answer_rounds": self.answer_rounds}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Confirmation:
@@ -173,7 +278,11 @@ class Confirmation:
                    drift=Drift(**{**drift, "end_range": tuple(drift["end_range"])})
                    if drift else None,
                    disturbed_rounds=data.get("disturbed_rounds", 0),
-                   measured=data.get("measured", FRESH_ROUNDS))
+                   measured=data.get("measured", FRESH_ROUNDS),
+                   taken_back=tuple(TakenBack.from_json(t)
+                                    for t in data.get("taken_back", ())),
+                   taken_from=one(data.get("taken_from")),
+                   answer_rounds=data.get("answer_rounds"))
 
 
 def stored_confirmation(stored: Mapping[str, Any] | None) -> Confirmation | None:

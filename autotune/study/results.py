@@ -7,6 +7,7 @@ import json
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from optuna.trial import TrialState
 
 from autotune.config import CONDITIONS, DISTRIBUTED_KNOBS, TrainConfig, knob_names
 from autotune.errors import ConfigError
-from autotune.formatting import format_disturbance, format_seconds, short_config
+from autotune.formatting import format_disturbance, format_seconds, mfu_basis, short_config
 from autotune.study.bottleneck import Diagnosis, before_and_after, diagnose
 from autotune.study.confirmation import Confirmation, stored_confirmation
 from autotune.study.records import (
@@ -135,6 +136,12 @@ def study_summary(study: optuna.Study) -> StudySummary:
     verdict = confirmed_verdict(confirmation, baseline_config or confirmation.baseline.config) \
         if confirmation is not None else \
         search_verdict(best_config, figures["speedup"], baseline_config)
+    best_trial = figures["best_trial"]
+    payoff = compile_payoff(records, best_trial, best_config)
+    if confirmation is not None:
+        payoff = confirmed_payoff(payoff, confirmation, best_config)
+    if said := compile_sentence(best_config, baseline_config, payoff):
+        verdict = f"{verdict.rstrip('.')}. {said}"
     if unknown := _left_unknown(attrs.get(StudyKey.SHORT_BUDGET), figures.get("confirmation")):
         verdict = f"{verdict.rstrip('.')}. {unknown}"
     limit = (attrs.get(StudyKey.MEMORY) or {}).get("limit_bytes")
@@ -143,7 +150,6 @@ def study_summary(study: optuna.Study) -> StudySummary:
         if best_config is not None and best_config != baseline_config else None
     if diagnosis and (words := before_and_after(diagnosis, answer_diagnosis)):
         verdict = f"{words[0].upper()}{words[1:]}. {verdict}"
-    best_trial = figures["best_trial"]
     if attrs.get(StudyKey.FREE_BATCH, False) and best_config and baseline_config:
         best_eb, base_eb = best_config.effective_batch_size, baseline_config.effective_batch_size
         if best_eb != base_eb:
@@ -154,7 +160,6 @@ def study_summary(study: optuna.Study) -> StudySummary:
         warnings.append(f"trials were measured on {len(devices)} machines "
                         f"({'; '.join(devices)}): rates from different machines are not "
                         "comparable")
-    payoff = compile_payoff(records, best_trial)
     objective = attrs.get(StudyKey.OBJECTIVE) or {}
     measured = baseline_trial.measurement if baseline_trial else None
     short = shorter_than_measured(
@@ -197,6 +202,9 @@ def study_summary(study: optuna.Study) -> StudySummary:
         disturbed_trials=tuple(r.number for r in records if r.disturbed and not r.duplicate),
         best_disturbed=best_disturbed, compile_payoff=payoff,
         diagnosis=diagnosis, answer_diagnosis=answer_diagnosis,
+        device_type=identity.device_type if identity else None,
+        best_mfu_basis=_mfu_basis(records, best_trial)
+        if identity and identity.device_type == "cuda" else None,
         trial_times=trial_times(records),
         probe_s=(attrs.get(StudyKey.PROBE) or {}).get("wall_s"),
         verifications=tuple(Verification.from_json(v)
@@ -275,6 +283,15 @@ def _left_unknown(short: Mapping[str, Any] | None, confirmed: ConfirmedFigures |
             f"`{short.get('flag') or '--timeout ' + short['timeout']}` would answer it.")
 
 
+def _mfu_basis(records: Sequence[TrialRecord], number: int | None) -> str | None:
+    """What the best trial's MFU divided by what (the confirmation's runs of it divide the
+    same FLOPs a sample by the same peak)."""
+    m = next((r.measurement for r in records if r.number == number), None)
+    if m is None:
+        return None
+    return mfu_basis(m.flops_per_sample, m.flops_source, m.peak_flops, m.peak_flops_source)
+
+
 def _confirmed_figures(confirmation: Confirmation) -> dict[str, Any]:
     """The recommendation's and the baseline's figures from the paired rounds."""
     winner, baseline = confirmation.winner, confirmation.baseline
@@ -290,14 +307,17 @@ def _confirmed_figures(confirmation: Confirmation) -> dict[str, Any]:
             best_runs=tuple(r.samples_per_sec for r in ok_runs),
             baseline_spread=baseline.spread, speedup_ci=confirmation.speedup_ci,
             no_measurable_difference=confirmation.no_measurable_difference,
-            confirmation_repeats=confirmation.rounds,
+            confirmation_repeats=confirmation.answer_rounds or confirmation.rounds,
             # the search's figure for the recommendation beside the confirmed one: the gap is
             # the winner's curse (the search keeps the luckiest measurement)
             best_search_samples_per_sec=winner.search_samples_per_sec,
             fastest_config=fastest.config, fastest_speedup=fastest.speedup,
             fastest_speedup_ci=fastest.speedup_ci, best_time_to_train_s=winner.time_to_train_s,
             baseline_time_to_train_s=baseline.time_to_train_s,
-            confirmation_measured=confirmation.measured)}
+            confirmation_measured=confirmation.measured,
+            taken_back=confirmation.taken_back,
+            taken_from_config=confirmation.taken_from.config
+            if confirmation.taken_from else None)}
 
 
 def _search_figures(records: Sequence[TrialRecord], best: TrialRecord | None,
@@ -402,17 +422,54 @@ def _short_run(run_steps: int | None, best: TrainConfig | None,
             "ranks by the run's whole wall time, start-up and compile included")
 
 
-def compile_payoff(records: Sequence[TrialRecord],
-                   best_trial: int | None) -> CompilePayoff | None:
+def compile_payoff(records: Sequence[TrialRecord], best_trial: int | None,
+                   best_config: TrainConfig | None = None) -> CompilePayoff | None:
     """What compiling cost and gained, and after how many steps it pays for itself: for the
-    best configuration when it is compiled, else for the compiled one that gained most."""
+    best configuration when it is compiled (its trial, else a trial of the same configuration:
+    an answer the confirmation made has no trial of its own, else the compiled one of its mode
+    that gained most), else for the compiled one that gained most."""
     rows = compile_rows(records)
+    same = {r.number for r in records if best_config is not None and r.config == best_config}
+    mode = {r.number for r in records if best_config is not None and r.config is not None
+            and r.config.compile_mode == best_config.compile_mode}
     row = next((r for r in rows if r.trial == best_trial), None) or \
+        next((r for r in rows if r.trial in same), None) or \
+        max((r for r in rows if r.trial in mode), key=lambda r: r.gain, default=None) or \
         max(rows, key=lambda r: r.gain, default=None)
     if row is None:
         return None
     return CompilePayoff(trial=row.trial, reference=row.reference, compile_s=row.compile_s,
                          gain=row.gain, break_even_steps=row.break_even_steps)
+
+
+def confirmed_payoff(payoff: CompilePayoff | None, confirmation: Confirmation,
+                     best: TrainConfig | None) -> CompilePayoff | None:
+    """The payoff of the answer's compile with its gain per step from the confirmation's paired
+    rounds, where they took it back: its start-up from the search's trials, its gain from the
+    answer against the answer without compile, measured in the same rounds."""
+    back = next((t for t in confirmation.taken_back if t.knobs == ("compile_mode",)
+                 and t.kept and t.ratio), None)
+    rate = confirmation.winner.median if confirmation.winner else None
+    if payoff is None or back is None or best is None or not rate or \
+            best.compile_mode == "none":
+        return payoff
+    saved = best.effective_batch_size * (1 / (rate * back.ratio) - 1 / rate)
+    return replace(payoff, reference="the answer without compile, in the paired rounds",
+                   gain=1 / back.ratio - 1,
+                   break_even_steps=max(0.0, payoff.compile_s) / saved if saved > 0 else None)
+
+
+def compile_sentence(best: TrainConfig | None, baseline: TrainConfig | None,
+                     payoff: CompilePayoff | None) -> str:
+    """Where the answer compiles and the user's settings do not: what compiling costs at
+    start-up and the steps after which it pays for itself, in one sentence for the verdict."""
+    if best is None or payoff is None or best.compile_mode == "none" or \
+            (baseline is not None and baseline.compile_mode == best.compile_mode):
+        return ""
+    even = payoff.break_even_steps
+    pays = f"pays for itself after {even:,.0f} steps" if even is not None else \
+        "never pays for itself here"
+    return f"torch.compile costs {format_seconds(payoff.compile_s)} at start-up and {pays}"
 
 
 def compile_rows(records: Sequence[TrialRecord]) -> list[CompileRow]:

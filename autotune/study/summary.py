@@ -13,7 +13,7 @@ from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.study.bottleneck import Diagnosis
-from autotune.study.confirmation import FRESH_ROUNDS
+from autotune.study.confirmation import FRESH_ROUNDS, TakenBack
 from autotune.study.verification import Verification
 from autotune.trial.protocol import LeftOut, LoaderRate, PhaseTimes, ScriptAnswer
 
@@ -101,6 +101,10 @@ class ConfirmedFigures:
     best_time_to_train_s: float | None
     baseline_time_to_train_s: float | None
     confirmation_measured: str = FRESH_ROUNDS  # or WARM_TURNS (`study.confirmation`)
+    # Each change of the race's recommendation taken back, and that recommendation where the
+    # answer drops some of its changes (`study.confirmation.TakenBack`).
+    taken_back: tuple[TakenBack, ...] = ()
+    taken_from_config: TrainConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,10 @@ class StudySummary:
     verifications: tuple[Verification, ...] = ()
     trial_times: tuple[TrialTimes, ...] = ()  # of the measured trials that recorded phases
     probe_s: float | None = None  # the capability probe's wall time, once per study
+    # The kind of device the trials ran on ("cuda", "cpu"; None: a study from before its
+    # identity), and what the best's MFU divided by what (on CUDA: `formatting.mfu_basis`).
+    device_type: str | None = None
+    best_mfu_basis: str | None = None
     files: dict[str, str] = field(default_factory=dict)
     # A script's study: its own arguments, and the answer in its own terms (None: a model
     # file's study, or no measured trial of the answer says it).

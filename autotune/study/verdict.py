@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from autotune.config import TrainConfig
 from autotune.formatting import describe_changes
-from autotune.study.confirmation import CandidateSummary, Confirmation
+from autotune.study.confirmation import (
+    HURTS,
+    NO_ROUNDS,
+    NO_TIME,
+    NOISE,
+    CandidateSummary,
+    Confirmation,
+)
 
 
 def confirmed_verdict(confirmation: Confirmation, baseline: TrainConfig) -> str:
@@ -20,9 +27,10 @@ def confirmed_verdict(confirmation: Confirmation, baseline: TrainConfig) -> str:
         changes = describe_changes(winner.config, baseline)
         if confirmation.no_measurable_difference is False and confirmation.speedup_ci:
             return (f"{changes}: {confirmation.speedup:.2f}x faster than your settings "
-                    f"{_interval(confirmation.speedup_ci)}, 95% interval, {in_rounds}")
+                    f"{_interval(confirmation.speedup_ci)}, 95% interval, {in_rounds}"
+                    f"{_taken_back(confirmation)}")
         return (f"{changes}: {confirmation.speedup:.2f}x your settings "
-                f"{_interval(confirmation.speedup_ci)}, {in_rounds}")
+                f"{_interval(confirmation.speedup_ci)}, {in_rounds}{_taken_back(confirmation)}")
     if contender is None:
         fastest = confirmation.fastest
         if fastest is not None and fastest.config != baseline:
@@ -55,6 +63,22 @@ def search_verdict(best: TrainConfig | None, speedup: float | None,
     figure = f" {speedup:.2f}x your settings" if speedup else ""
     return (f"not confirmed: {describe_changes(best, baseline)} measured{figure} in single "
             "search trials; confirm it (--confirm-repeats) before you change your training")
+
+
+def _taken_back(confirmation: Confirmation) -> str:
+    """What the answer left out of the race's recommendation, and why, in a clause each: the
+    changes whose taking back was inside the noise or faster, and those the time left no
+    rounds to take back."""
+    said = []
+    for outcome, words in ((NOISE, "dropped as inside the noise"),
+                           (HURTS, "dropped as faster without")):
+        if names := [t.change for t in confirmation.dropped if t.outcome == outcome]:
+            said.append(f"{words}: {', '.join(names)}")
+    for why, words in ((NO_TIME, "not taken back for lack of time"),
+                       (NO_ROUNDS, "not taken back within --confirm-max-rounds")):
+        if names := [t.change for t in confirmation.unjudged if t.why == why]:
+            said.append(f"{words}: {', '.join(names)}")
+    return "".join(f"; {clause}" for clause in said)
 
 
 def _figure(candidate: CandidateSummary, baseline: TrainConfig) -> str:

@@ -183,8 +183,8 @@ def limit_memory(device: Any, limit_bytes: int) -> None:
     """Make memory really this small: a per-process fraction on CUDA, an rlimit on CPU.
 
     On CPU the limit is RLIMIT_DATA (heap and private mappings, the whole process including
-    the ~0.2 GiB that importing torch takes), so an allocation beyond it fails as it would on a
-    machine that small.
+    what importing torch takes: ~0.2 GiB in a CPU build, ~0.75 GiB in a CUDA build), so an
+    allocation beyond it fails as it would on a machine that small.
     """
     import torch
 

@@ -83,17 +83,29 @@ def measure_job(workload: Workload, config: TrainConfig, device: torch.device,
     return replace(figures, measure_wall_s=time.perf_counter() - start)
 
 
+class SampleFlops(NamedTuple):
+    """Model FLOPs of one sample's forward and backward, and whether the model file gave the
+    figure or it was counted."""
+
+    per_sample: float
+    source: str  # "given" (the file's flops_per_sample) or "counted"
+
+
 def build_setup(workload: Workload, config: TrainConfig, device: torch.device,
-                report: Progress) -> tuple[TrainingSetup, float | None, float]:
+                report: Progress) -> tuple[TrainingSetup, SampleFlops | None, float]:
+    """The configuration applied to the workload, its FLOPs a sample for MFU (on CUDA only,
+    the one device with a peak to divide them by), and the seconds the build took."""
     start = time.perf_counter()
     report("building the model")
     model = workload.build_model()
-    flops = workload.flops_per_sample()
+    given = workload.flops_per_sample()
+    flops = SampleFlops(given, "given") if given is not None else None
     if device.type == "cuda":
         torch.cuda.set_device(device)
         if flops is None:
             report("counting FLOPs")
-            flops = count_flops_per_sample(workload, config, model, device)
+            counted = count_flops_per_sample(workload, config, model, device)
+            flops = SampleFlops(counted, "counted") if counted else None
         # Whatever counting cached goes back first: the trial's peak is its own.
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -103,7 +115,7 @@ def build_setup(workload: Workload, config: TrainConfig, device: torch.device,
 
 
 def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceInfo,
-                  flops_per_sample: float | None = None, setup_s: float = 0.0,
+                  flops: SampleFlops | None = None, setup_s: float = 0.0,
                   trace_path: str | Path | None = None,
                   progress: Progress | None = None) -> Measurement:
     """Run the protocol on an already applied set-up."""
@@ -182,8 +194,8 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
     samples_per_sec = window.samples / window.seconds
     mfu = None
     peak = peak_flops(info, setup.config.precision)
-    if flops_per_sample and peak:
-        mfu = flops_per_sample * samples_per_sec / peak
+    if flops and peak:
+        mfu = flops.per_sample * samples_per_sec / peak.flops
     # the kept window's own: not the screening's, nor a disturbed window measured again
     compiled, in_window = compiled_after - compiled_before, window.compiled
     figures = Measurement(
@@ -203,7 +215,10 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
         host_sync_s_per_step=profile.host_sync_s_per_step if profile else None,
         optimizer_fraction=profile.optimizer_fraction if profile else None,
         device_idle_fraction=profile.device_idle_fraction if profile else None,
-        flops_per_sample=flops_per_sample,
+        flops_per_sample=flops.per_sample if flops else None,
+        flops_source=flops.source if flops else None,
+        peak_flops=peak.flops if peak else None,
+        peak_flops_source=peak.source if peak else None,
         mfu=mfu,
         final_loss=window.final_loss, loss_finite=window.loss_finite,
         top_operators=profile.top_operators if profile else (),

@@ -330,7 +330,7 @@ def set_matmul_precision(precision: str, device: torch.device) -> None:
     defaults (IEEE fp32 matmuls, TF32 cuDNN convolutions), which is what the user's own code
     runs, so the baseline is measured as it really runs.
 
-    Set through `allow_tf32`, the one API every torch from 2.4 has; torch 2.9 and later keep
+    Set through `allow_tf32`, the one API every torch from 2.6 has; torch 2.9 and later keep
     their newer `fp32_precision` settings in step with it, so both APIs (and inductor, which
     reads both) see one consistent state.
     """

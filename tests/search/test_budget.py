@@ -274,3 +274,33 @@ def test_a_scripts_start_up_that_is_most_of_its_trial_is_said_once(tmp_path) -> 
         "again and pays it")
     assert startup_note(baseline_of(2.0, script=True)) is None
     assert startup_note(baseline_of(12.0, script=False)) is None
+
+
+def test_the_price_counts_the_best_less_each_change_and_the_short_race_after() -> None:
+    """Four changes of the best taken back: in fresh runs the first round runs them too (3 + 4
+    runs), every later round the best, the baseline and the four (6 runs), then a short race
+    of three configurations for three rounds (9 runs); in warm turns, four more processes
+    and their turns, then one more process and the short race's turns. The plan leaves the
+    search less time for them, and says they race; the confirmation takes fewer candidates
+    where they crowd it; an answer's least budget does not grow for them."""
+    bare, backs = ConfirmationPrice(10), ConfirmationPrice(10, taken_back=4)
+    assert bare.seconds(3, 3) == (3 + 2 * 2) * 10
+    assert backs.seconds(3, 3) == (7 + 6 * 2) * 10 + 9 * 10
+    assert backs.rounds_in(backs.seconds(3, 5), 3) == 5
+    warm = ConfirmationPrice(10, turn_s=0.5, taken_back=4)
+    assert warm.seconds(2, 12) == 6 * 10 + (2 * 6 + 6 * 11 + 2) * 0.5 + 10 + 3 * 13 * 0.5
+    assert ConfirmationPrice(10, taken_back=1).short_race_s() == 0.0  # nothing to drop twice
+    plain = plan_time(600, started=0, now=20, trial_s=10, price=bare, candidates=2,
+                      share=0.3, max_rounds=10)
+    taking = plan_time(600, started=0, now=20, trial_s=10, price=backs, candidates=2,
+                       share=0.3, max_rounds=10)
+    # the least rounds with them (270 s) need more than the share (180 s): the search ends
+    # sooner, so that the run still ends within its budget
+    assert taking.search_ends_at == 600 - 270 - 10 < plain.search_ends_at
+    assert taking.confirm_rounds == 3 < plain.confirm_rounds
+    assert "the first of 6 runs, the best less each of its changes among them" in \
+        taking.describe(600, 2)
+    assert answer_budget_s(backs, 0.3) == answer_budget_s(bare, 0.3)
+    slow = ConfirmationPrice(60, taken_back=4)
+    assert candidates_that_fit(3000, slow, 0.3, 3) == 1
+    assert candidates_that_fit(3000, ConfirmationPrice(60), 0.3, 3) == 3

@@ -4,6 +4,7 @@ is as fast as the fastest, and drift between the start and the end of a study.""
 from __future__ import annotations
 
 import itertools
+import random
 import time
 
 import optuna
@@ -371,3 +372,157 @@ def test_the_baseline_is_raced_against_the_best_other_even_when_it_ranks_first(t
     assert [c.config for c in mixed] == [trials[2][0], BASE]
     busy = candidates(_study_of(tmp_path / "busy", trials, frozenset({1, 2})), BASE, top=1)
     assert [c.config for c in busy] == [trials[1][0], BASE]
+
+
+def _scripted(rate_of, shared: float = 0.03, own: float = 0.005):
+    """A fresh run's measurement from a rate per configuration, with seeded normal noise: the
+    machine's, alike for every run of a round (`shared`, its relative spread), and the run's
+    own (`own`)."""
+    draw = random.Random(0)
+    machine: dict[str, float] = {}
+    calls: list[TrainConfig] = []
+
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        calls.append(config)
+        race, _, round_ = job.name.rpartition("-")
+        moment = machine.setdefault(f"{race.rpartition('-')[0]}-{round_}",
+                                    draw.gauss(0.0, shared))
+        return measured(rate_of(config) * (1 + moment) * (1 + draw.gauss(0.0, own)))
+
+    return measure, calls
+
+
+def _minimal_study(tmp_path, best: TrainConfig, rate: float) -> optuna.Study:
+    study = _study_of(tmp_path, [(BASE, 100.0, "ok"), (best, rate, "ok")])
+    study.set_user_attr(StudyKey.BASELINE_CONFIG, BASE.to_dict())
+    return study
+
+
+def test_a_change_inside_the_noise_is_dropped_and_one_that_pays_is_kept(tmp_path) -> None:
+    """bf16 does the work (1.5x) and fused AdamW rides along: the best races beside itself
+    without each. Without bf16 it is measurably slower (kept); without fused AdamW it is as
+    fast (dropped): the answer is bf16 alone, and the verdict says what it dropped."""
+    best = BASE.replace(precision="bf16", optimizer_impl="fused")
+    measure, calls = _scripted(lambda c: 150.0 if c.precision == "bf16" else 100.0)
+    study = _minimal_study(tmp_path, best, 150.0)
+    result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), measure, SilentView(),
+                     Plan(top=1, rounds=3, max_rounds=6, target=0.03), time_limit_s=60,
+                     device="cpu", directory=tmp_path)
+    assert {c.config for c in result.candidates} >= {best, BASE.replace(precision="bf16"),
+                                                     BASE.replace(optimizer_impl="fused")}
+    assert result.winner.config == BASE.replace(precision="bf16")
+    assert result.taken_from.config == best
+    kept = {t.change: t for t in result.taken_back}
+    assert kept["bf16"].outcome == "pays" and kept["bf16"].ratio < 0.8
+    assert kept["fused AdamW"].outcome == "inside the noise" and not kept["fused AdamW"].kept
+    assert kept["fused AdamW"].describe().startswith("taking back fused AdamW cost ")
+    assert kept["fused AdamW"].describe().endswith(", inside the noise: dropped")
+    low, high = result.speedup_ci
+    assert low > 1.4 and result.no_measurable_difference is False
+    verdict = study_summary(study).verdict
+    assert verdict.startswith("bf16: 1.50x faster than your settings [1.")
+    assert "; dropped as inside the noise: fused AdamW" in verdict
+    # the configuration without bf16 was out as soon as it was measurably slower
+    assert calls.count(BASE.replace(optimizer_impl="fused")) < calls.count(best)
+
+
+def test_every_change_that_pays_is_kept(tmp_path) -> None:
+    """bf16 and fused AdamW each give 1.3x: taking back either is measurably slower, so the
+    answer keeps both and drops nothing."""
+    best = BASE.replace(precision="bf16", optimizer_impl="fused")
+
+    def rate(config: TrainConfig) -> float:
+        return 100.0 * (1.3 if config.precision == "bf16" else 1.0) * \
+            (1.3 if config.optimizer_impl == "fused" else 1.0)
+
+    measure, _ = _scripted(rate)
+    study = _minimal_study(tmp_path, best, 169.0)
+    result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), measure, SilentView(),
+                     Plan(top=1, rounds=3, max_rounds=6, target=0.03), time_limit_s=60,
+                     device="cpu", directory=tmp_path)
+    assert result.winner.config == best and result.taken_from is None
+    assert [t.outcome for t in result.taken_back] == ["pays", "pays"]
+    assert "dropped" not in study_summary(study).verdict
+
+
+def test_a_compile_that_does_not_measurably_pay_is_dropped_with_the_rest(tmp_path) -> None:
+    """The issue's run: loader workers do the work; foreach AdamW, torch.compile and
+    channels-last ride along inside the noise. Three changes dropped: the configuration
+    without all of them races the best and the baseline in a short race of its own, and is the
+    answer; the verdict names the three."""
+    best = BASE.replace(num_workers=2, prefetch_factor=4, persistent_workers=True,
+                        optimizer_impl="foreach", compile_mode="max-autotune-no-cudagraphs",
+                        memory_format="channels_last")
+    measure, calls = _scripted(lambda c: 340.0 if c.num_workers else 100.0)
+    study = _minimal_study(tmp_path, best, 346.0)
+    view = _Notes()
+    result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), measure, view,
+                     Plan(top=1, rounds=3, max_rounds=6, target=0.03), time_limit_s=60,
+                     device="cpu", directory=tmp_path)
+    loader = BASE.replace(num_workers=2, prefetch_factor=4, persistent_workers=True)
+    assert result.winner.config == loader and result.answer_rounds >= 3
+    dropped = {t.change for t in result.dropped}
+    assert dropped == {"foreach AdamW", "torch.compile max-autotune-no-cudagraphs",
+                       "channels-last tensors"}
+    assert [t.change for t in result.taken_back if t.kept] == \
+        ["2 loader workers, prefetch 4 + persistent workers"]
+    assert any("in a short race" in line for line in view.lines)
+    assert calls.count(loader) >= 3  # measured in the short race
+    verdict = study_summary(study).verdict
+    assert verdict.startswith("2 loader workers, prefetch 4 + persistent workers: 3.4")
+    assert verdict.endswith("; dropped as inside the noise: foreach AdamW, torch.compile "
+                            "max-autotune-no-cudagraphs, channels-last tensors")
+    assert f"{result.answer_rounds} paired rounds" in verdict
+
+
+def test_changes_that_each_do_the_same_work_keep_one(tmp_path) -> None:
+    """bf16 or fused AdamW alone gives the whole 1.5x: each is inside the noise taken back
+    alone, but without both it is the baseline, which the race measured slower. The best
+    single drop is the answer; the other change is kept, and says why."""
+    best = BASE.replace(precision="bf16", optimizer_impl="fused")
+    measure, _ = _scripted(lambda c: 150.0 if c.precision == "bf16" or
+                           c.optimizer_impl == "fused" else 100.0)
+    study = _minimal_study(tmp_path, best, 150.0)
+    result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), measure, SilentView(),
+                     Plan(top=1, rounds=3, max_rounds=6, target=0.03), time_limit_s=60,
+                     device="cpu", directory=tmp_path)
+    assert result.winner.config in (BASE.replace(precision="bf16"),
+                                    BASE.replace(optimizer_impl="fused"))
+    outcomes = sorted(t.outcome for t in result.taken_back)
+    assert outcomes == ["inside the noise", "needed together"]
+    together = next(t for t in result.taken_back if t.outcome == "needed together")
+    assert together.kept and "your settings" in together.describe()
+
+
+def test_no_time_for_the_taking_back_keeps_the_changes_and_says_so(tmp_path) -> None:
+    """A time budget that ends after the least rounds of the race: the changes of the
+    recommendation are measured too little to drop, kept, and the verdict says so."""
+    best = BASE.replace(precision="bf16", optimizer_impl="fused")
+
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        time.sleep(0.05)
+        return measured(150.0 if config.precision == "bf16" else 100.0)
+
+    study = _minimal_study(tmp_path, best, 150.0)
+    result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), measure, SilentView(),
+                     Plan(top=1, rounds=2, max_rounds=6, target=0.03,
+                          budget_ends=time.monotonic() + 0.5), time_limit_s=60,
+                     device="cpu", directory=tmp_path)
+    assert result.winner.config == best
+    assert [t.change for t in result.unjudged] == ["fused AdamW"]
+    assert study_summary(study).verdict.endswith(
+        "; not taken back for lack of time: fused AdamW")
+
+
+def test_too_few_rounds_asked_for_keep_the_changes_and_say_so(tmp_path) -> None:
+    """--confirm-max-rounds 2: too few to drop a change on; fused AdamW is kept, and the
+    verdict says the rounds, not the time, left it untaken back."""
+    best = BASE.replace(precision="bf16", optimizer_impl="fused")
+    measure, _ = _scripted(lambda c: 150.0 if c.precision == "bf16" else 100.0)
+    study = _minimal_study(tmp_path, best, 150.0)
+    result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), measure, SilentView(),
+                     Plan(top=1, rounds=2, max_rounds=2, target=0.03), time_limit_s=60,
+                     device="cpu", directory=tmp_path)
+    assert result.winner.config == best
+    assert study_summary(study).verdict.endswith(
+        "; not taken back within --confirm-max-rounds: fused AdamW")

@@ -5,18 +5,22 @@ from __future__ import annotations
 from dataclasses import MISSING, fields, replace
 
 import optuna
+import pytest
 import torch
 from rich.console import Console
 
 from autotune.config import DISTRIBUTED_KNOBS, TrainConfig
 from autotune.show.report import (
     OPERATOR_TABLE_TITLES,
+    bench_tables,
     knob_rows,
     stats_table,
     summary_markdown,
     summary_tables,
     trial_row,
 )
+from autotune.show.report_page import build_report
+from autotune.study.confirmation import NOISE, PAYS, TakenBack
 from autotune.study.records import StudyKey, TrialRecord
 from autotune.study.results import applicable_knobs, load_study, study_summary
 from autotune.study.storage import open_storage
@@ -178,3 +182,74 @@ def test_a_script_studys_answer_is_in_its_own_terms_everywhere() -> None:
     data = summary.to_json()
     assert data["answer_in_script_terms"] == [flags] and data["script_flags"] == flags.split()
     assert "script_args" not in _summary(knobs=()).to_json()  # a model file's, as before
+
+
+def test_each_change_taken_back_is_a_row_with_its_cost_and_what_it_says() -> None:
+    """The race's best, then each of its changes taken back: the speed lost without it with
+    its interval, and kept or dropped and why; in the terminal's table and summary.md alike."""
+    base = TrainConfig(micro_batch_size=8)
+    best = base.replace(num_workers=2, prefetch_factor=2, persistent_workers=True)
+    raced = best.replace(compile_mode="default")
+    backs = (TakenBack("2 loader workers, prefetch 2 + persistent workers",
+                       ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory"),
+                       raced.replace(num_workers=0, prefetch_factor=None,
+                                     persistent_workers=False), PAYS, 0.3, (0.29, 0.31), 24),
+             TakenBack("torch.compile", ("compile_mode",), best, NOISE, 0.996, (0.988, 1.012),
+                       24))
+    summary = _summary(study="s", best_config=best, baseline_config=base,
+                       knobs=applicable_knobs(None, best, base, 1), speedup=3.4,
+                       confirmation=_confirmed(taken_back=backs, taken_from_config=raced,
+                                               speedup_ci=(3.3, 3.5)))
+    text = " ".join(_text(summary_tables(summary)).split())
+    assert "the race's best" in text
+    assert "without torch.compile" in text and "0.4% [-1.2%, +1.2%]" in text
+    assert "inside the noise: dropped" in text and "it pays: kept" in text
+    markdown = summary_markdown(summary)
+    assert "- without torch.compile: 0.4% [-1.2%, +1.2%] (speed lost, paired by round, 95% " \
+        "interval: inside the noise: dropped)" in markdown
+
+
+# What a CUDA trial of a GPT-2-small-like model records for its MFU (the figures are made up).
+CUDA_MFU = Measurement(samples_per_sec=200.0, flops_per_sample=4.21e9, flops_source="counted",
+                       peak_flops=989e12, peak_flops_source="the bf16 data-sheet peak",
+                       mfu=4.21e9 * 200.0 / 989e12)
+
+
+def test_bench_shows_mfu_with_what_it_divided_on_cuda_and_why_there_is_none_on_cpu() -> None:
+    on_cuda = " ".join(_text(bench_tables(CUDA_MFU, "cuda:0", "gpt2 on cuda")).split())
+    assert "MFU │ 0.1% │ 4.21 GFLOP a sample (counted) x samples/sec over 989 TFLOP/s, the " \
+        "bf16 data-sheet peak" in on_cuda
+    on_cpu = " ".join(_text(bench_tables(Measurement(samples_per_sec=200.0), "cpu",
+                                         "mlp on cpu")).split())
+    assert "MFU │ n/a on CPU │ no peak FLOP/s to divide by: MFU needs CUDA" in on_cpu
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_show_run_and_summary_md_give_the_best_mfu_or_why_there_is_none(tmp_path,
+                                                                       device) -> None:
+    """`show`, `run`'s closing summary and summary.md share one row, and `report`'s page says
+    the same; on CUDA the best trial's FLOPs a sample and peak are what it divided."""
+    study = optuna.create_study(study_name="s", storage=open_storage(None, tmp_path / "s"),
+                                direction="maximize")
+    study.set_user_attr(StudyKey.IDENTITY, StudyIdentity("models/mlp.py", {}, device).to_json())
+    base = TrainConfig(micro_batch_size=8)
+    study.set_user_attr(StudyKey.BASELINE_CONFIG, base.to_dict())
+    _told(study, base, "ok", 100.0, role="baseline")
+    mfu = {f: getattr(CUDA_MFU, f) for f in ("flops_per_sample", "flops_source", "peak_flops",
+                                              "peak_flops_source", "mfu")}
+    _told(study, base.replace(precision="bf16"), "ok", 200.0, **(mfu if device == "cuda" else {}))
+    summary = study_summary(load_study("s", tmp_path))
+    text = " ".join(_text(summary_tables(summary)).split())
+    markdown = summary_markdown(summary)
+    page = build_report(load_study("s", tmp_path))
+    if device == "cuda":
+        assert "MFU (best) │ 0.1% │ 4.21 GFLOP a sample (counted) x samples/sec over 989 " \
+            "TFLOP/s" in text
+        assert "- MFU (best): 0.1% (4.21 GFLOP a sample (counted)" in markdown
+        assert "<td>MFU</td><td class=\"num\">n/a</td><td class=\"num\">0.1%</td>" in page
+        assert "MFU: 4.21 GFLOP a sample (counted) x samples/sec over 989 TFLOP/s" in page
+    else:
+        assert "MFU (best) │ n/a on CPU │ no peak FLOP/s to divide by: MFU needs CUDA" in text
+        assert "- MFU (best): n/a on CPU (no peak FLOP/s to divide by" in markdown
+        assert "<td class=\"num\">n/a on CPU</td><td class=\"num\">n/a on CPU</td>" in page
+        assert "MFU: no peak FLOP/s to divide by: MFU needs CUDA." in page

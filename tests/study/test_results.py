@@ -5,14 +5,22 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
-from autotune.study.confirmation import FRESH_ROUNDS
+from autotune.study.confirmation import (
+    FRESH_ROUNDS,
+    PAYS,
+    CandidateSummary,
+    Confirmation,
+    TakenBack,
+)
 from autotune.study.records import (
     MEMORY_CONSTRAINT,
     StudyKey,
@@ -22,7 +30,10 @@ from autotune.study.records import (
 )
 from autotune.study.results import (
     _short_run,
+    compile_payoff,
     compile_rows,
+    compile_sentence,
+    confirmed_payoff,
     list_studies,
     load_study,
     prediction_errors,
@@ -35,14 +46,15 @@ from autotune.trial.protocol import Measurement, TrialStatus
 
 
 def _told(study: optuna.Study, config: TrainConfig, status: str, rate: float | None,
-          role: str = "search", other_cpu_share: float | None = None) -> None:
+          role: str = "search", other_cpu_share: float | None = None,
+          **figures: Any) -> None:
     """A finished trial, recorded as the tuner records one; with `other_cpu_share` above the
-    threshold, its window was disturbed."""
+    threshold, its window was disturbed; `figures`, more of its measurement's."""
     trial = study.ask()
     if rate is not None:
         measurement = Measurement(
             samples_per_sec=rate, other_cpu_share=other_cpu_share,
-            disturbed=other_cpu_share is not None and other_cpu_share > 0.05)
+            disturbed=other_cpu_share is not None and other_cpu_share > 0.05, **figures)
         trial.set_user_attr(TrialKey.MEASUREMENT, measurement.to_json())
     trial.set_user_attr(TrialKey.CONFIG, config.to_dict())
     trial.set_user_attr(TrialKey.ROLE, role)
@@ -157,9 +169,10 @@ def test_a_study_written_before_typed_records_opens_and_says_what_it_said(tmp_pa
     """A journal from autotune before measurements had a record of their own (each figure an
     attribute of its own): read with today's code, every trial has its measurement, and the
     summary is the one `show --json` printed then (the new `knobs`, `queued_trials`,
-    `trial_times` and `confirmation_measured` aside: its rounds were fresh ones; the
-    diagnosis of its baseline, read off its profiled trial; and the loader's CPU share, not
-    measured then)."""
+    `trial_times`, `confirmation_measured`, `device_type` and `best_mfu_basis` aside: its
+    rounds were fresh ones, on a CPU; the diagnosis of its baseline, read off its profiled
+    trial; the loader's CPU share, not measured then; and no change of its answer was taken
+    back, which confirmations did not do then)."""
     folder = tmp_path / "tiny_dict"
     folder.mkdir()
     shutil.copy(OLD_STUDY / "journal.log", folder / "journal.log")
@@ -177,6 +190,8 @@ def test_a_study_written_before_typed_records_opens_and_says_what_it_said(tmp_pa
     assert now.pop("diagnosis")["dominant"] == "overhead"
     assert now.pop("answer_diagnosis") is None  # its answer kept the baseline
     assert all(rate.pop("cpu_share") is None for rate in now["loader_rates"])
+    assert now.pop("taken_back") == [] and now.pop("taken_from_config") is None
+    assert now.pop("device_type") == "cpu" and now.pop("best_mfu_basis") is None
     assert now == then
 
 
@@ -214,3 +229,39 @@ def test_a_scripts_run_shorter_than_a_trial_measures_is_said() -> None:
     assert shorter_than_measured(None, 14, None) is None
     assert shorter_than_measured(2, None, None) is None
     assert shorter_than_measured(2, 14, 2) is None
+
+
+def test_an_answer_that_compiles_says_its_start_up_and_the_steps_it_pays_for_itself_after(
+        ) -> None:
+    """The answer (no trial of its own: the confirmation made it) compiles: its payoff comes
+    from a trial of the same configuration, its gain per step from the paired rounds that took
+    compile back (10% slower without: 128 samples a step at 1000/s against 900/s save 14.2 ms
+    a step, so 30 s of compile pays after 2,109 steps), and the verdict says so in a
+    sentence; nothing where the user's settings compile already."""
+    plain = _record(0, "none", sps=1000.0, first_step_s=1.0)
+    compiled = _record(1, "default", sps=2000.0, first_step_s=31.0)
+    answer = compiled.config
+    payoff = compile_payoff([plain, compiled], None, answer)
+    assert payoff.trial == 1 and payoff.break_even_steps == pytest.approx(30 / 0.064)
+    assert compile_sentence(answer, plain.config, payoff) == (
+        "torch.compile costs 30.00 s at start-up and pays for itself after 469 steps")
+    assert compile_sentence(answer, answer, payoff) == ""
+    assert compile_sentence(plain.config, plain.config, payoff) == ""
+    back = TakenBack("torch.compile", ("compile_mode",), plain.config, PAYS, 0.9, (0.88, 0.92), 12)
+    confirmation = replace(_confirmed(answer, 1000.0), taken_back=(back,))
+    paired = confirmed_payoff(payoff, confirmation, answer)
+    assert paired.gain == pytest.approx(1 / 0.9 - 1)
+    assert paired.break_even_steps == pytest.approx(30 / (128 * (1 / 900 - 1 / 1000)))
+    assert "in the paired rounds" in paired.reference
+    never = replace(payoff, break_even_steps=None)
+    assert compile_sentence(answer, plain.config, never).endswith("never pays for itself here")
+
+
+def _confirmed(config: TrainConfig, rate: float) -> Confirmation:
+    def one(candidate: TrainConfig, median: float) -> CandidateSummary:
+        return CandidateSummary(candidate, None, True, True, (), median, 0.0, median, None,
+                                None, 1.0, None, None)
+
+    winner = one(config, rate)
+    return Confirmation((winner,), winner, winner, one(TrainConfig(), 100.0), winner, 10.0,
+                        (9.0, 11.0), False, None, False, 12, 1.0, 0.0, 0.03, None, 0)

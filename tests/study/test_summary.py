@@ -28,13 +28,14 @@ SEARCH_KEYS = {
     "memory_predictions", "loader_rates", "baseline_trial", "left_out", "convolutional",
     "warnings",
     "queued_trials", "trial_times", "probe_s", "disturbed_trials",
-    "best_disturbed", "compile_payoff", "diagnosis", "answer_diagnosis"}
+    "best_disturbed", "compile_payoff", "diagnosis", "answer_diagnosis", "device_type",
+    "best_mfu_basis"}
 # ... and the keys the paired rounds add.
 CONFIRMED_KEYS = {
     "best_runs", "baseline_spread", "speedup_ci", "no_measurable_difference",
     "confirmation_repeats", "best_search_samples_per_sec", "fastest_config", "fastest_speedup",
     "fastest_speedup_ci", "best_time_to_train_s", "baseline_time_to_train_s",
-    "confirmation_measured"}
+    "confirmation_measured", "taken_back", "taken_from_config"}
 
 BASE = TrainConfig(micro_batch_size=8)
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from autotune.config import knob_names
+from autotune.hardware import tf32_matmuls
 from autotune.trial.script.errors import check_device
 from autotune.trial.script.lightning_loop import callback_class
 from autotune.trial.script.lightning_terms import (
@@ -149,8 +150,7 @@ def _compiled(trial: ScriptTrial, baseline: ScriptBaseline, model: Any,
     if compiled:
         baseline.fixed["compile_mode"] = ("the script compiles its LightningModule itself "
                                           "(torch.compile), with options autotune cannot read")
-    if device.type == "cuda" and baseline.knobs.get("precision") == "fp32" and \
-            torch.get_float32_matmul_precision() != "highest":
+    if device.type == "cuda" and baseline.knobs.get("precision") == "fp32" and tf32_matmuls():
         baseline.knobs["precision"] = "tf32"
     config = trial.config
     if config is None:

@@ -1,0 +1,67 @@
+"""The minimal answer's parts: each change of a configuration taken back within the search
+space, a change judged on its paired ratio, and the changes a time plan prices."""
+
+from __future__ import annotations
+
+from autotune.config import TrainConfig
+from autotune.search.minimal import (
+    DROP_BOUND,
+    JUDGE_ROUNDS,
+    OUTSIDE,
+    PRICED_CHANGES,
+    judge,
+    priced_changes,
+    take_backs,
+    without_all,
+)
+from autotune.search.space import build_space
+from autotune.stats import Ratio
+from autotune.study.confirmation import FAILS, HURTS, NO_ROUNDS, NOISE, PAYS, UNJUDGED
+
+from .test_space import CPU6
+
+BASE = TrainConfig(micro_batch_size=8, grad_accum_steps=4)  # effective batch 32
+
+
+def test_each_change_is_taken_back_within_the_space_and_the_batch_keeps_its_size() -> None:
+    """Under --global-batch-size 64 the baseline's micro-batch runs with accumulation 8, not
+    its own 4: taking the micro-batch back keeps the study's batch. A knob the user fixed
+    cannot be taken back, and says why."""
+    space = build_space(BASE, CPU6, 1024, global_batch=64, fixes={"precision": "bf16"})
+    best = TrainConfig(micro_batch_size=32, grad_accum_steps=2, precision="bf16",
+                       optimizer_impl="fused", num_workers=2, prefetch_factor=2)
+    backs = {b.change: b for b in take_backs(best, BASE, space)}
+    assert list(backs) == ["micro-batch 32 x 2", "bf16", "fused AdamW",
+                           "2 loader workers, prefetch 2"]
+    assert backs["micro-batch 32 x 2"].config == best.replace(micro_batch_size=8,
+                                                              grad_accum_steps=8)
+    assert backs["bf16"].config is None and backs["bf16"].why == OUTSIDE
+    assert backs["2 loader workers, prefetch 2"].config == \
+        best.replace(num_workers=0, prefetch_factor=None)
+    assert without_all(best, [backs["fused AdamW"], backs["2 loader workers, prefetch 2"]],
+                       BASE, space) == best.replace(optimizer_impl="for_loop", num_workers=0,
+                                                    prefetch_factor=None)
+    assert priced_changes(space) == PRICED_CHANGES  # the batch, loader, AdamW, compile...
+    assert priced_changes(build_space(BASE, CPU6, 1024, fixes={
+        "precision": "fp32", "optimizer_impl": "for_loop", "num_workers": 0,
+        "compile_mode": "none", "micro_batch_size": 8})) == 0
+
+
+def test_a_change_is_kept_when_it_pays_and_dropped_only_on_enough_rounds() -> None:
+    """Measurably slower without it, on any rounds: it pays. Inside the noise or faster
+    without it: dropped, on `JUDGE_ROUNDS` rounds at least and where it costs `DROP_BOUND` at
+    most for sure; else kept unjudged, saying what ran out."""
+    back = take_backs(BASE.replace(precision="bf16", optimizer_impl="fused"), BASE, None)[1]
+    assert back.change == "fused AdamW"
+    assert judge(back, Ratio(0.7, 0.5, 0.9, 2), True).outcome == PAYS
+    noise = judge(back, Ratio(0.996, 0.98, 1.012, JUDGE_ROUNDS), True)
+    assert noise.outcome == NOISE and not noise.kept and noise.rounds == JUDGE_ROUNDS
+    assert judge(back, Ratio(1.05, 1.02, 1.08, 12), True).outcome == HURTS
+    early = judge(back, Ratio(1.0, 0.6, 1.6, 2), True)
+    assert early.outcome == UNJUDGED and early.kept and early.ratio == 1.0
+    # 12 rounds of a drifting machine that count as one: it may cost 50%, it is not dropped
+    wide = judge(back, Ratio(0.95, 0.5, 1.8, 12), True, NO_ROUNDS)
+    assert wide.outcome == UNJUDGED and wide.why == NO_ROUNDS
+    assert judge(back, Ratio(0.97, 1 - DROP_BOUND, 1.01, 12), True).outcome == NOISE
+    assert judge(back, None, True).outcome == UNJUDGED
+    assert judge(back, Ratio(1.0, 0.9, 1.1, 4), False).outcome == FAILS
