@@ -131,15 +131,26 @@ def _target(options: OneConfigOptions) -> tuple[DeviceInfo, dict[str, Any]]:
     return info, knobs
 
 
+def _script_settings(options: OneConfigOptions) -> dict[str, Any]:
+    """A script's run of `bench`/`profile`: the flags named for its knobs, and its own
+    settings where `--set` was read over them."""
+    if not options.script_path:
+        return {}
+    return {"script_flag_map": options.script_flags,
+            **({"script_baseline": options.script_baseline} if options.script_baseline else {})}
+
+
 def _over_the_scripts_own(options: OneConfigOptions, info: DeviceInfo,
                           knobs: dict[str, Any]) -> dict[str, Any]:
     """--set and --config over a training script's own settings, which only the script knows:
     it is run once to its trainer (as the probe runs it) to read them, then the knobs go over
-    them, so the measured run changes only what was asked."""
+    them, so the measured run changes only what was asked (through the script's own flags,
+    where its settings come from them)."""
     request = TrialRequest(model_path=options.workload_path, config={},
                            device=str(info.torch_device), job="probe",
                            nproc_per_node=options.nproc_per_node,
-                           script_args=options.script_argv, settings={"candidates": {}})
+                           script_args=options.script_argv,
+                           settings={"candidates": {}, **_script_settings(options)})
     result = _isolated(request, "reading the settings of", Path(options.workload_path).name,
                        options.time_limit_s, options.log)
     if result.bad_input:
@@ -147,6 +158,7 @@ def _over_the_scripts_own(options: OneConfigOptions, info: DeviceInfo,
     if result.probe is None:
         raise RunFailed(f"reading the script's own settings failed: {result.message}")
     own = from_baseline(result.probe.baseline, info.type, options.nproc_per_node)
+    options.script_baseline = result.probe.script_baseline
     try:
         return TrainConfig.from_dict(knobs, own).to_dict()
     except ValueError as exc:
@@ -179,7 +191,8 @@ def cmd_bench(options: BenchOptions, console: Console) -> int:
     trace = str(Path(options.trace_dir) / f"{name}-trace.json") if options.trace_dir else None
     request = TrialRequest(
         model_path=options.workload_path, config=knobs, device=str(info.torch_device),
-        model_args=options.model_args, settings=vars(options.settings),
+        model_args=options.model_args,
+        settings={**vars(options.settings), **_script_settings(options)},
         memory_limit_bytes=options.memory_limit_bytes, trace_path=trace,
         nproc_per_node=options.nproc_per_node, script_args=options.script_argv)
     result = _isolated(request, "measuring", name, options.time_limit_s, options.log)
@@ -263,7 +276,8 @@ def cmd_profile(options: ProfileOptions, console: Console) -> int:
         model_path=options.workload_path, config=knobs, device=str(info.torch_device),
         model_args=options.model_args, memory_limit_bytes=options.memory_limit_bytes,
         job="profile", settings={"out": str(out), "steps": options.steps, "top": options.top,
-                                 "warmup_max_seconds": options.warmup_max_seconds},
+                                 "warmup_max_seconds": options.warmup_max_seconds,
+                                 **_script_settings(options)},
         script_args=options.script_argv)
     result = _isolated(request, "profiling", name, options.time_limit_s, out / "profile.log")
     refused = _refused(result, info)
@@ -368,9 +382,11 @@ def _other_library(summary: StudySummary, fmt: str) -> str | None:
     """What a script study tuned, where `fmt` is the other library's format (None where it
     is not)."""
     library = summary.script_answer.library if summary.script_answer else None
-    tuned = {"transformers": ("Hugging Face Trainer script", "lightning"),
-             "lightning": ("Lightning Trainer script", "hf")}.get(library or "")
-    return tuned[0] if tuned and tuned[1] == fmt else None
+    tuned = {"transformers": ("Hugging Face Trainer script", ("lightning",)),
+             "lightning": ("Lightning Trainer script", ("hf",)),
+             "accelerate": ("Accelerate script", ("hf", "lightning")),
+             "loop": ("hand-written training loop", ("hf", "lightning"))}.get(library or "")
+    return tuned[0] if tuned and fmt in tuned[1] else None
 
 
 def cmd_verify(options: VerifyOptions, console: Console) -> int:

@@ -37,6 +37,24 @@ EXPORT_FORMATS = ("yaml", "json", "hf", "lightning", "torch")
 SCRIPT_EXPORT_FORMATS = ("args",)
 
 
+# The knobs a script's own flag can be named for (`--arg KNOB=FLAG`): a loop's batch arithmetic.
+SCRIPT_FLAG_KNOBS = ("micro_batch_size", "grad_accum_steps")
+
+
+def parse_script_flags(items: list[str]) -> dict[str, str]:
+    """`--arg micro_batch_size=--batch_size` items to knob -> the script's flag."""
+    out: dict[str, str] = {}
+    for item in items:
+        knob, sep, flag = (part.strip() for part in item.partition("="))
+        if not sep or knob not in SCRIPT_FLAG_KNOBS or not flag.startswith("-") or \
+                len(flag.lstrip("-")) == 0:
+            raise UsageError(f"--arg expects KNOB=FLAG, a knob of {' or '.join(SCRIPT_FLAG_KNOBS)} "
+                             f"and the script's own flag that sets it (--arg micro_batch_size="
+                             f"--batch_size), got {item!r}")
+        out[knob] = flag
+    return out
+
+
 def parse_model_args(items: list[str]) -> dict[str, Any]:
     """`key=value` strings to keyword arguments: ints, floats, bools, else strings."""
     out: dict[str, Any] = {}
@@ -177,8 +195,9 @@ class WorkloadOptions(CommandOptions):
     model_path: str | None = option("--model", "model file defining build_model and "
                                     "build_dataset", metavar="FILE")
     script_path: str | None = option(
-        "--script", "your own Hugging Face Trainer or Lightning training script instead of a "
-        "model file, run in every trial as `python FILE ARGS` with the arguments after `--`",
+        "--script", "your own training script instead of a model file (a Hugging Face Trainer, "
+        "Lightning, Accelerate or hand-written torch.optim loop), run in every trial as "
+        "`python FILE ARGS` with the arguments after `--`",
         metavar="FILE")
     # The script's own arguments: everything after `--` on the command line (not a flag).
     script_args: list[str] = field(default_factory=list)
@@ -194,9 +213,17 @@ class WorkloadOptions(CommandOptions):
         "--nproc-per-node", "run every trial as a process group of N ranks started by "
         "torchrun (one GPU each with NCCL; on CPU gloo, the cores shared out), and search DDP "
         "and FSDP and their knobs", default=1, metavar="N", kind=int)
+    script_flags: dict[str, str] = option(
+        "--arg", "with --script: the script's own flag that sets a knob autotune may then tune "
+        "(its micro-batch or accumulation; repeatable), as DeepSpeed's arg_mappings: "
+        "--arg micro_batch_size=--batch_size --arg grad_accum_steps=--accum",
+        metavar="KNOB=FLAG", repeat=True, parse=parse_script_flags)
 
     def problems(self) -> list[str]:
-        return _at_least(self, {"nproc_per_node": 1}) + self._workload_problems()
+        out = _at_least(self, {"nproc_per_node": 1}) + self._workload_problems()
+        if self.script_flags and not self.script_path:
+            out.append("--arg names a flag of a training script: give --script FILE")
+        return out
 
     def _workload_problems(self) -> list[str]:
         if self.model_path and self.script_path:
@@ -234,6 +261,9 @@ class StorageOptions(CommandOptions):
 @dataclass(kw_only=True)
 class OneConfigOptions(WorkloadOptions):
     """One configuration of a model file: `bench` and `profile`."""
+
+    # A script's own settings, as a run to its trainer read them for `--set` (not a flag).
+    script_baseline: dict[str, Any] | None = None
 
     config_file: str | None = option(
         "--config", "YAML/JSON configuration; knobs it leaves out come from BASELINE",
@@ -351,8 +381,9 @@ class TuneOptions(StorageOptions, WorkloadOptions):
                                        "(a timeout)", default=DEFAULT_TRIAL_TIME_LIMIT_S,
                                        metavar="SECONDS", kind=float)
     startup_limit_s: float = option(
-        "--startup-limit", "a training script's probe stops a script that has not reached its "
-        "Trainer.train or Trainer.fit after this long (its imports, data and model), e.g. 10m",
+        "--startup-limit", "a training script's probe stops a script that has not started its "
+        "training (Trainer.train, Trainer.fit, its loop's first optimizer step) after this "
+        "long (its imports, data and model), e.g. 10m",
         default=DEFAULT_STARTUP_LIMIT_S, metavar="DURATION", parse=parse_duration)
     seed: int | None = option("--seed", "sampler seed, for a reproducible search", kind=int)
     workers: int = option(

@@ -50,7 +50,7 @@ def test_a_model_file_or_a_script_never_both(given: dict, message: str) -> None:
     (["bench", "--model", "m.py", "--", "--bf16"], "are a training script's: give --script"),
     (["show", "s", "--", "--bf16"], "autotune show takes no script arguments (after --)"),
     (["bench", "--script", "t.py", "--set", "precision=bf16", "--device", "cpu"],
-     "and ended without calling Trainer.train or Trainer.fit"),
+     "and ended without Trainer.train, Trainer.fit or a torch.optim optimizer's first step"),
 ])
 def test_command_line_mistakes_are_one_message_and_exit_2(argv, message, tmp_path: Path,
                                                          capsys, monkeypatch) -> None:
@@ -71,10 +71,12 @@ def test_a_script_that_is_not_there(command: str, tmp_path: Path, capsys) -> Non
 
 
 @pytest.mark.parametrize(("source", "message"), [
-    ("import time\ntime.sleep(120)\n", "train.py ran 6 s and never called Trainer.train or "
-                                       "Trainer.fit; for other training loops write a model "
-                                       "file: README"),
-    ("print('no training here')\n", "ended without calling Trainer.train or Trainer.fit"),
+    ("import time\ntime.sleep(120)\n", "train.py ran 6 s and never reached Trainer.train, "
+                                       "Trainer.fit or a torch.optim optimizer's first step; a "
+                                       "loop without a torch.optim optimizer: write a model "
+                                       "file (README)"),
+    ("print('no training here')\n", "ended without Trainer.train, Trainer.fit or a "
+                                     "torch.optim optimizer's first step"),
     ("import json\njson.loads('{')\n", 'train.py failed before its training started: '
                                        'Traceback (most recent call last): File'),
 ])

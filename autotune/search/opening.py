@@ -75,12 +75,12 @@ class StudyOpener:
         self.storage = open_storage(opts.storage, self.directory, retry_s=opts.storage_retry_s)
         script_args = opts.script_argv
         fingerprint = probe_fingerprint(opts.workload_path, opts.model_args, info.name,
-                                        opts.nproc_per_node, script_args)
+                                        opts.nproc_per_node, script_args, opts.script_flags)
         identity = StudyIdentity(model_path=str(Path(opts.workload_path).resolve()),
                                  model_args=opts.model_args, device_type=self.device.type,
                                  nproc_per_node=opts.nproc_per_node,
                                  script_args=tuple(script_args) if script_args is not None
-                                 else None)
+                                 else None, script_flags=dict(opts.script_flags))
         sampler = optuna.samplers.TPESampler(
             seed=opts.seed, multivariate=True, group=True,
             n_startup_trials=min(10, max(3, (opts.trials or TYPICAL_TRIALS) // 3)))
@@ -131,9 +131,16 @@ class StudyOpener:
             raise ContractError(f"{opts.workload_path}: BASELINE: {exc}") from None
         # The space keeps each rank's micro x accumulation; the global batch is N times it.
         per_rank = opts.global_batch // opts.nproc_per_node if opts.global_batch else None
+        kept = {k: getattr(self.baseline, k) for k in self.probe.kept}
+        refused = [k for k in kept if k in opts.fixes and
+                   str(opts.fixes[k]) != str(kept[k])]
+        if refused:
+            raise ConfigError(f"--fix {refused[0]}={opts.fixes[refused[0]]}: the script keeps "
+                              f"its own {refused[0]}={kept[refused[0]]}: "
+                              f"{self.probe.kept[refused[0]]}")
         self.space = build_space(self.baseline, info, self.probe.dataset_size,
                                  global_batch=per_rank, free_batch=opts.free_batch,
-                                 fixes=opts.fixes, space_file=opts.space_file,
+                                 fixes={**kept, **opts.fixes}, space_file=opts.space_file,
                                  max_grad_accum=opts.max_grad_accum,
                                  left_out=self.probe.left_out_values(),
                                  world_size=opts.nproc_per_node,
@@ -183,6 +190,9 @@ class StudyOpener:
                 on_check=lambda what: self.view.phase(f"checking {what}", None))
         for item in report.left_out:
             self.view.note(f"left out: {item.describe()}")
+        for knob, reason in report.kept.items():
+            self.view.note(f"kept as the script has it: {knob}={report.baseline.get(knob)}: "
+                           f"{reason}")
         return report
 
     def _check_memory_limit(self) -> None:
@@ -233,13 +243,17 @@ class StudyOpener:
 
 def probe_fingerprint(model_path: str | Path, model_args: Mapping[str, Any],
                       device_name: str, nproc_per_node: int = 1,
-                      script_args: Sequence[str] | None = None) -> str:
+                      script_args: Sequence[str] | None = None,
+                      script_flags: Mapping[str, str] | None = None) -> str:
     """What the probe's answer depends on: the model file's (or script's) bytes, its
-    arguments, the device, torch's version and the ranks of a process group."""
+    arguments (and the flags named for its knobs), the device, torch's version and the ranks
+    of a process group."""
     digest = hashlib.sha256(Path(model_path).read_bytes())
     digest.update(repr(sorted(model_args.items())).encode())
     if script_args is not None:
         digest.update(repr(["script", *script_args]).encode())
+    if script_flags:
+        digest.update(repr(sorted(script_flags.items())).encode())
     digest.update(f"{device_name}|{torch.__version__}".encode())
     if nproc_per_node > 1:
         digest.update(f"|ranks={nproc_per_node}".encode())

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import torch
 
 from autotune.config import TrainConfig
-from autotune.errors import ContractError, RunFailed, never_trained_message
+from autotune.errors import TRAINING_START, ContractError, RunFailed, never_trained_message
 from autotune.hardware import describe
 from autotune.options import DEFAULT_STARTUP_LIMIT_S
 from autotune.search.domains import probe_candidates
@@ -70,8 +70,8 @@ class ProbeFailed(RunFailed):
 
 
 class StartupWatch:
-    """A training script's probe until the script reaches its Trainer.train or Trainer.fit: a
-    line every `STARTUP_PROGRESS_S` (`tell`), and its end at `limit_s` (`stopped`)."""
+    """A training script's probe until the script starts its training: a line every
+    `STARTUP_PROGRESS_S` (`tell`), and its end at `limit_s` (`stopped`)."""
 
     def __init__(self, script: str, limit_s: float, tell: Callable[[str], None]) -> None:
         self.script, self.limit_s, self.tell = script, limit_s, tell
@@ -86,7 +86,7 @@ class StartupWatch:
         if elapsed >= (self.told + 1) * STARTUP_PROGRESS_S:
             self.told += 1
             self.tell(f"probing: {self.script} has run {self.told * STARTUP_PROGRESS_S:.0f} s, "
-                      "not yet at its Trainer.train or Trainer.fit (the probe stops it at "
+                      f"not yet at its {TRAINING_START} (the probe stops it at "
                       f"{self.limit_s:.0f} s: --startup-limit)")
         return False
 
@@ -112,11 +112,16 @@ class ProcessRunner:
                  groups: dict[str, list[str]] | None = None,
                  script_args: list[str] | None = None,
                  startup_limit_s: float = DEFAULT_STARTUP_LIMIT_S,
-                 on_note: Callable[[str], None] | None = None) -> None:
+                 on_note: Callable[[str], None] | None = None,
+                 script_flags: dict[str, str] | None = None) -> None:
         self.model_path, self.model_args, self.directory = model_path, model_args, directory
         # A training script's arguments (`model_path` is the script), None for a model file,
         # and how long its probe waits for it to reach its trainer.
         self.script_args, self.startup_limit_s = script_args, startup_limit_s
+        # The script's flags the user named for knobs, and its own settings as its probe read
+        # them (where each is said): every trial of it is told both.
+        self.script_flags = dict(script_flags or {})
+        self._script_baseline: dict[str, Any] | None = None
         self.on_note = on_note or (lambda text: None)
         # ranks per trial, and per worker's device the GPUs of its group (--devices)
         self.nproc_per_node, self.groups = nproc_per_node, groups or {}
@@ -137,7 +142,7 @@ class ProcessRunner:
         request = TrialRequest(model_path=self.model_path, config={}, device=device,
                                model_args=self.model_args, job="probe",
                                script_args=self.script_args,
-                               settings={"candidates": candidates},
+                               settings={"candidates": candidates, **self._script_settings()},
                                inductor_cache_dir=self._inductor_cache())
         script = Path(self.model_path).name
         watch = (StartupWatch(script, self.startup_limit_s, self.on_note)
@@ -164,6 +169,7 @@ class ProcessRunner:
         trials fork from; what to tell the user of it (None for a model file)."""
         if self.script_args is None:
             return None
+        self._script_baseline = probe.script_baseline
         if self.nproc_per_node > 1:
             return ("each rank of a trial starts its own interpreter, torch and the script's "
                     "libraries (torchrun starts them)")
@@ -189,7 +195,8 @@ class ProcessRunner:
         return TrialRequest(
             model_path=self.model_path, config=config.to_dict(), device=job.device,
             model_args=self.model_args, script_args=self.script_args,
-            settings={**self.settings, "screen_below": job.screen_below,
+            settings={**self.settings, **self._script_settings(),
+                      "screen_below": job.screen_below,
                       **({} if job.profile else {"profile_steps": 0}),
                       **(self._round_window() if job.round_run else {}),
                       **(CHECK_RUN if job.check_run else {})},
@@ -198,6 +205,16 @@ class ProcessRunner:
             inductor_cache_dir=self._inductor_cache(),
             nproc_per_node=self.nproc_per_node, group_devices=self.groups.get(job.device),
             **self._cores(job.slot))
+
+    def _script_settings(self) -> dict[str, Any]:
+        """What a script's run is told besides the knobs: the flags named for them, and its
+        own settings as its probe read them (none for a model file, or before the probe)."""
+        if self.script_args is None:
+            return {}
+        out: dict[str, Any] = {"script_flag_map": self.script_flags}
+        if self._script_baseline is not None:
+            out["script_baseline"] = self._script_baseline
+        return out
 
     def _inductor_cache(self) -> str:
         """Compiled graphs are cached under the study, so each (mode, shapes) compiles once;

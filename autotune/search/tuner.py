@@ -96,6 +96,7 @@ class Tuner:
             memory_limit_bytes=opts.memory_limit_bytes, core_shares=self.core_shares,
             on_phase=lambda text, number: self.view.phase(text, number), stop=self.stop,
             nproc_per_node=opts.nproc_per_node, groups=groups, script_args=opts.script_argv,
+            script_flags=opts.script_flags,
             startup_limit_s=opts.startup_limit_s, on_note=lambda text: self.view.note(text))
         try:
             self._open(name, info)

@@ -148,7 +148,8 @@ def verify_study(study: optuna.Study, options: VerifyOptions, directory: Path,
                            on_phase=lambda text, number: view.phase(text, number),
                            nproc_per_node=identity.nproc_per_node,
                            script_args=list(identity.script_args)
-                           if identity.script_args is not None else None)
+                           if identity.script_args is not None else None,
+                           script_flags=identity.script_flags)
     probe = (study.user_attrs.get(StudyKey.PROBE) or {}).get("report")
     if probe:
         runner.preload(ProbeReport.from_dict(probe))

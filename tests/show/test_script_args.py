@@ -9,7 +9,7 @@ from autotune.config import TrainConfig
 from autotune.errors import ConfigError
 from autotune.show.export import export_config
 from autotune.show.export.script_args import script_args_text, without
-from autotune.trial.protocol import Measurement, ScriptAnswer
+from autotune.trial.protocol import SWITCH, CodeChange, Measurement, ScriptAnswer, ScriptFlag
 
 CHANGES = {"TrainingArguments": {"per_device_train_batch_size": 16, "bf16": True,
                                  "optim": "adamw_torch_fused", "tf32": False}}
@@ -57,3 +57,38 @@ def test_the_answer_travels_in_the_measurement() -> None:
     assert Measurement.from_json(figures.to_json()) == figures
     assert Measurement.from_json(Measurement(samples_per_sec=1.0).to_json()).script_answer \
         is None
+
+
+ROUTED = ScriptAnswer(
+    "accelerate", {"flags": {"micro_batch_size": 8}, "Accelerator": {"mixed_precision": "bf16"},
+                   "DataLoader": {"num_workers": 2}, "model": {"compile": "default"}},
+    routed=True, script_flags=(ScriptFlag("--batch_size", 8), ScriptFlag("--bf16", True,
+                                                                          SWITCH, True)),
+    launcher="accelerate launch", launcher_flags=(ScriptFlag("--mixed_precision", "bf16"),),
+    code=(CodeChange("train.py", 71, "DataLoader", {"num_workers": 2}),
+          CodeChange("train.py", 52, text="after it: model.forward = "
+                                          "torch.compile(model.forward)")))
+
+
+def test_an_answer_at_the_scripts_own_flags_launcher_and_lines() -> None:
+    text = script_args_text(ROUTED, "train.py", ["--batch_size", "4", "--out", "o"])
+    assert text.splitlines() == [
+        "--batch_size 8 --bf16",
+        "# the whole command: accelerate launch --mixed_precision bf16 train.py --out o "
+        "--batch_size 8 --bf16",
+        "# change in the code: train.py:71: DataLoader(..., num_workers=2)",
+        "# change in the code: train.py:52: after it: model.forward = "
+        "torch.compile(model.forward)"]
+    assert ROUTED.lines() == [
+        "--batch_size 8 --bf16", "accelerate launch --mixed_precision bf16",
+        "train.py:71: DataLoader(..., num_workers=2)",
+        "train.py:52: after it: model.forward = torch.compile(model.forward)"]
+    assert ROUTED.flags() == ["--batch_size", "8", "--bf16"]
+
+
+def test_a_routed_answer_travels_in_the_measurement_and_an_old_one_reads_as_before() -> None:
+    figures = Measurement(samples_per_sec=1.0, script_answer=ROUTED)
+    assert Measurement.from_json(figures.to_json()) == figures
+    old = {"library": "lightning", "changes": {"Trainer": {"precision": "bf16-mixed"}},
+           "parsed_by": None}
+    assert ScriptAnswer.from_json(old).lines() == ["Trainer(precision='bf16-mixed')"]

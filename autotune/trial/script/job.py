@@ -2,7 +2,9 @@
 observer and answer as a model file's trial does: the probe's `ProbeReport` (the script's own
 settings as the baseline, the knob values its library cannot be told left out), or a
 `Measurement` with the configuration in the script's own terms (`ScriptAnswer`), or for
-`autotune profile --script` the `ProfileReport` of a few of the library's steps."""
+`autotune profile --script` the `ProfileReport` of a few of the library's steps. A trial is
+told the script's own settings as its probe read them: the answer's baseline, and where each
+setting is said, so the trial sets the script's own flags as the answer would."""
 
 from __future__ import annotations
 
@@ -32,13 +34,13 @@ from autotune.trial.protocol import (
     Measurement,
     ProbeReport,
     ProfileReport,
-    ScriptAnswer,
     TrialRequest,
 )
 from autotune.trial.script import terms
 from autotune.trial.script.measuring import MeasuringObserver
 from autotune.trial.script.runner import ScriptRun, run_script
-from autotune.trial.script.session import ScriptTrial
+from autotune.trial.script.session import ScriptBaseline, ScriptTrial
+from autotune.trial.script.sources import with_flags
 from autotune.trial.training import training_state_bytes
 
 # The probe times the script's own settings for a few steps only: it reads, it does not rank.
@@ -71,23 +73,44 @@ def script_job(request: TrialRequest, device: torch.device, world_size: int,
     parent = Path(request.scratch_dir) if request.scratch_dir else None
     if parent is not None:
         parent.mkdir(parents=True, exist_ok=True)
+    own = request.settings.get("script_baseline")
+    own = ScriptBaseline.from_dict(own) if own else None
+    argv, flags_set = script_arguments(request.script_args or [], config, own, device.type,
+                                       world_size)
     with tempfile.TemporaryDirectory(prefix="autotune-script-", dir=parent) as scratch:
-        trial = ScriptTrial(device, observer, Path(scratch), config=config)
+        trial = ScriptTrial(device, observer, Path(scratch), config=config,
+                            kind=own.library if own is not None else None, own=own,
+                            candidates=request.settings.get("candidates", {}),
+                            flag_map=dict(request.settings.get("script_flag_map") or {}),
+                            flags_set=flags_set,
+                            own_paths=[p for p in (
+                                request.trace_path and str(Path(request.trace_path).parent),
+                                request.settings.get("out")) if p])
         progress(SCRIPT_STARTUP)
         start = time.perf_counter()
-        run = run_script(request.model_path, request.script_args or [], trial)
+        run = run_script(request.model_path, argv, trial)
         figures = replace(observer.measurement(run.startup_s),
                           measure_wall_s=time.perf_counter() - start)
-    ran = config or run.baseline.config(device.type, world_size)
+    baseline = own or run.baseline
+    ran = config or baseline.config(device.type, world_size)
     if probing:
         return ran, _probe_report(run, observer, request.settings.get("candidates", {}),
                                   device.type, world_size)
     if profiling:
         return ran, _profile_report(ran, observer, device, request.settings.get("top", 15))
-    answer = ScriptAnswer(run.baseline.library,
-                          terms.changes(ran, run.baseline, device.type, world_size),
-                          run.baseline.parsed_by, run.baseline.arguments_class)
+    answer = terms.answer(ran, baseline, device.type, world_size)
     return ran, replace(figures, script_answer=answer)
+
+
+def script_arguments(argv: list[str], config: TrainConfig | None, own: ScriptBaseline | None,
+                     device_type: str, world_size: int = 1) -> tuple[list[str], list[str]]:
+    """The script's arguments for a trial of `config`: its own flags set as the answer would
+    set them (where its settings come from its flags); and those flags, in words."""
+    if config is None or own is None:
+        return list(argv), []
+    asked = terms.answer(config, own, device_type, world_size).script_flags
+    return with_flags(argv, asked), [word for flag in asked
+                                     for word in flag.words() or [f"(no {flag.flag})"]]
 
 
 def _profiler(request: TrialRequest, settings: MeasureSettings,
@@ -150,4 +173,5 @@ def _probe_report(run: ScriptRun, observer: MeasuringObserver, candidates: dict[
         left_out=terms.left_out(run.baseline, candidates, device_type, world_size),
         script_imports=run.imports.modules(),
         script_environment_changed=run.imports.changed,
-        script_run_steps=run.baseline.run_steps)
+        script_run_steps=run.baseline.run_steps, script_baseline=run.baseline.to_dict(),
+        kept=terms.kept(run.baseline))

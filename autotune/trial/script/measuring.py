@@ -35,6 +35,9 @@ from autotune.trial.profiling import ProfilerWindow, ProfileSummary
 from autotune.trial.protocol import FIRST_STEP, Measurement, PhaseTimes
 from autotune.trial.script.observer import TrainInfo
 
+# The loop a script trains with, as a phase names it.
+_LOOPS = {"transformers": "transformers Trainer", "lightning": "lightning Trainer",
+          "accelerate": "Accelerate loop", "loop": "own loop"}
 FIRST, WARMUP, SCREEN, WINDOW, REWARM, PROFILE = (
     "first", "warmup", "screen", "window", "rewarm", "profile")
 
@@ -82,7 +85,7 @@ class MeasuringObserver:
 
     def on_train_start(self, info: TrainInfo) -> None:
         self.info = info
-        self.progress(f"{FIRST_STEP} of the script's {info.library} Trainer")
+        self.progress(f"{FIRST_STEP} of the script's {_LOOPS.get(info.library, 'loop')}")
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self._last = self._phase_start = time.perf_counter()
