@@ -527,7 +527,24 @@ def _minimal(result: Confirmation, race: Race, judged: list[tuple[TakeBack, Cand
             decisions = [replace(d, outcome=found[0], why=found[1])
                          if i in dropped and i != single else d
                          for i, d in enumerate(decisions)]
+    if result.no_measurable_difference is False and _inside_the_noise(answer, answer_race):
+        # each drop inside the noise, yet the answer less them no longer measurably beats
+        # the baseline that the race's recommendation beat: the drops are kept together
+        decisions = [replace(d, outcome=TOGETHER, why=NOT_BEATEN) if not d.kept else d
+                     for d in decisions]
+        return _with_extra(replace(result, taken_back=tuple(decisions)), follow)
     return _with_extra(_answer(result, race, chosen, answer, answer_race, decisions), follow)
+
+
+NOT_BEATEN = "without it the answer did not measurably beat your settings"
+
+
+def _inside_the_noise(answer: Candidate, answer_race: Race) -> bool:
+    """Whether `answer`'s interval against the baseline of the race it ran in holds 1."""
+    if answer is answer_race.reference:
+        return True
+    interval = _versus(answer, answer_race.reference)[1]
+    return interval is not None and interval[0] <= 1.0 <= interval[1]
 
 
 def _taken_back_race(chosen: Candidate, backs: Sequence[TakeBack], plan: Plan, how: Measuring,
