@@ -18,7 +18,7 @@ from autotune.trial.protocol import CodeChange, LeftOut
 from autotune.trial.script import loop_terms
 from autotune.trial.script.accelerate import MIXED_PRECISION, AcceleratorRecord
 from autotune.trial.script.loop import ACCELERATE, LoopWatch
-from autotune.trial.script.session import ScriptBaseline, Settings
+from autotune.trial.script.session import ScriptBaseline, Settings, settings_changed
 from autotune.trial.script.sources import Source, named_flag
 
 LIBRARY = ACCELERATE
@@ -115,17 +115,7 @@ def unexpressed(config: TrainConfig, baseline: ScriptBaseline, device_type: str,
                 world_size: int = 1) -> list[LeftOut]:
     """Each knob value of `config` (other than the script's own) that the script's
     Accelerator and loop cannot be told, with why."""
-    base = baseline.config(device_type, world_size).to_dict()
-    out = []
-    for knob, value in config.to_dict().items():
-        if value == base[knob] or (knob == "prefetch_factor" and base[knob] is None and
-                                   value == 2):
-            continue
-        reason = baseline.fixed.get(knob) or baseline.refused.get(knob, {}).get(str(value)) \
-            or _reason(knob, value)
-        if reason:
-            out.append(LeftOut(knob, value, reason))
-    return out
+    return loop_terms.unexpressed(config, baseline, device_type, world_size, reason=_reason)
 
 
 def _reason(knob: str, value: Any) -> str | None:
@@ -170,12 +160,7 @@ def changed_settings(config: TrainConfig, baseline: ScriptBaseline,
     """Where and what must change from the script's own settings to say `config`."""
     world = launched_world_size()
     own = settings(baseline.config(device_type, world), baseline)
-    out: Settings = {}
-    for where, values in settings(config, baseline).items():
-        differ = {k: v for k, v in values.items() if own.get(where, {}).get(k, ...) != v}
-        if differ:
-            out[where] = differ
-    return out
+    return settings_changed(own, settings(config, baseline))
 
 
 def additions(where: str, values: Mapping[str, Any], baseline: ScriptBaseline,

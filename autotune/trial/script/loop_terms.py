@@ -7,7 +7,7 @@ what its loop really did; and why a knob cannot be told."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -15,7 +15,7 @@ import torch
 from autotune.config import FP8_PRECISIONS, TrainConfig
 from autotune.trial.protocol import CodeChange, LeftOut
 from autotune.trial.script.loop import FLAGS, LIBRARY, LOADER, MODEL, OPTIMIZER, LoopWatch
-from autotune.trial.script.session import ScriptBaseline, Settings
+from autotune.trial.script.session import ScriptBaseline, Settings, settings_changed
 from autotune.trial.script.sources import Source, named_flag
 
 BATCH_KNOBS = ("micro_batch_size", "grad_accum_steps")
@@ -172,19 +172,22 @@ def _low_precision_weights(module: Any) -> bool:
 
 
 def unexpressed(config: TrainConfig, baseline: ScriptBaseline, device_type: str,
-                world_size: int = 1) -> list[LeftOut]:
+                world_size: int = 1,
+                reason: Callable[[str, Any], str | None] | None = None) -> list[LeftOut]:
     """Each knob value of `config` (other than the script's own) that the loop cannot be told,
-    with why."""
+    with why: `reason`, where the loop is driven by a library (Accelerate), says what it
+    cannot be told."""
     base = baseline.config(device_type, world_size).to_dict()
+    why = reason or _reason
     out = []
     for knob, value in config.to_dict().items():
         if value == base[knob] or (knob == "prefetch_factor" and base[knob] is None and
                                    value == 2):
             continue
-        reason = baseline.fixed.get(knob) or baseline.refused.get(knob, {}).get(str(value)) \
-            or _reason(knob, value)
-        if reason:
-            out.append(LeftOut(knob, value, reason))
+        said = baseline.fixed.get(knob) or baseline.refused.get(knob, {}).get(str(value)) \
+            or why(knob, value)
+        if said:
+            out.append(LeftOut(knob, value, said))
     return out
 
 
@@ -243,12 +246,7 @@ def changed_settings(config: TrainConfig, baseline: ScriptBaseline,
                      device_type: str) -> Settings:
     """Where and what must change from the loop's own settings to say `config`."""
     own = settings(baseline.config(device_type), baseline)
-    out: Settings = {}
-    for where, values in settings(config, baseline).items():
-        differ = {k: v for k, v in values.items() if own.get(where, {}).get(k, ...) != v}
-        if differ:
-            out[where] = differ
-    return out
+    return settings_changed(own, settings(config, baseline))
 
 
 def additions(where: str, values: Mapping[str, Any], baseline: ScriptBaseline,

@@ -22,6 +22,17 @@ from autotune.trial.script.observer import StepObserver
 Settings = dict[str, dict[str, Any]]
 
 
+def settings_changed(own: Settings, wanted: Settings) -> Settings:
+    """Where and what must change from a script's `own` settings to say `wanted`: each place
+    whose values differ, with those values only."""
+    out: Settings = {}
+    for where, values in wanted.items():
+        differ = {k: v for k, v in values.items() if own.get(where, {}).get(k, ...) != v}
+        if differ:
+            out[where] = differ
+    return out
+
+
 @dataclass
 class ScriptBaseline:
     """The script's own settings, read from what it built: `knobs` in TrainConfig's names,
