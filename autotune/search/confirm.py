@@ -72,6 +72,7 @@ from autotune.study.confirmation import (
     FRESH_ROUNDS,
     NO_ROUNDS,
     NO_TIME,
+    NOT_BEATEN,
     TOGETHER,
     UNJUDGED,
     WARM_TURNS,
@@ -535,8 +536,6 @@ def _minimal(result: Confirmation, race: Race, judged: list[tuple[TakeBack, Cand
         return _with_extra(replace(result, taken_back=tuple(decisions)), follow)
     return _with_extra(_answer(result, race, chosen, answer, answer_race, decisions), follow)
 
-
-NOT_BEATEN = "without it the answer did not measurably beat your settings"
 
 
 def _inside_the_noise(answer: Candidate, answer_race: Race) -> bool:
