@@ -72,13 +72,29 @@ def confirmation_price(study: optuna.Study, settings: MeasureSettings, fallback_
     """What confirming costs here, priced at the baseline's trial (`round_run_seconds`, else
     `fallback_s`): in warm turns where `warm_holds` the baseline's peak memory for each
     candidate (`confirm.warm_expected`), else in fresh runs; with `taken_back` changes of the
-    best taken back beside it."""
+    best taken back beside it, and each process that compiles paying the best's compile
+    (`compile_seconds`)."""
     run_s = round_run_seconds(study, settings) or fallback_s
+    compile_s = compile_seconds(study)
     baseline = _baseline(study)
     if baseline is None or not warm_holds(baseline.peak_memory_bytes):
-        return ConfirmationPrice(run_s, taken_back=taken_back)
+        return ConfirmationPrice(run_s, taken_back=taken_back, compile_s=compile_s)
     return ConfirmationPrice(run_s, turn_seconds(baseline.measurement.step_time_median_s),
-                             taken_back)
+                             taken_back, compile_s)
+
+
+def compile_seconds(study: optuna.Study) -> float:
+    """What one confirmation process that compiles pays beyond the baseline's start, where the
+    fastest configuration measured so far compiles (the candidates and the best less each
+    change then compile too): its first step's time over the baseline's. None compiles: 0."""
+    baseline = _baseline(study)
+    measured = [r for r in _measured(study) if r.status == TrialStatus.OK and r.config
+                and r.samples_per_sec and r.measurement.time_to_first_step_s is not None]
+    best = max(measured, key=lambda r: r.samples_per_sec, default=None)
+    if baseline is None or best is None or best.config.compile_mode == "none":
+        return 0.0
+    return max(0.0, best.measurement.time_to_first_step_s -
+               (baseline.measurement.time_to_first_step_s or 0.0))
 
 
 def startup_note(study: optuna.Study) -> str | None:
@@ -136,11 +152,15 @@ class ConfirmationPrice:
 
     With `taken_back` changes of the best taken back (`search.minimal`), the best less each
     races too, every round, and, two or more of them, a short race of the best less those
-    dropped, the best and the baseline follows, of the least rounds an answer needs."""
+    dropped, the best and the baseline follows, of the least rounds an answer needs.
+
+    Where the best compiles (`compile_s`), every configuration racing but the baseline and the
+    best less its compile compiles too: once per warm process, once per run in fresh rounds."""
 
     run_s: float
     turn_s: float | None = None
     taken_back: int = 0
+    compile_s: float = 0.0
 
     @property
     def warm(self) -> bool:
@@ -158,9 +178,20 @@ class ConfirmationPrice:
         each change; then the short race after it."""
         racing, each = candidates + self.taken_back, 2 + self.taken_back
         if self.turn_s is None:
-            return (racing + each * (rounds - 1)) * self.run_s + self.short_race_s()
+            return (racing + each * (rounds - 1)) * self.run_s + self.short_race_s() + \
+                (self.compiling(racing) + self.compiling(each) * (rounds - 1)) * self.compile_s
         turns = 2 * racing + each * (rounds - 1) + 2
-        return racing * self.run_s + turns * self.turn_s + self.short_race_s()
+        return self.start_s(racing) + turns * self.turn_s + self.short_race_s()
+
+    def compiling(self, racing: int) -> int:
+        """Of `racing` configurations (the baseline among them), those that compile."""
+        if not self.compile_s:
+            return 0
+        return max(0, racing - 1 - min(1, self.taken_back))
+
+    def start_s(self, processes: int) -> float:
+        """`processes` warm processes started, one after another, their compiles included."""
+        return processes * self.run_s + self.compiling(processes) * self.compile_s
 
     def short_race_s(self) -> float:
         """The short race after the race, where two or more changes may be dropped: the best
@@ -170,13 +201,15 @@ class ConfirmationPrice:
             return 0.0
         rounds = self.least_rounds(MIN_ROUNDS)
         if self.turn_s is None:
-            return SHORT_RACE * rounds * self.run_s
-        return self.run_s + SHORT_RACE * (rounds + 1) * self.turn_s
+            return SHORT_RACE * rounds * (self.run_s + self.compile_s)
+        return self.run_s + self.compile_s + SHORT_RACE * (rounds + 1) * self.turn_s
 
     def rounds_in(self, seconds: float, candidates: int) -> int:
         """The rounds `seconds` hold, the first always."""
         room = seconds - self.seconds(candidates, 1)
-        each = (2 + self.taken_back) * (self.turn_s or self.run_s)
+        racing = 2 + self.taken_back
+        each = racing * self.turn_s if self.turn_s is not None else \
+            racing * self.run_s + self.compiling(racing) * self.compile_s
         return 1 + math.floor(max(0.0, room) / each + 1e-9)
 
     def describe_rounds(self, rounds: int, candidates: int) -> str:
@@ -188,9 +221,12 @@ class ConfirmationPrice:
                 f"{candidates + self.taken_back} runs{backs}")
 
     def describe(self) -> str:
+        compiling = f" (one that compiles {format_seconds(self.compile_s)} more)" \
+            if self.compile_s else ""
         if self.warm:
-            return f"a warm process takes about {format_seconds(self.run_s)} to start here"
-        return f"a confirmation run takes about {format_seconds(self.run_s)} here"
+            return (f"a warm process takes about {format_seconds(self.run_s)} to start "
+                    f"here{compiling}")
+        return f"a confirmation run takes about {format_seconds(self.run_s)} here{compiling}"
 
 
 @dataclass(frozen=True)

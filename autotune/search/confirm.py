@@ -59,6 +59,7 @@ from autotune.search.warm import (
     WARM_ROUNDS_PER_ROUND,
     WARM_WORTH_ROUNDS,
     PairJudge,
+    WarmOutOfTime,
     WarmPool,
     WarmStart,
     WarmTurns,
@@ -317,7 +318,7 @@ def _warm_rounds(entries: Sequence[Candidate], how: Measuring, plan: Plan,
                       "their first step")
         return None, plan
     turns, why = how.pool.turns([e.config for e in entries],
-                                [e.search_peak_bytes for e in entries], name)
+                                [e.search_peak_bytes for e in entries], name, plan.budget_ends)
     how.view.note(why)
     if turns is None:
         return None, plan
@@ -334,7 +335,11 @@ def _race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
     short race of `reserve` configurations after it (`_minimal`'s)."""
     reference, view = entries[-1], how.view
     fresh_plan = plan
-    turns, plan = _warm_rounds(entries, how, plan, name)
+    try:
+        turns, plan = _warm_rounds(entries, how, plan, name)
+    except WarmOutOfTime as exc:  # no round fits, warm or fresh
+        view.note(f"confirmation: {exc}: no paired round fits in it")
+        return Race(entries, WARM_TURNS, 0, 0.0, 0.0, NO_TIME)
     measured = WARM_TURNS if turns is not None else FRESH_ROUNDS
     racing = list(range(len(entries)))
     shuffle = random.Random(0)

@@ -57,6 +57,21 @@ class WarmUnavailable(RunFailed):
     """A warm process did not start or stopped answering: fresh rounds instead."""
 
 
+class WarmOutOfTime(WarmUnavailable):
+    """The run's time budget ended before the warm processes were ready: no round fits, fresh
+    or warm."""
+
+
+def _wait_s(time_limit_s: float, ends_by: float | None) -> float:
+    """How long to wait for a warm process: its time limit, cut at the budget's end."""
+    if ends_by is None:
+        return time_limit_s
+    left = ends_by - time.monotonic()
+    if left <= 0:
+        raise WarmOutOfTime("the run's time budget ended before the warm processes were ready")
+    return min(time_limit_s, left)
+
+
 def turn_seconds(step_s: float | None) -> float:
     """What one turn takes: `TURN_STEPS` steps of `step_s`, at least `TURN_SECONDS`."""
     return max(TURN_SECONDS, TURN_STEPS * (step_s or 0.0))
@@ -103,7 +118,9 @@ def device_capacity(device: str, memory_limit_bytes: int | None) -> int | None:
 class _WarmProcess:
     """One warm process and its two pipes."""
 
-    def __init__(self, request: TrialRequest, log: Path, time_limit_s: float) -> None:
+    def __init__(self, request: TrialRequest, log: Path, time_limit_s: float,
+                 ends_by: float | None = None) -> None:
+        wait_s = _wait_s(time_limit_s, ends_by)
         device, device_env = trial_device(request.device, os.environ)
         handle, name = tempfile.mkstemp(prefix="autotune-warm-", suffix=".json")
         os.close(handle)
@@ -119,7 +136,7 @@ class _WarmProcess:
                 env={**os.environ, "PYTHONUNBUFFERED": "1", **device_env})
         self.log = log
         try:
-            ready = self._answer(time_limit_s)
+            ready = self._answer(wait_s, ends_by)
             if not ready.get("ready"):
                 raise WarmUnavailable(f"{ready.get('error', 'no answer')} (log: {log})")
         except BaseException:
@@ -149,11 +166,15 @@ class _WarmProcess:
         except (BrokenPipeError, OSError) as exc:
             raise WarmUnavailable(f"the warm process is gone (log: {self.log})") from exc
 
-    def _answer(self, time_limit_s: float) -> dict:
+    def _answer(self, time_limit_s: float, ends_by: float | None = None) -> dict:
         """The next line it says, within the time limit (it says one line per request and
-        then waits, so nothing is ever left in the pipe's buffer behind `select`'s back)."""
+        then waits, so nothing is ever left in the pipe's buffer behind `select`'s back); a
+        wait cut at the budget's end `ends_by` that runs out is `WarmOutOfTime`."""
         ready, _, _ = select.select([self.process.stdout], [], [], time_limit_s)
         line = self.process.stdout.readline() if ready else ""
+        if not ready and ends_by is not None and time.monotonic() >= ends_by:
+            raise WarmOutOfTime("the run's time budget ended while a warm process warmed up "
+                                f"(log: {self.log})")
         if not line:
             what = "no answer within the time limit" if not ready else "it exited"
             raise WarmUnavailable(f"the warm process stopped: {what} (log: {self.log})")
@@ -175,15 +196,15 @@ class WarmRounds:
     """One warm process per configuration, started one after another (each warms up alone),
     then each given one turn that is not counted: the first ones warmed up, then waited idle
     while the others did. `turn(i)` times configuration i once more and gives the `Run` a
-    fresh round would."""
+    fresh round would. None is waited for past `ends_by` (a time budget's end)."""
 
     def __init__(self, requests: Sequence[TrialRequest], logs: Sequence[Path],
-                 time_limit_s: float) -> None:
+                 time_limit_s: float, ends_by: float | None = None) -> None:
         self.time_limit_s = time_limit_s
         self.processes: list[_WarmProcess | None] = []
         try:
             for request, log in zip(requests, logs):
-                self.processes.append(_WarmProcess(request, log, time_limit_s))
+                self.processes.append(_WarmProcess(request, log, time_limit_s, ends_by))
             for process in self.processes:
                 process.turn(time_limit_s)
         except BaseException:
@@ -220,9 +241,9 @@ class WarmRounds:
 @dataclass(frozen=True)
 class WarmStart:
     """What the confirmation and `verify` are handed: how to start warm processes for some
-    configurations (a log-name prefix), and the memory they share."""
+    configurations (a log-name prefix, the budget's end or None), and the memory they share."""
 
-    start: Callable[[Sequence[TrainConfig], str], WarmRounds]
+    start: Callable[[Sequence[TrainConfig], str, float | None], WarmRounds]
     capacity: int | None
 
 
@@ -232,21 +253,23 @@ def warm_start(runner: ProcessRunner, device: str, time_limit_s: float) -> WarmS
     if runner.script_args is not None or runner.nproc_per_node > 1:
         return None
 
-    def start(configs: Sequence[TrainConfig], prefix: str) -> WarmRounds:
+    def start(configs: Sequence[TrainConfig], prefix: str, ends_by: float | None) -> WarmRounds:
         jobs = [MeasureJob(f"{prefix}-warm-{i}", time_limit_s, device, profile=False)
                 for i in range(len(configs))]
         return WarmRounds([runner.request(c, j) for c, j in zip(configs, jobs)],
                           [runner.directory / "logs" / f"{j.name}.log" for j in jobs],
-                          time_limit_s)
+                          time_limit_s, ends_by)
 
     return WarmStart(start, device_capacity(device, runner.memory_limit_bytes))
 
 
 def warm_or_why(warm: WarmStart | None, configs: Sequence[TrainConfig],
                 peaks: Sequence[float | None], prefix: str,
-                running: Sequence[float | None] = ()) -> tuple[WarmRounds | None, str]:
+                running: Sequence[float | None] = (),
+                ends_by: float | None = None) -> tuple[WarmRounds | None, str]:
     """Warm processes for `configs`, or None; and, in one note, which it is and why. The
-    memory must hold them beside those `running` already (their peaks)."""
+    memory must hold them beside those `running` already (their peaks). Past `ends_by` (a
+    time budget's end) `WarmOutOfTime` is raised: fresh rounds would not fit either."""
     if warm is None:
         return None, "measuring in fresh-process rounds: warm processes do not run here"
     if not memory_holds([*running, *peaks], warm.capacity):
@@ -258,7 +281,9 @@ def warm_or_why(warm: WarmStart | None, configs: Sequence[TrainConfig],
                       f"would need {need}, and the device has {room} for them")
     began = time.monotonic()
     try:
-        rounds = warm.start(configs, prefix)
+        rounds = warm.start(configs, prefix, ends_by)
+    except WarmOutOfTime:
+        raise
     except (WarmUnavailable, OSError) as exc:
         return None, f"measuring in fresh-process rounds: a warm process did not start: {exc}"
     return rounds, (f"measuring in {WARM_TURNS}: {_processes(len(configs))} warmed up in "
@@ -284,10 +309,10 @@ class WarmPool:
         self.broken = False
 
     def turns(self, configs: Sequence[TrainConfig], peaks: Sequence[float | None],
-              prefix: str) -> tuple[WarmTurns | None, str]:
+              prefix: str, ends_by: float | None = None) -> tuple[WarmTurns | None, str]:
         """A warm process for each of `configs` (those already warm kept, given one turn that
         is not counted: they waited while the new ones started), or None; and, in one note,
-        which it is and why."""
+        which it is and why. `WarmOutOfTime` where the budget ends (`ends_by`) first."""
         if self.broken:
             return None, "measuring in fresh-process rounds: a warm process stopped earlier"
         keys = [config_key(c) for c in configs]
@@ -299,9 +324,13 @@ class WarmPool:
         why = f"measuring in {WARM_TURNS}: {_processes(kept)} still warm"
         if new:
             began = time.monotonic()
-            started, why = warm_or_why(self.warm, [configs[i] for i in new],
-                                       [peaks[i] for i in new], prefix,
-                                       running=[self.live[k][2] for k in keys if k in self.live])
+            try:
+                started, why = warm_or_why(
+                    self.warm, [configs[i] for i in new], [peaks[i] for i in new], prefix,
+                    running=[self.live[k][2] for k in keys if k in self.live], ends_by=ends_by)
+            except WarmOutOfTime:
+                self.close()
+                raise
             if started is None:
                 self.close()
                 return None, why

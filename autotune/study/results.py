@@ -135,7 +135,8 @@ def study_summary(study: optuna.Study) -> StudySummary:
     best_config = figures.pop("best_config")
     verdict = confirmed_verdict(confirmation, baseline_config or confirmation.baseline.config) \
         if confirmation is not None else \
-        search_verdict(best_config, figures["speedup"], baseline_config)
+        search_verdict(best_config, figures["speedup"], baseline_config,
+                       tried=any(r.role != Role.BASELINE for r in records))
     best_trial = figures["best_trial"]
     payoff = compile_payoff(records, best_trial, best_config)
     if confirmation is not None:

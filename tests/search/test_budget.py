@@ -4,15 +4,19 @@ answer, and what is left."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import optuna
 import pytest
 
+from autotune.config import TrainConfig
 from autotune.options import MeasureSettings
 from autotune.search.budget import (
     MAX_GROWTH,
     ConfirmationPrice,
     answer_budget_s,
     candidates_that_fit,
+    compile_seconds,
     confirmation_price,
     forecast,
     grow_budget,
@@ -304,3 +308,41 @@ def test_the_price_counts_the_best_less_each_change_and_the_short_race_after() -
     slow = ConfirmationPrice(60, taken_back=4)
     assert candidates_that_fit(3000, slow, 0.3, 3) == 1
     assert candidates_that_fit(3000, ConfirmationPrice(60), 0.3, 3) == 3
+
+
+def test_a_compiled_best_prices_each_process_that_compiles(tmp_path) -> None:
+    """The H200 study that overran its `--budget 200s` (benchmarks/results/gpu_h200_followup):
+    the baseline's run about 8.6 s, the compiled best's first step 18.8 s against the
+    baseline's 0.5 s. Its confirmation of six warm processes (the best, the baseline and the
+    best less each of four changes) was priced at six baseline starts; four of them compile
+    (the best and three of the four taken back: not the baseline, not the best less its
+    compile), so they cost 4 x 18.3 s more. Without a compile in the best, nothing is added."""
+    study = optuna.create_study(storage=open_storage(None, tmp_path), study_name="s",
+                                direction="maximize")
+    base = TrainConfig(micro_batch_size=8, grad_accum_steps=4)
+    for role, config, rate, first_s in (
+            ("baseline", base, 313.5, 0.48),
+            ("search", base.replace(precision="bf16"), 1487.6, 0.54),
+            ("search", base.replace(precision="bf16", compile_mode="default"), 2387.2, 18.82)):
+        figures = Measurement(samples_per_sec=rate, window_s=3.0, step_time_median_s=0.1,
+                              peak_memory_bytes=3 * 2**30, time_to_first_step_s=first_s)
+        trial = study.ask()
+        for key, value in {TrialKey.STATUS: "ok", TrialKey.ROLE: role, TrialKey.WALL_S: 8.6,
+                           TrialKey.CONFIG: config.to_dict(),
+                           TrialKey.MEASUREMENT: figures.to_json()}.items():
+            trial.set_user_attr(key, value)
+        study.tell(trial, rate)
+    assert compile_seconds(study) == pytest.approx(18.34)
+    price = confirmation_price(study, MeasureSettings(), 99.0, lambda peak: True, 4)
+    plain = replace(price, compile_s=0.0)
+    assert price.warm and price.compiling(6) == 4
+    assert price.seconds(2, 12) == pytest.approx(plain.seconds(2, 12) + 4 * 18.34 + 18.34)
+    assert "one that compiles 18.34 s more" in price.describe()
+    fresh = replace(price, turn_s=None)
+    # fresh rounds compile again every run: the first round's four, then four each round
+    assert fresh.seconds(2, 3) == pytest.approx(replace(fresh, compile_s=0.0).seconds(2, 3)
+                                                + 3 * 4 * 18.34 + 3 * 3 * 18.34)
+    uncompiled = optuna.create_study(storage=open_storage(None, tmp_path), study_name="u")
+    for trial in study.trials[:2]:
+        uncompiled.add_trial(trial)
+    assert compile_seconds(uncompiled) == 0.0

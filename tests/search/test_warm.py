@@ -8,9 +8,11 @@ import itertools
 import math
 import random
 import statistics
+import time
 from pathlib import Path
 
 import optuna
+import pytest
 
 from autotune.config import TrainConfig
 from autotune.search.confirm import Plan, confirm
@@ -18,7 +20,13 @@ from autotune.search.events import SilentView
 from autotune.search.outcome import Scoring
 from autotune.search.runner import MeasureJob
 from autotune.search.verify import verify
-from autotune.search.warm import WarmStart, WarmUnavailable, memory_holds
+from autotune.search.warm import (
+    WarmOutOfTime,
+    WarmStart,
+    WarmUnavailable,
+    _wait_s,
+    memory_holds,
+)
 from autotune.stats import paired_ratio
 from autotune.study.confirmation import FRESH_ROUNDS, WARM_TURNS, Run, stored_confirmation
 from autotune.study.records import StudyKey
@@ -147,7 +155,7 @@ def _measure_fresh(fresh: list[str]):
 
 
 def _starter(started: list[_Turns], turns: type[_Turns] = _Turns):
-    def start(configs, prefix: str) -> _Turns:
+    def start(configs, prefix: str, ends_by: float | None = None) -> _Turns:
         started.append(turns(list(configs)))
         return started[-1]
 
@@ -213,7 +221,7 @@ def test_verify_takes_warm_turns_where_memory_holds_both_and_says_so(tmp_path) -
 def test_a_warm_process_that_fails_leaves_the_rounds_to_fresh_processes(tmp_path) -> None:
     """One that does not start: every round fresh, said in one note. One that stops answering
     after two rounds: the rest fresh, its processes closed, and the study says fresh rounds."""
-    def refuse(configs, prefix: str) -> _Turns:
+    def refuse(configs, prefix: str, ends_by: float | None = None) -> _Turns:
         raise WarmUnavailable("the warm process stopped: it exited (log: x.log)")
 
     fresh: list[str] = []
@@ -235,7 +243,7 @@ def test_a_warm_process_that_fails_leaves_the_rounds_to_fresh_processes(tmp_path
 
     started: list[_Turns] = []
 
-    def start(configs, prefix: str) -> _Turns:
+    def start(configs, prefix: str, ends_by: float | None = None) -> _Turns:
         started.append(Dying(list(configs)))
         started[-1].turns = 0
         return started[-1]
@@ -302,3 +310,29 @@ def test_beside_a_load_that_stays_rounds_under_it_are_kept(tmp_path) -> None:
     result = stored_confirmation(study.user_attrs["confirmation"])
     assert result.rounds >= 12 and all(run.disturbed for run in result.winner.runs)
     assert 1.4 < result.speedup_ci[0] <= 1.5 <= result.speedup_ci[1] < 1.6
+
+
+def test_a_budget_that_ends_while_the_processes_warm_up_ends_the_confirmation(tmp_path) -> None:
+    """The H200 study that overran its `--budget 200s` by over 35 s: its warm processes each
+    compiled, one after another, past the budget's end. Now the wait for them is cut at the
+    budget's end: the confirmation ends there with no round, fresh or warm, says why, and the
+    verdict is not known rather than late."""
+    def slow(configs, prefix: str, ends_by: float | None = None) -> _Turns:
+        assert ends_by is not None and ends_by <= time.monotonic() + 5
+        raise WarmOutOfTime("the run's time budget ended while a warm process warmed up")
+
+    fresh: list[str] = []
+    view = _Notes()
+    study = _study(tmp_path, 1 * GIB)
+    result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), _measure_fresh(fresh), view,
+                     Plan(top=1, rounds=3, max_rounds=10, target=0.03,
+                          budget_ends=time.monotonic() + 5),
+                     time_limit_s=60, device="cpu", directory=tmp_path,
+                     warm=WarmStart(slow, 8 * GIB))
+    assert not fresh and result.rounds == 0 and result.winner is None
+    assert any("budget ended while a warm process warmed up: no paired round fits" in n
+               for n in view.lines)
+    assert "not known" in confirmed_verdict(result, BASE)
+    with pytest.raises(WarmOutOfTime):
+        _wait_s(60, time.monotonic() - 1)
+    assert _wait_s(60, None) == 60 and _wait_s(60, time.monotonic() + 10) <= 10
