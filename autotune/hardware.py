@@ -17,7 +17,13 @@ from typing import Any, NamedTuple
 
 import torch
 
-from autotune.config import CUDA_GRAPH_MODES, FP8_PRECISIONS, TrainConfig, config_with
+from autotune.config import (
+    CUDA_GRAPH_MODES,
+    FP8_PRECISIONS,
+    HALF_ONLY_ATTENTION,
+    TrainConfig,
+    config_with,
+)
 
 # float8 tensor cores: Ada (8.9), Hopper (9.0) and later.
 FP8_CAPABILITY = (8, 9)
@@ -209,6 +215,10 @@ def _refusal(config: TrainConfig, info: DeviceInfo) -> tuple[str, str] | None:
         if config.compile_mode == "none":
             return "precision", ("float8 runs compiled only: torchao's float8 casts are Triton "
                                  "kernels, and eager float8 is slower than bf16")
+    if info.type == "cuda" and config.attention_backend in HALF_ONLY_ATTENTION and \
+            config.precision not in ("bf16", "fp16", *FP8_PRECISIONS):
+        return "attention_backend", (f"{config.attention_backend} attention has CUDA kernels "
+                                     "for fp16 and bf16 only")
     if config.optimizer_impl == "fused" and not info.fused_adamw:
         return "optimizer_impl", f"fused AdamW is not available on {info.name}"
     return _missing_library(config)

@@ -301,3 +301,24 @@ def test_a_missing_library_is_named_only_where_the_device_would_run_the_value(mo
     assert "runs compiled only" in eager and "pip install" not in eager
     # no device refuses 8-bit AdamW: the library is what it lacks
     assert value_reason("optimizer", "adamw_8bit", cpu).endswith("pip install bitsandbytes")
+
+
+def test_flash_and_cudnn_attention_are_offered_in_half_precision_and_refused_in_fp32() -> None:
+    """On the H100 and the H200 the probe left flash and cuDNN attention out of every fp32
+    BASELINE's study ("No available kernel"), though they ran in bf16 (540 and 472 samples/s
+    on the H200). On CUDA they are a value of the space (asked in bf16), and a configuration
+    that pairs them with a 32-bit precision is refused before it runs; on CPU flash runs in
+    any precision."""
+    h200 = DeviceInfo(type="cuda", index=0, name="NVIDIA H200", total_memory_bytes=140 * 2**30,
+                      cpu_count=16, bf16=True, tf32=True, fused_adamw=True, cuda_graphs=True,
+                      fp8=True)
+    for kernel in ("flash", "cudnn"):
+        assert value_reason("attention_backend", kernel, h200) is None
+        assert unsupported_reason(TrainConfig(attention_backend=kernel, precision="bf16"),
+                                  h200) is None
+        assert unsupported_reason(TrainConfig(attention_backend=kernel), h200) == \
+            f"attention_backend={kernel}: {kernel} attention has CUDA kernels for fp16 and " \
+            "bf16 only"
+    assert unsupported_reason(TrainConfig(attention_backend="efficient"), h200) is None
+    assert unsupported_reason(TrainConfig(attention_backend="flash"),
+                              describe(torch.device("cpu"))) is None

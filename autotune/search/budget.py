@@ -141,14 +141,20 @@ def _baseline(study: optuna.Study) -> TrialRecord | None:
                  and r.measurement is not None), None)
 
 
+def pair_turns(racing: int) -> int:
+    """The turns of one warm round of `racing` configurations: each but the baseline in a pair
+    with a turn of what it is judged against (`confirm._paired_turns`)."""
+    return 2 * (racing - 1)
+
+
 @dataclass(frozen=True)
 class ConfirmationPrice:
     """What the confirmation's rounds cost here: a fresh run of each configuration racing, every
     round (`run_s` each); or, in warm paired turns (`turn_s` set: `search.warm`), each
-    configuration's process started once (about a fresh run), a turn each to settle, the turns
-    of the rounds, and a profiled turn of the two left. Rounds are counted as the confirmation
-    counts them: fresh ones, or warm ones (`WARM_ROUNDS_PER_ROUND` for each fresh round asked,
-    up to `WARM_MAX_ROUNDS`).
+    configuration's process started once (about a fresh run), a turn each to settle, the pairs
+    of turns of the rounds (`pair_turns`), and a profiled turn of the two left. Rounds are
+    counted as the confirmation counts them: fresh ones, or warm ones (`WARM_ROUNDS_PER_ROUND`
+    for each fresh round asked, up to `WARM_MAX_ROUNDS`).
 
     With `taken_back` changes of the best taken back (`search.minimal`), the best less each
     races too, every round, and, two or more of them, a short race of the best less those
@@ -180,7 +186,7 @@ class ConfirmationPrice:
         if self.turn_s is None:
             return (racing + each * (rounds - 1)) * self.run_s + self.short_race_s() + \
                 (self.compiling(racing) + self.compiling(each) * (rounds - 1)) * self.compile_s
-        turns = 2 * racing + each * (rounds - 1) + 2
+        turns = racing + pair_turns(racing) + pair_turns(each) * (rounds - 1) + 2
         return self.start_s(racing) + turns * self.turn_s + self.short_race_s()
 
     def compiling(self, racing: int) -> int:
@@ -202,13 +208,14 @@ class ConfirmationPrice:
         rounds = self.least_rounds(MIN_ROUNDS)
         if self.turn_s is None:
             return SHORT_RACE * rounds * (self.run_s + self.compile_s)
-        return self.run_s + self.compile_s + SHORT_RACE * (rounds + 1) * self.turn_s
+        return self.run_s + self.compile_s + \
+            (SHORT_RACE + pair_turns(SHORT_RACE) * rounds) * self.turn_s
 
     def rounds_in(self, seconds: float, candidates: int) -> int:
         """The rounds `seconds` hold, the first always."""
         room = seconds - self.seconds(candidates, 1)
         racing = 2 + self.taken_back
-        each = racing * self.turn_s if self.turn_s is not None else \
+        each = pair_turns(racing) * self.turn_s if self.turn_s is not None else \
             racing * self.run_s + self.compiling(racing) * self.compile_s
         return 1 + math.floor(max(0.0, room) / each + 1e-9)
 

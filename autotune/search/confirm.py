@@ -27,7 +27,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -152,6 +152,10 @@ class Candidate:
     # Measured only to judge one change of `taken_from` (that configuration less the change):
     # never the race's answer itself, and out of the race once the change shows it pays.
     taken_from: Candidate | None = field(default=None, repr=False, compare=False)
+    # What it is judged against (`taken_from`, else the baseline) and, each round, that one's
+    # run next to its own: in warm turns the turn taken beside it (`_paired_turns`).
+    partner: Candidate | None = field(default=None, repr=False, compare=False)
+    partner_runs: list[Run | None] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def variant(self) -> bool:
@@ -358,19 +362,23 @@ def _race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
         rounds += 1
         order = list(racing)
         shuffle.shuffle(order)
-        runs = None
+        runs: list[Run | None] | None = None
+        partners: dict[int, Run | None] = {}
         if turns is not None:
             try:
-                runs = [turns.turn(i) for i in order]
+                paired_turns = _paired_turns(entries, order, racing, turns, judge)
             except WarmUnavailable as exc:
                 view.note(f"a warm process stopped ({exc}): the rest in fresh-process rounds")
                 turns.close()
                 turns, plan, measured = None, fresh_plan, FRESH_ROUNDS
+            else:
+                if paired_turns is None:  # a pair never kept (`PairJudge`): taken again
+                    run_s = max(run_s, (time.monotonic() - began) / len(order))
+                    continue
+                runs, partners = paired_turns
         if runs is None:
             runs = [_run(entries[i], i, rounds, name, how, len(entries)) for i in order]
         run_s = max(run_s, (time.monotonic() - began) / len(order))
-        if turns is not None and not judge.keeps(runs):
-            continue  # not a pair (`PairJudge`): taken again, at the cost of seconds
         if any(run is not None and run.disturbed for run in runs):
             # Measured again while the caps leave room (the minimum of clean rounds within the
             # rounds' cap, another round within the time's); a machine that stays busy gets its
@@ -389,6 +397,7 @@ def _race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
                           "kept, the machine stayed busy")
         for i, run in zip(order, runs):
             entries[i].runs.append(run)
+        _record_partners(entries, order, racing, runs, partners)
         for i, why in _eliminated(entries, racing, reference, plan.target):
             racing.remove(i)
             view.note(f"confirmation: {_named(entries, i)} is out of the race after round "
@@ -413,6 +422,66 @@ def _race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
     if turns is not None:
         _warm_traces(entries, racing, turns, how.directory / "traces", name, view)
     return Race(entries, measured, kept_disturbed, time.monotonic() - start, run_s, capped)
+
+
+# A pair of warm turns whose two turns saw a load differently is taken again at once, this
+# many times in all; then the whole round is.
+PAIR_TRIES = 4
+
+
+def _comparator(entries: Sequence[Candidate], i: int, racing: Sequence[int]) -> int:
+    """What entry i is judged against: its `partner` where one is set, else the configuration
+    it was taken back from, while that races; else the baseline (the last entry)."""
+    source = entries[i].partner or entries[i].taken_from
+    j = next((k for k in racing if entries[k] is source), None) if source is not None else None
+    return j if j is not None else len(entries) - 1
+
+
+def _paired_turns(entries: Sequence[Candidate], order: Sequence[int], racing: Sequence[int],
+                  turns: WarmTurns, judge: PairJudge,
+                  ) -> tuple[list[Run | None], dict[int, Run | None]] | None:
+    """One round of warm turns as pairs: each entry's turn taken beside a turn of what it is
+    judged against (`_comparator`), in a random order, and each pair kept or taken again on
+    its own (`PairJudge`, up to `PAIR_TRIES` times), so that a load that comes and goes spoils
+    a pair, not the round. Returns every entry's run in `order` (the baseline's from its first
+    pair) and, by entry, its partner's turn; None where a pair was never kept."""
+    reference = len(entries) - 1
+    shuffle = random.Random(len(entries[reference].runs))
+    mine: dict[int, Run | None] = {}
+    partners: dict[int, Run | None] = {}
+    for i in order:
+        if i == reference:
+            continue
+        j = _comparator(entries, i, racing)
+        for _ in range(PAIR_TRIES):
+            first, second = (i, j) if shuffle.random() < 0.5 else (j, i)
+            taken = {first: turns.turn(first)}
+            taken[second] = turns.turn(second)
+            if judge.keeps([taken[i], taken[j]]):
+                break
+        else:
+            return None
+        mine[i], partners[i] = taken[i], taken[j]
+        if j == reference and reference not in mine:
+            mine[reference] = taken[j]
+    if reference not in mine:  # nothing was judged against it: a turn of its own
+        mine[reference] = turns.turn(reference)
+    return [mine[i] for i in order], partners
+
+
+def _record_partners(entries: Sequence[Candidate], order: Sequence[int], racing: Sequence[int],
+                     runs: Sequence[Run | None], partners: Mapping[int, Run | None]) -> None:
+    """Each entry's partner run of this round: its warm pair's turn (`partners`), else (fresh
+    rounds) its comparator's run of the same round."""
+    this_round = dict(zip(order, runs))
+    for i in order:
+        if i == len(entries) - 1:
+            continue
+        j = _comparator(entries, i, racing)
+        entry = entries[i]
+        entry.partner = entry.partner or entries[j]
+        beside = partners[i] if i in partners else this_round.get(j)
+        entry.partner_runs.append(beside if entries[j] is entry.partner else None)
 
 
 def _reserve_s(configurations: int, plan: Plan, run_s: float, how: Measuring,
@@ -583,6 +652,7 @@ def _without_all(config: TrainConfig | None, with_it: Candidate, race: Race,
     answer = _variant(config, records, with_it, race.reference)
     answer.taken_from = None  # a candidate in its own right: it may be the answer
     entries = [answer, _again(with_it), _again(race.reference)]
+    answer.partner = entries[1]  # judged against the recommendation, each turn beside one
     short = _race(entries, "minimal", plan, how)
     ratio = paired(entries[0], entries[1], objective)
     if not entries[0].ok:
@@ -706,8 +776,10 @@ def run_of(result: TrialResult, scoring: Scoring) -> Run | None:
 
 
 def paired(entry: Candidate, reference: Candidate, figure: Figure) -> Ratio:
-    """entry / reference, paired by round over the rounds both ran."""
-    pairs = [(figure(a), figure(b)) for a, b in zip(entry.runs, reference.runs)
+    """entry / reference, paired by round over the rounds both ran: against what it is judged
+    against, each of its runs with that one's run beside it (in warm turns, its pair's)."""
+    others = entry.partner_runs if entry.partner is reference else reference.runs
+    pairs = [(figure(a), figure(b)) for a, b in zip(entry.runs, others)
              if a is not None and b is not None]
     if not pairs:
         return Ratio(float("nan"), None, None, 0)

@@ -351,11 +351,11 @@ def warm_up(setup: TrainingSetup, batches: Iterator[Any],
 
 
 def timed_turn(setup: TrainingSetup, batches: Iterator[Any], settings: MeasureSettings,
-               steps: int, seconds: float) -> WarmTurn:
+               steps: int, seconds: float, tuner_pid: int | None = None) -> WarmTurn:
     """At least `steps` optimizer steps and `seconds`, timed as a window is (data loading
-    included, synchronised only at its edges, bracketed by the contention probe): one turn of
-    a warm process."""
-    probe = ContentionProbe(settings.contention_threshold, setup.device)
+    included, synchronised only at its edges, bracketed by the contention probe, to which the
+    other warm processes of `tuner_pid` are not a load): one turn of a warm process."""
+    probe = ContentionProbe(settings.contention_threshold, setup.device, family=tuner_pid)
     window = _timed_window(setup, batches, replace(
         settings, window_steps=steps, window_seconds=seconds, window_max_seconds=seconds,
         window_max_steps=steps), probe)

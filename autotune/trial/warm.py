@@ -33,10 +33,11 @@ def warm_main() -> None:
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # the model file's prints go to the log, never into the answers
     raw = json.loads(Path(sys.argv[1]).read_text())
-    watch_parent(raw.pop("parent_pid"))
+    tuner_pid = raw.pop("parent_pid")
+    watch_parent(tuner_pid)
     raw.pop("phase_file", None)
     try:
-        serve(TrialRequest(**raw), sys.stdin, answers)
+        serve(TrialRequest(**raw), sys.stdin, answers, tuner_pid)
     except BaseException as exc:  # the tuner falls back to fresh rounds, and the log says why
         traceback.print_exception(exc)
         _say(answers, {"error": f"{type(exc).__name__}: {exc}"[:2000]})
@@ -44,8 +45,10 @@ def warm_main() -> None:
     os._exit(0)  # no teardown: DataLoader workers and compile pools can hang it
 
 
-def serve(request: TrialRequest, commands: IO[str], answers: IO[str]) -> None:
-    """Build and warm up the configuration, say it is ready, then answer turns until `stop`."""
+def serve(request: TrialRequest, commands: IO[str], answers: IO[str],
+          tuner_pid: int | None = None) -> None:
+    """Build and warm up the configuration, say it is ready, then answer turns until `stop`
+    (timed with the tuner's other warm processes as its own, not a load)."""
     import torch
 
     from autotune.options import MeasureSettings
@@ -80,7 +83,7 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str]) -> None:
             _say(answers, {"trace": command["trace"]})
             continue
         turn = timed_turn(setup, batches, settings, int(command["steps"]),
-                          float(command["seconds"]))
+                          float(command["seconds"]), tuner_pid)
         _say(answers, turn.to_json())
 
 

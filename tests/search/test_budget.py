@@ -215,11 +215,11 @@ def test_warm_turns_price_the_confirmation_at_the_processes_start_not_at_fresh_r
     assert candidates_that_fit(600, warm, 0.3, 3) == 2
     plan = plan_time(600, started=0, now=126, trial_s=93.7, price=warm, candidates=3,
                      share=0.3, max_rounds=10)
-    # the share's 180 s: three starts (158.6 s), a settling and a first turn each and the two
-    # profiled turns (4 s) leave 17.4 s for 17 more rounds of the two
-    assert plan.confirm_rounds == 18
+    # the share's 180 s: three starts (158.6 s), a settling turn each, the first round's two
+    # pairs and the two profiled turns (4.5 s) leave 16.9 s for 16 more rounds of the two
+    assert plan.confirm_rounds == 17
     assert plan.describe(600, 3).endswith(
-        "then up to 18 paired rounds of warm turns, after 3 processes warm up")
+        "then up to 17 paired rounds of warm turns, after 3 processes warm up")
     left = forecast(now=100, deadline=float("inf"), trials_left=0, trial_s=10, price=warm,
                     workers=1, candidates=2, rounds=3, max_rounds=10, share=0.3,
                     searched_s=2000)
@@ -292,7 +292,9 @@ def test_the_price_counts_the_best_less_each_change_and_the_short_race_after() -
     assert backs.seconds(3, 3) == (7 + 6 * 2) * 10 + 9 * 10
     assert backs.rounds_in(backs.seconds(3, 5), 3) == 5
     warm = ConfirmationPrice(10, turn_s=0.5, taken_back=4)
-    assert warm.seconds(2, 12) == 6 * 10 + (2 * 6 + 6 * 11 + 2) * 0.5 + 10 + 3 * 13 * 0.5
+    # six processes: a settling turn each, then 12 rounds of five pairs of turns, two
+    # profiled; the short race's process, its three settling turns and 12 rounds of two pairs
+    assert warm.seconds(2, 12) == 6 * 10 + (6 + 10 * 12 + 2) * 0.5 + 10 + (3 + 4 * 12) * 0.5
     assert ConfirmationPrice(10, taken_back=1).short_race_s() == 0.0  # nothing to drop twice
     plain = plan_time(600, started=0, now=20, trial_s=10, price=bare, candidates=2,
                       share=0.3, max_rounds=10)
