@@ -87,8 +87,8 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
     scratch = workdir / "scratch"
     # A script works in a scratch folder (its current directory): the paths it is given
     # must not depend on the current directory.
-    request = replace(request, device=device, trace_path=_absolute(request.trace_path),
-                      inductor_cache_dir=_absolute(request.inductor_cache_dir),
+    request = replace(request, device=device, trace_path=absolute_path(request.trace_path),
+                      inductor_cache_dir=absolute_path(request.inductor_cache_dir),
                       scratch_dir=str(scratch) if request.script_args is not None else None)
     log = Path(log_path) if log_path else workdir / "trial.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -132,7 +132,8 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
                    phase=phase)
 
 
-def _absolute(path: str | None) -> str | None:
+def absolute_path(path: str | None) -> str | None:
+    """A path the process may use from another current directory (a script's scratch)."""
     return os.path.abspath(path) if path else path
 
 

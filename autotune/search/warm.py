@@ -14,13 +14,14 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ import torch
 from autotune.config import TrainConfig
 from autotune.errors import RunFailed
 from autotune.hardware import describe, host_available_memory, trial_device
+from autotune.search.isolation import absolute_path
 from autotune.search.runner import MeasureJob, ProcessRunner
 from autotune.study.confirmation import WARM_TURNS, Run
 from autotune.study.records import config_key
@@ -125,8 +127,13 @@ class _WarmProcess:
         handle, name = tempfile.mkstemp(prefix="autotune-warm-", suffix=".json")
         os.close(handle)
         self.request_file = Path(name)
-        self.request_file.write_text(json.dumps({**asdict(request), "device": device,
-                                                 "parent_pid": os.getpid()}))
+        # A script works in a scratch folder (its current directory), removed with the process
+        self.scratch = Path(tempfile.mkdtemp(prefix="autotune-warm-script-")) \
+            if request.script_args is not None else None
+        request = replace(request, device=device, scratch_dir=str(self.scratch or "") or None,
+                          trace_path=absolute_path(request.trace_path),
+                          inductor_cache_dir=absolute_path(request.inductor_cache_dir))
+        self.request_file.write_text(json.dumps({**asdict(request), "parent_pid": os.getpid()}))
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as log_file:
             self.process = subprocess.Popen(
@@ -190,6 +197,8 @@ class _WarmProcess:
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
         self.request_file.unlink(missing_ok=True)
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 class WarmRounds:
@@ -248,9 +257,10 @@ class WarmStart:
 
 
 def warm_start(runner: ProcessRunner, device: str, time_limit_s: float) -> WarmStart | None:
-    """Warm processes for `runner`'s model file on `device` (its settings, threads and memory
-    limit); None where a warm process cannot run: a training script, a process group."""
-    if runner.script_args is not None or runner.nproc_per_node > 1:
+    """Warm processes for `runner`'s model file or training script on `device` (its settings,
+    threads and memory limit; a script's own loop pausing between turns); None where a warm
+    process cannot run: a process group."""
+    if runner.nproc_per_node > 1:
         return None
 
     def start(configs: Sequence[TrainConfig], prefix: str, ends_by: float | None) -> WarmRounds:

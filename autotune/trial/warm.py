@@ -11,6 +11,8 @@ is answered with one `WarmTurn` line (at least N optimizer steps and S seconds),
 there (what a fresh run's profiler window leaves for the report), until `stop`, the end of
 stdin, or the tuner that started it is gone. The answer channel
 is the process's original stdout; whatever the model file prints goes to stderr (the log).
+A training script's request runs the script itself, its own loop taking the turns
+(`autotune.trial.script.turns`).
 """
 
 from __future__ import annotations
@@ -64,6 +66,15 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str],
         torch.set_num_threads(request.threads)
     if request.memory_limit_bytes:
         limit_memory(device, request.memory_limit_bytes)
+    if request.script_args is not None:  # the script's own loop takes the turns
+        from autotune.trial.script.job import run_under, script_settings
+        from autotune.trial.script.turns import TurnObserver
+
+        observer = TurnObserver(script_settings(request), device, commands, answers, tuner_pid)
+        run_under(request, device, 1, observer, lambda phase: None)
+        if not observer.ready:
+            raise RuntimeError("the script's training ended before its steps were steady")
+        return
     settings = MeasureSettings(**request.settings)
     workload = load_workload(request.model_path, request.model_args)
     config = workload.train_config(request.config, device.type, 1)

@@ -38,6 +38,7 @@ from autotune.trial.protocol import (
 )
 from autotune.trial.script import terms
 from autotune.trial.script.measuring import MeasuringObserver
+from autotune.trial.script.observer import StepObserver
 from autotune.trial.script.runner import ScriptRun, run_script
 from autotune.trial.script.session import ScriptBaseline, ScriptTrial
 from autotune.trial.script.sources import with_flags
@@ -68,13 +69,34 @@ def script_job(request: TrialRequest, device: torch.device, world_size: int,
     observer = MeasuringObserver(settings, device, progress,
                                  profiler=_profiler(request, settings, device))
     config = None if probing or not request.config else TrainConfig.from_dict(request.config)
-    # The tuner's scratch folder for this trial, where it gave one (it removes it however the
-    # trial ends); each rank of a process group has its own folder in it.
+    own = _own(request)
+    start = time.perf_counter()
+    run = run_under(request, device, world_size, observer, progress)
+    figures = replace(observer.measurement(run.startup_s),
+                      measure_wall_s=time.perf_counter() - start)
+    baseline = own or run.baseline
+    ran = config or baseline.config(device.type, world_size)
+    if probing:
+        return ran, _probe_report(run, observer, request.settings.get("candidates", {}),
+                                  device.type, world_size)
+    if profiling:
+        return ran, _profile_report(ran, observer, device, request.settings.get("top", 15))
+    answer = terms.answer(ran, baseline, device.type, world_size)
+    return ran, replace(figures, script_answer=answer)
+
+
+def run_under(request: TrialRequest, device: torch.device, world_size: int,
+              observer: StepObserver, progress: Progress) -> ScriptRun:
+    """The script run once with the request's knobs and flags, in a scratch folder of its own
+    (in the tuner's for this trial, where it gave one: it removes it however the trial ends;
+    each rank of a process group has its own folder in it), `observer` deciding when its loop
+    stops: a trial's measurement, or a warm process's turns (`script.turns`)."""
+    probing = request.job == "probe"
+    config = None if probing or not request.config else TrainConfig.from_dict(request.config)
     parent = Path(request.scratch_dir) if request.scratch_dir else None
     if parent is not None:
         parent.mkdir(parents=True, exist_ok=True)
-    own = request.settings.get("script_baseline")
-    own = ScriptBaseline.from_dict(own) if own else None
+    own = _own(request)
     argv, flags_set = script_arguments(request.script_args or [], config, own, device.type,
                                        world_size)
     with tempfile.TemporaryDirectory(prefix="autotune-script-", dir=parent) as scratch:
@@ -87,19 +109,19 @@ def script_job(request: TrialRequest, device: torch.device, world_size: int,
                                 request.trace_path and str(Path(request.trace_path).parent),
                                 request.settings.get("out")) if p])
         progress(SCRIPT_STARTUP)
-        start = time.perf_counter()
-        run = run_script(request.model_path, argv, trial)
-        figures = replace(observer.measurement(run.startup_s),
-                          measure_wall_s=time.perf_counter() - start)
-    baseline = own or run.baseline
-    ran = config or baseline.config(device.type, world_size)
-    if probing:
-        return ran, _probe_report(run, observer, request.settings.get("candidates", {}),
-                                  device.type, world_size)
-    if profiling:
-        return ran, _profile_report(ran, observer, device, request.settings.get("top", 15))
-    answer = terms.answer(ran, baseline, device.type, world_size)
-    return ran, replace(figures, script_answer=answer)
+        return run_script(request.model_path, argv, trial)
+
+
+def script_settings(request: TrialRequest) -> MeasureSettings:
+    """The measurement's settings of a script's request (which also carries the script's own
+    settings and flags)."""
+    return _settings(request.settings)
+
+
+def _own(request: TrialRequest) -> ScriptBaseline | None:
+    """The script's own settings as its probe read them (None: the probe itself)."""
+    own = request.settings.get("script_baseline")
+    return ScriptBaseline.from_dict(own) if own else None
 
 
 def script_arguments(argv: list[str], config: TrainConfig | None, own: ScriptBaseline | None,
