@@ -190,7 +190,6 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
         findings = findings_of(captured[0], setup.config, profile, median,
                              window.data_wait_s / window.seconds, sites)
         profile_s = time.perf_counter() - phase_start
-    mean = statistics.fmean(times)
     samples_per_sec = window.samples / window.seconds
     mfu = None
     peak = peak_flops(info, setup.config.precision)
@@ -198,58 +197,62 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
         mfu = flops.per_sample * samples_per_sec / peak.flops
     # the kept window's own: not the screening's, nor a disturbed window measured again
     compiled, in_window = compiled_after - compiled_before, window.compiled
-    figures = Measurement(
-        samples_per_sec=samples_per_sec,
-        window_s=window.seconds,
-        window_steps=len(times),
-        window_samples=window.samples,
-        step_time_median_s=median,
-        step_time_p90_s=percentile(times, 0.9),
-        step_time_cv=statistics.pstdev(times) / mean if mean > 0 else 0.0,
-        time_to_first_step_s=time_to_first,
-        setup_s=setup_s,
-        warmup_steps=warmup_steps,
-        steady=steady,
-        data_wait_fraction=min(1.0, window.data_wait_s / window.seconds),
-        host_syncs_per_step=profile.host_syncs_per_step if profile else None,
-        host_sync_s_per_step=profile.host_sync_s_per_step if profile else None,
-        optimizer_fraction=profile.optimizer_fraction if profile else None,
-        device_idle_fraction=profile.device_idle_fraction if profile else None,
+    figures = window_measurement(
+        times=times, samples=window.samples, seconds=window.seconds,
+        wait_s=window.data_wait_s, final_loss=window.final_loss,
+        loss_finite=window.loss_finite, contention=window.contention, memory=memory,
+        profile=profile,
+        phases=PhaseTimes(build_s=setup_s, first_step_s=time_to_first, warmup_s=warmup_s,
+                          screen_s=screen_s, window_s=timing.first_s, remeasure_s=remeasure_s,
+                          sync_tracing_s=sync_tracing_s, profile_s=profile_s),
+        time_to_first_step_s=time_to_first, setup_s=setup_s, warmup_steps=warmup_steps,
+        steady=steady, warmup_s=warmup_s,
         flops_per_sample=flops.per_sample if flops else None,
         flops_source=flops.source if flops else None,
         peak_flops=peak.flops if peak else None,
         peak_flops_source=peak.source if peak else None,
-        mfu=mfu,
-        final_loss=window.final_loss, loss_finite=window.loss_finite,
-        top_operators=profile.top_operators if profile else (),
-        findings=tuple(findings),
-        trace_path=profile.trace_path if profile else None,
-        warmup_s=warmup_s,
-        screen_samples_per_sec=screen_rate,
-        screen_done_s=screen_done,
-        screened=screened,
-        graphs_compiled=compiled.graphs,
-        graphs_compiled_in_window=in_window.graphs,
+        mfu=mfu, findings=tuple(findings),
+        screen_samples_per_sec=screen_rate, screen_done_s=screen_done, screened=screened,
+        graphs_compiled=compiled.graphs, graphs_compiled_in_window=in_window.graphs,
         cudagraph_recordings=compiled.cudagraph_recordings,
         cudagraph_recordings_in_window=in_window.cudagraph_recordings,
+        cpu_affinity=tuple(probe.cpus), windows_remeasured=timing.remeasured,
+        machine_load=timing.load, steady_load=timing.steady_load)
+    return _as_group(figures, setup, window, median,
+                     profile.communication_fraction if profile else None)
+
+
+def window_measurement(*, times: list[float], samples: int, seconds: float, wait_s: float,
+                       final_loss: float | None, loss_finite: bool, contention: Contention,
+                       memory: MemoryPeaks, profile: ProfileSummary | None,
+                       phases: PhaseTimes, **rest: Any) -> Measurement:
+    """The one place a `Measurement` is made, for autotune's own loop and a script's alike:
+    the figures every measurement takes from its kept window (`times` of its steps, its
+    `samples` in `seconds`, its data wait and losses, what else ran meanwhile), the training's
+    memory peaks and the profiler's window; `rest`, what only one of them knows (FLOPs and
+    compiles in autotune's loop, say)."""
+    median, mean = statistics.median(times), statistics.fmean(times)
+    return Measurement(
+        samples_per_sec=samples / seconds, window_s=seconds, window_steps=len(times),
+        window_samples=samples, step_time_median_s=median,
+        step_time_p90_s=percentile(times, 0.9),
+        step_time_cv=statistics.pstdev(times) / mean if mean > 0 else 0.0,
         step_time_precision=median_precision(times),
-        cpu_threads=torch.get_num_threads(),
-        cpu_affinity=tuple(probe.cpus),
-        other_cpu_share=window.contention.other_cpu_share,
-        disturbed=window.contention.disturbed,
-        windows_remeasured=timing.remeasured,
-        machine_load=timing.load, steady_load=timing.steady_load,
-        device_other_processes=window.contention.device_other_processes,
-        device_slowdowns=tuple(window.contention.device_slowdowns),
+        data_wait_fraction=min(1.0, wait_s / seconds),
+        final_loss=final_loss, loss_finite=loss_finite, cpu_threads=torch.get_num_threads(),
+        other_cpu_share=contention.other_cpu_share, disturbed=contention.disturbed,
+        device_other_processes=contention.device_other_processes,
+        device_slowdowns=tuple(contention.device_slowdowns),
         peak_memory_bytes=memory.peak, peak_allocated_bytes=memory.allocated,
         peak_reserved_bytes=memory.reserved, device_memory_used_bytes=memory.device_used,
         device_total_memory_bytes=memory.device_total,
-        phases=PhaseTimes(build_s=setup_s, first_step_s=time_to_first, warmup_s=warmup_s,
-                          screen_s=screen_s, window_s=timing.first_s, remeasure_s=remeasure_s,
-                          sync_tracing_s=sync_tracing_s, profile_s=profile_s),
-    )
-    return _as_group(figures, setup, window, median,
-                     profile.communication_fraction if profile else None)
+        host_syncs_per_step=profile.host_syncs_per_step if profile else None,
+        host_sync_s_per_step=profile.host_sync_s_per_step if profile else None,
+        optimizer_fraction=profile.optimizer_fraction if profile else None,
+        device_idle_fraction=profile.device_idle_fraction if profile else None,
+        top_operators=profile.top_operators if profile else (),
+        trace_path=profile.trace_path if profile else None,
+        phases=phases, **rest)
 
 
 def _as_group(figures: Measurement, setup: TrainingSetup, window: _Window, step_s: float,

@@ -12,7 +12,6 @@ profile --script`."""
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,8 +27,8 @@ from autotune.trial.measure import (
     MemoryPeaks,
     group_figures,
     peak_memory,
-    percentile,
     synchronize,
+    window_measurement,
 )
 from autotune.trial.profiling import ProfilerWindow, ProfileSummary
 from autotune.trial.protocol import FIRST_STEP, Measurement, PhaseTimes
@@ -81,6 +80,9 @@ class MeasuringObserver:
         self.losses: list[torch.Tensor] = []
         self.windows: list[_Window] = []
         self.untimed_steps = 0
+        # each phase's wall time (`PhaseTimes`): what a confirmation run is priced from
+        self.screen_s = self.window_s = self.remeasure_s = 0.0
+        self._remeasure_began = 0.0
         self._last = self._phase_start = time.perf_counter()
 
     def on_train_start(self, info: TrainInfo) -> None:
@@ -149,6 +151,7 @@ class MeasuringObserver:
             self.losses.append(loss)
 
     def _screen(self, now: float) -> bool:
+        self.screen_s = now - self._phase_start
         self.screen_rate = self.window_samples / max(sum(self.window_times), 1e-9)
         below = self.settings.screen_below
         disturbed = self.probe.stop().disturbed
@@ -166,12 +169,17 @@ class MeasuringObserver:
         contention = self.probe.stop()
         self.windows.append(_Window(self.window_times, self.window_samples, self.window_wait_s,
                                     self.losses, contention))
+        if len(self.windows) == 1:
+            self.window_s = now - self._phase_start
+        else:
+            self.remeasure_s += now - self._remeasure_began
         retry = len(self.windows) - 1
         if not self._decide(contention.disturbed and retry < self.settings.contention_retries):
             return self._profile_next()
         wait_s = self.settings.contention_backoff_s * 2**retry
         self.progress(f"{contention.describe()} in the window: waiting up to {wait_s:g} s for "
                       "a quiet moment to measure it again")
+        self._remeasure_began = now
         self.probe.wait_for_quiet(wait_s)
         self.untimed_steps = 0
         self._next(REWARM, time.perf_counter())
@@ -228,40 +236,23 @@ class MeasuringObserver:
                                "data or steps, or lower --window-steps")
         kept = min(self.windows, key=lambda w: (w.contention.disturbed,
                                                 w.contention.other_cpu_share or 0.0))
-        times, seconds = kept.times, sum(kept.times)
-        median, mean = statistics.median(times), statistics.fmean(times)
         losses = torch.stack([loss.reshape(()) for loss in kept.losses]) if kept.losses \
             else None
-        memory, profile = self.memory or peak_memory(self.device), self.profile
-        figures = Measurement(
-            samples_per_sec=kept.samples / seconds, window_s=seconds,
-            window_steps=len(times), window_samples=kept.samples,
-            step_time_median_s=median, step_time_p90_s=percentile(times, 0.9),
-            step_time_cv=statistics.pstdev(times) / mean if mean > 0 else 0.0,
-            time_to_first_step_s=self.first_step_s, setup_s=startup_s,
-            warmup_steps=len(self.warmup_times), steady=self.steady, warmup_s=self.warmup_s,
-            data_wait_fraction=min(1.0, kept.wait_s / seconds),
-            final_loss=float(losses[-1]) if losses is not None else None,
+        figures = window_measurement(
+            times=kept.times, samples=kept.samples, seconds=sum(kept.times),
+            wait_s=kept.wait_s, final_loss=float(losses[-1]) if losses is not None else None,
             loss_finite=bool(torch.isfinite(losses).all()) if losses is not None else True,
-            screen_samples_per_sec=self.screen_rate, screened=self.screened,
-            step_time_precision=median_precision(times),
-            cpu_threads=torch.get_num_threads(),
-            peak_memory_bytes=memory.peak, peak_allocated_bytes=memory.allocated,
-            peak_reserved_bytes=memory.reserved, device_memory_used_bytes=memory.device_used,
-            device_total_memory_bytes=memory.device_total,
-            other_cpu_share=kept.contention.other_cpu_share,
-            disturbed=kept.contention.disturbed, windows_remeasured=len(self.windows) - 1,
-            device_other_processes=kept.contention.device_other_processes,
-            device_slowdowns=tuple(kept.contention.device_slowdowns),
-            host_syncs_per_step=profile.host_syncs_per_step if profile else None,
-            host_sync_s_per_step=profile.host_sync_s_per_step if profile else None,
-            optimizer_fraction=profile.optimizer_fraction if profile else None,
-            device_idle_fraction=profile.device_idle_fraction if profile else None,
-            top_operators=profile.top_operators if profile else (),
-            trace_path=profile.trace_path if profile else None,
+            contention=kept.contention, memory=self.memory or peak_memory(self.device),
+            profile=self.profile,
             # the script's start-up is its build: imports, data and model, before the loop
             phases=PhaseTimes(build_s=startup_s, first_step_s=self.first_step_s or 0.0,
-                              warmup_s=self.warmup_s, profile_s=self.profile_s))
+                              warmup_s=self.warmup_s, screen_s=self.screen_s,
+                              window_s=self.window_s, remeasure_s=self.remeasure_s,
+                              profile_s=self.profile_s),
+            time_to_first_step_s=self.first_step_s, setup_s=startup_s,
+            warmup_steps=len(self.warmup_times), steady=self.steady, warmup_s=self.warmup_s,
+            screen_samples_per_sec=self.screen_rate, screened=self.screened,
+            windows_remeasured=len(self.windows) - 1)
         return _as_group(figures)
 
 

@@ -66,6 +66,10 @@ def test_it_warms_up_screens_times_and_stops_the_loop() -> None:
     assert figures.setup_s == 1.5 and figures.screen_samples_per_sec is not None
     assert figures.loss_finite and figures.final_loss == 1.0
     assert figures.peak_memory_bytes and figures.data_wait_fraction is not None
+    # each phase's wall time, as a model file's trial has them: what a confirmation prices
+    phases = figures.phases
+    assert phases.screen_s == pytest.approx(2 * 0.01, rel=0.6) and phases.remeasure_s == 0.0
+    assert phases.window_s == pytest.approx(figures.window_s, rel=0.2)
 
 
 def test_after_the_window_the_profiler_sees_the_loops_next_steps(tmp_path) -> None:
@@ -132,6 +136,8 @@ def test_a_window_other_processes_disturbed_is_timed_again_once_quiet() -> None:
     assert probe.waits == [0.01]
     assert figures.windows_remeasured == 1 and not figures.disturbed
     assert figures.other_cpu_share == 0.0
+    # the wait, the untimed steps and the window timed again
+    assert figures.phases.remeasure_s >= 0.01 + figures.window_s * 0.8
 
 
 def test_a_window_that_stays_disturbed_is_flagged_and_never_screened_out() -> None:
