@@ -55,6 +55,7 @@ from autotune.search.outcome import Scoring
 from autotune.search.runner import MeasureJob
 from autotune.search.space import SearchSpace
 from autotune.search.warm import (
+    TURN_SECONDS,
     WARM_MAX_ROUNDS,
     WARM_ROUNDS_PER_ROUND,
     WARM_WORTH_ROUNDS,
@@ -321,8 +322,21 @@ def _warm_rounds(entries: Sequence[Candidate], how: Measuring, plan: Plan,
         how.view.note("measuring in fresh-process rounds: --train-steps times whole runs from "
                       "their first step")
         return None, plan
-    turns, why = how.pool.turns([e.config for e in entries],
-                                [e.search_peak_bytes for e in entries], name, plan.budget_ends)
+    configs, peaks = [e.config for e in entries], [e.search_peak_bytes for e in entries]
+    backs = [i for i, e in enumerate(entries) if e.variant]
+    skip = backs if plan.budget_ends is not None else []
+    turns, why = how.pool.turns(configs, peaks, name, plan.budget_ends, skip=skip)
+    if turns is not None and skip:
+        # the best less each change only where their processes' start fits the time left,
+        # after the least rounds' pairs of turns: else the race's own answer keeps its time
+        least = plan.rounds * WARM_ROUNDS_PER_ROUND * 2 * len(entries) * TURN_SECONDS
+        left = plan.budget_ends - time.monotonic() - least
+        if how.pool.start_s * len(backs) <= left:
+            turns, why = how.pool.turns(configs, peaks, name, plan.budget_ends)
+        else:
+            why += (f"; the best less each of its changes not raced: {len(backs)} more "
+                    f"processes at about {format_seconds(how.pool.start_s)} each would not "
+                    "fit the time left")
     how.view.note(why)
     if turns is None:
         return None, plan
@@ -345,7 +359,8 @@ def _race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
         view.note(f"confirmation: {exc}: no paired round fits in it")
         return Race(entries, WARM_TURNS, 0, 0.0, 0.0, NO_TIME)
     measured = WARM_TURNS if turns is not None else FRESH_ROUNDS
-    racing = list(range(len(entries)))
+    racing = turns.racing() if turns is not None else list(range(len(entries)))
+    left_out = len(racing) < len(entries)  # for the time left: judged by none
     shuffle = random.Random(0)
     start, rounds, kept_disturbed, run_s = time.monotonic(), 0, 0, 0.0
     capped = NO_ROUNDS  # unless time or the race's own end ends it first
@@ -421,7 +436,8 @@ def _race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
                            f"most about {format_seconds(left_s)} more")
     if turns is not None:
         _warm_traces(entries, racing, turns, how.directory / "traces", name, view)
-    return Race(entries, measured, kept_disturbed, time.monotonic() - start, run_s, capped)
+    return Race(entries, measured, kept_disturbed, time.monotonic() - start, run_s,
+                NO_TIME if left_out else capped)
 
 
 # A pair of warm turns whose two turns saw a load differently is taken again at once, this

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -319,25 +319,29 @@ class WarmPool:
         self.broken = False
 
     def turns(self, configs: Sequence[TrainConfig], peaks: Sequence[float | None],
-              prefix: str, ends_by: float | None = None) -> tuple[WarmTurns | None, str]:
-        """A warm process for each of `configs` (those already warm kept, given one turn that
-        is not counted: they waited while the new ones started), or None; and, in one note,
-        which it is and why. `WarmOutOfTime` where the budget ends (`ends_by`) first."""
+              prefix: str, ends_by: float | None = None,
+              skip: Collection[int] = ()) -> tuple[WarmTurns | None, str]:
+        """A warm process for each of `configs` but those of `skip` (those already warm kept,
+        given one turn that is not counted: they waited while the new ones started), or None;
+        and, in one note, which it is and why. `WarmOutOfTime` where the budget ends
+        (`ends_by`) first."""
         if self.broken:
             return None, "measuring in fresh-process rounds: a warm process stopped earlier"
         keys = [config_key(c) for c in configs]
-        for key in [k for k in self.live if k not in keys]:
+        wanted = [key for i, key in enumerate(keys) if i not in skip]
+        for key in [k for k in self.live if k not in wanted]:
             rounds, index, _ = self.live.pop(key)
             rounds.release(index)
-        new = [i for i, key in enumerate(keys) if key not in self.live]
-        kept = len(keys) - len(new)
+        new = [i for i, key in enumerate(keys) if i not in skip and key not in self.live]
+        kept = len(wanted) - len(new)
         why = f"measuring in {WARM_TURNS}: {_processes(kept)} still warm"
         if new:
             began = time.monotonic()
             try:
                 started, why = warm_or_why(
                     self.warm, [configs[i] for i in new], [peaks[i] for i in new], prefix,
-                    running=[self.live[k][2] for k in keys if k in self.live], ends_by=ends_by)
+                    running=[self.live[k][2] for k in wanted if k in self.live],
+                    ends_by=ends_by)
             except WarmOutOfTime:
                 self.close()
                 raise
@@ -353,13 +357,14 @@ class WarmPool:
                 why += f" ({kept} more still warm)"
         try:
             for i, key in enumerate(keys):
-                if i not in new:
+                if i not in new and i not in skip:
                     rounds, index, _ = self.live[key]
                     rounds.turn(index)
         except WarmUnavailable as exc:
             self.close()
             return None, f"measuring in fresh-process rounds: a warm process stopped: {exc}"
-        return WarmTurns(self, [self.live[k][:2] for k in keys]), why
+        return WarmTurns(self, [None if i in skip else self.live[k][:2]
+                                for i, k in enumerate(keys)]), why
 
     def close(self) -> None:
         for rounds in {id(r): r for r, _, _ in self.live.values()}.values():
@@ -371,16 +376,27 @@ class WarmTurns:
     """The warm processes one race of the confirmation takes turns of, in its entries' order
     (`WarmPool.turns`): `turn(i)` gives entry i's `Run`."""
 
-    def __init__(self, pool: WarmPool, slots: Sequence[tuple[WarmRounds, int]]) -> None:
+    def __init__(self, pool: WarmPool,
+                 slots: Sequence[tuple[WarmRounds, int] | None]) -> None:
         self.pool, self.slots = pool, list(slots)
 
+    def racing(self) -> list[int]:
+        """The entries with a warm process (not those the pool was told to skip)."""
+        return [i for i, slot in enumerate(self.slots) if slot is not None]
+
     def turn(self, index: int) -> Run | None:
-        rounds, i = self.slots[index]
+        rounds, i = self._slot(index)
         return rounds.turn(i)
 
     def trace(self, index: int, path: Path) -> str:
-        rounds, i = self.slots[index]
+        rounds, i = self._slot(index)
         return rounds.trace(i, path)
+
+    def _slot(self, index: int) -> tuple[WarmRounds, int]:
+        slot = self.slots[index]
+        if slot is None:
+            raise WarmUnavailable(f"entry {index} has no warm process")
+        return slot
 
     def close(self) -> None:
         """A process stopped: warm turns end for the rest of the confirmation."""

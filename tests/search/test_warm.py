@@ -28,7 +28,14 @@ from autotune.search.warm import (
     memory_holds,
 )
 from autotune.stats import paired_ratio
-from autotune.study.confirmation import FRESH_ROUNDS, WARM_TURNS, Run, stored_confirmation
+from autotune.study.confirmation import (
+    FRESH_ROUNDS,
+    NO_TIME,
+    UNJUDGED,
+    WARM_TURNS,
+    Run,
+    stored_confirmation,
+)
 from autotune.study.records import StudyKey
 from autotune.study.verdict import confirmed_verdict
 from autotune.trial.protocol import Measurement, TrialResult, TrialStatus
@@ -384,3 +391,49 @@ def test_beside_a_load_that_comes_and_goes_each_pair_is_judged_on_its_own(tmp_pa
     low, high = result.speedup_ci
     assert 1.45 < low <= 1.5 <= high < 1.55
     assert 12 <= result.rounds < 40 and started[0].count < 12 * 40
+
+
+BOTH = BASE.replace(optimizer_impl="fused", precision="bf16")
+CHANGES = {BASE: 100.0, BOTH: 160.0, BASE.replace(precision="bf16"): 105.0,
+           BASE.replace(optimizer_impl="fused"): 150.0}
+
+
+class _Changes(_LoadBySecond):
+    def turn(self, index: int) -> Run:
+        rate = CHANGES[self.configs[index]] * random.Random(self.count).lognormvariate(0, 0.01)
+        self.count += 1
+        return Run("ok", samples_per_sec=rate, objective=rate)
+
+
+def test_where_their_processes_would_not_fit_the_time_the_changes_are_not_taken_back(
+        tmp_path, monkeypatch) -> None:
+    """The CPU's HF script study (a compile of about 100 s in each warm process) raced the
+    best less each of its changes, five processes warmed up in 149 s, and the budget left 7
+    rounds, too few for an answer. Now the best and the baseline start first; the best less
+    each change starts only where their processes (at the pool's start time each) fit the
+    time left after the least rounds. Here each start takes 60 s of a 250 s budget: the
+    changes are not raced, the answer's own speedup is known, and the changes are kept,
+    not taken back for lack of time."""
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+
+    def start(configs, prefix: str, ends_by: float | None = None) -> _Changes:
+        clock[0] += 60.0 * len(configs)
+        started.append(_Changes(list(configs)))
+        return started[-1]
+
+    started: list[_Changes] = []
+    study = _study_of(tmp_path, [(config, rate, "ok") for config, rate in CHANGES.items()],
+                      peak=1 * GIB)
+    study.set_user_attr(StudyKey.BASELINE_CONFIG, BASE.to_dict())
+    view = _Notes()
+    result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), _measure_fresh([]), view,
+                     Plan(top=1, rounds=3, max_rounds=10, target=0.03, budget_ends=1250.0),
+                     time_limit_s=60, device="cpu", directory=tmp_path,
+                     warm=WarmStart(start, 8 * GIB))
+    assert len(started) == 1 and started[0].configs == [BOTH, BASE]
+    assert any("the best less each of its changes not raced: 2 more processes" in n
+               for n in view.lines)
+    assert result.winner.config == BOTH and result.speedup_ci[0] > 1.5
+    assert {t.outcome for t in result.taken_back} == {UNJUDGED}
+    assert {t.why for t in result.taken_back} == {NO_TIME}
