@@ -326,6 +326,7 @@ def _warm_rounds(entries: Sequence[Candidate], how: Measuring, plan: Plan,
     backs = [i for i, e in enumerate(entries) if e.variant]
     skip = backs if plan.budget_ends is not None else []
     turns, why = how.pool.turns(configs, peaks, name, plan.budget_ends, skip=skip)
+    how.view.note(why)
     if turns is not None and skip:
         # the best less each change only where their processes' start fits the time left,
         # after the least rounds' pairs of turns: else the race's own answer keeps its time
@@ -333,11 +334,11 @@ def _warm_rounds(entries: Sequence[Candidate], how: Measuring, plan: Plan,
         left = plan.budget_ends - time.monotonic() - least
         if how.pool.start_s * len(backs) <= left:
             turns, why = how.pool.turns(configs, peaks, name, plan.budget_ends)
+            how.view.note(f"the best less each of its changes: {why}")
         else:
-            why += (f"; the best less each of its changes not raced: {len(backs)} more "
-                    f"processes at about {format_seconds(how.pool.start_s)} each would not "
-                    "fit the time left")
-    how.view.note(why)
+            how.view.note(f"the best less each of its changes not raced: {len(backs)} more "
+                          f"processes at about {format_seconds(how.pool.start_s)} each would "
+                          "not fit the time left")
     if turns is None:
         return None, plan
     least = plan.rounds * WARM_ROUNDS_PER_ROUND
