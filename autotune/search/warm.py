@@ -130,7 +130,8 @@ class _WarmProcess:
         # A script works in a scratch folder (its current directory), removed with the process
         self.scratch = Path(tempfile.mkdtemp(prefix="autotune-warm-script-")) \
             if request.script_args is not None else None
-        request = replace(request, device=device, scratch_dir=str(self.scratch or "") or None,
+        request = replace(request, device=device,
+                          scratch_dir=str(self.scratch) if self.scratch else None,
                           trace_path=absolute_path(request.trace_path),
                           inductor_cache_dir=absolute_path(request.inductor_cache_dir))
         self.request_file.write_text(json.dumps({**asdict(request), "parent_pid": os.getpid()}))

@@ -68,8 +68,7 @@ def script_job(request: TrialRequest, device: torch.device, world_size: int,
     settings = _settings({**request.settings, **extra})
     observer = MeasuringObserver(settings, device, progress,
                                  profiler=_profiler(request, settings, device))
-    config = None if probing or not request.config else TrainConfig.from_dict(request.config)
-    own = _own(request)
+    config, own = _asked(request), _own(request)
     start = time.perf_counter()
     run = run_under(request, device, world_size, observer, progress)
     figures = replace(observer.measurement(run.startup_s),
@@ -91,12 +90,10 @@ def run_under(request: TrialRequest, device: torch.device, world_size: int,
     (in the tuner's for this trial, where it gave one: it removes it however the trial ends;
     each rank of a process group has its own folder in it), `observer` deciding when its loop
     stops: a trial's measurement, or a warm process's turns (`script.turns`)."""
-    probing = request.job == "probe"
-    config = None if probing or not request.config else TrainConfig.from_dict(request.config)
+    config, own = _asked(request), _own(request)
     parent = Path(request.scratch_dir) if request.scratch_dir else None
     if parent is not None:
         parent.mkdir(parents=True, exist_ok=True)
-    own = _own(request)
     argv, flags_set = script_arguments(request.script_args or [], config, own, device.type,
                                        world_size)
     with tempfile.TemporaryDirectory(prefix="autotune-script-", dir=parent) as scratch:
@@ -116,6 +113,13 @@ def script_settings(request: TrialRequest) -> MeasureSettings:
     """The measurement's settings of a script's request (which also carries the script's own
     settings and flags)."""
     return _settings(request.settings)
+
+
+def _asked(request: TrialRequest) -> TrainConfig | None:
+    """The configuration the request asks for (None: the probe, which reads the script's)."""
+    if request.job == "probe" or not request.config:
+        return None
+    return TrainConfig.from_dict(request.config)
 
 
 def _own(request: TrialRequest) -> ScriptBaseline | None:
