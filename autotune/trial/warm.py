@@ -34,7 +34,9 @@ def warm_main() -> None:
     """Entry point of a warm process started as a new interpreter."""
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # the model file's prints go to the log, never into the answers
-    raw = json.loads(Path(sys.argv[1]).read_text())
+    request_file = Path(sys.argv[1])
+    raw = json.loads(request_file.read_text())
+    request_file.unlink(missing_ok=True)  # read once: nothing left if the tuner is killed
     tuner_pid = raw.pop("parent_pid")
     watch_parent(tuner_pid)
     raw.pop("phase_file", None)
