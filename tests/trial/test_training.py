@@ -712,6 +712,7 @@ def build_dataset():
 """
 
 
+@pytest.mark.slow
 def test_a_trial_whose_checkpointing_changes_the_model_is_unsupported_not_an_error(
         write_model):
     path = write_model(RECOUNTING_SOURCE)
