@@ -1,43 +1,29 @@
 """A training script as a warm process (`autotune.trial.warm`): its own loop runs the first
 step and warms up as a trial's does (`MeasuringObserver`), then pauses at a step boundary
 (blocked in the library's step callback) until the tuner asks for a turn: at least N optimizer
-steps and S seconds timed as a window is (data loading included, the contention probe around
-it, the tuner's other warm processes its own), answered as a `WarmTurn`; or a profiler trace of
-a few steps; or `stop`, which ends the loop as a trial's end does. So a script's candidates
-take paired turns seconds apart, as a model file's do, instead of a fresh run of the script
-each round."""
+steps and S seconds timed as a model file's turn is (`window.WindowTimer`: data loading
+included, the contention probe around it, the tuner's other warm processes its own),
+answered as a `WarmTurn`; or a profiler trace of a few steps; or `stop`, which ends the loop
+as a trial's end does. So a script's candidates take paired turns seconds apart, as a model
+file's do, instead of a fresh run of the script each round."""
 
 from __future__ import annotations
 
 import json
-import time
-from dataclasses import dataclass, field
 from typing import IO, Any
 
 import torch
 
 from autotune.options import MeasureSettings
 from autotune.trial.contention import ContentionProbe
-from autotune.trial.measure import peak_memory, synchronize
+from autotune.trial.measure import peak_memory
 from autotune.trial.profiling import ProfilerWindow
 from autotune.trial.protocol import WarmTurn
 from autotune.trial.script.measuring import FIRST, WARMUP, MeasuringObserver
 from autotune.trial.script.observer import TrainInfo
+from autotune.trial.window import WindowTimer, turn_settings
 
 STOP = "stop"
-
-
-@dataclass
-class _Turn:
-    """One turn under way: what it was asked, and what it has counted."""
-
-    min_steps: int
-    min_seconds: float
-    probe: ContentionProbe
-    began: float
-    steps: int = 0
-    samples: int = 0
-    losses: list[torch.Tensor] = field(default_factory=list)
 
 
 class TurnObserver:
@@ -51,7 +37,7 @@ class TurnObserver:
         self.warming = MeasuringObserver(settings, device)
         self.tuner_pid = tuner_pid
         self.ready = False
-        self._turn: _Turn | None = None
+        self._turn: WindowTimer | None = None
         self._trace: tuple[ProfilerWindow, str] | None = None
 
     def on_train_start(self, info: TrainInfo) -> None:
@@ -64,26 +50,20 @@ class TurnObserver:
                 return False
             self.ready = True
             print(f"autotune warm: the script's loop steady after "
-                  f"{len(self.warming.warmup_times)} steps", flush=True)
+                  f"{len(self.warming.warm.times)} steps", flush=True)
             self._say({"ready": True})
             return self._next()
         if self._trace is not None:
             return self._traced()
         turn = self._turn
         assert turn is not None
-        turn.steps += 1
-        turn.samples += samples
-        if loss is not None:
-            turn.losses.append(loss.detach().float().sum())
-        synchronize(self.device)
-        elapsed = time.perf_counter() - turn.began
-        if turn.steps < turn.min_steps or elapsed < turn.min_seconds:
+        if not turn.step(samples, loss, data_wait_s):
             return False
-        finite = bool(torch.isfinite(torch.stack(turn.losses).sum())) if turn.losses else True
-        self._say(WarmTurn(samples=turn.samples, seconds=elapsed,
+        window = turn.finish()
+        self._say(WarmTurn(samples=window.samples, seconds=window.seconds,
                            peak_memory_bytes=peak_memory(self.device).peak,
-                           disturbed=turn.probe.stop().disturbed,
-                           loss_finite=finite).to_json())
+                           disturbed=window.contention.disturbed,
+                           loss_finite=window.loss_finite).to_json())
         return self._next()
 
     def on_train_end(self) -> None:
@@ -104,10 +84,9 @@ class TurnObserver:
             return False
         probe = ContentionProbe(self.settings.contention_threshold, self.device,
                                 family=self.tuner_pid)
-        synchronize(self.device)
-        probe.start()
-        self._turn = _Turn(int(command["steps"]), float(command["seconds"]), probe,
-                           time.perf_counter())
+        self._turn = WindowTimer(
+            turn_settings(self.settings, int(command["steps"]), float(command["seconds"])),
+            self.device, probe)
         return False
 
     def _traced(self) -> bool:
