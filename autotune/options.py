@@ -15,6 +15,7 @@ from autotune.config import knob_names, parse_assignments
 from autotune.errors import UsageError
 from autotune.flags import flag_of, group, option, parse_bytes, parse_duration
 from autotune.hardware import parse_device
+from autotune.target import ModelFile, Script, Target
 
 # A whole run's time budget when neither --trials nor --timeout is given.
 DEFAULT_TIME_BUDGET_S = 600.0
@@ -237,14 +238,12 @@ class WorkloadOptions(CommandOptions):
         return []
 
     @property
-    def workload_path(self) -> str:
-        """The file every trial runs: the script, or the model file."""
-        return self.script_path or self.model_path or ""
-
-    @property
-    def script_argv(self) -> list[str] | None:
-        """The script's arguments, or None for a model file."""
-        return list(self.script_args) if self.script_path else None
+    def target(self) -> Target:
+        """What every trial runs: the script with its arguments and the flags named for its
+        knobs, or the model file with its arguments."""
+        if self.script_path:
+            return Script(self.script_path, tuple(self.script_args), dict(self.script_flags))
+        return ModelFile(self.model_path or "", dict(self.model_args))
 
 
 @dataclass(kw_only=True)

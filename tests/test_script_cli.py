@@ -15,6 +15,7 @@ import pytest
 from autotune.cli import main, split_script_args
 from autotune.errors import UsageError
 from autotune.options import BenchOptions, TuneOptions
+from autotune.target import ModelFile, Script
 
 
 def test_everything_after_the_first_double_dash_is_the_scripts() -> None:
@@ -25,12 +26,12 @@ def test_everything_after_the_first_double_dash_is_the_scripts() -> None:
 
 
 def test_the_options_know_the_script_and_its_arguments() -> None:
-    options = TuneOptions(script_path="train.py", script_args=["--bf16"])
-    assert options.workload_path == "train.py"
-    assert options.script_argv == ["--bf16"]
-    model = TuneOptions(model_path="model.py")
-    assert model.workload_path == "model.py" and model.script_argv is None
-    assert TuneOptions(script_path="train.py").script_argv == []  # a script with no arguments
+    options = TuneOptions(script_path="train.py", script_args=["--bf16"],
+                          script_flags={"micro_batch_size": "--batch"})
+    assert options.target == Script("train.py", ("--bf16",), {"micro_batch_size": "--batch"})
+    model = TuneOptions(model_path="model.py", model_args={"dim": 8})
+    assert model.target == ModelFile("model.py", {"dim": 8})
+    assert TuneOptions(script_path="train.py").target == Script("train.py")  # no arguments
 
 
 @pytest.mark.parametrize(("given", "message"), [

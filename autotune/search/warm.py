@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -33,6 +33,7 @@ from autotune.search.isolation import absolute_path
 from autotune.search.runner import MeasureJob, ProcessRunner
 from autotune.study.confirmation import WARM_TURNS, Run
 from autotune.study.records import config_key
+from autotune.target import Script
 from autotune.trial.protocol import TrialRequest, TrialStatus, WarmTurn
 
 # Of the memory a trial may use, what the warm processes together may take (the rest: the
@@ -129,12 +130,12 @@ class _WarmProcess:
         self.request_file = Path(name)
         # A script works in a scratch folder (its current directory), removed with the process
         self.scratch = Path(tempfile.mkdtemp(prefix="autotune-warm-script-")) \
-            if request.script_args is not None else None
+            if isinstance(request.target, Script) else None
         request = replace(request, device=device,
                           scratch_dir=str(self.scratch) if self.scratch else None,
                           trace_path=absolute_path(request.trace_path),
                           inductor_cache_dir=absolute_path(request.inductor_cache_dir))
-        self.request_file.write_text(json.dumps({**asdict(request), "parent_pid": os.getpid()}))
+        self.request_file.write_text(json.dumps({**request.to_json(), "parent_pid": os.getpid()}))
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as log_file:
             self.process = subprocess.Popen(
@@ -273,7 +274,7 @@ def warm_start(runner: ProcessRunner, device: str, time_limit_s: float) -> WarmS
                           time_limit_s, ends_by)
 
     return WarmStart(start, device_capacity(device, runner.memory_limit_bytes),
-                     script=runner.script_args is not None)
+                     script=isinstance(runner.target, Script))
 
 
 def warm_or_why(warm: WarmStart | None, configs: Sequence[TrainConfig],

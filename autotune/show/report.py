@@ -27,6 +27,7 @@ from autotune.formatting import (
 from autotune.study.confirmation import WARM_TURNS
 from autotune.study.records import TrialRecord
 from autotune.study.summary import ProcessGroupFigures, StudySummary
+from autotune.target import ModelFile, Script
 from autotune.trial.protocol import (
     Finding,
     Measurement,
@@ -268,10 +269,15 @@ def studies_table(rows: Sequence[Mapping[str, Any]]) -> Table:
     return table
 
 
+def tuned(summary: StudySummary) -> str:
+    """What the study tuned, in a line: the model file with its arguments, or the script with
+    its own."""
+    return summary.target.describe() if summary.target else "(not recorded)"
+
+
 def summary_tables(summary: StudySummary) -> Group:
     """Best beside baseline knob by knob, then the figures and the trial counts."""
-    script = f" {' '.join(summary.script_args)}" if summary.script_args else ""
-    title = f"study {summary.study}: {summary.model}{script} on {summary.device}"
+    title = f"study {summary.study}: {tuned(summary)} on {summary.device}"
     knobs = Table(title=title, title_justify="left")
     knobs.add_column("knob", style="bold")
     knobs.add_column("baseline")
@@ -488,12 +494,13 @@ def search_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
 def summary_markdown(summary: StudySummary) -> str:
     """The same summary as a markdown file for the study folder."""
     lines = [f"# autotune study `{summary.study}`", "", f"**{summary.verdict}**", ""]
-    if summary.script_args is not None:
-        lines += ["In your script's terms:", "", "```",
-                  *summary.script_lines(), "```", "",
-                  f"- script: `{summary.model}` `{' '.join(summary.script_args)}`"]
-    else:
-        lines.append(f"- model: `{summary.model}` {summary.model_args or ''}")
+    match summary.target:
+        case Script(path, args):
+            lines += ["In your script's terms:", "", "```",
+                      *summary.script_lines(), "```", "",
+                      f"- script: `{path}` `{' '.join(args)}`"]
+        case ModelFile(path, args):
+            lines.append(f"- model: `{path}` {args or ''}")
     lines.append(f"- device: {summary.device}")
     lines += [f"- {line}" for line in diagnosis_lines(summary)]
     lines += [f"- {name}: {value}" + (f" ({how})" if how else "")

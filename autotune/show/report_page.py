@@ -33,6 +33,7 @@ from autotune.show.report import (
     left_out_lines,
     speedup_text,
     taken_back_rows,
+    tuned,
 )
 from autotune.study.confirmation import WARM_TURNS, CandidateSummary, Run, stored_confirmation
 from autotune.study.records import StudyKey, TrialRecord, trial_records
@@ -269,7 +270,7 @@ def build_report(study: optuna.Study) -> str:
         ("All trials", _trials_table(records)),
     ]
     body = "".join(f"<h2>{_e(name)}</h2>{content}" for name, content in sections)
-    meta = (f"{_e(summary.model)} {_e(summary.model_args or '')} on "
+    meta = (f"{_e(tuned(summary))} on "
             f"{_e(summary.device)} · {len(records)} trials · tuning "
             f"{format_seconds(summary.tuning_wall_s)} · report written "
             f"{time.strftime('%Y-%m-%d %H:%M')}")

@@ -42,6 +42,7 @@ from autotune.study.summary import (
 )
 from autotune.study.verdict import confirmed_verdict, search_verdict
 from autotune.study.verification import Verification
+from autotune.target import Script
 from autotune.trial.protocol import (
     LeftOut,
     LoaderRate,
@@ -84,7 +85,7 @@ def _study_rows(backend: optuna.storages.BaseStorage) -> list[dict[str, Any]]:
         rows.append({"study": s.study_name, "trials": s.n_trials,
                      "created": s.datetime_start.isoformat(timespec="seconds")
                      if s.datetime_start else None,
-                     "model": identity.model_path if (identity := _identity(s.user_attrs))
+                     "model": identity.target.path if (identity := _identity(s.user_attrs))
                      else None,
                      "confirmed": stored_confirmation(s.user_attrs.get(StudyKey.CONFIRMATION))
                      is not None})
@@ -177,8 +178,7 @@ def study_summary(study: optuna.Study) -> StudySummary:
             "other processes used the CPUs while every trial that fitted was timed: the "
             "figures are low and their ranking uncertain; measure again on a quiet machine")
     return StudySummary(
-        study=study.study_name, model=identity.model_path if identity else None,
-        model_args=identity.model_args if identity else None,
+        study=study.study_name, target=identity.target if identity else None,
         device=attrs.get(StudyKey.DEVICE_NAME), devices=tuple(devices),
         nproc_per_node=identity.nproc_per_node if identity else 1,
         best_config=best_config, baseline_config=baseline_config,
@@ -212,9 +212,8 @@ def study_summary(study: optuna.Study) -> StudySummary:
                             for v in attrs.get(StudyKey.VERIFICATIONS, [])),
         process_group=process_group_figures(
             next((r for r in records if r.number == best_trial), None)),
-        script_args=identity.script_args if identity else None,
         script_answer=script_answer(records, best_config)
-        if identity and identity.script_args is not None else None,
+        if identity and isinstance(identity.target, Script) else None,
         **figures)
 
 

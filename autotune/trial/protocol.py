@@ -1,13 +1,14 @@
 """What crosses a boundary, as typed records with their JSON: the process boundary between the
 tuner and a trial, and the storage's between the run that wrote a study and whoever reads it.
 
-The tuner's side (`autotune.search.isolation`) writes a `TrialRequest` to a file, the trial's
-side (`autotune.trial.child`) runs it and writes a `TrialResult` back; `TrialStatus` names how a
-trial ended, in the result and in the study storage alike. A result carries what its job
-answered: a `Measurement` (with its `Finding`s and `OperatorStat`s), the capability probe's
-`ProbeReport` (its `LeftOut` values and `LoaderRate`s, which the study caches), or a
-`ProfileReport`. The study stores its `StudyIdentity` and each trial's `Measurement`. Each record
-is turned back into its type the moment it is read (`from_json`), never read by string key.
+The tuner's side (`autotune.search.isolation`) writes a `TrialRequest` (its job, and what it
+runs: a `target.Target`) to a file, the trial's side (`autotune.trial.child`) runs it and
+writes a `TrialResult` back; `TrialStatus` names how a trial ended, in the result and in the
+study storage alike. A result carries what its job answered: a `Measurement` (with its
+`Finding`s and `OperatorStat`s), the capability probe's `ProbeReport` (its `LeftOut` values and
+`LoaderRate`s, which the study caches), or a `ProfileReport`. The study stores its
+`StudyIdentity` and each trial's `Measurement`. Each record is turned back into its type the
+moment it is read (`from_json`), never read by string key.
 Nothing here imports torch.
 """
 
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import TrainConfig
+from autotune.target import ModelFile, Script, Target, target_from_json
 
 
 class TrialStatus(str, Enum):
@@ -58,13 +60,12 @@ SCRIPT_STARTUP = "the script's own start-up, until its training starts"
 
 @dataclass
 class TrialRequest:
-    """Everything a child needs for one job; plain JSON data. Knobs `config` leaves out come
-    from the model file's BASELINE."""
+    """Everything a child needs for one job; plain JSON data but its `target`. Knobs `config`
+    leaves out come from the model file's BASELINE (a script's own settings)."""
 
-    model_path: str
+    target: Target
     config: dict[str, Any]
     device: str
-    model_args: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
     memory_limit_bytes: int | None = None
     trace_path: str | None = None
@@ -77,12 +78,18 @@ class TrialRequest:
     nproc_per_node: int = 1
     # The GPUs of the group, one per rank, as the tuner names them (None: the first N it sees).
     group_devices: list[str] | None = None
-    # A user's own training script instead of a model file (`model_path` is the script), run
-    # with these arguments; None: a model file.
-    script_args: list[str] | None = None
     # Where a script's run works (its current directory, its library's outputs): a folder the
     # tuner made and removes however the trial ends, so nothing is left in the temp directory.
     scratch_dir: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data for the request file (or the warm process's), its target tagged."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)},
+                "target": self.target.to_json()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TrialRequest:
+        return cls(**{**data, "target": target_from_json(data["target"])})
 
 
 def rank_result_path(result_file: Path, rank: int) -> Path:
@@ -657,43 +664,40 @@ class ProbeReport:
 
 @dataclass(frozen=True)
 class StudyIdentity:
-    """What a study measures and where: one model file with its arguments, one kind of device,
-    the ranks of each trial. A study is never resumed for another."""
+    """What a study measures and where: one model file with its arguments (or one training
+    script with its arguments and the flags named for its knobs), one kind of device, the ranks
+    of each trial. A study is never resumed for another."""
 
-    model_path: str
-    model_args: dict[str, Any]
+    target: Target
     device_type: str
     nproc_per_node: int = 1
-    # A training script's own arguments (`model_path` is the script); None: a model file.
-    script_args: tuple[str, ...] | None = None
-    # The script's flags the user named for knobs (`--arg micro_batch_size=--batch_size`).
-    script_flags: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        """Plain data; the ranks only where a trial has several, the script's arguments only
-        for a script (as studies always stored them), its named flags only where given."""
-        data: dict[str, Any] = {"model_path": self.model_path, "model_args": self.model_args,
+        """Plain data, as studies have always stored it: the file as `model_path` with its
+        `model_args` (a script's none), the ranks only where a trial has several, a script's
+        arguments (`script_args`, their presence marking a script) and the flags named for its
+        knobs (`script_flags`, only where given)."""
+        args = self.target.args if isinstance(self.target, ModelFile) else {}
+        data: dict[str, Any] = {"model_path": self.target.path, "model_args": dict(args),
                                 "device_type": self.device_type}
         if self.nproc_per_node > 1:
             data["nproc_per_node"] = self.nproc_per_node
-        if self.script_args is not None:
-            data["script_args"] = list(self.script_args)
-        if self.script_flags:
-            data["script_flags"] = dict(self.script_flags)
+        if isinstance(self.target, Script):
+            data["script_args"] = list(self.target.args)
+            if self.target.flags:
+                data["script_flags"] = dict(self.target.flags)
         return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StudyIdentity:
-        script_args = data.get("script_args")
-        return cls(model_path=data["model_path"], model_args=dict(data["model_args"] or {}),
-                   device_type=data["device_type"],
-                   nproc_per_node=data.get("nproc_per_node", 1),
-                   script_args=tuple(script_args) if script_args is not None else None,
-                   script_flags=dict(data.get("script_flags") or {}))
+        target: Target
+        if data.get("script_args") is not None:
+            target = Script(data["model_path"], tuple(data["script_args"]),
+                            dict(data.get("script_flags") or {}))
+        else:
+            target = ModelFile(data["model_path"], dict(data["model_args"] or {}))
+        return cls(target=target, device_type=data["device_type"],
+                   nproc_per_node=data.get("nproc_per_node", 1))
 
     def describe(self) -> str:
-        if self.script_args is not None:
-            named = "".join(f" (--arg {k}={v})" for k, v in self.script_flags.items())
-            return (f"{self.model_path} {' '.join(self.script_args)}{named} on "
-                    f"{self.device_type}").replace("  ", " ")
-        return f"{self.model_path} {self.model_args} on {self.device_type}"
+        return f"{self.target.describe()} on {self.device_type}"

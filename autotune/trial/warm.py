@@ -24,6 +24,7 @@ import traceback
 from pathlib import Path
 from typing import IO, Any
 
+from autotune.target import Script
 from autotune.trial.child import limit_memory, watch_parent
 from autotune.trial.protocol import TrialRequest
 
@@ -41,7 +42,7 @@ def warm_main() -> None:
     watch_parent(tuner_pid)
     raw.pop("phase_file", None)
     try:
-        serve(TrialRequest(**raw), sys.stdin, answers, tuner_pid)
+        serve(TrialRequest.from_json(raw), sys.stdin, answers, tuner_pid)
     except BaseException as exc:  # the tuner falls back to fresh rounds, and the log says why
         traceback.print_exception(exc)
         _say(answers, {"error": f"{type(exc).__name__}: {exc}"[:2000]})
@@ -68,17 +69,17 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str],
         torch.set_num_threads(request.threads)
     if request.memory_limit_bytes:
         limit_memory(device, request.memory_limit_bytes)
-    if request.script_args is not None:  # the script's own loop takes the turns
+    if isinstance(request.target, Script):  # the script's own loop takes the turns
         from autotune.trial.script.job import run_under, script_settings
         from autotune.trial.script.turns import TurnObserver
 
         observer = TurnObserver(script_settings(request), device, commands, answers, tuner_pid)
-        run_under(request, device, 1, observer, lambda phase: None)
+        run_under(request, request.target, device, 1, observer, lambda phase: None)
         if not observer.ready:
             raise RuntimeError("the script's training ended before its steps were steady")
         return
     settings = MeasureSettings(**request.settings)
-    workload = load_workload(request.model_path, request.model_args)
+    workload = load_workload(request.target.path, request.target.args)
     config = workload.train_config(request.config, device.type, 1)
     setup, _, _ = build_setup(workload, config, device, lambda phase: None)
     batches = setup.batches()

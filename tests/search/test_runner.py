@@ -11,6 +11,7 @@ import pytest
 from autotune.config import TrainConfig
 from autotune.errors import ContractError
 from autotune.search.runner import MeasureJob, ProbeFailed, ProcessRunner, StartupWatch
+from autotune.target import ModelFile, Script
 from autotune.trial.protocol import FIRST_STEP, SCRIPT_STARTUP
 
 from ..conftest import TINY_SOURCE
@@ -21,7 +22,7 @@ SETTINGS = {"window_steps": 2, "window_seconds": 0.1, "warmup_max_seconds": 2,
 
 def runner(path: Path, directory: Path, settings: dict = SETTINGS) -> ProcessRunner:
     phases: list[str] = []
-    made = ProcessRunner(str(path), {}, directory, settings, memory_limit_bytes=None,
+    made = ProcessRunner(ModelFile(str(path)), directory, settings, memory_limit_bytes=None,
                          core_shares=None, on_phase=lambda text, number: phases.append(text))
     made.phases = phases
     return made
@@ -100,9 +101,9 @@ def test_a_script_that_never_reaches_its_trainer_is_stopped_at_the_start_up_limi
         tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("import time\ntime.sleep(600)\n")
-    made = ProcessRunner(str(script), {}, tmp_path / "study", SETTINGS, memory_limit_bytes=None,
-                         core_shares=None, on_phase=lambda text, number: None, script_args=[],
-                         startup_limit_s=4)
+    made = ProcessRunner(Script(str(script)), tmp_path / "study", SETTINGS,
+                         memory_limit_bytes=None, core_shares=None,
+                         on_phase=lambda text, number: None, startup_limit_s=4)
     start = time.monotonic()
     try:
         with pytest.raises(ContractError, match=r"^train.py ran [45] s and never reached "

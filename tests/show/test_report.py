@@ -25,6 +25,7 @@ from autotune.study.records import StudyKey, TrialRecord
 from autotune.study.results import applicable_knobs, load_study, study_summary
 from autotune.study.storage import open_storage
 from autotune.study.summary import ConfirmedFigures, StudySummary
+from autotune.target import ModelFile, Script
 from autotune.trial.profiling import operator_tables
 from autotune.trial.protocol import Measurement, ScriptAnswer, StudyIdentity, TrialStatus
 
@@ -89,7 +90,7 @@ def test_summary_shows_best_beside_baseline_in_both_forms() -> None:
     best = TrainConfig(micro_batch_size=8, precision="bf16")
     confirmed = _confirmed(baseline_spread=2.0, speedup_ci=(1.9, 2.1), confirmation_repeats=2,
                            best_search_samples_per_sec=250.0)
-    summary = _summary(study="mlp", model="models/mlp.py", device="cpu",
+    summary = _summary(study="mlp", target=ModelFile("models/mlp.py"), device="cpu",
                        best_config=best, baseline_config=base,
                        knobs=applicable_knobs(None, best, base, 1), best_samples_per_sec=200.0,
                        best_spread=5.0, baseline_samples_per_sec=100.0, speedup=2.0,
@@ -115,7 +116,7 @@ def _stored_summary(tmp_path, nproc_per_node: int, base: TrainConfig, best: Trai
     study = optuna.create_study(study_name="s", storage=open_storage(None, tmp_path / "s"),
                                 direction="maximize")
     study.set_user_attr(StudyKey.IDENTITY, StudyIdentity(
-        "models/mlp.py", {}, "cuda", nproc_per_node=nproc_per_node).to_json())
+        ModelFile("models/mlp.py"), "cuda", nproc_per_node=nproc_per_node).to_json())
     study.set_user_attr(StudyKey.BASELINE_CONFIG, base.to_dict())
     if space is not None:
         study.set_user_attr(StudyKey.SPACE, space)
@@ -168,7 +169,7 @@ def test_a_knob_the_best_changed_is_listed_though_the_study_did_not_search_it(
 def test_a_script_studys_answer_is_in_its_own_terms_everywhere() -> None:
     answer = ScriptAnswer("transformers", {"TrainingArguments": {
         "per_device_train_batch_size": 16, "bf16": True}}, "parse_args_into_dataclasses")
-    summary = _summary(model="/w/train.py", script_args=("--output_dir", "out"),
+    summary = _summary(target=Script("/w/train.py", ("--output_dir", "out")),
                        script_answer=answer, knobs=())
     flags = "--per_device_train_batch_size 16 --bf16"
     assert summary.script_lines() == [flags]
@@ -181,7 +182,12 @@ def test_a_script_studys_answer_is_in_its_own_terms_everywhere() -> None:
     assert "- script: `/w/train.py` `--output_dir out`" in markdown
     data = summary.to_json()
     assert data["answer_in_script_terms"] == [flags] and data["script_flags"] == flags.split()
-    assert "script_args" not in _summary(knobs=()).to_json()  # a model file's, as before
+    # the target under the keys `show --json` has always printed
+    assert (data["model"], data["model_args"], data["script_args"]) == \
+        ("/w/train.py", {}, ["--output_dir", "out"])
+    model = _summary(target=ModelFile("/w/m.py", {"dim": 8}), knobs=()).to_json()
+    assert (model["model"], model["model_args"]) == ("/w/m.py", {"dim": 8})
+    assert "script_args" not in model and "target" not in model  # a model file's, as before
 
 
 def test_each_change_taken_back_is_a_row_with_its_cost_and_what_it_says() -> None:
@@ -231,7 +237,8 @@ def test_show_run_and_summary_md_give_the_best_mfu_or_why_there_is_none(tmp_path
     the same; on CUDA the best trial's FLOPs a sample and peak are what it divided."""
     study = optuna.create_study(study_name="s", storage=open_storage(None, tmp_path / "s"),
                                 direction="maximize")
-    study.set_user_attr(StudyKey.IDENTITY, StudyIdentity("models/mlp.py", {}, device).to_json())
+    study.set_user_attr(StudyKey.IDENTITY,
+                        StudyIdentity(ModelFile("models/mlp.py"), device).to_json())
     base = TrainConfig(micro_batch_size=8)
     study.set_user_attr(StudyKey.BASELINE_CONFIG, base.to_dict())
     _told(study, base, "ok", 100.0, role="baseline")

@@ -16,6 +16,7 @@ import pytest
 from autotune.config import TrainConfig
 from autotune.options import MeasureSettings
 from autotune.search.isolation import run_isolated
+from autotune.target import ModelFile
 from autotune.trial.contention import Contention, cpu_ticks, other_share, own_pids, same_load
 from autotune.trial.protocol import Measurement, TrialRequest
 
@@ -69,9 +70,8 @@ def wait_for_a_quiet_machine(limit_s: float = 45.0) -> None:
 
 def trial(write_model, tmp_path, on_phase=None, settings=SETTINGS, **config) -> Measurement:
     path = write_model(TINY_SOURCE.replace("size=256", "size=4096"))
-    request = TrialRequest(model_path=str(path), device="cpu", settings=settings,
-                           config=TrainConfig(micro_batch_size=64, **config).to_dict(),
-                           model_args={"dim": 256})
+    request = TrialRequest(ModelFile(str(path), {"dim": 256}), device="cpu", settings=settings,
+                           config=TrainConfig(micro_batch_size=64, **config).to_dict())
     result = run_isolated(request, 120, tmp_path / "trial.log", on_phase=on_phase)
     assert result.status == "ok", result.message
     return result.measurement

@@ -7,15 +7,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from autotune.errors import ConfigError
+from autotune.target import Script
 from autotune.trial.protocol import ScriptAnswer, without_flag
 
 
-def script_args_text(answer: ScriptAnswer | None, script: str | None = None,
-                     script_args: Sequence[str] | None = None) -> str:
+def script_args_text(answer: ScriptAnswer | None, script: Script | None = None) -> str:
     """The flags to add to the script's command line on one line (nothing when the script's
     own settings won), then a comment with the whole command (under `accelerate launch` with
     its flags, where the answer sets them); then, as comments, each line of the code to change
-    or add."""
+    or add (the whole command only where the `script` and its arguments are known)."""
     if answer is None:
         raise ConfigError("export --format args is for a study of a training script "
                           "(autotune run --script): this study has no answer in a script's "
@@ -27,12 +27,12 @@ def script_args_text(answer: ScriptAnswer | None, script: str | None = None,
     if flags:
         lines.append(" ".join(flags))
     if (flags or launcher) and script is not None:
-        kept = without(script_args or (), answer.changes.get("TrainingArguments", {})) \
-            if answer.on_command_line else list(script_args or ())
+        kept = without(script.args, answer.changes.get("TrainingArguments", {})) \
+            if answer.on_command_line else list(script.args)
         for flag in answer.script_flags:
             kept = without_flag(kept, flag.flag, flag.form)
         start = launcher or ["python"]
-        lines.append(f"# the whole command: {' '.join([*start, script, *kept, *flags])}")
+        lines.append(f"# the whole command: {' '.join([*start, script.path, *kept, *flags])}")
     lines += [f"# change in the code: {line}" for line in answer.code_lines()]
     return "\n".join(lines) + "\n"
 

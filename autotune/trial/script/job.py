@@ -21,6 +21,7 @@ import torch
 from autotune.config import TrainConfig
 from autotune.errors import ContractError
 from autotune.options import MeasureSettings
+from autotune.target import Script
 from autotune.trial import distributed
 from autotune.trial.measure import findings_of
 from autotune.trial.profiling import (
@@ -56,11 +57,11 @@ UNSIZED_DATASET = 1 << 30
 Progress = Callable[[str], None]
 
 
-def script_job(request: TrialRequest, device: torch.device, world_size: int,
+def script_job(request: TrialRequest, script: Script, device: torch.device, world_size: int,
                progress: Progress,
                ) -> tuple[TrainConfig, Measurement | ProbeReport | ProfileReport]:
-    """Run the script for `request.job` (measure, probe or profile); the configuration it ran,
-    and the job's answer."""
+    """Run `script` (the request's target) for `request.job` (measure, probe or profile); the
+    configuration it ran, and the job's answer."""
     if request.job not in ("measure", "probe", "profile"):
         raise ContractError(f"autotune {request.job} does not take --script")
     probing, profiling = request.job == "probe", request.job == "profile"
@@ -70,7 +71,7 @@ def script_job(request: TrialRequest, device: torch.device, world_size: int,
                                  profiler=_profiler(request, settings, device))
     config, own = _asked(request), _own(request)
     start = time.perf_counter()
-    run = run_under(request, device, world_size, observer, progress)
+    run = run_under(request, script, device, world_size, observer, progress)
     figures = replace(observer.measurement(run.startup_s),
                       measure_wall_s=time.perf_counter() - start)
     baseline = own or run.baseline
@@ -84,34 +85,34 @@ def script_job(request: TrialRequest, device: torch.device, world_size: int,
     return ran, replace(figures, script_answer=answer)
 
 
-def run_under(request: TrialRequest, device: torch.device, world_size: int,
+def run_under(request: TrialRequest, script: Script, device: torch.device, world_size: int,
               observer: StepObserver, progress: Progress) -> ScriptRun:
-    """The script run once with the request's knobs and flags, in a scratch folder of its own
-    (in the tuner's for this trial, where it gave one: it removes it however the trial ends;
-    each rank of a process group has its own folder in it), `observer` deciding when its loop
-    stops: a trial's measurement, or a warm process's turns (`script.turns`)."""
+    """`script` (the request's target) run once with the request's knobs and its own flags set
+    for them, in a scratch folder of its own (in the tuner's for this trial, where it gave one:
+    it removes it however the trial ends; each rank of a process group has its own folder in
+    it), `observer` deciding when its loop stops: a trial's measurement, or a warm process's
+    turns (`script.turns`)."""
     config, own = _asked(request), _own(request)
     parent = Path(request.scratch_dir) if request.scratch_dir else None
     if parent is not None:
         parent.mkdir(parents=True, exist_ok=True)
-    argv, flags_set = script_arguments(request.script_args or [], config, own, device.type,
-                                       world_size)
+    argv, flags_set = script_arguments(list(script.args), config, own, device.type, world_size)
     with tempfile.TemporaryDirectory(prefix="autotune-script-", dir=parent) as scratch:
         trial = ScriptTrial(device, observer, Path(scratch), config=config,
                             kind=own.library if own is not None else None, own=own,
                             candidates=request.settings.get("candidates", {}),
-                            flag_map=dict(request.settings.get("script_flag_map") or {}),
+                            flag_map=dict(script.flags),
                             flags_set=flags_set,
                             own_paths=[p for p in (
                                 request.trace_path and str(Path(request.trace_path).parent),
                                 request.settings.get("out")) if p])
         progress(SCRIPT_STARTUP)
-        return run_script(request.model_path, argv, trial)
+        return run_script(script.path, argv, trial)
 
 
 def script_settings(request: TrialRequest) -> MeasureSettings:
     """The measurement's settings of a script's request (which also carries the script's own
-    settings and flags)."""
+    settings as its probe read them)."""
     return _settings(request.settings)
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from autotune.config import TrainConfig
 from autotune.search.warm import WarmRounds
+from autotune.target import Script
 from autotune.trial.protocol import TrialRequest
 
 from ...conftest import ROOT
@@ -26,10 +27,10 @@ def test_a_scripts_own_loop_takes_warm_turns_and_is_stopped_between_them(tmp_pat
     both measured), a profiler trace on request, and `stop` ends the loop between two steps;
     its --out_dir (checkpoints every step) never appears, and its scratch folders are gone."""
     out = tmp_path / "loop-out"
-    requests = [TrialRequest(model_path=LOOP, device="cpu", settings=SETTINGS,
+    requests = [TrialRequest(Script(LOOP, ("--out_dir", str(out), "--eval_interval", "1")),
+                             device="cpu", settings=SETTINGS,
                              config=TrainConfig(micro_batch_size=8, grad_accum_steps=2,
-                                                optimizer_impl=impl).to_dict(),
-                             script_args=["--out_dir", str(out), "--eval_interval", "1"])
+                                                optimizer_impl=impl).to_dict())
                 for impl in ("for_loop", "fused")]
     rounds = WarmRounds(requests, [tmp_path / f"warm-{i}.log" for i in range(2)], 120)
     scratch = [process.scratch for process in rounds.processes]
