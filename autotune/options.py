@@ -224,6 +224,9 @@ class WorkloadOptions(CommandOptions):
         out = _at_least(self, {"nproc_per_node": 1}) + self._workload_problems()
         if self.script_flags and not self.script_path:
             out.append("--arg names a flag of a training script: give --script FILE")
+        if self.model_args and self.script_path:
+            out.append("--model-arg is a model file's keyword argument: a training script "
+                       "takes its own arguments after --")
         return out
 
     def _workload_problems(self) -> list[str]:

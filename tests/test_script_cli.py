@@ -39,6 +39,9 @@ def test_the_options_know_the_script_and_its_arguments() -> None:
     ({}, "give --model FILE (a model file) or --script FILE (your training script)"),
     ({"model_path": "m.py", "script_args": ["--bf16"]},
      "the arguments after -- (--bf16) are a training script's: give --script FILE"),
+    ({"script_path": "t.py", "model_args": {"dim": 8}},
+     "--model-arg is a model file's keyword argument: a training script takes its own "
+     "arguments after --"),
 ])
 def test_a_model_file_or_a_script_never_both(given: dict, message: str) -> None:
     for options in (TuneOptions, BenchOptions):
