@@ -58,12 +58,12 @@ def patch_trainer(module: ModuleType) -> None:
             return
         trial.kind = LIBRARY  # its Accelerator, optimizer and DataLoader are the Trainer's
         bound = signature.bind(self, *args, **kwargs)
-        script_args = bound.arguments.get("args") or \
+        own_arguments = bound.arguments.get("args") or \
             module.TrainingArguments(output_dir="tmp_trainer")
-        baseline = read_baseline(script_args, trial.device.type, bound.arguments.get("model"))
-        bound.arguments["args"], settings = _trial_arguments(trial, script_args, baseline)
+        baseline = read_baseline(own_arguments, trial.device.type, bound.arguments.get("model"))
+        bound.arguments["args"], settings = _trial_arguments(trial, own_arguments, baseline)
         init(*bound.args, **bound.kwargs)
-        baseline.run_steps = run_steps(script_args, dataset_size(self.train_dataset))
+        baseline.run_steps = run_steps(own_arguments, dataset_size(self.train_dataset))
         check_device(trial.script, self.args.device, trial.device, "TrainingArguments takes the "
                      "GPU where there is one, the CPU with use_cpu=True")
         self._autotune_trial = (baseline, settings)
