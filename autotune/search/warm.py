@@ -256,7 +256,6 @@ class WarmStart:
 
     start: Callable[[Sequence[TrainConfig], str, float | None], WarmRounds]
     capacity: int | None
-    script: bool = False  # a training script's own loop takes the turns
 
 
 def warm_start(runner: ProcessRunner, device: str, time_limit_s: float) -> WarmStart | None:
@@ -273,8 +272,7 @@ def warm_start(runner: ProcessRunner, device: str, time_limit_s: float) -> WarmS
                           [runner.directory / "logs" / f"{j.name}.log" for j in jobs],
                           time_limit_s, ends_by)
 
-    return WarmStart(start, device_capacity(device, runner.memory_limit_bytes),
-                     script=isinstance(runner.target, Script))
+    return WarmStart(start, device_capacity(device, runner.memory_limit_bytes))
 
 
 def warm_or_why(warm: WarmStart | None, configs: Sequence[TrainConfig],
@@ -286,10 +284,6 @@ def warm_or_why(warm: WarmStart | None, configs: Sequence[TrainConfig],
     time budget's end) `WarmOutOfTime` is raised: fresh rounds would not fit either."""
     if warm is None:
         return None, "measuring in fresh-process rounds: warm processes do not run here"
-    if warm.script and any(config.grad_accum_steps > 1 for config in configs):
-        return None, ("measuring in fresh-process rounds: a script's warm turns under gradient "
-                      "accumulation once disagreed with its trials (docs/benchmarks.md), so "
-                      "they are not used there yet")
     if not memory_holds([*running, *peaks], warm.capacity):
         peaks = [*running, *peaks]
         need = f"about {sum(p or 0 for p in peaks) / 2**30:.1f} GiB together (their search " \

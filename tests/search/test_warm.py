@@ -26,7 +26,6 @@ from autotune.search.warm import (
     WarmUnavailable,
     _wait_s,
     memory_holds,
-    warm_or_why,
 )
 from autotune.stats import paired_ratio
 from autotune.study.confirmation import (
@@ -438,18 +437,3 @@ def test_where_their_processes_would_not_fit_the_time_the_changes_are_not_taken_
     assert result.winner.config == BOTH and result.speedup_ci[0] > 1.5
     assert {t.outcome for t in result.taken_back} == {UNJUDGED}
     assert {t.why for t in result.taken_back} == {NO_TIME}
-
-
-def test_a_scripts_configurations_under_gradient_accumulation_keep_fresh_rounds(
-        tmp_path) -> None:
-    """A script's warm turns at accumulation 8 once ran at half their trials' speed and
-    reversed the search's ratio (benchmarks/results/issue40_bar): until that is explained, a
-    script race with any accumulated configuration measures in fresh rounds, and says why; a
-    model file's does not."""
-    accumulated = BASE.replace(micro_batch_size=8, grad_accum_steps=8)
-    for script, warm_expected in ((True, False), (False, True)):
-        started: list[_Turns] = []
-        turns, why = warm_or_why(WarmStart(_starter(started), 8 * GIB, script=script),
-                                 [accumulated, BASE], [GIB, GIB], "confirm")
-        assert (turns is not None) == warm_expected and bool(started) == warm_expected
-        assert ("under gradient accumulation" in why) == script
