@@ -74,6 +74,7 @@ from autotune.study.records import DETERMINISTIC
 from autotune.study.results import list_studies, load_study, study_summary
 from autotune.study.storage import redact, study_dir
 from autotune.study.summary import StudySummary
+from autotune.target import Script
 from autotune.trial.protocol import TrialRequest, TrialResult, TrialStatus
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -102,16 +103,16 @@ class HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def _target(options: OneConfigOptions) -> tuple[DeviceInfo, dict[str, Any]]:
+def _device_and_knobs(options: OneConfigOptions) -> tuple[DeviceInfo, dict[str, Any]]:
     """The device of `bench`/`profile`, and the knobs --config and --set give (the trial puts
     them over the file's BASELINE: the file is only ever imported there)."""
     try:
         device = parse_device(options.device)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if not Path(options.workload_path).is_file():
-        what = "training script" if options.script_path else "model file"
-        raise ContractError(f"{what} not found: {options.workload_path}")
+    target = options.target
+    if not Path(target.path).is_file():
+        raise ContractError(f"{target.noun} not found: {target.path}")
     knobs: dict[str, Any] = {}
     if options.config_file:
         data = knobs_in(read_yaml(options.config_file, "config") or {})
@@ -126,27 +127,34 @@ def _target(options: OneConfigOptions) -> tuple[DeviceInfo, dict[str, Any]]:
     if problems:
         raise ConfigError("invalid configuration: " + "; ".join(problems))
     info = describe(device)
-    if options.script_path and knobs:
-        knobs = _over_the_scripts_own(options, info, knobs)
+    if isinstance(target, Script) and knobs:
+        knobs = _over_the_scripts_own(options, target, info, knobs)
     return info, knobs
 
 
-def _over_the_scripts_own(options: OneConfigOptions, info: DeviceInfo,
+def _script_settings(options: OneConfigOptions) -> dict[str, Any]:
+    """A script's run of `bench`/`profile`: its own settings where `--set` was read over
+    them."""
+    return {"script_baseline": options.script_baseline} if options.script_baseline else {}
+
+
+def _over_the_scripts_own(options: OneConfigOptions, script: Script, info: DeviceInfo,
                           knobs: dict[str, Any]) -> dict[str, Any]:
     """--set and --config over a training script's own settings, which only the script knows:
     it is run once to its trainer (as the probe runs it) to read them, then the knobs go over
-    them, so the measured run changes only what was asked."""
-    request = TrialRequest(model_path=options.workload_path, config={},
-                           device=str(info.torch_device), job="probe",
+    them, so the measured run changes only what was asked (through the script's own flags,
+    where its settings come from them)."""
+    request = TrialRequest(script, config={}, device=str(info.torch_device), job="probe",
                            nproc_per_node=options.nproc_per_node,
-                           script_args=options.script_argv, settings={"candidates": {}})
-    result = _isolated(request, "reading the settings of", Path(options.workload_path).name,
+                           settings={"candidates": {}, **_script_settings(options)})
+    result = _isolated(request, "reading the settings of", Path(script.path).name,
                        options.time_limit_s, options.log)
     if result.bad_input:
         raise ContractError(result.message)
     if result.probe is None:
         raise RunFailed(f"reading the script's own settings failed: {result.message}")
     own = from_baseline(result.probe.baseline, info.type, options.nproc_per_node)
+    options.script_baseline = result.probe.script_baseline
     try:
         return TrainConfig.from_dict(knobs, own).to_dict()
     except ValueError as exc:
@@ -174,14 +182,14 @@ def _isolated(request: TrialRequest, what: str, name: str, time_limit_s: float,
 
 
 def cmd_bench(options: BenchOptions, console: Console) -> int:
-    info, knobs = _target(options)
-    name = Path(options.workload_path).stem
+    info, knobs = _device_and_knobs(options)
+    name = Path(options.target.path).stem
     trace = str(Path(options.trace_dir) / f"{name}-trace.json") if options.trace_dir else None
     request = TrialRequest(
-        model_path=options.workload_path, config=knobs, device=str(info.torch_device),
-        model_args=options.model_args, settings=vars(options.settings),
+        options.target, config=knobs, device=str(info.torch_device),
+        settings={**vars(options.settings), **_script_settings(options)},
         memory_limit_bytes=options.memory_limit_bytes, trace_path=trace,
-        nproc_per_node=options.nproc_per_node, script_args=options.script_argv)
+        nproc_per_node=options.nproc_per_node)
     result = _isolated(request, "measuring", name, options.time_limit_s, options.log)
     refused = _refused(result, info)
     if refused is not None and not options.json:
@@ -245,7 +253,7 @@ def run_failure(summary: StudySummary) -> str | None:
     failed (nothing can be compared), or no trial measured anything."""
     baseline = summary.baseline_trial
     if baseline is not None and baseline.status in DETERMINISTIC:
-        return (f"the baseline ({baseline_name(summary.script_args is not None)}) failed as "
+        return (f"the baseline ({baseline_name(isinstance(summary.target, Script))}) failed as "
                 f"{baseline.status}: "
                 f"{baseline.message.splitlines()[0] if baseline.message else ''}; "
                 "nothing can be compared")
@@ -256,15 +264,15 @@ def run_failure(summary: StudySummary) -> str | None:
 
 
 def cmd_profile(options: ProfileOptions, console: Console) -> int:
-    info, knobs = _target(options)
-    name = Path(options.workload_path).stem
+    info, knobs = _device_and_knobs(options)
+    name = Path(options.target.path).stem
     out = writable_folder(Path(options.out or Path("studies") / name / "profile").absolute())
     request = TrialRequest(
-        model_path=options.workload_path, config=knobs, device=str(info.torch_device),
-        model_args=options.model_args, memory_limit_bytes=options.memory_limit_bytes,
+        options.target, config=knobs, device=str(info.torch_device),
+        memory_limit_bytes=options.memory_limit_bytes,
         job="profile", settings={"out": str(out), "steps": options.steps, "top": options.top,
-                                 "warmup_max_seconds": options.warmup_max_seconds},
-        script_args=options.script_argv)
+                                 "warmup_max_seconds": options.warmup_max_seconds,
+                                 **_script_settings(options)})
     result = _isolated(request, "profiling", name, options.time_limit_s, out / "profile.log")
     refused = _refused(result, info)
     if refused is not None:
@@ -350,12 +358,10 @@ def cmd_export(options: ExportOptions, console: Console) -> int:
                           f"{options.format} writes another library's code; --format args "
                           "gives its answer in the script's own terms")
     device = "cuda" if summary.device and "cpu" not in str(summary.device).lower() else "cpu"
-    text = export_config(summary.best_config, options.format,
-                         model_path=summary.model, model_args=summary.model_args,
+    text = export_config(summary.best_config, options.format, target=summary.target,
                          device=device, nproc_per_node=summary.nproc_per_node,
                          convolutional=summary.convolutional,
                          script_answer=summary.script_answer,
-                         script_args=list(summary.script_args or ()),
                          checks=summary.check_lines())
     if options.output:
         write_output(Path(options.output), text)
@@ -369,9 +375,11 @@ def _other_library(summary: StudySummary, fmt: str) -> str | None:
     """What a script study tuned, where `fmt` is the other library's format (None where it
     is not)."""
     library = summary.script_answer.library if summary.script_answer else None
-    tuned = {"transformers": ("Hugging Face Trainer script", "lightning"),
-             "lightning": ("Lightning Trainer script", "hf")}.get(library or "")
-    return tuned[0] if tuned and tuned[1] == fmt else None
+    tuned = {"transformers": ("Hugging Face Trainer script", ("lightning",)),
+             "lightning": ("Lightning Trainer script", ("hf",)),
+             "accelerate": ("Accelerate script", ("hf", "lightning")),
+             "loop": ("hand-written training loop", ("hf", "lightning"))}.get(library or "")
+    return tuned[0] if tuned and fmt in tuned[1] else None
 
 
 def cmd_verify(options: VerifyOptions, console: Console) -> int:

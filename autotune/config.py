@@ -20,6 +20,8 @@ from autotune.errors import ConfigError
 # fp8_*: torchao's float8 training of the large linear layers (tensorwise or rowwise scales),
 # everything else under bf16 autocast; on GPUs of compute capability 8.9+, with torch.compile.
 FP8_PRECISIONS = ("fp8_tensorwise", "fp8_rowwise")
+# Attention kernels CUDA has for 16-bit floats only (and float8's bf16 around its linears).
+HALF_ONLY_ATTENTION = ("flash", "cudnn")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", *FP8_PRECISIONS)
 CHECKPOINTING = ("none", "selective", "full")
 # The optimizer itself: AdamW, or one that keeps less state (torch's Adafactor, bitsandbytes'
@@ -265,8 +267,10 @@ def config_with(knob: str, value: Any) -> TrainConfig:
     """The default configuration but for `knob` (and what makes it mean something, where it
     needs another knob), so that any complaint about it is about `value`."""
     # float8 runs only compiled (torchao's kernels are Triton's), so its precisions are asked
-    # of the device with compile on
-    enabling = {"compile_mode": "default"} if value in FP8_PRECISIONS else {}
+    # of the device with compile on; flash and cuDNN attention in bf16, the only way they run
+    enabling = {"compile_mode": "default"} if value in FP8_PRECISIONS else \
+        {"precision": "bf16"} if knob == "attention_backend" and value in HALF_ONLY_ATTENTION \
+        else {}
     return TrainConfig(**{**_ENABLING.get(knob, {}), **enabling, knob: value})
 
 

@@ -36,17 +36,19 @@ class Interrupted(AutotuneError):
     """Ctrl-C: the running trial was killed and recorded; the study is intact."""
 
 
-# Where a user whose training loop is neither Hugging Face's nor Lightning's is sent.
+# Where a user whose training loop steps no torch.optim optimizer is sent.
 README = "README"
+# What a script's training starts with, as a message names it.
+TRAINING_START = "Trainer.train, Trainer.fit or a torch.optim optimizer's first step"
 
 
 def never_trained_message(script: str, seconds: float, ended: bool = False) -> str:
-    """For a training script that never started a supported trainer: `ended` it finished by
-    itself, otherwise it was stopped after `seconds` (the trial's time limit). Shared by the
-    trial, which sees a script end, and the tuner, which stops one that runs too long."""
-    how = "ended without calling" if ended else "never called"
-    return (f"{script} ran {seconds:.0f} s and {how} Trainer.train or Trainer.fit; for other "
-            f"training loops write a model file: {README}")
+    """For a training script that never started its training: `ended` it finished by itself,
+    otherwise it was stopped after `seconds` (the trial's time limit). Shared by the trial,
+    which sees a script end, and the tuner, which stops one that runs too long."""
+    how = "ended without" if ended else "never reached"
+    return (f"{script} ran {seconds:.0f} s and {how} {TRAINING_START}; a loop without a "
+            f"torch.optim optimizer: write a model file ({README})")
 
 
 def baseline_name(script: bool) -> str:

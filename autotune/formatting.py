@@ -32,6 +32,40 @@ def format_percent(value: float | None) -> str:
     return "n/a" if value is None else f"{value * 100:.1f}%"
 
 
+def format_flops(value: float) -> str:
+    """FLOPs in thousands (3 significant digits): 4.21 GFLOP; a rate adds its own "/s"."""
+    for unit in ("FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP"):
+        if abs(value) < 1000 or unit == "TFLOP":
+            return f"{value:,.3g} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")
+
+
+def mfu_basis(flops_per_sample: float | None, flops_source: str | None,
+              peak_flops: float | None, peak_source: str | None) -> str:
+    """What a CUDA run's MFU divided by what, each saying where it came from, so a reader can
+    check the figure; or, where there is none, which of the two was missing."""
+    if flops_per_sample is None:
+        return ("no FLOPs a sample to count: counted for a model file's trials (or its "
+                "flops_per_sample), not for a training script's")
+    if peak_flops is None:
+        return "no peak FLOP/s for this GPU: not in the data-sheet table, nor measurable"
+    return (f"{format_flops(flops_per_sample)} a sample ({flops_source}) x samples/sec over "
+            f"{format_flops(peak_flops)}/s, {peak_source}")
+
+
+def mfu_figure(mfu: float | None, device: str | None,
+               basis: str | None = None) -> tuple[str, str]:
+    """MFU as every reader sees it, (value, how): on CUDA the figure and its basis; elsewhere
+    why there is none, since a CPU has no peak FLOP/s autotune could divide by."""
+    kind = (device or "").split(":")[0]
+    if kind == "cuda":
+        return format_percent(mfu), basis or "model FLOPs a sample x samples/sec over the peak"
+    if not kind:
+        return format_percent(mfu), "model FLOPs over the precision's peak (CUDA only)"
+    return f"n/a on {kind.upper()}", "no peak FLOP/s to divide by: MFU needs CUDA"
+
+
 def format_rate(value: float | None, spread: float | None = None) -> str:
     """Samples/sec, with its ± where it has one."""
     if value is None:

@@ -13,11 +13,17 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-from autotune.config import CUDA_GRAPH_MODES, FP8_PRECISIONS, TrainConfig, config_with
+from autotune.config import (
+    CUDA_GRAPH_MODES,
+    FP8_PRECISIONS,
+    HALF_ONLY_ATTENTION,
+    TrainConfig,
+    config_with,
+)
 
 # float8 tensor cores: Ada (8.9), Hopper (9.0) and later.
 FP8_CAPABILITY = (8, 9)
@@ -209,6 +215,10 @@ def _refusal(config: TrainConfig, info: DeviceInfo) -> tuple[str, str] | None:
         if config.compile_mode == "none":
             return "precision", ("float8 runs compiled only: torchao's float8 casts are Triton "
                                  "kernels, and eager float8 is slower than bf16")
+    if info.type == "cuda" and config.attention_backend in HALF_ONLY_ATTENTION and \
+            config.precision not in ("bf16", "fp16", *FP8_PRECISIONS):
+        return "attention_backend", (f"{config.attention_backend} attention has CUDA kernels "
+                                     "for fp16 and bf16 only")
     if config.optimizer_impl == "fused" and not info.fused_adamw:
         return "optimizer_impl", f"fused AdamW is not available on {info.name}"
     return _missing_library(config)
@@ -223,9 +233,17 @@ def _missing_library(config: TrainConfig) -> tuple[str, str] | None:
     return None
 
 
-def peak_flops(info: DeviceInfo, precision: str) -> float | None:
-    """Peak FLOP/s for MFU: the data-sheet figure, else a short matmul measurement (CUDA only).
-    A MIG slice has a share of the GPU's SMs, so it is always measured."""
+class PeakFlops(NamedTuple):
+    """The FLOP/s an MFU divides by, and where the figure came from (a reader asks both)."""
+
+    flops: float
+    source: str  # e.g. "the bf16 data-sheet peak", "a bf16 matmul measured here"
+
+
+def peak_flops(info: DeviceInfo, precision: str) -> PeakFlops | None:
+    """Peak FLOP/s for MFU: the data-sheet figure, else a short matmul measurement (CUDA only:
+    a CPU has no such figure to divide by). A MIG slice has a share of the GPU's SMs, so it is
+    always measured."""
     if info.type != "cuda":
         return None
     # float8 runs only the large linears in float8: its MFU is against the bf16 peak, as
@@ -233,9 +251,10 @@ def peak_flops(info: DeviceInfo, precision: str) -> float | None:
     precision = "bf16" if precision in FP8_PRECISIONS else precision
     table = None if info.mig else table_peak_tflops(info.name, precision)
     if table is not None:
-        return table * 1e12
+        return PeakFlops(table * 1e12, f"the {precision} data-sheet peak")
     try:
-        return measure_matmul_flops(info.torch_device, precision)
+        return PeakFlops(measure_matmul_flops(info.torch_device, precision),
+                         f"a {precision} matmul measured here")
     except torch.cuda.OutOfMemoryError:  # a small GPU or slice, already full of the trial's cache
         return None
 
@@ -248,11 +267,22 @@ def table_peak_tflops(name: str, precision: str) -> float | None:
     return None
 
 
+def tf32_matmuls() -> bool:
+    """Whether fp32 matmuls on CUDA may run on TF32 tensor cores in this process, however it
+    was set. torch 2.9 and later have `fp32_precision` beside the legacy `allow_tf32` and
+    `set_float32_matmul_precision`, and the legacy getters raise once code in the process (a
+    user's script, say) has set the new one, so the new one is read where it exists."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        return matmul.fp32_precision == "tf32"
+    return bool(matmul.allow_tf32)
+
+
 def measure_matmul_flops(device: torch.device, precision: str, n: int = 8192,
                          repeats: int = 10) -> float:
     """Achieved FLOP/s of a large square matmul: a stand-in peak for GPUs not in the table."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
-    previous = torch.backends.cuda.matmul.allow_tf32
+    previous = tf32_matmuls()
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     try:
         a = torch.randn(n, n, device=device, dtype=dtype)

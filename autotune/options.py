@@ -15,6 +15,7 @@ from autotune.config import knob_names, parse_assignments
 from autotune.errors import UsageError
 from autotune.flags import flag_of, group, option, parse_bytes, parse_duration
 from autotune.hardware import parse_device
+from autotune.target import ModelFile, Script, Target
 
 # A whole run's time budget when neither --trials nor --timeout is given.
 DEFAULT_TIME_BUDGET_S = 600.0
@@ -35,6 +36,24 @@ DEFAULT_VERIFY_ROUNDS = 5
 EXPORT_FORMATS = ("yaml", "json", "hf", "lightning", "torch")
 # The formats of a study of a training script (`--script`): its answer in its own terms.
 SCRIPT_EXPORT_FORMATS = ("args",)
+
+
+# The knobs a script's own flag can be named for (`--arg KNOB=FLAG`): a loop's batch arithmetic.
+SCRIPT_FLAG_KNOBS = ("micro_batch_size", "grad_accum_steps")
+
+
+def parse_script_flags(items: list[str]) -> dict[str, str]:
+    """`--arg micro_batch_size=--batch_size` items to knob -> the script's flag."""
+    out: dict[str, str] = {}
+    for item in items:
+        knob, sep, flag = (part.strip() for part in item.partition("="))
+        if not sep or knob not in SCRIPT_FLAG_KNOBS or not flag.startswith("-") or \
+                len(flag.lstrip("-")) == 0:
+            raise UsageError(f"--arg expects KNOB=FLAG, a knob of {' or '.join(SCRIPT_FLAG_KNOBS)} "
+                             f"and the script's own flag that sets it (--arg micro_batch_size="
+                             f"--batch_size), got {item!r}")
+        out[knob] = flag
+    return out
 
 
 def parse_model_args(items: list[str]) -> dict[str, Any]:
@@ -177,8 +196,9 @@ class WorkloadOptions(CommandOptions):
     model_path: str | None = option("--model", "model file defining build_model and "
                                     "build_dataset", metavar="FILE")
     script_path: str | None = option(
-        "--script", "your own Hugging Face Trainer or Lightning training script instead of a "
-        "model file, run in every trial as `python FILE ARGS` with the arguments after `--`",
+        "--script", "your own training script instead of a model file (a Hugging Face Trainer, "
+        "Lightning, Accelerate or hand-written torch.optim loop), run in every trial as "
+        "`python FILE ARGS` with the arguments after `--`",
         metavar="FILE")
     # The script's own arguments: everything after `--` on the command line (not a flag).
     script_args: list[str] = field(default_factory=list)
@@ -194,9 +214,20 @@ class WorkloadOptions(CommandOptions):
         "--nproc-per-node", "run every trial as a process group of N ranks started by "
         "torchrun (one GPU each with NCCL; on CPU gloo, the cores shared out), and search DDP "
         "and FSDP and their knobs", default=1, metavar="N", kind=int)
+    script_flags: dict[str, str] = option(
+        "--arg", "with --script: the script's own flag that sets a knob autotune may then tune "
+        "(its micro-batch or accumulation; repeatable), as DeepSpeed's arg_mappings: "
+        "--arg micro_batch_size=--batch_size --arg grad_accum_steps=--accum",
+        metavar="KNOB=FLAG", repeat=True, parse=parse_script_flags)
 
     def problems(self) -> list[str]:
-        return _at_least(self, {"nproc_per_node": 1}) + self._workload_problems()
+        out = _at_least(self, {"nproc_per_node": 1}) + self._workload_problems()
+        if self.script_flags and not self.script_path:
+            out.append("--arg names a flag of a training script: give --script FILE")
+        if self.model_args and self.script_path:
+            out.append("--model-arg is a model file's keyword argument: a training script "
+                       "takes its own arguments after --")
+        return out
 
     def _workload_problems(self) -> list[str]:
         if self.model_path and self.script_path:
@@ -210,14 +241,12 @@ class WorkloadOptions(CommandOptions):
         return []
 
     @property
-    def workload_path(self) -> str:
-        """The file every trial runs: the script, or the model file."""
-        return self.script_path or self.model_path or ""
-
-    @property
-    def script_argv(self) -> list[str] | None:
-        """The script's arguments, or None for a model file."""
-        return list(self.script_args) if self.script_path else None
+    def target(self) -> Target:
+        """What every trial runs: the script with its arguments and the flags named for its
+        knobs, or the model file with its arguments."""
+        if self.script_path:
+            return Script(self.script_path, tuple(self.script_args), dict(self.script_flags))
+        return ModelFile(self.model_path or "", dict(self.model_args))
 
 
 @dataclass(kw_only=True)
@@ -234,6 +263,9 @@ class StorageOptions(CommandOptions):
 @dataclass(kw_only=True)
 class OneConfigOptions(WorkloadOptions):
     """One configuration of a model file: `bench` and `profile`."""
+
+    # A script's own settings, as a run to its trainer read them for `--set` (not a flag).
+    script_baseline: dict[str, Any] | None = None
 
     config_file: str | None = option(
         "--config", "YAML/JSON configuration; knobs it leaves out come from BASELINE",
@@ -356,8 +388,9 @@ class TuneOptions(StorageOptions, WorkloadOptions):
                                        "(a timeout)", default=DEFAULT_TRIAL_TIME_LIMIT_S,
                                        metavar="SECONDS", kind=float)
     startup_limit_s: float = option(
-        "--startup-limit", "a training script's probe stops a script that has not reached its "
-        "Trainer.train or Trainer.fit after this long (its imports, data and model), e.g. 10m",
+        "--startup-limit", "a training script's probe stops a script that has not started its "
+        "training (Trainer.train, Trainer.fit, its loop's first optimizer step) after this "
+        "long (its imports, data and model), e.g. 10m",
         default=DEFAULT_STARTUP_LIMIT_S, metavar="DURATION", parse=parse_duration)
     seed: int | None = option("--seed", "sampler seed, for a reproducible search", kind=int)
     workers: int = option(

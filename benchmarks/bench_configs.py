@@ -18,6 +18,7 @@ from autotune.config import parse_assignments
 from autotune.hardware import parse_device
 from autotune.options import parse_model_args
 from autotune.search.isolation import run_isolated
+from autotune.target import ModelFile
 from autotune.trial.protocol import TrialRequest, TrialResult, TrialStatus
 
 
@@ -40,8 +41,8 @@ def main() -> None:
     runs: list[list[TrialResult]] = [[] for _ in configs]
     for _ in range(args.repeats):
         for config, results in zip(configs, runs):
-            request = TrialRequest(model_path=args.model, config=config, device=str(device),
-                                   model_args=model_args,
+            request = TrialRequest(ModelFile(args.model, model_args), config=config,
+                                   device=str(device),
                                    settings={"window_seconds": args.window_seconds})
             results.append(run_isolated(request, 900))
 

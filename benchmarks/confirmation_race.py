@@ -82,9 +82,9 @@ def record(model: str, rounds: int) -> dict[str, Any]:
         identity = study_identity(study)
         baseline = study_summary(study).baseline_config
         entries = candidates(study, baseline, TOP)
-        runner = ProcessRunner(identity.model_path, identity.model_args,
-                               Path(studies) / name, vars(SETTINGS), memory_limit_bytes=None,
-                               core_shares=None, on_phase=lambda text, number: None)
+        runner = ProcessRunner(identity.target, Path(studies) / name, vars(SETTINGS),
+                               memory_limit_bytes=None, core_shares=None,
+                               on_phase=lambda text, number: None)
         runs: list[list[dict[str, Any]]] = [[] for _ in entries]
         shuffle = random.Random(0)
         try:

@@ -36,7 +36,7 @@ import random
 import statistics
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autotune.config import TrainConfig  # noqa: E402
+from autotune.config import TrainConfig, loader_settings  # noqa: E402
 from autotune.search.expert import (  # noqa: E402
     kept_at_baseline,
     next_bottleneck_trial,
@@ -160,10 +160,14 @@ def load_sweep(path: Path) -> Bench:
     source = (f"`{data['model']}`{f' ({args})' if args else ''}: {len(sweep) - 1} one-knob "
               f"changes, {data['rounds']} rounds, {data['at']}, {data['machine']}")
     measured = data.get("baseline_measurement")
+    # the plan's rates are the space's settings' (the tuner's `_planned_loader_rates`)
+    settings = set(loader_settings(space.domains))
     return Bench(name, source, space, base_rate, alone,
                  statistics.median(spreads) if spreads else 0.0,
                  Measurement.from_json(measured) if measured else None,
-                 tuple(LoaderRate(**r) for r in data.get("loader_rates", ())),
+                 tuple(rate for r in data.get("loader_rates", ())
+                       if ((rate := LoaderRate(**r)).num_workers, rate.prefetch_factor)
+                       in settings),
                  data.get("state_bytes", 0), data.get("memory_limit_bytes"))
 
 
@@ -197,8 +201,8 @@ def replay(bench: Bench, target: float, seed: int, mode: str, budget: int) -> Re
     corner = (space.params_for(space.fast_corner(micro)), Role.FAST_CORNER, ())
     queue = [(space.params_for(space.baseline), Role.BASELINE, ())]
     records: list[TrialRecord] = []
-    truths: list[float] = []
-    seen: set[str] = set()
+    truths: dict[str, float] = {}   # each configuration measured: its true rate
+    seen: dict[str, int] = {}       # ... and its record's number
     reached, cornered = None, False
     first = bench.diagnosis(space.baseline)
 
@@ -228,20 +232,26 @@ def replay(bench: Bench, target: float, seed: int, mode: str, budget: int) -> Re
         truth = bench.rate(config)
         measured = truth * noise.lognormvariate(0, bench.noise)
         study.tell(trial, measured)
-        if config_key(config) in seen:
+        key = config_key(config)
+        if key in seen:
+            # a repeat costs no trial; an expert's is recorded, as the tuner records it, so
+            # that the expert sees it done
+            if role != Role.SEARCH:
+                records.append(replace(_record(bench, len(records), config, role, changed,
+                                               truth, measured), duplicate_of=seen[key]))
             continue
-        seen.add(config_key(config))
+        seen[key] = len(records)
         records.append(_record(bench, len(records), config, role, changed, truth, measured))
-        truths.append(truth)
+        truths[key] = truth
         if reached is None and truth >= target * (1 - REACHED):
-            reached = len(records)
-        if len(records) >= budget:
+            reached = len(truths)
+        if len(truths) >= budget:
             break
-    answer = records[max(range(len(records)), key=lambda i: records[i].value or 0.0)].config
-    idle = _idle_changes(bench, answer)
+    measured_records = [r for r in records if not r.duplicate]
+    answer = max(measured_records, key=lambda r: r.value or 0.0).config
     minimal = _minimal(bench, answer, noise)
-    return Replay(reached, 1 - truths[[r.config for r in records].index(answer)] /
-                  bench.oracle(), len(idle), len(_idle_changes(bench, minimal)))
+    return Replay(reached, 1 - truths[config_key(answer)] / bench.oracle(),
+                  len(_idle_changes(bench, answer)), len(_idle_changes(bench, minimal)))
 
 
 def _record(bench: Bench, number: int, config: TrainConfig, role: str,

@@ -12,6 +12,17 @@ proves, its steps' worst cases within 540 s:
 - `quick-script-hf`: a Hugging Face Trainer script study (`--script`) of a smaller GPT-2 with
   the libraries the GPU machine has.
 
+`--followup` is the next short lease's plan: what the quick plan left unproven
+(docs/benchmarks.md keeps the list), its worst cases within 540 s too:
+
+- `followup-study-gpt-warm`: a default study of the mid-size GPT below (6x512, block 512),
+  small enough that its candidates fit the GPU together, so that it ends in warm paired turns;
+- `followup-study-loader`: a default study of the storage-bound image loader written for issue
+  38 (benchmarks/results/expert_bar/storage_images.py): DataLoader workers, pinning and
+  persistence on CUDA, the bottleneck named first;
+- `followup-bench-gpt-*`: that GPT benched in fp16 (with its GradScaler) and in bf16 with the
+  flash and cuDNN attention kernels.
+
 The full plan, without `--quick`, runs through the real CLI, each as one step:
 
 - `env`: the machine (nvidia-smi, torch, each GPU as autotune describes it, the TF32 settings
@@ -40,6 +51,7 @@ and `--only` picks steps by name. The steps run in order of what they prove, che
 
     python benchmarks/gpu_suite.py --quick --out /tmp/suite     # the 10-minute plan
     python benchmarks/gpu_suite.py --quick --out /tmp/suite --dry-run   # its plan, on CPU
+    python benchmarks/gpu_suite.py --followup --out /tmp/suite  # the next 10-minute plan
     python benchmarks/gpu_suite.py --out benchmarks/results/gpu_h100           # until budget
     python benchmarks/gpu_suite.py --out OUT --only bench-gpt-bf16 --budget 300
     python benchmarks/gpu_suite.py --out /tmp/suite --dry-run    # the plan; one CPU step runs
@@ -92,6 +104,8 @@ STUDY = ["--timeout", f"{STUDY_TIMEOUT_S}s", "--trial-time-limit", str(STUDY_TRI
 QUICK_BUDGET_S = 540
 QUICK_STUDY_BUDGET_S = 200
 QUICK_SCRIPT_BUDGET_S = 50
+FOLLOWUP_STUDY_BUDGET_S = 200
+FOLLOWUP_LOADER_BUDGET_S = 110
 # A bench's own limits, short enough that five of them fit beside the study.
 QUICK_WINDOWS = ["--warmup-max-seconds", "15", "--window-seconds", "2", "--window-max-seconds", "5",
                  "--profile-steps", "1"]
@@ -158,6 +172,28 @@ def quick_plan() -> list[Step]:
     steps.append(Step("quick-script-hf", (
         "run", *HF_SCRIPT, "--study", "hf", "--budget", f"{QUICK_SCRIPT_BUDGET_S}s", "--seed",
         "0", "--", *HF_SCRIPT_ARGS), QUICK_SCRIPT_BUDGET_S + 10))
+    return steps
+
+
+def followup_plan() -> list[Step]:
+    """The next short lease's plan: a default study that ends in warm turns, a loader-bound
+    default study on CUDA, then fp16 and the flash and cuDNN attention kernels benched."""
+    gpt = GPT_BENCH[:GPT_BENCH.index("--set")]  # the model at its own BASELINE
+    steps = [Step("env", (), 20),
+             Step("followup-study-gpt-warm", ("run", *gpt, "--study", "gpt-warm", "--budget",
+                                              f"{FOLLOWUP_STUDY_BUDGET_S}s", "--seed", "0"),
+                  FOLLOWUP_STUDY_BUDGET_S + 35),
+             Step("followup-study-loader", (
+                 "run", "--model", "benchmarks/results/expert_bar/storage_images.py", "--study",
+                 "loader", "--budget", f"{FOLLOWUP_LOADER_BUDGET_S}s", "--seed", "0"),
+                  FOLLOWUP_LOADER_BUDGET_S + 30)]
+    for name, knobs in (("fp16", ("precision=fp16",)),
+                        ("bf16-flash", ("precision=bf16", "attention_backend=flash")),
+                        ("bf16-cudnn", ("precision=bf16", "attention_backend=cudnn"))):
+        sets = [arg for knob in knobs for arg in ("--set", knob)]
+        steps.append(Step(f"followup-bench-gpt-{name}", (
+            "bench", *GPT_BENCH, *sets, "--set", "compile_mode=none", *QUICK_WINDOWS,
+            "--time-limit", "30"), 35))
     return steps
 
 
@@ -324,9 +360,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder for the raw results")
     parser.add_argument("--quick", action="store_true",
                         help=f"the short lease's plan (worst case {QUICK_BUDGET_S} s)")
+    parser.add_argument("--followup", action="store_true",
+                        help=f"the next short lease's plan (worst case {QUICK_BUDGET_S} s)")
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                         help="start a step only if its worst case fits in what is left "
-                        f"(default: {QUICK_BUDGET_S} with --quick, else 560)")
+                        f"(default: {QUICK_BUDGET_S} with --quick or --followup, else 560)")
     parser.add_argument("--only", action="append", default=[], metavar="PATTERN",
                         help="run only steps whose name matches (glob, repeatable)")
     parser.add_argument("--redo", action="store_true", help="run steps that already have a "
@@ -338,8 +376,10 @@ def main() -> int:
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    budget = args.budget or (QUICK_BUDGET_S if args.quick else 560.0)
-    steps = [s for s in (quick_plan() if args.quick else plan(gpus)) if not args.only or
+    short = args.quick or args.followup
+    budget = args.budget or (QUICK_BUDGET_S if short else 560.0)
+    chosen = quick_plan() if args.quick else followup_plan() if args.followup else plan(gpus)
+    steps = [s for s in chosen if not args.only or
              any(fnmatch.fnmatch(s.name, p) for p in args.only)]
     if args.dry_run:
         dry_run(steps, args.out, budget)

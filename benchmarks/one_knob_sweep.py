@@ -101,7 +101,7 @@ def main() -> None:
     try:
         space = tuner.space
         changes = [c for c in one_knob_changes(space) if not ours.only or set(c) <= set(ours.only)]
-        print(f"{len(changes)} one-knob changes of {Path(options.workload_path).name}, "
+        print(f"{len(changes)} one-knob changes of {Path(options.target.path).name}, "
               f"{ours.rounds} rounds (the probe took {time.monotonic() - began:.0f} s)",
               file=sys.stderr)
         configs = [space.baseline] + [space.with_changes(c) for c in changes]
@@ -132,7 +132,7 @@ def main() -> None:
         entries.append({"change": change, "config": config.to_dict(), "rates": own,
                         "statuses": status, "ratios": ratios,
                         "ratio": statistics.median(ratios) if ratios else None})
-    out = {"model": options.workload_path, "model_args": options.model_args,
+    out = {"model": options.target.path, "model_args": options.model_args,
            "machine": str(describe(tuner.device)), "rounds": ours.rounds,
            "wall_s": round(time.monotonic() - began, 1),
            "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

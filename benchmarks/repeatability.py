@@ -60,6 +60,7 @@ from typing import Any
 from autotune.config import TrainConfig, from_baseline
 from autotune.options import MeasureSettings
 from autotune.search.isolation import run_isolated
+from autotune.target import ModelFile
 from autotune.trial.contention import cpu_ticks, other_share
 from autotune.trial.protocol import Measurement, TrialRequest, TrialResult, TrialStatus
 from autotune.trial.workload import load_workload
@@ -238,9 +239,8 @@ def measure_floor(threshold: float) -> dict[str, Any]:
 
 def measure_case(reference: Reference, config: TrainConfig,
                  settings: MeasureSettings) -> TrialResult:
-    request = TrialRequest(model_path=str(ROOT / reference.path), config=config.to_dict(),
-                           device="cpu", model_args=reference.model_args,
-                           settings=asdict(settings))
+    request = TrialRequest(ModelFile(str(ROOT / reference.path), reference.model_args),
+                           config=config.to_dict(), device="cpu", settings=asdict(settings))
     return run_isolated(request, 600)
 
 

@@ -59,6 +59,7 @@ from autotune.study.records import (  # noqa: E402
     config_key,
     trial_records,
 )
+from autotune.target import ModelFile  # noqa: E402
 from autotune.trial.protocol import (  # noqa: E402
     LoaderRate,
     Measurement,
@@ -133,8 +134,8 @@ def measure_grid(bench: Bench, space_file: str, repeats: int) -> dict[str, Any]:
     for repeat in range(repeats):  # passes, so that drift spreads over every configuration
         for index, config in enumerate(configs):
             result = run_isolated(TrialRequest(
-                model_path=str(ROOT / bench.model), config=config.to_dict(), device="cpu",
-                model_args=bench.model_args, settings=vars(SETTINGS)), 600)
+                ModelFile(str(ROOT / bench.model), bench.model_args), config=config.to_dict(),
+                device="cpu", settings=vars(SETTINGS)), 600)
             m = result.measurement
             figures = m.to_json() if m is not None else {}
             runs[config_key(config)]["runs"].append(

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 from autotune.search.forkserver import ForkServer  # noqa: E402
 from autotune.search.isolation import run_isolated  # noqa: E402
 from autotune.stats import paired_ratio  # noqa: E402
+from autotune.target import ModelFile, Script, Target  # noqa: E402
 from autotune.trial.protocol import TrialRequest, TrialStatus  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -54,10 +55,8 @@ SCRIPTS = {
 }
 
 
-def trial(model: str, args: dict[str, Any], script_args: list[str] | None,
-          server: ForkServer | None, log: Path) -> dict[str, Any]:
-    request = TrialRequest(model_path=str(ROOT / model), config={}, device="cpu",
-                           model_args=args, script_args=script_args,
+def trial(target: Target, server: ForkServer | None, log: Path) -> dict[str, Any]:
+    request = TrialRequest(target, config={}, device="cpu",
                            inductor_cache_dir=str(log.parent / "inductor"))
     result = run_isolated(request, 600, log, server=server)
     m = result.measurement
@@ -67,18 +66,17 @@ def trial(model: str, args: dict[str, Any], script_args: list[str] | None,
             "overhead_share": 1 - measuring / result.wall_s if result.wall_s else None}
 
 
-def server_for(name: str, scratch: Path) -> tuple[str, dict[str, Any], list[str] | None,
-                                                  ForkServer]:
-    """The workload's file, arguments, script arguments and fork server; a script's probe
-    (a fresh interpreter, as the tuner runs it) says which modules the server imports."""
+def server_for(name: str, scratch: Path) -> tuple[Target, ForkServer]:
+    """The workload (a model file with its arguments, or a script with its own) and its fork
+    server; a script's probe (a fresh interpreter, as the tuner runs it) says which modules the
+    server imports."""
     log = scratch / f"{name}-server.log"
     if name in MODELS:
         model, model_args = MODELS[name]
-        return model, model_args, None, ForkServer(str(ROOT / model), log, 600)
-    script, argv = SCRIPTS[name]
-    script_args = [a.format(scratch=scratch) for a in argv]
-    probe = run_isolated(TrialRequest(model_path=str(ROOT / script), config={}, device="cpu",
-                                      model_args={}, job="probe", script_args=script_args,
+        return ModelFile(str(ROOT / model), model_args), ForkServer(str(ROOT / model), log, 600)
+    path, argv = SCRIPTS[name]
+    script = Script(str(ROOT / path), tuple(a.format(scratch=scratch) for a in argv))
+    probe = run_isolated(TrialRequest(script, config={}, device="cpu", job="probe",
                                       inductor_cache_dir=str(scratch / "inductor")),
                          600, scratch / f"{name}-probe.log")
     if probe.status != TrialStatus.OK or probe.probe is None:
@@ -87,8 +85,7 @@ def server_for(name: str, scratch: Path) -> tuple[str, dict[str, Any], list[str]
     modules.write_text(json.dumps(probe.probe.script_imports))
     print(name, len(probe.probe.script_imports), "modules to import ahead; environment changed "
           f"first: {probe.probe.script_environment_changed}", flush=True)
-    return script, {}, script_args, ForkServer(str(ROOT / script), log, 600,
-                                               script_modules=modules)
+    return script, ForkServer(None, log, 600, script_modules=modules)
 
 
 def main() -> None:
@@ -101,15 +98,14 @@ def main() -> None:
     rows = {}
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.models:
-            model, model_args, script_args, server = server_for(name, Path(scratch))
+            target, server = server_for(name, Path(scratch))
             runs: dict[str, list[dict[str, Any]]] = {"fresh": [], "forked": []}
             with server:
                 for round_ in range(args.rounds):
                     order = ("fresh", "forked") if round_ % 2 == 0 else ("forked", "fresh")
                     for launcher in order:
                         runs[launcher].append(trial(
-                            model, model_args, script_args,
-                            server if launcher == "forked" else None,
+                            target, server if launcher == "forked" else None,
                             Path(scratch) / f"{name}-{launcher}-{round_}.log"))
                         print(name, launcher, round_, runs[launcher][-1], flush=True)
             ok = {k: [r for r in v if r["status"] == "ok"] for k, v in runs.items()}

@@ -34,6 +34,7 @@ from autotune.config import TrainConfig  # noqa: E402
 from autotune.search.runner import MeasureJob, ProcessRunner  # noqa: E402
 from autotune.search.warm import PairJudge, WarmRounds  # noqa: E402
 from autotune.stats import Ratio, paired_ratio  # noqa: E402
+from autotune.target import ModelFile  # noqa: E402
 
 DEFAULT_MODEL = str(ROOT / "models" / "mlp.py")
 TINY_MLP_ARGS = {"feature_dim": 32, "hidden": 64, "layers": 2, "num_samples": 4096}
@@ -120,7 +121,7 @@ def main() -> None:
         model_args = TINY_MLP_ARGS
     knob, value = args.change.split("=", 1)
     directory = Path(tempfile.mkdtemp(prefix="autotune-warm-rounds-"))
-    runner = ProcessRunner(args.model, model_args, directory, SETTINGS,
+    runner = ProcessRunner(ModelFile(args.model, model_args), directory, SETTINGS,
                            memory_limit_bytes=None, core_shares=None,
                            on_phase=lambda text, number: None)
     baseline = TrainConfig.from_dict(json.loads(args.baseline))

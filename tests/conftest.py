@@ -39,6 +39,18 @@ def need(module: str, extra: str = "examples") -> None:
     pytest.skip(message)
 
 
+@pytest.fixture
+def knob_libraries_found(monkeypatch) -> None:
+    """torchao and bitsandbytes found whether installed or not, for a test of what a device
+    runs rather than of what is installed (.ci/torch_matrix's virtualenvs leave them out)."""
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: object) -> object:
+        return object() if name in ("torchao", "bitsandbytes") else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """`python -m autotune ARGS` as a user would run it."""
     return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True,

@@ -16,6 +16,7 @@ from autotune.cli import _other_library, main, run_failure
 from autotune.config import TrainConfig
 from autotune.study.storage import open_storage
 from autotune.study.summary import BaselineTrial
+from autotune.target import ModelFile, Script
 
 from .conftest import FAST, ROOT, TEST_MODELS, run_cli
 from .study.test_results import _told
@@ -148,12 +149,13 @@ def test_outputs_that_cannot_be_written_are_one_message_and_exit_2(tmp_path, rea
         assert line.startswith(f"autotune: error: cannot write {into}{target}: "), line
 
 
-@pytest.mark.parametrize(("script_args", "baseline"), [
-    (None, "the model file's BASELINE"), ((), "the script's own settings")])
-def test_a_failed_baseline_is_named_as_the_studys_own(script_args, baseline) -> None:
+@pytest.mark.parametrize(("target", "baseline"), [
+    (ModelFile("m.py"), "the model file's BASELINE"),
+    (Script("t.py"), "the script's own settings")])
+def test_a_failed_baseline_is_named_as_the_studys_own(target, baseline) -> None:
     """A script study's baseline is the script's own settings, not a model file's BASELINE."""
     summary = SimpleNamespace(baseline_trial=BaselineTrial(0, "error", "ValueError: boom\nmore"),
-                              script_args=script_args)
+                              target=target)
     assert run_failure(summary) == (f"the baseline ({baseline}) failed as error: ValueError: "
                                     "boom; nothing can be compared")
 

@@ -10,6 +10,8 @@ from autotune.formatting import (
     format_percent,
     format_rate,
     format_seconds,
+    mfu_basis,
+    mfu_figure,
     short_config,
 )
 
@@ -43,3 +45,16 @@ def test_a_change_of_optimizer_says_it_changes_the_update_rule_and_float8_its_sc
     assert describe_changes(changed, baseline) == \
         "float8 (rowwise scales) + 8-bit AdamW (another update rule) + torch.compile"
     assert short_config(changed) == "mb=1x1 fp8_rowwise adamw_8bit compile=default"
+
+
+def test_mfu_on_cuda_says_what_it_divided_and_on_cpu_why_there_is_none() -> None:
+    basis = mfu_basis(4.21e9, "counted", 989e12, "the bf16 data-sheet peak")
+    assert basis == ("4.21 GFLOP a sample (counted) x samples/sec over 989 TFLOP/s, the bf16 "
+                     "data-sheet peak")
+    assert mfu_figure(0.394, "cuda:0", basis) == ("39.4%", basis)
+    assert mfu_figure(None, "cpu") == ("n/a on CPU", "no peak FLOP/s to divide by: MFU needs "
+                                       "CUDA")
+    # on CUDA, the half that was missing
+    assert mfu_basis(None, None, 989e12, "the bf16 data-sheet peak").startswith(
+        "no FLOPs a sample")
+    assert mfu_basis(4.21e9, "given", None, None).startswith("no peak FLOP/s for this GPU")

@@ -59,3 +59,25 @@ def test_the_quick_plan_starts_with_a_default_gpt2_small_study_and_fits_540_s(tm
         parsed = subprocess.run([sys.executable, "-m", "autotune", *own, "--help"], cwd=ROOT,
                                 capture_output=True, text=True, timeout=60)
         assert parsed.returncode == 0, (line, parsed.stderr)
+
+
+def test_the_follow_up_plan_fits_540_s_and_holds_what_the_quick_one_left_unproven() -> None:
+    """The second lease's plan: a default study of a GPT small enough that its warm processes
+    fit together, a loader-bound default study, then fp16 and the flash and cuDNN kernels in
+    bf16; its worst cases within the short lease's 540 s, each command one `run` or `bench`."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_suite
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    steps = gpu_suite.followup_plan()
+    assert sum(step.max_s for step in steps) <= gpu_suite.QUICK_BUDGET_S
+    names = [step.name for step in steps]
+    assert names == ["env", "followup-study-gpt-warm", "followup-study-loader",
+                     "followup-bench-gpt-fp16", "followup-bench-gpt-bf16-flash",
+                     "followup-bench-gpt-bf16-cudnn"]
+    warm, loader = steps[1].args, steps[2].args
+    assert warm[0] == "run" and "--budget" in warm and "--set" not in warm
+    assert "n_layer=6" in warm and "benchmarks/results/expert_bar/storage_images.py" in loader
+    assert (ROOT / loader[loader.index("--model") + 1]).is_file()
+    assert "attention_backend=flash" in steps[4].args and "precision=bf16" in steps[4].args

@@ -18,7 +18,9 @@ from autotune.hardware import (
     core_shares,
     cpu_name,
     describe,
+    peak_flops,
     table_peak_tflops,
+    tf32_matmuls,
     trial_device,
     unsupported_reason,
     usable_cpus,
@@ -55,6 +57,45 @@ def test_variants_are_told_apart() -> None:
         "NVIDIA H100 80GB HBM3", "bf16")
     assert table_peak_tflops("NVIDIA L40", "bf16") > table_peak_tflops("NVIDIA L4", "bf16")
     assert table_peak_tflops("NVIDIA L40S", "bf16") > table_peak_tflops("NVIDIA L40", "bf16")
+
+
+def test_mfu_divides_by_the_precisions_peak_which_says_where_it_came_from() -> None:
+    """The data sheet's dense peak, float8 against bf16's (as torchtitan reports it); a CPU
+    has none, which is why MFU is CUDA's only."""
+    h100 = DeviceInfo(type="cuda", index=0, name="NVIDIA H100 80GB HBM3",
+                      total_memory_bytes=80 * 2**30, cpu_count=16, bf16=True, tf32=True,
+                      fused_adamw=True, cuda_graphs=True, fp8=True)
+    peak = peak_flops(h100, "fp8_rowwise")
+    assert peak is not None and peak.flops == PEAK_TFLOPS["H100"]["bf16"] * 1e12
+    assert peak.source == "the bf16 data-sheet peak"
+    assert peak_flops(describe(torch.device("cpu")), "bf16") is None
+
+
+@pytest.fixture
+def fresh_tf32():
+    """TF32 as a fresh process has it, after the test too (both of torch's APIs)."""
+    yield
+    torch.set_float32_matmul_precision("highest")
+    if hasattr(torch.backends, "fp32_precision"):  # torch 2.9 and later
+        torch.backends.cuda.matmul.fp32_precision = "none"
+        torch.backends.fp32_precision = "none"
+
+
+def test_tf32_is_read_however_a_script_set_it(fresh_tf32) -> None:
+    """A script on torch 2.9+ sets the new `fp32_precision`, as PyTorch now advises: the legacy
+    getters then raise "mix of the legacy and new APIs", which failed the peak's measurement
+    and a Lightning script's trial. Before 2.9 only the legacy API exists."""
+    assert not tf32_matmuls()
+    torch.set_float32_matmul_precision("high")
+    assert tf32_matmuls()
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        matmul.fp32_precision = "ieee"
+        assert not tf32_matmuls()
+        matmul.fp32_precision = "tf32"
+    else:
+        matmul.allow_tf32 = True
+    assert tf32_matmuls()
 
 
 def test_an_unknown_device_has_no_table_peak() -> None:
@@ -260,3 +301,24 @@ def test_a_missing_library_is_named_only_where_the_device_would_run_the_value(mo
     assert "runs compiled only" in eager and "pip install" not in eager
     # no device refuses 8-bit AdamW: the library is what it lacks
     assert value_reason("optimizer", "adamw_8bit", cpu).endswith("pip install bitsandbytes")
+
+
+def test_flash_and_cudnn_attention_are_offered_in_half_precision_and_refused_in_fp32() -> None:
+    """On the H100 and the H200 the probe left flash and cuDNN attention out of every fp32
+    BASELINE's study ("No available kernel"), though they ran in bf16 (540 and 472 samples/s
+    on the H200). On CUDA they are a value of the space (asked in bf16), and a configuration
+    that pairs them with a 32-bit precision is refused before it runs; on CPU flash runs in
+    any precision."""
+    h200 = DeviceInfo(type="cuda", index=0, name="NVIDIA H200", total_memory_bytes=140 * 2**30,
+                      cpu_count=16, bf16=True, tf32=True, fused_adamw=True, cuda_graphs=True,
+                      fp8=True)
+    for kernel in ("flash", "cudnn"):
+        assert value_reason("attention_backend", kernel, h200) is None
+        assert unsupported_reason(TrainConfig(attention_backend=kernel, precision="bf16"),
+                                  h200) is None
+        assert unsupported_reason(TrainConfig(attention_backend=kernel), h200) == \
+            f"attention_backend={kernel}: {kernel} attention has CUDA kernels for fp16 and " \
+            "bf16 only"
+    assert unsupported_reason(TrainConfig(attention_backend="efficient"), h200) is None
+    assert unsupported_reason(TrainConfig(attention_backend="flash"),
+                              describe(torch.device("cpu"))) is None

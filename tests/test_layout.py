@@ -12,7 +12,7 @@ PACKAGE = Path(autotune.__file__).parent
 # Each part, and the parts it may import (the top-level modules are shared by all).
 MAY_IMPORT = {"trial": {"trial"}, "study": {"study", "trial"},
               "search": {"search", "study", "trial"}, "show": {"show", "study", "trial"}}
-BASE = {"config", "errors", "flags", "formatting", "hardware", "options", "stats"}
+BASE = {"config", "errors", "flags", "formatting", "hardware", "options", "stats", "target"}
 
 
 def _imports() -> dict[str, set[str]]:

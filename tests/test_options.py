@@ -16,6 +16,7 @@ from autotune.options import (
     TuneOptions,
     parse_batch_range,
     parse_model_args,
+    parse_script_flags,
 )
 
 
@@ -139,3 +140,12 @@ def test_other_commands_check_their_flags_too(args, message, capsys) -> None:
         code = exit_.code
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_scripts_flag_is_named_for_its_batch_knobs() -> None:
+    assert parse_script_flags(["micro_batch_size=--batch_size", "grad_accum_steps = --accum"]) \
+        == {"micro_batch_size": "--batch_size", "grad_accum_steps": "--accum"}
+    for bad in ("precision=--bf16", "micro_batch_size", "micro_batch_size=batch_size",
+                "micro_batch_size=--"):
+        with pytest.raises(UsageError, match="--arg expects KNOB=FLAG"):
+            parse_script_flags([bad])

@@ -15,6 +15,7 @@ import pytest
 from autotune.cli import main, split_script_args
 from autotune.errors import UsageError
 from autotune.options import BenchOptions, TuneOptions
+from autotune.target import ModelFile, Script
 
 
 def test_everything_after_the_first_double_dash_is_the_scripts() -> None:
@@ -25,12 +26,12 @@ def test_everything_after_the_first_double_dash_is_the_scripts() -> None:
 
 
 def test_the_options_know_the_script_and_its_arguments() -> None:
-    options = TuneOptions(script_path="train.py", script_args=["--bf16"])
-    assert options.workload_path == "train.py"
-    assert options.script_argv == ["--bf16"]
-    model = TuneOptions(model_path="model.py")
-    assert model.workload_path == "model.py" and model.script_argv is None
-    assert TuneOptions(script_path="train.py").script_argv == []  # a script with no arguments
+    options = TuneOptions(script_path="train.py", script_args=["--bf16"],
+                          script_flags={"micro_batch_size": "--batch"})
+    assert options.target == Script("train.py", ("--bf16",), {"micro_batch_size": "--batch"})
+    model = TuneOptions(model_path="model.py", model_args={"dim": 8})
+    assert model.target == ModelFile("model.py", {"dim": 8})
+    assert TuneOptions(script_path="train.py").target == Script("train.py")  # no arguments
 
 
 @pytest.mark.parametrize(("given", "message"), [
@@ -38,6 +39,9 @@ def test_the_options_know_the_script_and_its_arguments() -> None:
     ({}, "give --model FILE (a model file) or --script FILE (your training script)"),
     ({"model_path": "m.py", "script_args": ["--bf16"]},
      "the arguments after -- (--bf16) are a training script's: give --script FILE"),
+    ({"script_path": "t.py", "model_args": {"dim": 8}},
+     "--model-arg is a model file's keyword argument: a training script takes its own "
+     "arguments after --"),
 ])
 def test_a_model_file_or_a_script_never_both(given: dict, message: str) -> None:
     for options in (TuneOptions, BenchOptions):
@@ -50,7 +54,7 @@ def test_a_model_file_or_a_script_never_both(given: dict, message: str) -> None:
     (["bench", "--model", "m.py", "--", "--bf16"], "are a training script's: give --script"),
     (["show", "s", "--", "--bf16"], "autotune show takes no script arguments (after --)"),
     (["bench", "--script", "t.py", "--set", "precision=bf16", "--device", "cpu"],
-     "and ended without calling Trainer.train or Trainer.fit"),
+     "and ended without Trainer.train, Trainer.fit or a torch.optim optimizer's first step"),
 ])
 def test_command_line_mistakes_are_one_message_and_exit_2(argv, message, tmp_path: Path,
                                                          capsys, monkeypatch) -> None:
@@ -71,10 +75,12 @@ def test_a_script_that_is_not_there(command: str, tmp_path: Path, capsys) -> Non
 
 
 @pytest.mark.parametrize(("source", "message"), [
-    ("import time\ntime.sleep(120)\n", "train.py ran 6 s and never called Trainer.train or "
-                                       "Trainer.fit; for other training loops write a model "
-                                       "file: README"),
-    ("print('no training here')\n", "ended without calling Trainer.train or Trainer.fit"),
+    ("import time\ntime.sleep(120)\n", "train.py ran 6 s and never reached Trainer.train, "
+                                       "Trainer.fit or a torch.optim optimizer's first step; a "
+                                       "loop without a torch.optim optimizer: write a model "
+                                       "file (README)"),
+    ("print('no training here')\n", "ended without Trainer.train, Trainer.fit or a "
+                                     "torch.optim optimizer's first step"),
     ("import json\njson.loads('{')\n", 'train.py failed before its training started: '
                                        'Traceback (most recent call last): File'),
 ])

@@ -80,16 +80,32 @@ def confirmation_price(study: optuna.Study, settings: MeasureSettings, fallback_
     """What confirming costs here, priced at the baseline's trial (`round_run_seconds`, else
     `fallback_s`): in warm turns where `warm_holds` the baseline's peak memory for each
     candidate (`confirm.warm_expected`), else in fresh runs; with `taken_back` changes of the
-    best taken back beside it; and the checks of what it may recommend (`checks`: a run of
-    each, and `loss_changes` numerics changes the space can make)."""
+    best taken back beside it, and each process that compiles paying the best's compile
+    (`compile_seconds`); and the checks of what it may recommend (`checks`: a run of each, and
+    `loss_changes` numerics changes the space can make)."""
     run_s = round_run_seconds(study, settings) or fallback_s
+    compile_s = compile_seconds(study)
     baseline = _baseline(study)
     priced = {"worst_s": checks.worst_s, "loss_s": checks.loss_s,
               "loss_changes": loss_changes if checks.loss_s else 0} if checks else {}
     if baseline is None or not warm_holds(baseline.peak_memory_bytes):
-        return ConfirmationPrice(run_s, taken_back=taken_back, **priced)
+        return ConfirmationPrice(run_s, taken_back=taken_back, compile_s=compile_s, **priced)
     return ConfirmationPrice(run_s, turn_seconds(baseline.measurement.step_time_median_s),
-                             taken_back, **priced)
+                             taken_back, compile_s, **priced)
+
+
+def compile_seconds(study: optuna.Study) -> float:
+    """What one confirmation process that compiles pays beyond the baseline's start, where the
+    fastest configuration measured so far compiles (the candidates and the best less each
+    change then compile too): its first step's time over the baseline's. None compiles: 0."""
+    baseline = _baseline(study)
+    measured = [r for r in _measured(study) if r.status == TrialStatus.OK and r.config
+                and r.samples_per_sec and r.measurement.time_to_first_step_s is not None]
+    best = max(measured, key=lambda r: r.samples_per_sec, default=None)
+    if baseline is None or best is None or best.config.compile_mode == "none":
+        return 0.0
+    return max(0.0, best.measurement.time_to_first_step_s -
+               (baseline.measurement.time_to_first_step_s or 0.0))
 
 
 def startup_note(study: optuna.Study) -> str | None:
@@ -159,18 +175,27 @@ def _baseline(study: optuna.Study) -> TrialRecord | None:
                  and r.measurement is not None), None)
 
 
+def pair_turns(racing: int) -> int:
+    """The turns of one warm round of `racing` configurations: each but the baseline in a pair
+    with a turn of what it is judged against (`confirm._paired_turns`)."""
+    return 2 * (racing - 1)
+
+
 @dataclass(frozen=True)
 class ConfirmationPrice:
     """What the confirmation's rounds cost here: a fresh run of each configuration racing, every
     round (`run_s` each); or, in warm paired turns (`turn_s` set: `search.warm`), each
-    configuration's process started once (about a fresh run), a turn each to settle, the turns
-    of the rounds, and a profiled turn of the two left. Rounds are counted as the confirmation
-    counts them: fresh ones, or warm ones (`WARM_ROUNDS_PER_ROUND` for each fresh round asked,
-    up to `WARM_MAX_ROUNDS`).
+    configuration's process started once (about a fresh run), a turn each to settle, the pairs
+    of turns of the rounds (`pair_turns`), and a profiled turn of the two left. Rounds are
+    counted as the confirmation counts them: fresh ones, or warm ones (`WARM_ROUNDS_PER_ROUND`
+    for each fresh round asked, up to `WARM_MAX_ROUNDS`).
 
     With `taken_back` changes of the best taken back (`search.minimal`), the best less each
     races too, every round, and, two or more of them, a short race of the best less those
     dropped, the best and the baseline follows, of the least rounds an answer needs.
+
+    Where the best compiles (`compile_s`), every configuration racing but the baseline and the
+    best less its compile compiles too: once per warm process, once per run in fresh rounds.
 
     Before the rounds, the checks (`search.checks`): each configuration's worst batch
     (`worst_s` a run; 0: none), and the loss runs: the baseline's two and one for each
@@ -180,6 +205,7 @@ class ConfirmationPrice:
     run_s: float
     turn_s: float | None = None
     taken_back: int = 0
+    compile_s: float = 0.0
     worst_s: float = 0.0
     loss_s: float = 0.0
     loss_changes: int = 0
@@ -201,9 +227,11 @@ class ConfirmationPrice:
         racing, each = candidates + self.taken_back, 2 + self.taken_back
         checks = self.checks_s(candidates)
         if self.turn_s is None:
-            return (racing + each * (rounds - 1)) * self.run_s + self.short_race_s() + checks
-        turns = 2 * racing + each * (rounds - 1) + 2
-        return racing * self.run_s + turns * self.turn_s + self.short_race_s() + checks
+            return (racing + each * (rounds - 1)) * self.run_s + self.short_race_s() + \
+                (self.compiling(racing) + self.compiling(each) * (rounds - 1)) * self.compile_s \
+                + checks
+        turns = racing + pair_turns(racing) + pair_turns(each) * (rounds - 1) + 2
+        return self.start_s(racing) + turns * self.turn_s + self.short_race_s() + checks
 
     def checks_s(self, candidates: int) -> float:
         """The checks of `candidates` configurations and the best less each change: a worst
@@ -214,6 +242,16 @@ class ConfirmationPrice:
         loss = 2 + min(2 * self.loss_changes, racing - 1) if self.loss_changes else 0
         return racing * self.worst_s + loss * self.loss_s
 
+    def compiling(self, racing: int) -> int:
+        """Of `racing` configurations (the baseline among them), those that compile."""
+        if not self.compile_s:
+            return 0
+        return max(0, racing - 1 - min(1, self.taken_back))
+
+    def start_s(self, processes: int) -> float:
+        """`processes` warm processes started, one after another, their compiles included."""
+        return processes * self.run_s + self.compiling(processes) * self.compile_s
+
     def short_race_s(self) -> float:
         """The short race after the race, where two or more changes may be dropped: the best
         less them, the best and the baseline, `MIN_ROUNDS` paired rounds (warm: one more
@@ -222,13 +260,16 @@ class ConfirmationPrice:
             return 0.0
         rounds = self.least_rounds(MIN_ROUNDS)
         if self.turn_s is None:
-            return SHORT_RACE * rounds * self.run_s
-        return self.run_s + SHORT_RACE * (rounds + 1) * self.turn_s
+            return SHORT_RACE * rounds * (self.run_s + self.compile_s)
+        return self.run_s + self.compile_s + \
+            (SHORT_RACE + pair_turns(SHORT_RACE) * rounds) * self.turn_s
 
     def rounds_in(self, seconds: float, candidates: int) -> int:
         """The rounds `seconds` hold, the first always."""
         room = seconds - self.seconds(candidates, 1)
-        each = (2 + self.taken_back) * (self.turn_s or self.run_s)
+        racing = 2 + self.taken_back
+        each = pair_turns(racing) * self.turn_s if self.turn_s is not None else \
+            racing * self.run_s + self.compiling(racing) * self.compile_s
         return 1 + math.floor(max(0.0, room) / each + 1e-9)
 
     def describe_rounds(self, rounds: int, candidates: int) -> str:
@@ -243,9 +284,12 @@ class ConfirmationPrice:
                 f"{candidates + self.taken_back} runs{backs}{checked}")
 
     def describe(self) -> str:
+        compiling = f" (one that compiles {format_seconds(self.compile_s)} more)" \
+            if self.compile_s else ""
         if self.warm:
-            return f"a warm process takes about {format_seconds(self.run_s)} to start here"
-        return f"a confirmation run takes about {format_seconds(self.run_s)} here"
+            return (f"a warm process takes about {format_seconds(self.run_s)} to start "
+                    f"here{compiling}")
+        return f"a confirmation run takes about {format_seconds(self.run_s)} here{compiling}"
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -56,10 +56,12 @@ from autotune.search.outcome import Scoring
 from autotune.search.runner import MeasureJob
 from autotune.search.space import SearchSpace
 from autotune.search.warm import (
+    TURN_SECONDS,
     WARM_MAX_ROUNDS,
     WARM_ROUNDS_PER_ROUND,
     WARM_WORTH_ROUNDS,
     PairJudge,
+    WarmOutOfTime,
     WarmPool,
     WarmStart,
     WarmTurns,
@@ -74,6 +76,7 @@ from autotune.study.confirmation import (
     FRESH_ROUNDS,
     NO_ROUNDS,
     NO_TIME,
+    NOT_BEATEN,
     TOGETHER,
     UNJUDGED,
     WARM_TURNS,
@@ -158,6 +161,10 @@ class Candidate:
     worst: WorstBatchCheck | None = None
     loss: LossCheck | None = None
     excluded: str = ""
+    # What it is judged against (`taken_from`, else the baseline) and, each round, that one's
+    # run next to its own: in warm turns the turn taken beside it (`_paired_turns`).
+    partner: Candidate | None = field(default=None, repr=False, compare=False)
+    partner_runs: list[Run | None] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def variant(self) -> bool:
@@ -376,9 +383,23 @@ def _warm_rounds(entries: Sequence[Candidate], how: Measuring, plan: Plan,
         how.view.note("measuring in fresh-process rounds: --train-steps times whole runs from "
                       "their first step")
         return None, plan
-    turns, why = how.pool.turns([e.config for e in entries],
-                                [e.search_peak_bytes for e in entries], name)
+    configs, peaks = [e.config for e in entries], [e.search_peak_bytes for e in entries]
+    backs = [i for i, e in enumerate(entries) if e.variant]
+    skip = backs if plan.budget_ends is not None else []
+    turns, why = how.pool.turns(configs, peaks, name, plan.budget_ends, skip=skip)
     how.view.note(why)
+    if turns is not None and skip:
+        # the best less each change only where their processes' start fits the time left,
+        # after the least rounds' pairs of turns: else the race's own answer keeps its time
+        least = plan.rounds * WARM_ROUNDS_PER_ROUND * 2 * len(entries) * TURN_SECONDS
+        left = plan.budget_ends - time.monotonic() - least
+        if how.pool.start_s * len(backs) <= left:
+            turns, why = how.pool.turns(configs, peaks, name, plan.budget_ends)
+            how.view.note(f"the best less each of its changes: {why}")
+        else:
+            how.view.note(f"the best less each of its changes not raced: {len(backs)} more "
+                          f"processes at about {format_seconds(how.pool.start_s)} each would "
+                          "not fit the time left")
     if turns is None:
         return None, plan
     least = plan.rounds * WARM_ROUNDS_PER_ROUND
@@ -395,9 +416,15 @@ def _race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
     entries, ruled_out = _checked(entries, plan, how)
     reference, view = entries[-1], how.view
     fresh_plan = plan
-    turns, plan = _warm_rounds(entries, how, plan, name)
+    try:
+        turns, plan = _warm_rounds(entries, how, plan, name)
+    except WarmOutOfTime as exc:  # no round fits, warm or fresh
+        view.note(f"confirmation: {exc}: no paired round fits in it")
+        return Race(entries, WARM_TURNS, 0, 0.0, 0.0, NO_TIME,
+                    [e for e in ruled_out if not e.variant])
     measured = WARM_TURNS if turns is not None else FRESH_ROUNDS
-    racing = list(range(len(entries)))
+    racing = turns.racing() if turns is not None else list(range(len(entries)))
+    left_out = len(racing) < len(entries)  # for the time left: judged by none
     shuffle = random.Random(0)
     start, rounds, kept_disturbed, run_s = time.monotonic(), 0, 0, 0.0
     capped = NO_ROUNDS  # unless time or the race's own end ends it first
@@ -414,19 +441,23 @@ def _race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
         rounds += 1
         order = list(racing)
         shuffle.shuffle(order)
-        runs = None
+        runs: list[Run | None] | None = None
+        partners: dict[int, Run | None] = {}
         if turns is not None:
             try:
-                runs = [turns.turn(i) for i in order]
+                paired_turns = _paired_turns(entries, order, racing, turns, judge)
             except WarmUnavailable as exc:
                 view.note(f"a warm process stopped ({exc}): the rest in fresh-process rounds")
                 turns.close()
                 turns, plan, measured = None, fresh_plan, FRESH_ROUNDS
+            else:
+                if paired_turns is None:  # a pair never kept (`PairJudge`): taken again
+                    run_s = max(run_s, (time.monotonic() - began) / len(order))
+                    continue
+                runs, partners = paired_turns
         if runs is None:
             runs = [_run(entries[i], i, rounds, name, how, len(entries)) for i in order]
         run_s = max(run_s, (time.monotonic() - began) / len(order))
-        if turns is not None and not judge.keeps(runs):
-            continue  # not a pair (`PairJudge`): taken again, at the cost of seconds
         if any(run is not None and run.disturbed for run in runs):
             # Measured again while the caps leave room (the minimum of clean rounds within the
             # rounds' cap, another round within the time's); a machine that stays busy gets its
@@ -445,6 +476,7 @@ def _race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
                           "kept, the machine stayed busy")
         for i, run in zip(order, runs):
             entries[i].runs.append(run)
+        _record_partners(entries, order, racing, runs, partners)
         for i, why in _eliminated(entries, racing, reference, plan.target):
             racing.remove(i)
             view.note(f"confirmation: {_named(entries, i)} is out of the race after round "
@@ -468,8 +500,8 @@ def _race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
                            f"most about {format_seconds(left_s)} more")
     if turns is not None:
         _warm_traces(entries, racing, turns, how.directory / "traces", name, view)
-    return Race(entries, measured, kept_disturbed, time.monotonic() - start, run_s, capped,
-                [e for e in ruled_out if not e.variant])
+    return Race(entries, measured, kept_disturbed, time.monotonic() - start, run_s,
+                NO_TIME if left_out else capped, [e for e in ruled_out if not e.variant])
 
 
 def _checked(entries: list[Candidate], plan: Plan, how: Measuring,
@@ -481,6 +513,66 @@ def _checked(entries: list[Candidate], plan: Plan, how: Measuring,
     out = [e for e in entries if e.excluded]
     return [e for e in entries if not e.excluded and
             (not e.variant or not e.taken_from.excluded)], out
+
+
+# A pair of warm turns whose two turns saw a load differently is taken again at once, this
+# many times in all; then the whole round is.
+PAIR_TRIES = 4
+
+
+def _comparator(entries: Sequence[Candidate], i: int, racing: Sequence[int]) -> int:
+    """What entry i is judged against: its `partner` where one is set, else the configuration
+    it was taken back from, while that races; else the baseline (the last entry)."""
+    source = entries[i].partner or entries[i].taken_from
+    j = next((k for k in racing if entries[k] is source), None) if source is not None else None
+    return j if j is not None else len(entries) - 1
+
+
+def _paired_turns(entries: Sequence[Candidate], order: Sequence[int], racing: Sequence[int],
+                  turns: WarmTurns, judge: PairJudge,
+                  ) -> tuple[list[Run | None], dict[int, Run | None]] | None:
+    """One round of warm turns as pairs: each entry's turn taken beside a turn of what it is
+    judged against (`_comparator`), in a random order, and each pair kept or taken again on
+    its own (`PairJudge`, up to `PAIR_TRIES` times), so that a load that comes and goes spoils
+    a pair, not the round. Returns every entry's run in `order` (the baseline's from its first
+    pair) and, by entry, its partner's turn; None where a pair was never kept."""
+    reference = len(entries) - 1
+    shuffle = random.Random(len(entries[reference].runs))
+    mine: dict[int, Run | None] = {}
+    partners: dict[int, Run | None] = {}
+    for i in order:
+        if i == reference:
+            continue
+        j = _comparator(entries, i, racing)
+        for _ in range(PAIR_TRIES):
+            first, second = (i, j) if shuffle.random() < 0.5 else (j, i)
+            taken = {first: turns.turn(first)}
+            taken[second] = turns.turn(second)
+            if judge.keeps([taken[i], taken[j]]):
+                break
+        else:
+            return None
+        mine[i], partners[i] = taken[i], taken[j]
+        if j == reference and reference not in mine:
+            mine[reference] = taken[j]
+    if reference not in mine:  # nothing was judged against it: a turn of its own
+        mine[reference] = turns.turn(reference)
+    return [mine[i] for i in order], partners
+
+
+def _record_partners(entries: Sequence[Candidate], order: Sequence[int], racing: Sequence[int],
+                     runs: Sequence[Run | None], partners: Mapping[int, Run | None]) -> None:
+    """Each entry's partner run of this round: its warm pair's turn (`partners`), else (fresh
+    rounds) its comparator's run of the same round."""
+    this_round = dict(zip(order, runs))
+    for i in order:
+        if i == len(entries) - 1:
+            continue
+        j = _comparator(entries, i, racing)
+        entry = entries[i]
+        entry.partner = entry.partner or entries[j]
+        beside = partners[i] if i in partners else this_round.get(j)
+        entry.partner_runs.append(beside if entries[j] is entry.partner else None)
 
 
 def _reserve_s(configurations: int, plan: Plan, run_s: float, how: Measuring,
@@ -603,7 +695,22 @@ def _minimal(result: Confirmation, race: Race, judged: list[tuple[TakeBack, Cand
             decisions = [replace(d, outcome=found[0], why=found[1])
                          if i in dropped and i != single else d
                          for i, d in enumerate(decisions)]
+    if result.no_measurable_difference is False and _inside_the_noise(answer, answer_race):
+        # each drop inside the noise, yet the answer less them no longer measurably beats
+        # the baseline that the race's recommendation beat: the drops are kept together
+        decisions = [replace(d, outcome=TOGETHER, why=NOT_BEATEN) if not d.kept else d
+                     for d in decisions]
+        return _with_extra(replace(result, taken_back=tuple(decisions)), follow)
     return _with_extra(_answer(result, race, chosen, answer, answer_race, decisions), follow)
+
+
+
+def _inside_the_noise(answer: Candidate, answer_race: Race) -> bool:
+    """Whether `answer`'s interval against the baseline of the race it ran in holds 1."""
+    if answer is answer_race.reference:
+        return True
+    interval = _versus(answer, answer_race.reference)[1]
+    return interval is not None and interval[0] <= 1.0 <= interval[1]
 
 
 def _taken_back_race(chosen: Candidate, backs: Sequence[TakeBack], plan: Plan, how: Measuring,
@@ -641,6 +748,7 @@ def _without_all(config: TrainConfig | None, with_it: Candidate, race: Race,
     if answer.excluded:
         return TOGETHER, f"without all of them {answer.excluded}"
     entries = [answer, _again(with_it), _again(race.reference)]
+    answer.partner = entries[1]  # judged against the recommendation, each turn beside one
     short = _race(entries, "minimal", plan, how)
     ratio = paired(entries[0], entries[1], objective)
     if not entries[0].ok:
@@ -764,8 +872,10 @@ def run_of(result: TrialResult, scoring: Scoring) -> Run | None:
 
 
 def paired(entry: Candidate, reference: Candidate, figure: Figure) -> Ratio:
-    """entry / reference, paired by round over the rounds both ran."""
-    pairs = [(figure(a), figure(b)) for a, b in zip(entry.runs, reference.runs)
+    """entry / reference, paired by round over the rounds both ran: against what it is judged
+    against, each of its runs with that one's run beside it (in warm turns, its pair's)."""
+    others = entry.partner_runs if entry.partner is reference else reference.runs
+    pairs = [(figure(a), figure(b)) for a, b in zip(entry.runs, others)
              if a is not None and b is not None]
     if not pairs:
         return Ratio(float("nan"), None, None, 0)

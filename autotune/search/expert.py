@@ -99,11 +99,11 @@ def one_change_order(baseline: TrainConfig, corner: TrainConfig,
 
 def next_bottleneck_trial(records: Sequence[TrialRecord], space: SearchSpace,
                           diagnose: Diagnose, fix: Fix) -> ExpertTrial | None:
-    """The next fix of the step's dominant share, or None once there is none to try (no
-    dominant share, its knobs each tried, `MAX_BOTTLENECK_MOVES` made) or while the baseline or
+    """The next fix of the step's bottleneck, or None once there is none to try (no share
+    large enough, their knobs each tried, `MAX_BOTTLENECK_MOVES` made) or while the baseline or
     a move is under way. Moves are measured from the last one that won clearly (the baseline at
-    first), whose own diagnosis decides the next: one knob of the dominant share at a time,
-    each knob once."""
+    first), whose own diagnosis decides the next: one knob at a time, each knob once, the
+    largest share's first (`Diagnosis.to_fix`)."""
     baseline = next((r for r in records if r.role == Role.BASELINE and r.score), None)
     moves = [r for r in records if r.role == Role.BOTTLENECK]
     if baseline is None or len(moves) >= MAX_BOTTLENECK_MOVES or \
@@ -114,16 +114,18 @@ def next_bottleneck_trial(records: Sequence[TrialRecord], space: SearchSpace,
         if clearly_faster(move, current):
             current = move
     diagnosis = diagnose(current)
-    if diagnosis is None or diagnosis.dominant is None:
+    if diagnosis is None or current.config is None:
         return None
     tried = {knob for r in moves for knob in r.changed}
-    for knob in KNOBS[diagnosis.dominant]:
-        changes = None if knob in tried else fix(knob, current)
-        if changes is None or current.config is None:
-            continue
-        params = _params(space, {**changes_from(current.config, space.baseline), **changes})
-        if params is not None:
-            return ExpertTrial(params, Role.BOTTLENECK, (knob,))
+    for kind in diagnosis.to_fix():
+        for knob in KNOBS[kind]:
+            changes = None if knob in tried else fix(knob, current)
+            if changes is None:
+                continue
+            params = _params(space, {**changes_from(current.config, space.baseline),
+                                     **changes})
+            if params is not None:
+                return ExpertTrial(params, Role.BOTTLENECK, (knob,))
     return None
 
 

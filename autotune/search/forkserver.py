@@ -64,15 +64,15 @@ class ForkedChild:
 class ForkServer:
     """The tuner's side: start the server, fork children through it, close it."""
 
-    def __init__(self, model_path: str, log_path: Path, start_timeout_s: float,
+    def __init__(self, model_path: str | None, log_path: Path, start_timeout_s: float,
                  script_modules: Path | None = None) -> None:
-        """A server for the model file at `model_path`, or, given `script_modules` (a JSON
-        list of module names), for a training script: those modules imported, never the
+        """A server for the model file at `model_path`, or (None) for a training script: the
+        modules `script_modules` lists (a JSON list of module names) imported, never the
         script."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")  # noqa: SIM115 - held open for the server's life
         env = {**os.environ, **TRIAL_ENVIRONMENT}
-        imports = ["--modules", str(script_modules)] if script_modules else [model_path]
+        imports = [model_path] if model_path is not None else ["--modules", str(script_modules)]
         self._process = subprocess.Popen(
             [sys.executable, "-c", "from autotune.trial.server import serve; serve()",
              *imports], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
@@ -85,7 +85,7 @@ class ForkServer:
             hello = _read_line(self._process.stdout, start_timeout_s)
         except TimeoutError:
             self.close()
-            what = "the script's libraries" if script_modules else "the model file"
+            what = "the model file" if model_path is not None else "the script's libraries"
             raise ForkServerUnavailable(
                 f"importing torch and {what} took more than {start_timeout_s:g} s",
                 timed_out=True) from None

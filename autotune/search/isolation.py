@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
@@ -44,6 +44,7 @@ from autotune.search.forkserver import (
     ForkServer,
     ForkServerUnavailable,
 )
+from autotune.target import Script
 from autotune.trial.protocol import (
     TrialRequest,
     TrialResult,
@@ -87,9 +88,10 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
     scratch = workdir / "scratch"
     # A script works in a scratch folder (its current directory): the paths it is given
     # must not depend on the current directory.
-    request = replace(request, device=device, trace_path=_absolute(request.trace_path),
-                      inductor_cache_dir=_absolute(request.inductor_cache_dir),
-                      scratch_dir=str(scratch) if request.script_args is not None else None)
+    request = replace(request, device=device, trace_path=absolute_path(request.trace_path),
+                      inductor_cache_dir=absolute_path(request.inductor_cache_dir),
+                      scratch_dir=str(scratch) if isinstance(request.target, Script)
+                      else None)
     log = Path(log_path) if log_path else workdir / "trial.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     request_file, result_file, phase_file = (workdir / n for n in
@@ -132,7 +134,8 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
                    phase=phase)
 
 
-def _absolute(path: str | None) -> str | None:
+def absolute_path(path: str | None) -> str | None:
+    """A path the process may use from another current directory (a script's scratch)."""
     return os.path.abspath(path) if path else path
 
 
@@ -158,11 +161,11 @@ def _start(request: TrialRequest, request_file: Path, result_file: Path, phase_f
     if request.nproc_per_node > 1:
         return _start_group(request, request_file, result_file, phase_file, log_file, env)
     if server is not None:
-        request_file.write_text(json.dumps({**asdict(request), "parent_pid": server.pid,
+        request_file.write_text(json.dumps({**request.to_json(), "parent_pid": server.pid,
                                             "phase_file": str(phase_file)}))
         with contextlib.suppress(ForkServerUnavailable):
             return server.fork(request_file, result_file, log, env)
-    request_file.write_text(json.dumps({**asdict(request), "parent_pid": os.getpid(),
+    request_file.write_text(json.dumps({**request.to_json(), "parent_pid": os.getpid(),
                                         "phase_file": str(phase_file)}))
     command = [sys.executable, "-c", "from autotune.trial.child import child_main; child_main()",
                str(request_file), str(result_file)]
@@ -175,7 +178,7 @@ def _start_group(request: TrialRequest, request_file: Path, result_file: Path,
                  phase_file: Path, log_file: IO[bytes], env: dict[str, str]) -> Child:
     """torchrun, standalone on this node (a free port of its own, so groups run side by side),
     no restarts: a rank that fails ends the trial."""
-    request_file.write_text(json.dumps({**asdict(request), "parent_pid": os.getpid(),
+    request_file.write_text(json.dumps({**request.to_json(), "parent_pid": os.getpid(),
                                         "phase_file": str(phase_file)}))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={request.nproc_per_node}", "--max-restarts=0",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from autotune.search.space import SearchSpace, build_space
 from autotune.study.records import StudyKey, study_machines
 from autotune.study.results import shorter_than_measured, study_identity
 from autotune.study.storage import open_storage
+from autotune.target import ModelFile, Script, Target
 from autotune.trial.protocol import ProbeReport, StudyIdentity
 
 # Sets TPE's share of random start-up trials when the budget is a time, not a count.
@@ -73,14 +74,11 @@ class StudyOpener:
         """Open the study `name` (creating it when new), probed and checked."""
         opts = self.options
         self.storage = open_storage(opts.storage, self.directory, retry_s=opts.storage_retry_s)
-        script_args = opts.script_argv
-        fingerprint = probe_fingerprint(opts.workload_path, opts.model_args, info.name,
-                                        opts.nproc_per_node, script_args)
-        identity = StudyIdentity(model_path=str(Path(opts.workload_path).resolve()),
-                                 model_args=opts.model_args, device_type=self.device.type,
-                                 nproc_per_node=opts.nproc_per_node,
-                                 script_args=tuple(script_args) if script_args is not None
-                                 else None)
+        target = opts.target
+        fingerprint = probe_fingerprint(target, info.name, opts.nproc_per_node)
+        identity = StudyIdentity(replace(target, path=str(Path(target.path).resolve())),
+                                 device_type=self.device.type,
+                                 nproc_per_node=opts.nproc_per_node)
         sampler = optuna.samplers.TPESampler(
             seed=opts.seed, multivariate=True, group=True,
             n_startup_trials=min(10, max(3, (opts.trials or TYPICAL_TRIALS) // 3)))
@@ -128,12 +126,19 @@ class StudyOpener:
             self.baseline = from_baseline(self.probe.baseline, self.device.type,
                                           opts.nproc_per_node)
         except ConfigError as exc:
-            raise ContractError(f"{opts.workload_path}: BASELINE: {exc}") from None
+            raise ContractError(f"{opts.target.path}: BASELINE: {exc}") from None
         # The space keeps each rank's micro x accumulation; the global batch is N times it.
         per_rank = opts.global_batch // opts.nproc_per_node if opts.global_batch else None
+        kept = {k: getattr(self.baseline, k) for k in self.probe.kept}
+        refused = [k for k in kept if k in opts.fixes and
+                   str(opts.fixes[k]) != str(kept[k])]
+        if refused:
+            raise ConfigError(f"--fix {refused[0]}={opts.fixes[refused[0]]}: the script keeps "
+                              f"its own {refused[0]}={kept[refused[0]]}: "
+                              f"{self.probe.kept[refused[0]]}")
         self.space = build_space(self.baseline, info, self.probe.dataset_size,
                                  global_batch=per_rank, free_batch=opts.free_batch,
-                                 fixes=opts.fixes, space_file=opts.space_file,
+                                 fixes={**kept, **opts.fixes}, space_file=opts.space_file,
                                  max_grad_accum=opts.max_grad_accum,
                                  left_out=self.probe.left_out_values(),
                                  world_size=opts.nproc_per_node,
@@ -183,6 +188,9 @@ class StudyOpener:
                 on_check=lambda what: self.view.phase(f"checking {what}", None))
         for item in report.left_out:
             self.view.note(f"left out: {item.describe()}")
+        for knob, reason in report.kept.items():
+            self.view.note(f"kept as the script has it: {knob}={report.baseline.get(knob)}: "
+                           f"{reason}")
         return report
 
     def _check_memory_limit(self) -> None:
@@ -231,15 +239,20 @@ class StudyOpener:
                            "again, side by side, here)")
 
 
-def probe_fingerprint(model_path: str | Path, model_args: Mapping[str, Any],
-                      device_name: str, nproc_per_node: int = 1,
-                      script_args: Sequence[str] | None = None) -> str:
+def probe_fingerprint(target: Target, device_name: str, nproc_per_node: int = 1) -> str:
     """What the probe's answer depends on: the model file's (or script's) bytes, its
-    arguments, the device, torch's version and the ranks of a process group."""
-    digest = hashlib.sha256(Path(model_path).read_bytes())
-    digest.update(repr(sorted(model_args.items())).encode())
-    if script_args is not None:
-        digest.update(repr(["script", *script_args]).encode())
+    arguments (and the flags named for a script's knobs), the device, torch's version and the
+    ranks of a process group. Hashed as studies have always hashed it, so a stored probe
+    stays the study's own."""
+    digest = hashlib.sha256(Path(target.path).read_bytes())
+    match target:
+        case ModelFile(args=args):
+            digest.update(repr(sorted(args.items())).encode())
+        case Script(args=args, flags=flags):
+            digest.update(repr([]).encode())  # a script's keyword arguments: none
+            digest.update(repr(["script", *args]).encode())
+            if flags:
+                digest.update(repr(sorted(flags.items())).encode())
     digest.update(f"{device_name}|{torch.__version__}".encode())
     if nproc_per_node > 1:
         digest.update(f"|ranks={nproc_per_node}".encode())

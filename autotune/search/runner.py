@@ -21,12 +21,13 @@ from typing import Any, Protocol
 import torch
 
 from autotune.config import TrainConfig
-from autotune.errors import ContractError, RunFailed, never_trained_message
+from autotune.errors import TRAINING_START, ContractError, RunFailed, never_trained_message
 from autotune.hardware import describe
 from autotune.options import DEFAULT_STARTUP_LIMIT_S
 from autotune.search.domains import probe_candidates
 from autotune.search.forkserver import ForkServer, ForkServerUnavailable
 from autotune.search.isolation import run_isolated
+from autotune.target import Script, Target
 from autotune.trial.protocol import (
     SCRIPT_STARTUP,
     ProbeReport,
@@ -78,8 +79,8 @@ class ProbeFailed(RunFailed):
 
 
 class StartupWatch:
-    """A training script's probe until the script reaches its Trainer.train or Trainer.fit: a
-    line every `STARTUP_PROGRESS_S` (`tell`), and its end at `limit_s` (`stopped`)."""
+    """A training script's probe until the script starts its training: a line every
+    `STARTUP_PROGRESS_S` (`tell`), and its end at `limit_s` (`stopped`)."""
 
     def __init__(self, script: str, limit_s: float, tell: Callable[[str], None]) -> None:
         self.script, self.limit_s, self.tell = script, limit_s, tell
@@ -94,7 +95,7 @@ class StartupWatch:
         if elapsed >= (self.told + 1) * STARTUP_PROGRESS_S:
             self.told += 1
             self.tell(f"probing: {self.script} has run {self.told * STARTUP_PROGRESS_S:.0f} s, "
-                      "not yet at its Trainer.train or Trainer.fit (the probe stops it at "
+                      f"not yet at its {TRAINING_START} (the probe stops it at "
                       f"{self.limit_s:.0f} s: --startup-limit)")
         return False
 
@@ -112,19 +113,20 @@ class Runner(Protocol):
 class ProcessRunner:
     """The probe and the trials in child processes forked from one fork server."""
 
-    def __init__(self, model_path: str, model_args: dict, directory: Path,
+    def __init__(self, target: Target, directory: Path,
                  settings: dict, *, memory_limit_bytes: int | None,
                  core_shares: list[list[int]] | None,
                  on_phase: Callable[[str, int | None], None],
                  stop: threading.Event | None = None, nproc_per_node: int = 1,
                  groups: dict[str, list[str]] | None = None,
-                 script_args: list[str] | None = None,
                  startup_limit_s: float = DEFAULT_STARTUP_LIMIT_S,
                  on_note: Callable[[str], None] | None = None) -> None:
-        self.model_path, self.model_args, self.directory = model_path, model_args, directory
-        # A training script's arguments (`model_path` is the script), None for a model file,
-        # and how long its probe waits for it to reach its trainer.
-        self.script_args, self.startup_limit_s = script_args, startup_limit_s
+        self.target, self.directory = target, directory
+        # How long a training script's probe waits for it to reach its trainer.
+        self.startup_limit_s = startup_limit_s
+        # A script's own settings as its probe read them (where each is said): every trial of
+        # it is told them.
+        self._script_baseline: dict[str, Any] | None = None
         self.on_note = on_note or (lambda text: None)
         # ranks per trial, and per worker's device the GPUs of its group (--devices)
         self.nproc_per_node, self.groups = nproc_per_node, groups or {}
@@ -142,14 +144,12 @@ class ProcessRunner:
         It runs without the memory limit: it measures what works, not what fits."""
         server = self._fork_server(time_limit_s)
         candidates = probe_candidates(describe(torch.device(device)), optimizer_change)
-        request = TrialRequest(model_path=self.model_path, config={}, device=device,
-                               model_args=self.model_args, job="probe",
-                               script_args=self.script_args,
-                               settings={"candidates": candidates},
+        request = TrialRequest(self.target, config={}, device=device, job="probe",
+                               settings={"candidates": candidates, **self._script_settings()},
                                inductor_cache_dir=self._inductor_cache())
-        script = Path(self.model_path).name
+        script = Path(self.target.path).name
         watch = (StartupWatch(script, self.startup_limit_s, self.on_note)
-                 if self.script_args is not None else None)
+                 if isinstance(self.target, Script) else None)
         result = run_isolated(request, time_limit_s, self.directory / "logs" / "probe.log",
                               on_phase=lambda text: self.on_phase(text, None), server=server,
                               watch=watch)
@@ -162,16 +162,16 @@ class ProcessRunner:
             raise ContractError(never_trained_message(script, result.wall_s or time_limit_s) +
                                 longer)
         if result.status != "ok":
-            raise ProbeFailed(f"the {'script' if self.script_args is not None else 'model file'}"
-                              f"'s probe ended as {result.status}: "
+            raise ProbeFailed(f"the {self.target.noun}'s probe ended as {result.status}: "
                               f"{result.message} (log: {result.log_path})")
         return result.probe
 
     def preload(self, probe: ProbeReport) -> str | None:
         """Take a training script's library modules from its probe, for the fork server its
         trials fork from; what to tell the user of it (None for a model file)."""
-        if self.script_args is None:
+        if not isinstance(self.target, Script):
             return None
+        self._script_baseline = probe.script_baseline
         if self.nproc_per_node > 1:
             return ("each rank of a trial starts its own interpreter, torch and the script's "
                     "libraries (torchrun starts them)")
@@ -196,9 +196,9 @@ class ProcessRunner:
     def request(self, config: TrainConfig, job: MeasureJob) -> TrialRequest:
         """What a trial process of `job` is asked (a warm process is asked the same)."""
         return TrialRequest(
-            model_path=self.model_path, config=config.to_dict(), device=job.device,
-            model_args=self.model_args, script_args=self.script_args, job=job.kind,
-            settings={**self.settings, "screen_below": job.screen_below,
+            self.target, config=config.to_dict(), device=job.device, job=job.kind,
+            settings={**self.settings, **self._script_settings(),
+                      "screen_below": job.screen_below,
                       **({} if job.profile else {"profile_steps": 0}),
                       **(self._round_window() if job.round_run else {}),
                       **(CHECK_RUN if job.check_run else {}), **(job.settings or {})},
@@ -207,6 +207,13 @@ class ProcessRunner:
             inductor_cache_dir=self._inductor_cache(),
             nproc_per_node=self.nproc_per_node, group_devices=self.groups.get(job.device),
             **self._cores(job.slot))
+
+    def _script_settings(self) -> dict[str, Any]:
+        """What a script's run is told besides the knobs and its target: its own settings as
+        its probe read them (none for a model file, or before the probe)."""
+        if self._script_baseline is None:
+            return {}
+        return {"script_baseline": self._script_baseline}
 
     def _inductor_cache(self) -> str:
         """Compiled graphs are cached under the study, so each (mode, shapes) compiles once;
@@ -235,7 +242,7 @@ class ProcessRunner:
         """The fork server, started on first use; None when it cannot start (trials then start
         as fresh interpreters), and for a training script until its probe has said what it
         imports (`preload`): nothing of the script runs before its trial does."""
-        script = self.script_args is not None
+        script = isinstance(self.target, Script)
         if not self._started and (not script or self._script_imports):
             self._started = True
             logs = self.directory / "logs"
@@ -247,11 +254,12 @@ class ProcessRunner:
             self.on_phase("importing torch and the " +
                           ("script's libraries" if script else "model file"), None)
             try:
-                self._server = ForkServer(self.model_path, logs / "forkserver.log",
-                                          start_timeout_s, script_modules=modules)
+                self._server = ForkServer(None if script else self.target.path,
+                                          logs / "forkserver.log", start_timeout_s,
+                                          script_modules=modules)
             except ForkServerUnavailable as exc:
                 if exc.timed_out and not script:
-                    raise ProbeFailed(f"importing {self.model_path} did not finish within "
+                    raise ProbeFailed(f"importing {self.target.path} did not finish within "
                                       f"{start_timeout_s:g} s (see the log in "
                                       f"{self.directory / 'logs'})") from None
         return self._server

@@ -53,6 +53,7 @@ from autotune.study.records import Role, StudyKey, TrialKey
 from autotune.study.results import study_summary
 from autotune.study.storage import JOURNAL_FILE, study_dir, validate_study_name
 from autotune.study.summary import StudySummary
+from autotune.target import Script
 from autotune.trial.protocol import LoaderRate
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -85,19 +86,19 @@ class Tuner:
             None if opts.trials or opts.timeout_s else DEFAULT_TIME_BUDGET_S)
         self.owner = tuner_name()
         self.stop = threading.Event()  # set by a worker that failed: the others end too
-        model = Path(opts.workload_path)
-        if not model.is_file():
-            what = "training script" if opts.script_path else "model file"
-            raise ContractError(f"{what} not found: {model}")
-        name = validate_study_name(opts.study or model.stem)
+        target = opts.target
+        path = Path(target.path)
+        if not path.is_file():
+            raise ContractError(f"{target.noun} not found: {path}")
+        name = validate_study_name(opts.study or path.stem)
         self.directory = study_dir(opts.studies_dir, name)
         self._new_folder = opts.storage is None and not self.directory.exists()
         self._new_parent = self._new_folder and not self.directory.parent.exists()
         self.runner = runner or ProcessRunner(
-            str(model), opts.model_args, self.directory, vars(opts.settings),
+            target, self.directory, vars(opts.settings),
             memory_limit_bytes=opts.memory_limit_bytes, core_shares=self.core_shares,
             on_phase=lambda text, number: self.view.phase(text, number), stop=self.stop,
-            nproc_per_node=opts.nproc_per_node, groups=groups, script_args=opts.script_argv,
+            nproc_per_node=opts.nproc_per_node, groups=groups,
             startup_limit_s=opts.startup_limit_s, on_note=lambda text: self.view.note(text))
         try:
             self._open(name, info)
@@ -228,7 +229,7 @@ class Tuner:
             heartbeat_s=opts.heartbeat_s, shortcuts=not opts.plain_tpe,
             fast_corner=opts.fast_corner_first, loader_rates=self._planned_loader_rates(),
             state_bytes=lambda: self.probe.state_bytes, stop=self.stop,
-            baseline_name=baseline_name(opts.script_path is not None))
+            baseline_name=baseline_name(isinstance(opts.target, Script)))
 
     def _price(self, fallback_s: float) -> ConfirmationPrice:
         """What confirming costs: in warm turns where the confirmation will take them (memory
@@ -250,7 +251,7 @@ class Tuner:
 
     def _not_checked(self) -> str:
         """Why the answer's checks (`search.checks`) are not made in this study, or empty."""
-        if self.options.script_path is not None:
+        if isinstance(self.options.target, Script):
             return "not made for training scripts yet"
         if self.options.nproc_per_node > 1:
             return "not made for process groups yet"

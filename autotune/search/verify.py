@@ -133,22 +133,20 @@ def verify_study(study: optuna.Study, options: VerifyOptions, directory: Path,
     server, on the device asked for (else the study's kind of device), within no memory limit
     but the device's own (the machine may not be the one that tuned)."""
     identity = study_identity(study)
-    if identity is None or not Path(identity.model_path).is_file():
-        model = identity.model_path if identity else None
-        what = "training script" if identity and identity.script_args is not None \
-            else "model file"
-        raise ContractError(f"study {study.study_name!r} was made for the {what} {model}, "
-                            "which is not here")
+    if identity is None:
+        raise ContractError(f"study {study.study_name!r} does not record what it was made for "
+                            "(its first run ended before it did)")
+    if not Path(identity.target.path).is_file():
+        raise ContractError(f"study {study.study_name!r} was made for the "
+                            f"{identity.target.noun} {identity.target.path}, which is not here")
     try:
         device = parse_device(options.device or identity.device_type)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    runner = ProcessRunner(identity.model_path, identity.model_args, directory,
-                           vars(options.settings), memory_limit_bytes=None, core_shares=None,
+    runner = ProcessRunner(identity.target, directory, vars(options.settings),
+                           memory_limit_bytes=None, core_shares=None,
                            on_phase=lambda text, number: view.phase(text, number),
-                           nproc_per_node=identity.nproc_per_node,
-                           script_args=list(identity.script_args)
-                           if identity.script_args is not None else None)
+                           nproc_per_node=identity.nproc_per_node)
     probe = (study.user_attrs.get(StudyKey.PROBE) or {}).get("report")
     if probe:
         runner.preload(ProbeReport.from_dict(probe))

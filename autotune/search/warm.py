@@ -14,13 +14,14 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -28,9 +29,11 @@ import torch
 from autotune.config import TrainConfig
 from autotune.errors import RunFailed
 from autotune.hardware import describe, host_available_memory, trial_device
+from autotune.search.isolation import absolute_path
 from autotune.search.runner import MeasureJob, ProcessRunner
 from autotune.study.confirmation import WARM_TURNS, Run
 from autotune.study.records import config_key
+from autotune.target import Script
 from autotune.trial.protocol import TrialRequest, TrialStatus, WarmTurn
 
 # Of the memory a trial may use, what the warm processes together may take (the rest: the
@@ -55,6 +58,21 @@ TURN_SECONDS = 0.5
 
 class WarmUnavailable(RunFailed):
     """A warm process did not start or stopped answering: fresh rounds instead."""
+
+
+class WarmOutOfTime(WarmUnavailable):
+    """The run's time budget ended before the warm processes were ready: no round fits, fresh
+    or warm."""
+
+
+def _wait_s(time_limit_s: float, ends_by: float | None) -> float:
+    """How long to wait for a warm process: its time limit, cut at the budget's end."""
+    if ends_by is None:
+        return time_limit_s
+    left = ends_by - time.monotonic()
+    if left <= 0:
+        raise WarmOutOfTime("the run's time budget ended before the warm processes were ready")
+    return min(time_limit_s, left)
 
 
 def turn_seconds(step_s: float | None) -> float:
@@ -103,13 +121,21 @@ def device_capacity(device: str, memory_limit_bytes: int | None) -> int | None:
 class _WarmProcess:
     """One warm process and its two pipes."""
 
-    def __init__(self, request: TrialRequest, log: Path, time_limit_s: float) -> None:
+    def __init__(self, request: TrialRequest, log: Path, time_limit_s: float,
+                 ends_by: float | None = None) -> None:
+        wait_s = _wait_s(time_limit_s, ends_by)
         device, device_env = trial_device(request.device, os.environ)
         handle, name = tempfile.mkstemp(prefix="autotune-warm-", suffix=".json")
         os.close(handle)
         self.request_file = Path(name)
-        self.request_file.write_text(json.dumps({**asdict(request), "device": device,
-                                                 "parent_pid": os.getpid()}))
+        # A script works in a scratch folder (its current directory), removed with the process
+        self.scratch = Path(tempfile.mkdtemp(prefix="autotune-warm-script-")) \
+            if isinstance(request.target, Script) else None
+        request = replace(request, device=device,
+                          scratch_dir=str(self.scratch) if self.scratch else None,
+                          trace_path=absolute_path(request.trace_path),
+                          inductor_cache_dir=absolute_path(request.inductor_cache_dir))
+        self.request_file.write_text(json.dumps({**request.to_json(), "parent_pid": os.getpid()}))
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as log_file:
             self.process = subprocess.Popen(
@@ -119,7 +145,7 @@ class _WarmProcess:
                 env={**os.environ, "PYTHONUNBUFFERED": "1", **device_env})
         self.log = log
         try:
-            ready = self._answer(time_limit_s)
+            ready = self._answer(wait_s, ends_by)
             if not ready.get("ready"):
                 raise WarmUnavailable(f"{ready.get('error', 'no answer')} (log: {log})")
         except BaseException:
@@ -149,11 +175,15 @@ class _WarmProcess:
         except (BrokenPipeError, OSError) as exc:
             raise WarmUnavailable(f"the warm process is gone (log: {self.log})") from exc
 
-    def _answer(self, time_limit_s: float) -> dict:
+    def _answer(self, time_limit_s: float, ends_by: float | None = None) -> dict:
         """The next line it says, within the time limit (it says one line per request and
-        then waits, so nothing is ever left in the pipe's buffer behind `select`'s back)."""
+        then waits, so nothing is ever left in the pipe's buffer behind `select`'s back); a
+        wait cut at the budget's end `ends_by` that runs out is `WarmOutOfTime`."""
         ready, _, _ = select.select([self.process.stdout], [], [], time_limit_s)
         line = self.process.stdout.readline() if ready else ""
+        if not ready and ends_by is not None and time.monotonic() >= ends_by:
+            raise WarmOutOfTime("the run's time budget ended while a warm process warmed up "
+                                f"(log: {self.log})")
         if not line:
             what = "no answer within the time limit" if not ready else "it exited"
             raise WarmUnavailable(f"the warm process stopped: {what} (log: {self.log})")
@@ -169,21 +199,23 @@ class _WarmProcess:
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
         self.request_file.unlink(missing_ok=True)
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 class WarmRounds:
     """One warm process per configuration, started one after another (each warms up alone),
     then each given one turn that is not counted: the first ones warmed up, then waited idle
     while the others did. `turn(i)` times configuration i once more and gives the `Run` a
-    fresh round would."""
+    fresh round would. None is waited for past `ends_by` (a time budget's end)."""
 
     def __init__(self, requests: Sequence[TrialRequest], logs: Sequence[Path],
-                 time_limit_s: float) -> None:
+                 time_limit_s: float, ends_by: float | None = None) -> None:
         self.time_limit_s = time_limit_s
         self.processes: list[_WarmProcess | None] = []
         try:
             for request, log in zip(requests, logs):
-                self.processes.append(_WarmProcess(request, log, time_limit_s))
+                self.processes.append(_WarmProcess(request, log, time_limit_s, ends_by))
             for process in self.processes:
                 process.turn(time_limit_s)
         except BaseException:
@@ -220,33 +252,36 @@ class WarmRounds:
 @dataclass(frozen=True)
 class WarmStart:
     """What the confirmation and `verify` are handed: how to start warm processes for some
-    configurations (a log-name prefix), and the memory they share."""
+    configurations (a log-name prefix, the budget's end or None), and the memory they share."""
 
-    start: Callable[[Sequence[TrainConfig], str], WarmRounds]
+    start: Callable[[Sequence[TrainConfig], str, float | None], WarmRounds]
     capacity: int | None
 
 
 def warm_start(runner: ProcessRunner, device: str, time_limit_s: float) -> WarmStart | None:
-    """Warm processes for `runner`'s model file on `device` (its settings, threads and memory
-    limit); None where a warm process cannot run: a training script, a process group."""
-    if runner.script_args is not None or runner.nproc_per_node > 1:
+    """Warm processes for `runner`'s model file or training script on `device` (its settings,
+    threads and memory limit; a script's own loop pausing between turns); None where a warm
+    process cannot run: a process group."""
+    if runner.nproc_per_node > 1:
         return None
 
-    def start(configs: Sequence[TrainConfig], prefix: str) -> WarmRounds:
+    def start(configs: Sequence[TrainConfig], prefix: str, ends_by: float | None) -> WarmRounds:
         jobs = [MeasureJob(f"{prefix}-warm-{i}", time_limit_s, device, profile=False)
                 for i in range(len(configs))]
         return WarmRounds([runner.request(c, j) for c, j in zip(configs, jobs)],
                           [runner.directory / "logs" / f"{j.name}.log" for j in jobs],
-                          time_limit_s)
+                          time_limit_s, ends_by)
 
     return WarmStart(start, device_capacity(device, runner.memory_limit_bytes))
 
 
 def warm_or_why(warm: WarmStart | None, configs: Sequence[TrainConfig],
                 peaks: Sequence[float | None], prefix: str,
-                running: Sequence[float | None] = ()) -> tuple[WarmRounds | None, str]:
+                running: Sequence[float | None] = (),
+                ends_by: float | None = None) -> tuple[WarmRounds | None, str]:
     """Warm processes for `configs`, or None; and, in one note, which it is and why. The
-    memory must hold them beside those `running` already (their peaks)."""
+    memory must hold them beside those `running` already (their peaks). Past `ends_by` (a
+    time budget's end) `WarmOutOfTime` is raised: fresh rounds would not fit either."""
     if warm is None:
         return None, "measuring in fresh-process rounds: warm processes do not run here"
     if not memory_holds([*running, *peaks], warm.capacity):
@@ -258,7 +293,9 @@ def warm_or_why(warm: WarmStart | None, configs: Sequence[TrainConfig],
                       f"would need {need}, and the device has {room} for them")
     began = time.monotonic()
     try:
-        rounds = warm.start(configs, prefix)
+        rounds = warm.start(configs, prefix, ends_by)
+    except WarmOutOfTime:
+        raise
     except (WarmUnavailable, OSError) as exc:
         return None, f"measuring in fresh-process rounds: a warm process did not start: {exc}"
     return rounds, (f"measuring in {WARM_TURNS}: {_processes(len(configs))} warmed up in "
@@ -284,24 +321,32 @@ class WarmPool:
         self.broken = False
 
     def turns(self, configs: Sequence[TrainConfig], peaks: Sequence[float | None],
-              prefix: str) -> tuple[WarmTurns | None, str]:
-        """A warm process for each of `configs` (those already warm kept, given one turn that
-        is not counted: they waited while the new ones started), or None; and, in one note,
-        which it is and why."""
+              prefix: str, ends_by: float | None = None,
+              skip: Collection[int] = ()) -> tuple[WarmTurns | None, str]:
+        """A warm process for each of `configs` but those of `skip` (those already warm kept,
+        given one turn that is not counted: they waited while the new ones started), or None;
+        and, in one note, which it is and why. `WarmOutOfTime` where the budget ends
+        (`ends_by`) first."""
         if self.broken:
             return None, "measuring in fresh-process rounds: a warm process stopped earlier"
         keys = [config_key(c) for c in configs]
-        for key in [k for k in self.live if k not in keys]:
+        wanted = [key for i, key in enumerate(keys) if i not in skip]
+        for key in [k for k in self.live if k not in wanted]:
             rounds, index, _ = self.live.pop(key)
             rounds.release(index)
-        new = [i for i, key in enumerate(keys) if key not in self.live]
-        kept = len(keys) - len(new)
+        new = [i for i, key in enumerate(keys) if i not in skip and key not in self.live]
+        kept = len(wanted) - len(new)
         why = f"measuring in {WARM_TURNS}: {_processes(kept)} still warm"
         if new:
             began = time.monotonic()
-            started, why = warm_or_why(self.warm, [configs[i] for i in new],
-                                       [peaks[i] for i in new], prefix,
-                                       running=[self.live[k][2] for k in keys if k in self.live])
+            try:
+                started, why = warm_or_why(
+                    self.warm, [configs[i] for i in new], [peaks[i] for i in new], prefix,
+                    running=[self.live[k][2] for k in wanted if k in self.live],
+                    ends_by=ends_by)
+            except WarmOutOfTime:
+                self.close()
+                raise
             if started is None:
                 self.close()
                 return None, why
@@ -314,13 +359,14 @@ class WarmPool:
                 why += f" ({kept} more still warm)"
         try:
             for i, key in enumerate(keys):
-                if i not in new:
+                if i not in new and i not in skip:
                     rounds, index, _ = self.live[key]
                     rounds.turn(index)
         except WarmUnavailable as exc:
             self.close()
             return None, f"measuring in fresh-process rounds: a warm process stopped: {exc}"
-        return WarmTurns(self, [self.live[k][:2] for k in keys]), why
+        return WarmTurns(self, [None if i in skip else self.live[k][:2]
+                                for i, k in enumerate(keys)]), why
 
     def close(self) -> None:
         for rounds in {id(r): r for r, _, _ in self.live.values()}.values():
@@ -332,16 +378,27 @@ class WarmTurns:
     """The warm processes one race of the confirmation takes turns of, in its entries' order
     (`WarmPool.turns`): `turn(i)` gives entry i's `Run`."""
 
-    def __init__(self, pool: WarmPool, slots: Sequence[tuple[WarmRounds, int]]) -> None:
+    def __init__(self, pool: WarmPool,
+                 slots: Sequence[tuple[WarmRounds, int] | None]) -> None:
         self.pool, self.slots = pool, list(slots)
 
+    def racing(self) -> list[int]:
+        """The entries with a warm process (not those the pool was told to skip)."""
+        return [i for i, slot in enumerate(self.slots) if slot is not None]
+
     def turn(self, index: int) -> Run | None:
-        rounds, i = self.slots[index]
+        rounds, i = self._slot(index)
         return rounds.turn(i)
 
     def trace(self, index: int, path: Path) -> str:
-        rounds, i = self.slots[index]
+        rounds, i = self._slot(index)
         return rounds.trace(i, path)
+
+    def _slot(self, index: int) -> tuple[WarmRounds, int]:
+        slot = self.slots[index]
+        if slot is None:
+            raise WarmUnavailable(f"entry {index} has no warm process")
+        return slot
 
     def close(self) -> None:
         """A process stopped: warm turns end for the rest of the confirmation."""

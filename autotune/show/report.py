@@ -20,12 +20,15 @@ from autotune.formatting import (
     format_percent,
     format_rate,
     format_seconds,
+    mfu_basis,
+    mfu_figure,
     short_config,
 )
 from autotune.show.export.config_file import yaml_file
 from autotune.study.confirmation import WARM_TURNS
 from autotune.study.records import TrialRecord
 from autotune.study.summary import ProcessGroupFigures, StudySummary
+from autotune.target import ModelFile, Script
 from autotune.trial.protocol import (
     Finding,
     Measurement,
@@ -86,7 +89,8 @@ def bench_tables(m: Measurement, device: str, title: str) -> Group:
         ("host syncs/step", _fmt(m.host_syncs_per_step, "{:.1f}"),
          "profiler window after the timed one"),
         ("device idle", format_percent(m.device_idle_fraction), "CUDA only"),
-        ("MFU", format_percent(m.mfu), "model FLOPs over the precision's peak (CUDA only)"),
+        ("MFU", *mfu_figure(m.mfu, device, mfu_basis(m.flops_per_sample, m.flops_source,
+                                                     m.peak_flops, m.peak_flops_source))),
         ("CPU threads", _fmt(m.cpu_threads, "{}"),
          f"intra-op threads, on CPUs {_cpu_list(m.cpu_affinity)}"),
         ("other processes", format_percent(m.other_cpu_share), _contention_how(m)),
@@ -266,10 +270,15 @@ def studies_table(rows: Sequence[Mapping[str, Any]]) -> Table:
     return table
 
 
+def tuned(summary: StudySummary) -> str:
+    """What the study tuned, in a line: the model file with its arguments, or the script with
+    its own."""
+    return summary.target.describe() if summary.target else "(not recorded)"
+
+
 def summary_tables(summary: StudySummary) -> Group:
     """Best beside baseline knob by knob, then the figures and the trial counts."""
-    script = f" {' '.join(summary.script_args)}" if summary.script_args else ""
-    title = f"study {summary.study}: {summary.model}{script} on {summary.device}"
+    title = f"study {summary.study}: {tuned(summary)} on {summary.device}"
     knobs = Table(title=title, title_justify="left")
     knobs.add_column("knob", style="bold")
     knobs.add_column("baseline")
@@ -362,7 +371,8 @@ def result_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
          "the largest rank's" if summary.process_group else
          "the larger of its rounds' and its worst batch's" if worst else ""),
         *check_rows(summary),
-        ("MFU (best)", format_percent(summary.best_mfu), "CUDA only"),
+        ("MFU (best)", *mfu_figure(summary.best_mfu, summary.device_type,
+                                   summary.best_mfu_basis)),
         ("tuning wall time", format_seconds(summary.tuning_wall_s), "trials only"),
         ("trials", ", ".join(f"{k.lower()} {v}" for k, v in sorted(summary.trials.items())),
          "by Optuna state"),
@@ -456,7 +466,7 @@ def diagnosis_lines(summary: StudySummary) -> list[str]:
     if summary.diagnosis is not None:
         lines.append(f"your settings' step: {summary.diagnosis.describe()}")
     if summary.answer_diagnosis is not None:
-        lines.append(f"the answer's step: {summary.answer_diagnosis.describe()}")
+        lines.append(f"the answer's step: {summary.answer_diagnosis.describe(first=False)}")
     return lines
 
 
@@ -524,12 +534,13 @@ def search_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
 def summary_markdown(summary: StudySummary) -> str:
     """The same summary as a markdown file for the study folder."""
     lines = [f"# autotune study `{summary.study}`", "", f"**{summary.verdict}**", ""]
-    if summary.script_args is not None:
-        lines += ["In your script's terms:", "", "```",
-                  *summary.script_lines(), "```", "",
-                  f"- script: `{summary.model}` `{' '.join(summary.script_args)}`"]
-    else:
-        lines.append(f"- model: `{summary.model}` {summary.model_args or ''}")
+    match summary.target:
+        case Script(path, args):
+            lines += ["In your script's terms:", "", "```",
+                      *summary.script_lines(), "```", "",
+                      f"- script: `{path}` `{' '.join(args)}`"]
+        case ModelFile(path, args):
+            lines.append(f"- model: `{path}` {args or ''}")
     lines.append(f"- device: {summary.device}")
     lines += [f"- {line}" for line in diagnosis_lines(summary)]
     lines += [f"- {name}: {value}" + (f" ({how})" if how else "")

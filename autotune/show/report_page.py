@@ -22,6 +22,7 @@ from autotune.formatting import (
     format_percent,
     format_rate,
     format_seconds,
+    mfu_figure,
     short_config,
 )
 from autotune.show import plots
@@ -33,6 +34,7 @@ from autotune.show.report import (
     left_out_lines,
     speedup_text,
     taken_back_rows,
+    tuned,
 )
 from autotune.study.confirmation import WARM_TURNS, CandidateSummary, Run, stored_confirmation
 from autotune.study.records import StudyKey, TrialRecord, trial_records
@@ -145,6 +147,8 @@ def _best_vs_baseline(study: optuna.Study, summary: StudySummary) -> str:
     how = (f"median of {confirmation.rounds} paired rounds of {runs} ± half their "
            "range; the speedup's 95% interval from the rounds' paired ratios"
            if confirmation else "from the search trials; not confirmed")
+    mfu_value, mfu_how = mfu_figure(summary.best_mfu, summary.device_type,
+                                    summary.best_mfu_basis)
     figures = _table(["figure", "baseline", "best"], [
         ("samples/sec", format_rate(summary.baseline_samples_per_sec,
                                     baseline.spread if baseline else None),
@@ -152,8 +156,8 @@ def _best_vs_baseline(study: optuna.Study, summary: StudySummary) -> str:
         ("speedup", "1.00x", speedup_text(summary)),
         ("peak memory", format_bytes(baseline.peak_memory_bytes if baseline else None),
          format_bytes(summary.best_peak_memory_bytes)),
-        ("MFU", format_percent(_confirmed(baseline, lambda r: r.mfu)),
-         format_percent(summary.best_mfu)),
+        ("MFU", mfu_figure(_confirmed(baseline, lambda r: r.mfu), summary.device_type)[0],
+         mfu_value),
         ("step time (median)",
          format_seconds(_confirmed(baseline, lambda r: r.step_time_median_s)),
          format_seconds(_confirmed(winner, lambda r: r.step_time_median_s))),
@@ -170,7 +174,7 @@ def _best_vs_baseline(study: optuna.Study, summary: StudySummary) -> str:
     warnings = "".join(f'<p class="muted">{_e(line)}</p>' for line in [
         *(f"warning: {w}" for w in summary.warnings), *left_out_lines(summary),
         *(f"verified {v.describe()}" for v in summary.verifications)])
-    return (f"{knobs}{figures}{ranks}<p class='muted'>{_e(how)}. MFU needs CUDA.</p>"
+    return (f"{knobs}{figures}{ranks}<p class='muted'>{_e(how)}. MFU: {_e(mfu_how)}.</p>"
             f"{warnings}")
 
 
@@ -270,7 +274,7 @@ def build_report(study: optuna.Study) -> str:
         ("All trials", _trials_table(records)),
     ]
     body = "".join(f"<h2>{_e(name)}</h2>{content}" for name, content in sections)
-    meta = (f"{_e(summary.model)} {_e(summary.model_args or '')} on "
+    meta = (f"{_e(tuned(summary))} on "
             f"{_e(summary.device)} · {len(records)} trials · tuning "
             f"{format_seconds(summary.tuning_wall_s)} · report written "
             f"{time.strftime('%Y-%m-%d %H:%M')}")

@@ -83,6 +83,15 @@ class Diagnosis:
             return MEMORY
         return None
 
+    def to_fix(self) -> tuple[str, ...]:
+        """The kinds worth a fix, in the order an engineer takes them: each fixable share of at
+        least `DOMINANT`, the largest first, then the memory where it is roomy."""
+        kinds = [s.kind for s in sorted(self.shares, key=lambda s: -s.fraction)
+                 if s.kind in FIXABLE and s.fraction >= DOMINANT]
+        if self.memory_free is not None and self.memory_free >= ROOMY:
+            kinds.append(MEMORY)
+        return tuple(kinds)
+
     def first_knobs(self) -> tuple[str, ...]:
         """The knobs an engineer tries first, the dominant kind's first, then the other
         fixable shares' by size."""
@@ -91,9 +100,9 @@ class Diagnosis:
                   and s.kind not in kinds]
         return tuple(dict.fromkeys(k for kind in kinds for k in KNOBS[kind]))
 
-    def describe(self) -> str:
+    def describe(self, first: bool = True) -> str:
         """In words: each named share with what it points to, the idle device, the memory,
-        and what comes first."""
+        and (`first`) what an engineer fixes first."""
         largest = self.shares[0].kind if self.shares else None
         parts = [f"{s.words} {s.fraction:.0%}{self._pointer(s, largest)}"
                  for s in self.shares if s.fraction >= NAMED]
@@ -104,10 +113,11 @@ class Diagnosis:
             text += f"; {self.memory_free:.0%} of the memory free at the peak"
             if self.dominant == MEMORY:
                 text += f" (-> {_FIXES[MEMORY]})"
-        first = self.dominant
-        if first is None:
+        if not first:
+            return text
+        if self.dominant is None:
             return f"{text}. No single bottleneck: the usual fast settings first"
-        return f"{text}. {_WORDS.get(first, 'the unused memory').capitalize()} first"
+        return f"{text}. {_WORDS.get(self.dominant, 'the unused memory').capitalize()} first"
 
     def _pointer(self, share: Share, largest: str | None) -> str:
         """What a share points to, where it is worth saying: a fixable share that dominates,

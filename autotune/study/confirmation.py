@@ -32,6 +32,8 @@ DROPPED = (NOISE, HURTS)
 # Why a change measured too little to judge was kept: the confirmation's time, or its rounds.
 NO_TIME = "too few paired rounds before the confirmation's time ran out"
 NO_ROUNDS = "too few paired rounds within --confirm-max-rounds"
+# why a change inside the noise alone was kept (TOGETHER): its drop left the answer no faster
+NOT_BEATEN = "without it the answer did not measurably beat your settings"
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,7 @@ BOOKKEEPING = frozenset({TrialKey.CONFIG, TrialKey.ROLE, TrialKey.OWNER, TrialKe
 class StudyKey:
     """Names of the study's user attributes."""
 
-    IDENTITY = "identity"                  # model file, its arguments, device type
+    IDENTITY = "identity"                  # its target (file, arguments), device type
     DEVICE_NAME = "device_name"            # the machine the study was made on
     DEVICE_NAMES = "device_names"          # every machine that has run it, in order
     BASELINE_CONFIG = "baseline_config"

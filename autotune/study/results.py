@@ -16,7 +16,7 @@ from optuna.trial import TrialState
 
 from autotune.config import CONDITIONS, DISTRIBUTED_KNOBS, TrainConfig, knob_names
 from autotune.errors import ConfigError
-from autotune.formatting import format_disturbance, format_seconds, short_config
+from autotune.formatting import format_disturbance, format_seconds, mfu_basis, short_config
 from autotune.study.bottleneck import Diagnosis, before_and_after, diagnose
 from autotune.study.checks import ruled_out_status
 from autotune.study.confirmation import Confirmation, stored_confirmation
@@ -44,6 +44,7 @@ from autotune.study.summary import (
 )
 from autotune.study.verdict import checks_verdict, confirmed_verdict, search_verdict
 from autotune.study.verification import Verification
+from autotune.target import Script
 from autotune.trial.protocol import (
     LeftOut,
     LoaderRate,
@@ -86,7 +87,7 @@ def _study_rows(backend: optuna.storages.BaseStorage) -> list[dict[str, Any]]:
         rows.append({"study": s.study_name, "trials": s.n_trials,
                      "created": s.datetime_start.isoformat(timespec="seconds")
                      if s.datetime_start else None,
-                     "model": identity.model_path if (identity := _identity(s.user_attrs))
+                     "model": identity.target.path if (identity := _identity(s.user_attrs))
                      else None,
                      "confirmed": stored_confirmation(s.user_attrs.get(StudyKey.CONFIRMATION))
                      is not None})
@@ -137,7 +138,8 @@ def study_summary(study: optuna.Study) -> StudySummary:
     best_config = figures.pop("best_config")
     verdict = confirmed_verdict(confirmation, baseline_config or confirmation.baseline.config) \
         if confirmation is not None else \
-        search_verdict(best_config, figures["speedup"], baseline_config)
+        search_verdict(best_config, figures["speedup"], baseline_config,
+                       tried=any(r.role != Role.BASELINE for r in records))
     best_trial = figures["best_trial"]
     payoff = compile_payoff(records, best_trial, best_config)
     if confirmation is not None:
@@ -181,8 +183,7 @@ def study_summary(study: optuna.Study) -> StudySummary:
             "other processes used the CPUs while every trial that fitted was timed: the "
             "figures are low and their ranking uncertain; measure again on a quiet machine")
     return StudySummary(
-        study=study.study_name, model=identity.model_path if identity else None,
-        model_args=identity.model_args if identity else None,
+        study=study.study_name, target=identity.target if identity else None,
         device=attrs.get(StudyKey.DEVICE_NAME), devices=tuple(devices),
         nproc_per_node=identity.nproc_per_node if identity else 1,
         best_config=best_config, baseline_config=baseline_config,
@@ -207,15 +208,17 @@ def study_summary(study: optuna.Study) -> StudySummary:
         disturbed_trials=tuple(r.number for r in records if r.disturbed and not r.duplicate),
         best_disturbed=best_disturbed, compile_payoff=payoff,
         diagnosis=diagnosis, answer_diagnosis=answer_diagnosis,
+        device_type=identity.device_type if identity else None,
+        best_mfu_basis=_mfu_basis(records, best_trial)
+        if identity and identity.device_type == "cuda" else None,
         trial_times=trial_times(records),
         probe_s=(attrs.get(StudyKey.PROBE) or {}).get("wall_s"),
         verifications=tuple(Verification.from_json(v)
                             for v in attrs.get(StudyKey.VERIFICATIONS, [])),
         process_group=process_group_figures(
             next((r for r in records if r.number == best_trial), None)),
-        script_args=identity.script_args if identity else None,
         script_answer=script_answer(records, best_config)
-        if identity and identity.script_args is not None else None,
+        if identity and isinstance(identity.target, Script) else None,
         **figures)
 
 
@@ -283,6 +286,15 @@ def _left_unknown(short: Mapping[str, Any] | None, confirmed: ConfirmedFigures |
     return (f"Left unknown: the speedup's interval (an answer needs "
             f"{format_seconds(short['needed_s'])}, the run kept {kept}); "
             f"`{short.get('flag') or '--timeout ' + short['timeout']}` would answer it.")
+
+
+def _mfu_basis(records: Sequence[TrialRecord], number: int | None) -> str | None:
+    """What the best trial's MFU divided by what (the confirmation's runs of it divide the
+    same FLOPs a sample by the same peak)."""
+    m = next((r.measurement for r in records if r.number == number), None)
+    if m is None:
+        return None
+    return mfu_basis(m.flops_per_sample, m.flops_source, m.peak_flops, m.peak_flops_source)
 
 
 def _confirmed_figures(confirmation: Confirmation) -> dict[str, Any]:

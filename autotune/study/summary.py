@@ -16,6 +16,7 @@ from autotune.study.bottleneck import Diagnosis
 from autotune.study.checks import CheckSummary, LossCheck, WorstBatchCheck, answer_lines
 from autotune.study.confirmation import FRESH_ROUNDS, TakenBack
 from autotune.study.verification import Verification
+from autotune.target import ModelFile, Script, Target
 from autotune.trial.protocol import LeftOut, LoaderRate, PhaseTimes, ScriptAnswer
 
 
@@ -133,8 +134,7 @@ class StudySummary:
     and what a reader must not miss (`warnings`)."""
 
     study: str
-    model: str | None
-    model_args: dict[str, Any] | None
+    target: Target | None  # None: a study whose first run has not recorded it
     device: str | None
     devices: tuple[str, ...]
     nproc_per_node: int  # ranks of each trial's process group (1: a process of its own)
@@ -176,10 +176,13 @@ class StudySummary:
     verifications: tuple[Verification, ...] = ()
     trial_times: tuple[TrialTimes, ...] = ()  # of the measured trials that recorded phases
     probe_s: float | None = None  # the capability probe's wall time, once per study
+    # The kind of device the trials ran on ("cuda", "cpu"; None: a study from before its
+    # identity), and what the best's MFU divided by what (on CUDA: `formatting.mfu_basis`).
+    device_type: str | None = None
+    best_mfu_basis: str | None = None
     files: dict[str, str] = field(default_factory=dict)
-    # A script's study: its own arguments, and the answer in its own terms (None: a model
-    # file's study, or no measured trial of the answer says it).
-    script_args: tuple[str, ...] | None = None
+    # A script's study: the answer in its own terms (None: a model file's study, or no
+    # measured trial of the answer says it).
     script_answer: ScriptAnswer | None = None
     # Where the step's time goes (`study/bottleneck`): the baseline's, and the answer's where
     # a trial of it was profiled.
@@ -221,11 +224,12 @@ class StudySummary:
                     and c.fastest_config != self.best_config)
 
     def to_json(self) -> dict[str, Any]:
-        """Plain data, the keys `autotune show --json` has always printed."""
-        data = {f.name: _plain(getattr(self, f.name)) for f in fields(self)
-                if f.name not in ("confirmation", "process_group", "verifications", "files",
-                                  "script_args", "script_answer", "diagnosis",
-                                  "answer_diagnosis")}
+        """Plain data, the keys `autotune show --json` has always printed (the target as
+        `model`, `model_args` and, for a script, `script_args`)."""
+        data = _target_json(self.target)
+        data |= {f.name: _plain(getattr(self, f.name)) for f in fields(self)
+                 if f.name not in ("target", "confirmation", "process_group", "verifications",
+                                   "files", "script_answer", "diagnosis", "answer_diagnosis")}
         for name in ("diagnosis", "answer_diagnosis"):
             diagnosis = getattr(self, name)
             data[name] = diagnosis.to_json() if diagnosis is not None else None
@@ -238,12 +242,22 @@ class StudySummary:
             data["verifications"] = [v.to_json() for v in self.verifications]
         if self.files:
             data["files"] = dict(self.files)
-        if self.script_args is not None:  # a script's study
-            data["script_args"] = list(self.script_args)
+        if isinstance(self.target, Script):
             data["script_answer"] = _plain(self.script_answer)
             data["answer_in_script_terms"] = self.script_lines()
             data["script_flags"] = self.script_answer.flags() if self.script_answer else []
         return data
+
+
+def _target_json(target: Target | None) -> dict[str, Any]:
+    """The target as `show --json` has always printed it: the file as `model` with its
+    `model_args` (a script's none), and a script's own arguments."""
+    match target:
+        case ModelFile(path, args):
+            return {"model": path, "model_args": dict(args)}
+        case Script(path, args):
+            return {"model": path, "model_args": {}, "script_args": list(args)}
+    return {"model": None, "model_args": None}
 
 
 def _plain(value: Any) -> Any:

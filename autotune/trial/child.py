@@ -26,6 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from autotune.target import Script
 from autotune.trial.protocol import (
     TrialRequest,
     TrialResult,
@@ -76,7 +77,7 @@ def run_child(request_file: Path, result_file: Path) -> None:
     else:
         watch_parent(raw.pop("parent_pid"))
     phase_file = Path(raw.pop("phase_file"))
-    request = TrialRequest(**raw)
+    request = TrialRequest.from_json(raw)
     if request.inductor_cache_dir:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = request.inductor_cache_dir
     cpus = rank_cpus(request.cpus or sorted(os.sched_getaffinity(0)), rank, ranks) \
@@ -130,11 +131,12 @@ def _run_job(request: TrialRequest, on_phase: Callable[[str], None]) -> TrialRes
         if request.memory_limit_bytes:
             limit_memory(device, request.memory_limit_bytes)
         module, name, answer = JOBS[request.job]
-        if request.script_args is not None:  # the user's own script, not a model file
+        if isinstance(request.target, Script):  # the user's own script, not a model file
             from autotune.trial.script.job import script_job
 
             try:
-                config, figures = script_job(request, device, launched_world_size(), on_phase)
+                config, figures = script_job(request, request.target, device,
+                                             launched_world_size(), on_phase)
             except ConfigError as exc:
                 if request.job == "probe":  # the script's own settings: the user's to fix
                     raise
@@ -144,7 +146,7 @@ def _run_job(request: TrialRequest, on_phase: Callable[[str], None]) -> TrialRes
             return TrialResult(TrialStatus.OK, "measured", config=config, **{answer: figures})
         job = getattr(importlib.import_module(module), name)
         on_phase("loading the model file")
-        workload = load_workload(request.model_path, request.model_args)
+        workload = load_workload(request.target.path, request.target.args)
         config = workload.train_config(request.config, device.type, launched_world_size())
         print(f"autotune {request.job}: {config.to_dict()} on {device}", flush=True)
         reason = unsupported_reason(config, describe(device))
@@ -186,8 +188,8 @@ def limit_memory(device: Any, limit_bytes: int) -> None:
     """Make memory really this small: a per-process fraction on CUDA, an rlimit on CPU.
 
     On CPU the limit is RLIMIT_DATA (heap and private mappings, the whole process including
-    the ~0.2 GiB that importing torch takes), so an allocation beyond it fails as it would on a
-    machine that small.
+    what importing torch takes: ~0.2 GiB in a CPU build, ~0.75 GiB in a CUDA build), so an
+    allocation beyond it fails as it would on a machine that small.
     """
     import torch
 

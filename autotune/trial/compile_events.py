@@ -36,21 +36,24 @@ class CompileCount:
 
 
 class _Recordings:
-    """Counts the CUDA-graph recordings torch announces through its compile callbacks."""
+    """Counts the CUDA-graph recordings torch announces through its compile callbacks. Its
+    callback is registered again where `torch._dynamo.reset()` cleared torch's callbacks."""
 
     def __init__(self) -> None:
         self.count = 0
-        self.listening = False
         self._lock = threading.Lock()
+        self._on_start: Any = None
 
     def listen(self) -> bool:
+        """Listening (registered now where it was not); False on a torch that announces no
+        recordings."""
+        try:
+            from torch._dynamo import callback_handler
+            from torch._dynamo.callback import CallbackTrigger
+        except ImportError:  # a torch whose callbacks carry no trigger
+            return False
         with self._lock:
-            if not self.listening:
-                try:
-                    from torch._dynamo import callback_handler
-                    from torch._dynamo.callback import CallbackTrigger
-                except ImportError:  # a torch whose callbacks carry no trigger
-                    return False
+            if self._on_start is None or self._on_start not in callback_handler.start_callbacks:
                 recording = CallbackTrigger.CUDAGRAPH_RECORDING
 
                 def on_start(args: Any) -> None:
@@ -58,7 +61,7 @@ class _Recordings:
                         self.count += 1
 
                 callback_handler.register_start_callback(on_start)
-                self.listening = True
+                self._on_start = on_start
         return True
 
 

@@ -83,36 +83,41 @@ def same_load(earlier: Contention, later: Contention) -> bool:
 
 
 class ContentionProbe:
-    """Brackets a window: `start()` before it, `stop()` after, for the trial process `pid`."""
+    """Brackets a window: `start()` before it, `stop()` after, for the trial process `pid`;
+    with a `family` (a warm process's tuner), every process under it counts as the trial's:
+    the other warm processes, idle between their turns, hold their own context on the device
+    and are the confirmation's, not a load beside it."""
 
-    def __init__(self, threshold: float, device: Any = None, pid: int | None = None) -> None:
+    def __init__(self, threshold: float, device: Any = None, pid: int | None = None,
+                 family: int | None = None) -> None:
         self.threshold = threshold
         self.pid = pid or os.getpid()
         self.cpus = trial_cpus(self.pid)
+        self.root = family or self.pid  # the processes below it are the trial's own
         self.device = device if device is not None and device.type == "cuda" else None
         self._start: CpuTicks | None = None
         self._pids: set[int] = set()
         self._device_pids: set[int] = set()
 
     def start(self) -> None:
-        self._pids = own_pids(self.pid)
-        self._start = cpu_ticks(self.cpus, self.pid, self._pids)
+        self._pids = own_pids(self.root)
+        self._start = cpu_ticks(self.cpus, self.root, self._pids)
         self._device_pids = _device_pids(self.device) if self.device is not None else set()
 
     def disturbed_so_far(self) -> bool:
         """A cheap look inside the window (no scan of every process: the trial's processes
         at the start), so that a window already disturbed is not lengthened."""
-        now = cpu_ticks(self.cpus, self.pid, self._pids)
+        now = cpu_ticks(self.cpus, self.root, self._pids)
         share = other_share(self._start, now, len(self.cpus))
         return share is not None and share > self.threshold
 
     def stop(self) -> Contention:
-        end = cpu_ticks(self.cpus, self.pid)
+        end = cpu_ticks(self.cpus, self.root)
         share = other_share(self._start, end, len(self.cpus))
         result = Contention(share, len(self.cpus))
         if self.device is not None:
             pids = self._device_pids | _device_pids(self.device)
-            result.device_other_processes = _others_on_device(pids, own_pids(self.pid))
+            result.device_other_processes = _others_on_device(pids, own_pids(self.root))
             result.device_slowdowns = device_slowdowns(self.device)
         result.disturbed = bool(
             (share is not None and share > self.threshold)

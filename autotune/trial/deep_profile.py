@@ -23,7 +23,6 @@ from autotune.trial.measure import (
     findings_of,
     python_stacks,
     sync_sites,
-    synchronize,
     warm_up,
 )
 from autotune.trial.profiling import (
@@ -34,6 +33,7 @@ from autotune.trial.profiling import (
     trace_file,
 )
 from autotune.trial.protocol import ProfileReport
+from autotune.trial.window import synchronize
 from autotune.trial.workload import Workload
 
 

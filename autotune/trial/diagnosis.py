@@ -140,17 +140,16 @@ def _is_harness(path: str) -> bool:
 def _user_function(evt: Any) -> _Function | None:
     """The innermost function of the user's code on the Python stack of a profiler event.
 
-    The walk stops at autotune's own frames: above them is the harness, not the model (the
-    backward pass, run by autograd from our train step, has no user frame)."""
-    parent = evt.cpu_parent
-    while parent is not None:
-        match = PYTHON_FUNCTION.match(parent.name)
+    Its `stack`, innermost first (the profiler window records it on every torch). The walk
+    stops at autotune's own frames: above them is the harness, not the model (the backward
+    pass, run by autograd from our train step, has no user frame)."""
+    for frame in evt.stack:
+        match = PYTHON_FUNCTION.match(frame)
         path = _resolve(match["file"]) if match else None
         if path is not None and _is_harness(path):
             return None
         if path is not None and is_user_file(path):
             return _Function(path, int(match["line"]), match["func"])
-        parent = parent.cpu_parent
     return None
 
 
@@ -238,8 +237,7 @@ def _op_events(events: Iterable[Any]) -> list[Any]:
 def _self_time(evt: Any, on_cuda: bool) -> float:
     """Seconds: device time of the kernels an op launched on CUDA, its own CPU time elsewhere."""
     if on_cuda:
-        value = getattr(evt, "self_device_time_total", None)
-        return float(evt.self_cuda_time_total if value is None else value) * 1e-6
+        return float(evt.self_device_time_total) * 1e-6
     return float(evt.self_cpu_time_total) * 1e-6
 
 

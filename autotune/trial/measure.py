@@ -21,6 +21,9 @@
    loader that builds samples in Python makes tens of thousands of profiler events per step,
    which cost torch more to parse than the whole trial, while its waits are already measured
    in the timed window (`data_wait_fraction`).
+
+Steps 2 and 3 are `trial/window`'s, told one optimizer step at a time: this module's loop
+drives them as a script trial's library loop does (`trial/script/measuring`).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import resource
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -48,12 +51,21 @@ from autotune.hardware import (
 )
 from autotune.options import MeasureSettings
 from autotune.stats import median_precision
-from autotune.trial.compile_events import CompileCount, compile_count
-from autotune.trial.contention import Contention, ContentionProbe, same_load
+from autotune.trial.compile_events import compile_count
+from autotune.trial.contention import Contention, ContentionProbe
 from autotune.trial.diagnosis import SyncSite, diagnose, trace_host_syncs
 from autotune.trial.profiling import ProfileSummary, collection_paused, profile_steps
 from autotune.trial.protocol import FIRST_STEP, Finding, Measurement, PhaseTimes, WarmTurn
 from autotune.trial.training import TrainingSetup, move_to_device, setup_from_workload
+from autotune.trial.window import (
+    Remeasures,
+    WarmUp,
+    Window,
+    WindowTimer,
+    screen_settings,
+    synchronize,
+    turn_settings,
+)
 from autotune.trial.workload import Workload
 
 Progress = Callable[[str], None]
@@ -83,17 +95,29 @@ def measure_job(workload: Workload, config: TrainConfig, device: torch.device,
     return replace(figures, measure_wall_s=time.perf_counter() - start)
 
 
+class SampleFlops(NamedTuple):
+    """Model FLOPs of one sample's forward and backward, and whether the model file gave the
+    figure or it was counted."""
+
+    per_sample: float
+    source: str  # "given" (the file's flops_per_sample) or "counted"
+
+
 def build_setup(workload: Workload, config: TrainConfig, device: torch.device,
-                report: Progress) -> tuple[TrainingSetup, float | None, float]:
+                report: Progress) -> tuple[TrainingSetup, SampleFlops | None, float]:
+    """The configuration applied to the workload, its FLOPs a sample for MFU (on CUDA only,
+    the one device with a peak to divide them by), and the seconds the build took."""
     start = time.perf_counter()
     report("building the model")
     model = workload.build_model()
-    flops = workload.flops_per_sample()
+    given = workload.flops_per_sample()
+    flops = SampleFlops(given, "given") if given is not None else None
     if device.type == "cuda":
         torch.cuda.set_device(device)
         if flops is None:
             report("counting FLOPs")
-            flops = count_flops_per_sample(workload, config, model, device)
+            counted = count_flops_per_sample(workload, config, model, device)
+            flops = SampleFlops(counted, "counted") if counted else None
         # Whatever counting cached goes back first: the trial's peak is its own.
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -103,7 +127,7 @@ def build_setup(workload: Workload, config: TrainConfig, device: torch.device,
 
 
 def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceInfo,
-                  flops_per_sample: float | None = None, setup_s: float = 0.0,
+                  flops: SampleFlops | None = None, setup_s: float = 0.0,
                   trace_path: str | Path | None = None,
                   progress: Progress | None = None) -> Measurement:
     """Run the protocol on an already applied set-up."""
@@ -136,24 +160,23 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
     phase_start = time.perf_counter()
     if settings.screen_steps > 0:
         report("screening")
-        steps = settings.screen_steps
-        window = _timed_window(setup, batches, replace(
-            settings, window_steps=steps, window_seconds=0.0, window_max_steps=steps), probe)
+        window = _timed_window(setup, batches, screen_settings(settings), probe)
         screen_rate = window.samples / window.seconds
         screen_done = setup_s + time.perf_counter() - begun
         screened = settings.screen_below is not None and screen_rate < settings.screen_below \
             and not window.contention.disturbed
     screen_s = time.perf_counter() - phase_start
     seen = before.stop()
-    timing = _Timing(window, 0, 0.0, window.contention.other_cpu_share,
-                     window.contention.disturbed) if screened else None
-    remeasure_s = 0.0
-    if not screened:
+    remeasured, first_s, remeasure_s = 0, 0.0, 0.0
+    if screened:
+        load, steady_load = window.contention.other_cpu_share, window.contention.disturbed
+    else:
         report("timing")
         phase_start = time.perf_counter()
-        timing = _undisturbed_window(setup, batches, settings, probe, report, seen)
-        window = timing.kept
-        remeasure_s = time.perf_counter() - phase_start - timing.first_s
+        windows, first_s = _undisturbed_window(setup, batches, settings, probe, report, seen)
+        window, remeasured = windows.kept, len(windows.windows) - 1
+        load, steady_load = windows.load, windows.steady_load
+        remeasure_s = time.perf_counter() - phase_start - first_s
     compiled_after = compile_count()
 
     times = window.step_times
@@ -178,66 +201,72 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
         findings = findings_of(captured[0], setup.config, profile, median,
                              window.data_wait_s / window.seconds, sites)
         profile_s = time.perf_counter() - phase_start
-    mean = statistics.fmean(times)
     samples_per_sec = window.samples / window.seconds
     mfu = None
     peak = peak_flops(info, setup.config.precision)
-    if flops_per_sample and peak:
-        mfu = flops_per_sample * samples_per_sec / peak
+    if flops and peak:
+        mfu = flops.per_sample * samples_per_sec / peak.flops
     # the kept window's own: not the screening's, nor a disturbed window measured again
     compiled, in_window = compiled_after - compiled_before, window.compiled
-    figures = Measurement(
-        samples_per_sec=samples_per_sec,
-        window_s=window.seconds,
-        window_steps=len(times),
-        window_samples=window.samples,
-        step_time_median_s=median,
-        step_time_p90_s=percentile(times, 0.9),
-        step_time_cv=statistics.pstdev(times) / mean if mean > 0 else 0.0,
-        time_to_first_step_s=time_to_first,
-        setup_s=setup_s,
-        warmup_steps=warmup_steps,
-        steady=steady,
-        data_wait_fraction=min(1.0, window.data_wait_s / window.seconds),
-        host_syncs_per_step=profile.host_syncs_per_step if profile else None,
-        host_sync_s_per_step=profile.host_sync_s_per_step if profile else None,
-        optimizer_fraction=profile.optimizer_fraction if profile else None,
-        device_idle_fraction=profile.device_idle_fraction if profile else None,
-        flops_per_sample=flops_per_sample,
-        mfu=mfu,
-        final_loss=window.final_loss, loss_finite=window.loss_finite,
-        top_operators=profile.top_operators if profile else (),
-        findings=tuple(findings),
-        trace_path=profile.trace_path if profile else None,
-        warmup_s=warmup_s,
-        screen_samples_per_sec=screen_rate,
-        screen_done_s=screen_done,
-        screened=screened,
-        graphs_compiled=compiled.graphs,
-        graphs_compiled_in_window=in_window.graphs,
+    figures = window_measurement(
+        times=times, samples=window.samples, seconds=window.seconds,
+        wait_s=window.data_wait_s, final_loss=window.final_loss,
+        loss_finite=window.loss_finite, contention=window.contention, memory=memory,
+        profile=profile,
+        phases=PhaseTimes(build_s=setup_s, first_step_s=time_to_first, warmup_s=warmup_s,
+                          screen_s=screen_s, window_s=first_s, remeasure_s=remeasure_s,
+                          sync_tracing_s=sync_tracing_s, profile_s=profile_s),
+        time_to_first_step_s=time_to_first, setup_s=setup_s, warmup_steps=warmup_steps,
+        steady=steady, warmup_s=warmup_s,
+        flops_per_sample=flops.per_sample if flops else None,
+        flops_source=flops.source if flops else None,
+        peak_flops=peak.flops if peak else None,
+        peak_flops_source=peak.source if peak else None,
+        mfu=mfu, findings=tuple(findings),
+        screen_samples_per_sec=screen_rate, screen_done_s=screen_done, screened=screened,
+        graphs_compiled=compiled.graphs, graphs_compiled_in_window=in_window.graphs,
         cudagraph_recordings=compiled.cudagraph_recordings,
         cudagraph_recordings_in_window=in_window.cudagraph_recordings,
-        step_time_precision=median_precision(times),
-        cpu_threads=torch.get_num_threads(),
-        cpu_affinity=tuple(probe.cpus),
-        other_cpu_share=window.contention.other_cpu_share,
-        disturbed=window.contention.disturbed,
-        windows_remeasured=timing.remeasured,
-        machine_load=timing.load, steady_load=timing.steady_load,
-        device_other_processes=window.contention.device_other_processes,
-        device_slowdowns=tuple(window.contention.device_slowdowns),
-        peak_memory_bytes=memory.peak, peak_allocated_bytes=memory.allocated,
-        peak_reserved_bytes=memory.reserved, device_memory_used_bytes=memory.device_used,
-        device_total_memory_bytes=memory.device_total,
-        phases=PhaseTimes(build_s=setup_s, first_step_s=time_to_first, warmup_s=warmup_s,
-                          screen_s=screen_s, window_s=timing.first_s, remeasure_s=remeasure_s,
-                          sync_tracing_s=sync_tracing_s, profile_s=profile_s),
-    )
+        cpu_affinity=tuple(probe.cpus), windows_remeasured=remeasured,
+        machine_load=load, steady_load=steady_load)
     return _as_group(figures, setup, window, median,
                      profile.communication_fraction if profile else None)
 
 
-def _as_group(figures: Measurement, setup: TrainingSetup, window: _Window, step_s: float,
+def window_measurement(*, times: list[float], samples: int, seconds: float, wait_s: float,
+                       final_loss: float | None, loss_finite: bool, contention: Contention,
+                       memory: MemoryPeaks, profile: ProfileSummary | None,
+                       phases: PhaseTimes, **rest: Any) -> Measurement:
+    """The one place a `Measurement` is made, for autotune's own loop and a script's alike:
+    the figures every measurement takes from its kept window (`times` of its steps, its
+    `samples` in `seconds`, its data wait and losses, what else ran meanwhile), the training's
+    memory peaks and the profiler's window; `rest`, what only one of them knows (FLOPs and
+    compiles in autotune's loop, say)."""
+    median, mean = statistics.median(times), statistics.fmean(times)
+    return Measurement(
+        samples_per_sec=samples / seconds, window_s=seconds, window_steps=len(times),
+        window_samples=samples, step_time_median_s=median,
+        step_time_p90_s=percentile(times, 0.9),
+        step_time_cv=statistics.pstdev(times) / mean if mean > 0 else 0.0,
+        step_time_precision=median_precision(times),
+        data_wait_fraction=min(1.0, wait_s / seconds),
+        final_loss=final_loss, loss_finite=loss_finite, cpu_threads=torch.get_num_threads(),
+        other_cpu_share=contention.other_cpu_share, disturbed=contention.disturbed,
+        device_other_processes=contention.device_other_processes,
+        device_slowdowns=tuple(contention.device_slowdowns),
+        peak_memory_bytes=memory.peak, peak_allocated_bytes=memory.allocated,
+        peak_reserved_bytes=memory.reserved, device_memory_used_bytes=memory.device_used,
+        device_total_memory_bytes=memory.device_total,
+        host_syncs_per_step=profile.host_syncs_per_step if profile else None,
+        host_sync_s_per_step=profile.host_sync_s_per_step if profile else None,
+        optimizer_fraction=profile.optimizer_fraction if profile else None,
+        device_idle_fraction=profile.device_idle_fraction if profile else None,
+        top_operators=profile.top_operators if profile else (),
+        trace_path=profile.trace_path if profile else None,
+        phases=phases, **rest)
+
+
+def _as_group(figures: Measurement, setup: TrainingSetup, window: Window, step_s: float,
               communication: float | None) -> Measurement:
     """A process group's figures from every rank's, gathered: the group's rate (all samples
     over the slowest window), the largest peak, and the straggler, if a rank's own work is
@@ -300,50 +329,26 @@ def findings_of(prof: Any, config: TrainConfig, summary: ProfileSummary, step_s:
                         idle_fraction=summary.device_idle_fraction, sync_sites=sites)
 
 
-@dataclass
-class _Window:
-    seconds: float
-    samples: int
-    data_wait_s: float
-    step_times: list[float]
-    final_loss: float
-    loss_finite: bool
-    contention: Contention
-    compiled: CompileCount  # graphs compiled and CUDA graphs recorded during this window
-
-
 def warm_up(setup: TrainingSetup, batches: Iterator[Any],
              settings: MeasureSettings) -> tuple[int, bool]:
-    """Step until the last `steady_steps` step times agree within the tolerance, or give up.
-    Steps that compiled or recorded a CUDA graph are not steady, however fast they were."""
-    times: list[float] = []
-    quiet_since = 0  # steps before this one compiled something
-    start = time.perf_counter()
-    while setup.decide(len(times) < settings.warmup_max_steps and
-                       time.perf_counter() - start < settings.warmup_max_seconds):
-        compiled = compile_count()
+    """Step until the last `steady_steps` step times agree within the tolerance, or give up
+    (`window.WarmUp`): its steps, and whether it got steady."""
+    warm = WarmUp(settings)
+    while not setup.decide(warm.done):
         step_start = time.perf_counter()
         setup.step(batches)
         synchronize(setup.device)
-        times.append(time.perf_counter() - step_start)
-        if compile_count() != compiled:
-            quiet_since = len(times)
-        recent = times[-settings.steady_steps:]
-        if setup.decide(len(times) - quiet_since >= settings.steady_steps and
-                        max(recent) <= min(recent) * (1 + settings.steady_tolerance)):
-            return len(times), True
-    return len(times), False
+        warm.step(time.perf_counter() - step_start)
+    return len(warm.times), warm.steady
 
 
 def timed_turn(setup: TrainingSetup, batches: Iterator[Any], settings: MeasureSettings,
-               steps: int, seconds: float) -> WarmTurn:
+               steps: int, seconds: float, tuner_pid: int | None = None) -> WarmTurn:
     """At least `steps` optimizer steps and `seconds`, timed as a window is (data loading
-    included, synchronised only at its edges, bracketed by the contention probe): one turn of
-    a warm process."""
-    probe = ContentionProbe(settings.contention_threshold, setup.device)
-    window = _timed_window(setup, batches, replace(
-        settings, window_steps=steps, window_seconds=seconds, window_max_seconds=seconds,
-        window_max_steps=steps), probe)
+    included, synchronised only at its edges, bracketed by the contention probe, to which the
+    other warm processes of `tuner_pid` are not a load): one turn of a warm process."""
+    probe = ContentionProbe(settings.contention_threshold, setup.device, family=tuner_pid)
+    window = _timed_window(setup, batches, turn_settings(settings, steps, seconds), probe)
     return WarmTurn(samples=window.samples, seconds=window.seconds,
                     peak_memory_bytes=peak_memory(setup.device).peak,
                     disturbed=window.contention.disturbed, loss_finite=window.loss_finite)
@@ -358,124 +363,30 @@ def traced_turn(setup: TrainingSetup, batches: Iterator[Any], steps: int,
                   with_stack=python_stacks(setup))
 
 
-class _Timing(NamedTuple):
-    kept: _Window
-    remeasured: int
-    first_s: float           # the first timed window's wall time
-    load: float | None       # the least share other processes took of any window
-    steady_load: bool        # every window saw a load: the machine's state
-
-
 def _undisturbed_window(setup: TrainingSetup, batches: Iterator[Any], settings: MeasureSettings,
                         probe: ContentionProbe, report: Progress,
-                        seen: Contention | None = None) -> _Timing:
-    """The timed window, measured again when other processes disturbed it and their load came
-    and went: once the machine is quiet (waiting at most 1, 2, 4... x the back-off,
-    `contention_retries` times) and after a few untimed steps, at most
-    `contention_remeasures` times. A load the warm-up and screening (`seen`) saw too, at the
-    same level, is the machine's state: recorded and flagged, not waited out or measured again.
-    The first clean window is kept, else the least disturbed."""
+                        seen: Contention | None = None) -> tuple[Remeasures, float]:
+    """The timed window, measured again while `Remeasures` says so, after a few untimed
+    steps; and the first window's wall time."""
+    windows = Remeasures(settings, probe, seen, report)
     start = time.perf_counter()
-    windows = [_timed_window(setup, batches, settings, probe)]
+    again = windows.add(_timed_window(setup, batches, settings, probe))
     first_s = time.perf_counter() - start
-    steady = seen is not None and same_load(seen, windows[0].contention)
-    if steady:
-        report(f"{windows[0].contention.describe()} in the window, as in the warm-up: the "
-               "machine's steady load, kept and flagged")
-    for retry in range(0 if steady else settings.contention_retries):
-        if not windows[-1].contention.disturbed or \
-                len(windows) > settings.contention_remeasures:
-            break
-        wait_s = settings.contention_backoff_s * 2**retry
-        report(f"{windows[-1].contention.describe()} in the window: waiting up to "
-               f"{wait_s:g} s for a quiet moment to measure it again")
-        if not probe.wait_for_quiet(wait_s):
-            continue
-        report("re-measuring the window")
+    while again:
         for _ in range(settings.steady_steps):
             setup.step(batches)
-        windows.append(_timed_window(setup, batches, settings, probe))
-    kept = min(windows, key=lambda w: (w.contention.disturbed,
-                                       w.contention.other_cpu_share or 0.0))
-    every = [w.contention for w in windows] + ([seen] if seen is not None else [])
-    shares = [c.other_cpu_share for c in every if c.other_cpu_share is not None]
-    return _Timing(kept, len(windows) - 1, first_s, min(shares, default=None),
-                   all(c.disturbed for c in every))
-
-
-class _StepClock:
-    """Per-step times of a window: CUDA events, read only once completed so that nothing
-    waits on the device, or the host clock on CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.marks: list[Any] = []
-        self.done: list[float] = []
-
-    def mark(self) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.marks.append(event)
-        else:
-            self.marks.append(time.perf_counter())
-
-    def times(self) -> list[float]:
-        """Step times known so far (all of them once the device is synchronised)."""
-        while len(self.done) < len(self.marks) - 1:
-            a, b = self.marks[len(self.done)], self.marks[len(self.done) + 1]
-            if not self.cuda:
-                self.done.append(b - a)
-            elif b.query():
-                self.done.append(a.elapsed_time(b) / 1000)
-            else:
-                break
-        return self.done
+        again = windows.add(_timed_window(setup, batches, settings, probe))
+    return windows, first_s
 
 
 def _timed_window(setup: TrainingSetup, batches: Iterator[Any], settings: MeasureSettings,
-                  probe: ContentionProbe) -> _Window:
-    """At least N steps and T seconds, then until the median step time is known within the
-    precision asked or a cap is reached; synchronised only at the edges, bracketed by the
-    contention probe. A window already disturbed at its minimum is not lengthened."""
-    device = setup.device
-    clock = _StepClock(device)
-    samples, data_wait, steps = 0, 0.0, 0
-    lengthening = False
-    check_at = settings.window_steps  # precision is checked after ~10% more steps each time
-    finite = torch.ones((), dtype=torch.bool, device=device)  # all losses so far, no sync
-    compiled = compile_count()
-    synchronize(device)
-    probe.start()
-    start = time.perf_counter()
-    clock.mark()
+                  probe: ContentionProbe) -> Window:
+    """One window of autotune's own loop (`window.WindowTimer`)."""
+    timer = WindowTimer(settings, setup.device, probe)
     while True:
         result = setup.step(batches)
-        finite &= torch.isfinite(result.loss)
-        samples += result.samples
-        data_wait += result.data_wait_s
-        clock.mark()
-        steps += 1
-        elapsed = time.perf_counter() - start
-        done = False
-        if steps >= settings.window_steps and elapsed >= settings.window_seconds:
-            capped = steps >= settings.window_max_steps or \
-                elapsed >= settings.window_max_seconds
-            if capped or (not lengthening and probe.disturbed_so_far()):
-                done = True
-            else:
-                lengthening = True
-                if steps >= check_at:
-                    precision = median_precision(clock.times())
-                    done = precision is not None and precision <= settings.window_precision
-                    check_at = steps + max(1, steps // 10)
-        if setup.decide(done):
-            break
-    synchronize(device)
-    seconds = time.perf_counter() - start
-    contention = probe.stop()
-    return _Window(seconds, samples, data_wait, clock.times(), float(result.loss), bool(finite),
-                   contention, compile_count() - compiled)
+        if setup.decide(timer.step(result.samples, result.loss, result.data_wait_s)):
+            return timer.finish()
 
 
 def count_flops_per_sample(workload: Workload, config: TrainConfig, model: nn.Module,
@@ -510,11 +421,6 @@ def _flops(model: nn.Module, workload: Workload, batch: Any) -> int:
     with counter:
         workload.loss_fn()(model, batch).backward()
     return counter.get_total_flops()
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def percentile(values: list[float], q: float) -> float:

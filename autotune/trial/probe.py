@@ -368,7 +368,12 @@ def _kernels_and_formats(trials: _Trials, config: TrainConfig, reference: _Run,
                          offered: Mapping[str, tuple]) -> list[LeftOut]:
     """Memory formats (offered only to a model with convolutions) and attention kernels (only
     to one that calls scaled_dot_product_attention) that fail a step on this model: one step
-    answers for a value of each at once (`_fail_together`)."""
+    answers for a value of each at once (`_fail_together`). On CUDA they are tried in the half
+    precision the search offers where the baseline is fp32 or tf32: flash and cuDNN attention
+    have no kernel for 32-bit floats, and a search that pairs them with bf16 is what matters."""
+    half = next((p for p in ("bf16", "fp16") if p in offered["precision"]), None)
+    if trials.device.type == "cuda" and half and config.precision in ("fp32", "tf32"):
+        config = config.setting("precision", half)
     return _fail_together(trials, config, {
         knob: _others(config, offered, knob) for knob in ("memory_format", "attention_backend")})
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch._C._profiler import _ExperimentalConfig
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -55,7 +56,8 @@ _DEVICE_BUSY_ACTIVITIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 
 _US = 1e-6
 
-# Python stack events (with_stack=True) are named `file(first line): function`.
+# Python frames (with_stack=True) are named `file(first line): function`: the entries of an
+# event's `stack`, and, on torch 2.13 and later, Python-function events of their own.
 PYTHON_FUNCTION = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<func>.+)$")
 _NOT_OPERATORS = (_STEP_EVENT, "<built-in", "nn.Module:", NEXT_BATCH)
 
@@ -101,14 +103,11 @@ def marked(name: str) -> Iterator[None]:
 
 
 def _self_device_us(avg: Any) -> float:
-    # torch renamed the *_cuda_* totals to *_device_* (2.4); fall back to the old names.
-    value = getattr(avg, "self_device_time_total", None)
-    return float(avg.self_cuda_time_total if value is None else value)
+    return float(avg.self_device_time_total)
 
 
 def _device_us(avg: Any) -> float:
-    value = getattr(avg, "device_time_total", None)
-    return float(avg.cuda_time_total if value is None else value)
+    return float(avg.device_time_total)
 
 
 def _is_device_busy(evt: Any) -> bool:
@@ -267,8 +266,12 @@ class ProfilerWindow:
             raise ValueError(f"steps must be >= 1, got {steps}")
         self.steps, self.device = steps, torch.device(device)
         self.trace_path, self.top = trace_path, top
-        self._options = {"record_shapes": True, "with_stack": with_stack,
-                         "profile_memory": profile_memory}
+        self._options: dict[str, Any] = {"record_shapes": True, "with_stack": with_stack,
+                                         "profile_memory": profile_memory}
+        if with_stack:
+            # Each event's Python frames in its `stack`: torch 2.6 to 2.12 record them nowhere
+            # else (2.13 also makes them parent events), and without this not even there.
+            self._options["experimental_config"] = _ExperimentalConfig(verbose=True)
         self._profiler: profile | None = None
         self._step = ExitStack()
         self.done = 0

@@ -1,27 +1,29 @@
 """What crosses a boundary, as typed records with their JSON: the process boundary between the
 tuner and a trial, and the storage's between the run that wrote a study and whoever reads it.
 
-The tuner's side (`autotune.search.isolation`) writes a `TrialRequest` to a file, the trial's
-side (`autotune.trial.child`) runs it and writes a `TrialResult` back; `TrialStatus` names how a
-trial ended, in the result and in the study storage alike. A result carries what its job
-answered: a `Measurement` (with its `Finding`s and `OperatorStat`s), the capability probe's
-`ProbeReport` (its `LeftOut` values, `LoaderRate`s and `SampleSizes`, which the study caches), a
-`ProfileReport`, a `WorstBatch` (a configuration's peak on a micro-batch of the dataset's largest
-samples) or a `LossRun` (its loss after N steps from fixed weights and batches). The study
-stores its `StudyIdentity` and each trial's `Measurement`. Each record is turned back into its
-type the moment it is read (`from_json`), never read by string key. Nothing here imports torch.
+The tuner's side (`autotune.search.isolation`) writes a `TrialRequest` (its job, and what it
+runs: a `target.Target`) to a file, the trial's side (`autotune.trial.child`) runs it and
+writes a `TrialResult` back; `TrialStatus` names how a trial ended, in the result and in the
+study storage alike. A result carries what its job answered: a `Measurement` (with its
+`Finding`s and `OperatorStat`s), the capability probe's `ProbeReport` (its `LeftOut` values,
+`LoaderRate`s and `SampleSizes`, which the study caches), a `ProfileReport`, a `WorstBatch` (a
+configuration's peak on a micro-batch of the dataset's largest samples) or a `LossRun` (its loss
+after N steps from fixed weights and batches). The study stores its `StudyIdentity` and each
+trial's `Measurement`. Each record is turned back into its type the moment it is read
+(`from_json`), never read by string key. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from autotune.config import TrainConfig
+from autotune.target import ModelFile, Script, Target, target_from_json
 
 
 class TrialStatus(str, Enum):
@@ -52,20 +54,19 @@ class TrialStatus(str, Enum):
 # The phase a trial reports while its first step runs: a timeout here in a compiled
 # configuration is the compile, which the compile cache makes faster the next time.
 FIRST_STEP = "first step (compile and loader start-up included)"
-# The phase of a script trial until its script calls Trainer.train or Trainer.fit: a timeout
-# here is a script that never started a supported trainer.
-SCRIPT_STARTUP = "the script's own start-up, until its Trainer.train or Trainer.fit"
+# The phase of a script trial until its training starts (Trainer.train or Trainer.fit, or its
+# own loop's first step): a timeout here is a script that never started training.
+SCRIPT_STARTUP = "the script's own start-up, until its training starts"
 
 
 @dataclass
 class TrialRequest:
-    """Everything a child needs for one job; plain JSON data. Knobs `config` leaves out come
-    from the model file's BASELINE."""
+    """Everything a child needs for one job; plain JSON data but its `target`. Knobs `config`
+    leaves out come from the model file's BASELINE (a script's own settings)."""
 
-    model_path: str
+    target: Target
     config: dict[str, Any]
     device: str
-    model_args: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
     memory_limit_bytes: int | None = None
     trace_path: str | None = None
@@ -78,12 +79,18 @@ class TrialRequest:
     nproc_per_node: int = 1
     # The GPUs of the group, one per rank, as the tuner names them (None: the first N it sees).
     group_devices: list[str] | None = None
-    # A user's own training script instead of a model file (`model_path` is the script), run
-    # with these arguments; None: a model file.
-    script_args: list[str] | None = None
     # Where a script's run works (its current directory, its library's outputs): a folder the
     # tuner made and removes however the trial ends, so nothing is left in the temp directory.
     scratch_dir: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data for the request file (or the warm process's), its target tagged."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)},
+                "target": self.target.to_json()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TrialRequest:
+        return cls(**{**data, "target": target_from_json(data["target"])})
 
 
 def rank_result_path(result_file: Path, rank: int) -> Path:
@@ -96,29 +103,109 @@ def rank_pid_path(result_file: Path, rank: int) -> Path:
     return result_file.with_name(f"{result_file.name}.rank{rank}.pid")
 
 
+# How a flag is written on a command line: `--flag VALUE`, `--flag=VALUE`, a switch present or
+# absent (store_true/store_false), or `--flag`/`--no-flag` (BooleanOptionalAction).
+VALUE, EQUALS, SWITCH, NEGATABLE = "value", "equals", "switch", "negatable"
+
+
+def flag_words(flag: str, value: Any, form: str = VALUE, const: Any = None) -> list[str]:
+    """The words that set `flag` to `value` on a command line written as `form` (a switch is
+    present where `value` is its `const`, absent otherwise)."""
+    if form == SWITCH:
+        return [flag] if value == const else []
+    if form == NEGATABLE:
+        return [flag] if value else [f"--no-{flag.removeprefix('--')}"]
+    return [f"{flag}={value}"] if form == EQUALS else [flag, str(value)]
+
+
+def without_flag(argv: Sequence[str], flag: str, form: str) -> list[str]:
+    """A script's arguments less `flag` (with its value, where it takes one; its `--no-`
+    form too): what is left to add it anew."""
+    negative = f"--no-{flag.removeprefix('--')}"
+    takes_value = form in (VALUE, EQUALS)
+    out: list[str] = []
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+            if not word.startswith("-"):
+                continue
+        if word in (flag, negative):
+            skip = takes_value
+            continue
+        if not word.startswith(f"{flag}="):
+            out.append(word)
+    return out
+
+
+@dataclass(frozen=True)
+class ScriptFlag:
+    """A command-line flag of a script (or of the launcher it runs under) set to a value."""
+
+    flag: str
+    value: Any
+    form: str = VALUE
+    const: Any = None
+
+    def words(self) -> list[str]:
+        return flag_words(self.flag, self.value, self.form, self.const)
+
+
+@dataclass(frozen=True)
+class CodeChange:
+    """A line of a script's code to change: the keyword arguments of the call there (`call`,
+    `values`), or a line to add (`text`); `file` and `line` where the code was found."""
+
+    file: str | None
+    line: int | None
+    call: str | None = None
+    values: dict[str, Any] = field(default_factory=dict)
+    text: str | None = None
+
+    def describe(self) -> str:
+        """`train.py:71: DataLoader(..., num_workers=4)`, or `train.py:52: <text>`."""
+        where = f"{self.file}:{self.line}: " if self.file and self.line else ""
+        if self.text is not None:
+            return where + self.text
+        arguments = ", ".join(f"{k}={v!r}" for k, v in self.values.items())
+        return f"{where}{self.call}(..., {arguments})" if where else \
+            f"{self.call}({arguments})"
+
+
 @dataclass(frozen=True)
 class ScriptAnswer:
     """A configuration in a training script's own terms: what it changes from its own settings
-    (`changes`: where it is said, TrainingArguments, Trainer, a DataModule's attribute or a
-    torch line, to its fields and values), and how its TrainingArguments are given
-    (`parsed_by`: an HfArgumentParser method, so the flags on its command line; None: in code)
-    and of which class (`arguments_class`: a subclass, such as Seq2SeqTrainingArguments, is
-    named as the script names it)."""
+    (`changes`: where it is said, TrainingArguments, Trainer, a DataModule's attribute, an
+    Accelerator, a DataLoader, a torch line, to its fields and values), and how its
+    TrainingArguments are given (`parsed_by`: an HfArgumentParser method, so the flags on its
+    command line; None: in code) and of which class (`arguments_class`: a subclass, such as
+    Seq2SeqTrainingArguments, is named as the script names it).
+
+    Where each change is said, as the user applies it (`routed`; a study from before has none,
+    its changes are keyword arguments): the script's own flags (`script_flags`, its parser's
+    values traced to the calls that use them), the launcher's (`launcher_flags`, under
+    `launcher`: accelerate launch's), or the lines of its code (`code`)."""
 
     library: str
     changes: dict[str, dict[str, Any]]
     parsed_by: str | None = None
     arguments_class: str = "TrainingArguments"
+    routed: bool = False
+    script_flags: tuple[ScriptFlag, ...] = ()
+    launcher: str | None = None
+    launcher_flags: tuple[ScriptFlag, ...] = ()
+    code: tuple[CodeChange, ...] = ()
 
     @property
     def on_command_line(self) -> bool:
         return self.parsed_by == "parse_args_into_dataclasses"
 
     def flags(self) -> list[str]:
-        """The command-line flags to add (HfArgumentParser's spelling), where the script parses
-        its TrainingArguments from its command line; else none."""
+        """The script's own command-line flags to add: HfArgumentParser's spelling where the
+        script parses its TrainingArguments from its command line, else its own flags that
+        the answer sets."""
         if not self.on_command_line:
-            return []
+            return [word for flag in self.script_flags for word in flag.words()]
         out = []
         for name, value in self.changes.get("TrainingArguments", {}).items():
             if value is True:
@@ -126,6 +213,12 @@ class ScriptAnswer:
             else:  # HfArgumentParser reads a mapping as JSON, everything else as its text
                 out += [f"--{name}", json.dumps(value) if isinstance(value, dict) else str(value)]
         return out
+
+    def launcher_words(self) -> list[str]:
+        """The launcher with its flags (`accelerate launch --mixed_precision bf16`), or none."""
+        if not self.launcher_flags or self.launcher is None:
+            return []
+        return [self.launcher, *(w for flag in self.launcher_flags for w in flag.words())]
 
     def keyword_lines(self) -> list[str]:
         """`Where(name=value, ...)`, one line per place in the code that changes; a place
@@ -140,21 +233,32 @@ class ScriptAnswer:
                          f"{named.get(where, where)}({', '.join(arguments)})")
         return lines
 
+    def code_lines(self) -> list[str]:
+        """The lines of the code to change or add, each as the user finds it."""
+        if not self.routed:
+            return [] if self.on_command_line else self.keyword_lines()
+        return [change.describe() for change in self.code]
+
     def lines(self) -> list[str]:
-        """The answer as the user applies it: the flags to add to the command line, or the
-        keyword arguments to change in the code."""
+        """The answer as the user applies it: the flags to add to the script's command line,
+        the launcher's, then the lines of its code to change."""
         if not self.changes:
             return []
-        if self.on_command_line:
-            return [" ".join(self.flags())]
-        return self.keyword_lines()
+        out = [" ".join(words) for words in (self.flags(), self.launcher_words()) if words]
+        return out + self.code_lines()
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ScriptAnswer:
         return cls(library=data["library"], changes={k: dict(v) for k, v in
                                                      data["changes"].items()},
                    parsed_by=data.get("parsed_by"),
-                   arguments_class=data.get("arguments_class", "TrainingArguments"))
+                   arguments_class=data.get("arguments_class", "TrainingArguments"),
+                   routed=data.get("routed", False),
+                   script_flags=tuple(ScriptFlag(**f) for f in data.get("script_flags", ())),
+                   launcher=data.get("launcher"),
+                   launcher_flags=tuple(ScriptFlag(**f)
+                                        for f in data.get("launcher_flags", ())),
+                   code=tuple(CodeChange(**c) for c in data.get("code", ())))
 
 
 @dataclass(frozen=True)
@@ -243,7 +347,12 @@ class Measurement:
     device_idle_fraction: float | None = None
     # Share of a profiled step (its batches fetched ahead) in the optimizer's step.
     optimizer_fraction: float | None = None
+    # MFU (CUDA only): model FLOPs a sample ("given" by the model file or "counted") times
+    # samples/sec over the precision's peak FLOP/s, which says where it came from.
     flops_per_sample: float | None = None
+    flops_source: str | None = None
+    peak_flops: float | None = None
+    peak_flops_source: str | None = None
     mfu: float | None = None
     peak_allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
@@ -622,6 +731,12 @@ class ProbeReport:
     script_run_steps: int | None = None
     # The samples' sizes, the largest first (None: not measured, as for a training script).
     sizes: SampleSizes | None = None
+    # The script's own settings as its trials need them (`trial/script/session.ScriptBaseline`:
+    # where each is said, so a trial sets the script's own flags as the answer would), and the
+    # knobs the search keeps at the script's value, with why (a hand-written loop's micro-batch
+    # and accumulation, which only its own flags can change).
+    script_baseline: dict[str, Any] | None = None
+    kept: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -648,37 +763,40 @@ class ProbeReport:
 
 @dataclass(frozen=True)
 class StudyIdentity:
-    """What a study measures and where: one model file with its arguments, one kind of device,
-    the ranks of each trial. A study is never resumed for another."""
+    """What a study measures and where: one model file with its arguments (or one training
+    script with its arguments and the flags named for its knobs), one kind of device, the ranks
+    of each trial. A study is never resumed for another."""
 
-    model_path: str
-    model_args: dict[str, Any]
+    target: Target
     device_type: str
     nproc_per_node: int = 1
-    # A training script's own arguments (`model_path` is the script); None: a model file.
-    script_args: tuple[str, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """Plain data; the ranks only where a trial has several, the script's arguments only
-        for a script (as studies always stored them)."""
-        data: dict[str, Any] = {"model_path": self.model_path, "model_args": self.model_args,
+        """Plain data, as studies have always stored it: the file as `model_path` with its
+        `model_args` (a script's none), the ranks only where a trial has several, a script's
+        arguments (`script_args`, their presence marking a script) and the flags named for its
+        knobs (`script_flags`, only where given)."""
+        args = self.target.args if isinstance(self.target, ModelFile) else {}
+        data: dict[str, Any] = {"model_path": self.target.path, "model_args": dict(args),
                                 "device_type": self.device_type}
         if self.nproc_per_node > 1:
             data["nproc_per_node"] = self.nproc_per_node
-        if self.script_args is not None:
-            data["script_args"] = list(self.script_args)
+        if isinstance(self.target, Script):
+            data["script_args"] = list(self.target.args)
+            if self.target.flags:
+                data["script_flags"] = dict(self.target.flags)
         return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StudyIdentity:
-        script_args = data.get("script_args")
-        return cls(model_path=data["model_path"], model_args=dict(data["model_args"] or {}),
-                   device_type=data["device_type"],
-                   nproc_per_node=data.get("nproc_per_node", 1),
-                   script_args=tuple(script_args) if script_args is not None else None)
+        target: Target
+        if data.get("script_args") is not None:
+            target = Script(data["model_path"], tuple(data["script_args"]),
+                            dict(data.get("script_flags") or {}))
+        else:
+            target = ModelFile(data["model_path"], dict(data["model_args"] or {}))
+        return cls(target=target, device_type=data["device_type"],
+                   nproc_per_node=data.get("nproc_per_node", 1))
 
     def describe(self) -> str:
-        if self.script_args is not None:
-            return f"{self.model_path} {' '.join(self.script_args)} on {self.device_type}".replace(
-                "  ", " ")
-        return f"{self.model_path} {self.model_args} on {self.device_type}"
+        return f"{self.target.describe()} on {self.device_type}"

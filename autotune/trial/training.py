@@ -330,7 +330,7 @@ def set_matmul_precision(precision: str, device: torch.device) -> None:
     defaults (IEEE fp32 matmuls, TF32 cuDNN convolutions), which is what the user's own code
     runs, so the baseline is measured as it really runs.
 
-    Set through `allow_tf32`, the one API every torch from 2.4 has; torch 2.9 and later keep
+    Set through `allow_tf32`, the one API every torch from 2.6 has; torch 2.9 and later keep
     their newer `fp32_precision` settings in step with it, so both APIs (and inductor, which
     reads both) see one consistent state.
     """
@@ -390,6 +390,7 @@ def apply_activation_checkpointing(
                           "checkpoint_modules(model) in the model file name the blocks",
                           knob="activation_checkpointing", value=mode)
     chosen = blocks if mode == "full" else blocks[::2]
+    _no_key_value_cache(model)
     for block in chosen:
         _checkpoint_forward(block)
     names = {id(m): name for name, m in model.named_modules()}
@@ -397,6 +398,16 @@ def apply_activation_checkpointing(
     more = ", ..." if len(chosen) > 4 else ""
     return (f"torch.utils.checkpoint around {len(chosen)} of {len(blocks)} blocks "
             f"({listed}{more})")
+
+
+def _no_key_value_cache(model: nn.Module) -> None:
+    """A Hugging Face model that keeps a key/value cache in training (GPT-2 under transformers
+    5.17) appends to it in a block's forward and again in its recompute, which then sees keys
+    twice as long; its own checkpointing turns the cache off, as this does for training, where
+    nothing reads it."""
+    config = getattr(model, "config", None)
+    if getattr(config, "use_cache", False) is True:
+        config.use_cache = False
 
 
 def _own_checkpointing(model: nn.Module, mode: str) -> str | None:

@@ -11,6 +11,8 @@ is answered with one `WarmTurn` line (at least N optimizer steps and S seconds),
 there (what a fresh run's profiler window leaves for the report), until `stop`, the end of
 stdin, or the tuner that started it is gone. The answer channel
 is the process's original stdout; whatever the model file prints goes to stderr (the log).
+A training script's request runs the script itself, its own loop taking the turns
+(`autotune.trial.script.turns`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import traceback
 from pathlib import Path
 from typing import IO, Any
 
+from autotune.target import Script
 from autotune.trial.child import limit_memory, watch_parent
 from autotune.trial.protocol import TrialRequest
 
@@ -32,11 +35,14 @@ def warm_main() -> None:
     """Entry point of a warm process started as a new interpreter."""
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # the model file's prints go to the log, never into the answers
-    raw = json.loads(Path(sys.argv[1]).read_text())
-    watch_parent(raw.pop("parent_pid"))
+    request_file = Path(sys.argv[1])
+    raw = json.loads(request_file.read_text())
+    request_file.unlink(missing_ok=True)  # read once: nothing left if the tuner is killed
+    tuner_pid = raw.pop("parent_pid")
+    watch_parent(tuner_pid)
     raw.pop("phase_file", None)
     try:
-        serve(TrialRequest(**raw), sys.stdin, answers)
+        serve(TrialRequest.from_json(raw), sys.stdin, answers, tuner_pid)
     except BaseException as exc:  # the tuner falls back to fresh rounds, and the log says why
         traceback.print_exception(exc)
         _say(answers, {"error": f"{type(exc).__name__}: {exc}"[:2000]})
@@ -44,8 +50,10 @@ def warm_main() -> None:
     os._exit(0)  # no teardown: DataLoader workers and compile pools can hang it
 
 
-def serve(request: TrialRequest, commands: IO[str], answers: IO[str]) -> None:
-    """Build and warm up the configuration, say it is ready, then answer turns until `stop`."""
+def serve(request: TrialRequest, commands: IO[str], answers: IO[str],
+          tuner_pid: int | None = None) -> None:
+    """Build and warm up the configuration, say it is ready, then answer turns until `stop`
+    (timed with the tuner's other warm processes as its own, not a load)."""
     import torch
 
     from autotune.options import MeasureSettings
@@ -61,8 +69,17 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str]) -> None:
         torch.set_num_threads(request.threads)
     if request.memory_limit_bytes:
         limit_memory(device, request.memory_limit_bytes)
+    if isinstance(request.target, Script):  # the script's own loop takes the turns
+        from autotune.trial.script.job import run_under, script_settings
+        from autotune.trial.script.turns import TurnObserver
+
+        observer = TurnObserver(script_settings(request), device, commands, answers, tuner_pid)
+        run_under(request, request.target, device, 1, observer, lambda phase: None)
+        if not observer.ready:
+            raise RuntimeError("the script's training ended before its steps were steady")
+        return
     settings = MeasureSettings(**request.settings)
-    workload = load_workload(request.model_path, request.model_args)
+    workload = load_workload(request.target.path, request.target.args)
     config = workload.train_config(request.config, device.type, 1)
     setup, _, _ = build_setup(workload, config, device, lambda phase: None)
     batches = setup.batches()
@@ -80,7 +97,7 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str]) -> None:
             _say(answers, {"trace": command["trace"]})
             continue
         turn = timed_turn(setup, batches, settings, int(command["steps"]),
-                          float(command["seconds"]))
+                          float(command["seconds"]), tuner_pid)
         _say(answers, turn.to_json())
 
 

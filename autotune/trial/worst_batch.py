@@ -21,9 +21,10 @@ import torch
 from torch.utils.data import Subset
 
 from autotune.config import TrainConfig
-from autotune.trial.measure import peak_memory, synchronize
+from autotune.trial.measure import peak_memory
 from autotune.trial.protocol import WorstBatch
 from autotune.trial.training import setup_from_workload
+from autotune.trial.window import synchronize
 from autotune.trial.workload import Workload
 
 # A peak that grows by less than this share over the steady steps is steady.

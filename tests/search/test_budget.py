@@ -4,9 +4,12 @@ answer, and what is left."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import optuna
 import pytest
 
+from autotune.config import TrainConfig
 from autotune.options import MeasureSettings
 from autotune.search.budget import (
     MAX_GROWTH,
@@ -14,6 +17,7 @@ from autotune.search.budget import (
     answer_budget_s,
     candidates_that_fit,
     check_prices,
+    compile_seconds,
     confirmation_price,
     forecast,
     grow_budget,
@@ -212,11 +216,11 @@ def test_warm_turns_price_the_confirmation_at_the_processes_start_not_at_fresh_r
     assert candidates_that_fit(600, warm, 0.3, 3) == 2
     plan = plan_time(600, started=0, now=126, trial_s=93.7, price=warm, candidates=3,
                      share=0.3, max_rounds=10)
-    # the share's 180 s: three starts (158.6 s), a settling and a first turn each and the two
-    # profiled turns (4 s) leave 17.4 s for 17 more rounds of the two
-    assert plan.confirm_rounds == 18
+    # the share's 180 s: three starts (158.6 s), a settling turn each, the first round's two
+    # pairs and the two profiled turns (4.5 s) leave 16.9 s for 16 more rounds of the two
+    assert plan.confirm_rounds == 17
     assert plan.describe(600, 3).endswith(
-        "then up to 18 paired rounds of warm turns, after 3 processes warm up")
+        "then up to 17 paired rounds of warm turns, after 3 processes warm up")
     left = forecast(now=100, deadline=float("inf"), trials_left=0, trial_s=10, price=warm,
                     workers=1, candidates=2, rounds=3, max_rounds=10, share=0.3,
                     searched_s=2000)
@@ -289,7 +293,9 @@ def test_the_price_counts_the_best_less_each_change_and_the_short_race_after() -
     assert backs.seconds(3, 3) == (7 + 6 * 2) * 10 + 9 * 10
     assert backs.rounds_in(backs.seconds(3, 5), 3) == 5
     warm = ConfirmationPrice(10, turn_s=0.5, taken_back=4)
-    assert warm.seconds(2, 12) == 6 * 10 + (2 * 6 + 6 * 11 + 2) * 0.5 + 10 + 3 * 13 * 0.5
+    # six processes: a settling turn each, then 12 rounds of five pairs of turns, two
+    # profiled; the short race's process, its three settling turns and 12 rounds of two pairs
+    assert warm.seconds(2, 12) == 6 * 10 + (6 + 10 * 12 + 2) * 0.5 + 10 + (3 + 4 * 12) * 0.5
     assert ConfirmationPrice(10, taken_back=1).short_race_s() == 0.0  # nothing to drop twice
     plain = plan_time(600, started=0, now=20, trial_s=10, price=bare, candidates=2,
                       share=0.3, max_rounds=10)
@@ -305,6 +311,44 @@ def test_the_price_counts_the_best_less_each_change_and_the_short_race_after() -
     slow = ConfirmationPrice(60, taken_back=4)
     assert candidates_that_fit(3000, slow, 0.3, 3) == 1
     assert candidates_that_fit(3000, ConfirmationPrice(60), 0.3, 3) == 3
+
+
+def test_a_compiled_best_prices_each_process_that_compiles(tmp_path) -> None:
+    """The H200 study that overran its `--budget 200s` (benchmarks/results/gpu_h200_followup):
+    the baseline's run about 8.6 s, the compiled best's first step 18.8 s against the
+    baseline's 0.5 s. Its confirmation of six warm processes (the best, the baseline and the
+    best less each of four changes) was priced at six baseline starts; four of them compile
+    (the best and three of the four taken back: not the baseline, not the best less its
+    compile), so they cost 4 x 18.3 s more. Without a compile in the best, nothing is added."""
+    study = optuna.create_study(storage=open_storage(None, tmp_path), study_name="s",
+                                direction="maximize")
+    base = TrainConfig(micro_batch_size=8, grad_accum_steps=4)
+    for role, config, rate, first_s in (
+            ("baseline", base, 313.5, 0.48),
+            ("search", base.replace(precision="bf16"), 1487.6, 0.54),
+            ("search", base.replace(precision="bf16", compile_mode="default"), 2387.2, 18.82)):
+        figures = Measurement(samples_per_sec=rate, window_s=3.0, step_time_median_s=0.1,
+                              peak_memory_bytes=3 * 2**30, time_to_first_step_s=first_s)
+        trial = study.ask()
+        for key, value in {TrialKey.STATUS: "ok", TrialKey.ROLE: role, TrialKey.WALL_S: 8.6,
+                           TrialKey.CONFIG: config.to_dict(),
+                           TrialKey.MEASUREMENT: figures.to_json()}.items():
+            trial.set_user_attr(key, value)
+        study.tell(trial, rate)
+    assert compile_seconds(study) == pytest.approx(18.34)
+    price = confirmation_price(study, MeasureSettings(), 99.0, lambda peak: True, 4)
+    plain = replace(price, compile_s=0.0)
+    assert price.warm and price.compiling(6) == 4
+    assert price.seconds(2, 12) == pytest.approx(plain.seconds(2, 12) + 4 * 18.34 + 18.34)
+    assert "one that compiles 18.34 s more" in price.describe()
+    fresh = replace(price, turn_s=None)
+    # fresh rounds compile again every run: the first round's four, then four each round
+    assert fresh.seconds(2, 3) == pytest.approx(replace(fresh, compile_s=0.0).seconds(2, 3)
+                                                + 3 * 4 * 18.34 + 3 * 3 * 18.34)
+    uncompiled = optuna.create_study(storage=open_storage(None, tmp_path), study_name="u")
+    for trial in study.trials[:2]:
+        uncompiled.add_trial(trial)
+    assert compile_seconds(uncompiled) == 0.0
 
 
 def test_the_answers_checks_are_priced_before_the_rounds_and_the_search_leaves_them_room(

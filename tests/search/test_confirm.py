@@ -597,3 +597,35 @@ def test_what_the_checks_rule_out_never_races_and_the_next_best_takes_its_place(
     rows = {name: (value, how) for name, value, how in result_rows(summary)}
     assert rows["worst batch (best)"][0] == "320.00 MiB"
     assert rows["loss (your settings)"][0] == "1 | 1.01"
+
+
+def test_drops_that_leave_an_answer_inside_the_noise_are_kept_together(tmp_path) -> None:
+    """The loader does the work in the race, and foreach AdamW, compile and channels-last each
+    ride along inside the noise; but in the short race of the best less all three, the machine
+    has moved and nothing differs from the baseline. The answer less the three no longer
+    measurably beats your settings: nothing is dropped, the race's answer stands, and each
+    change says why it was kept (a new user's nanoGPT loop was answered "fused AdamW: 0.95x
+    your settings [0.68-1.34]" before)."""
+    best = BASE.replace(num_workers=2, prefetch_factor=4, persistent_workers=True,
+                        optimizer_impl="foreach", compile_mode="max-autotune-no-cudagraphs",
+                        memory_format="channels_last")
+    race, _ = _scripted(lambda c: 340.0 if c.num_workers else 100.0)
+    moved, _ = _scripted(lambda c: 100.0, shared=0.0)
+
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        return (moved if job.name.startswith("minimal") else race)(config, job)
+
+    study = _minimal_study(tmp_path, best, 346.0)
+    result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), measure, SilentView(),
+                     Plan(top=1, rounds=3, max_rounds=6, target=0.03), time_limit_s=60,
+                     device="cpu", directory=tmp_path)
+    assert result.winner.config == best and result.no_measurable_difference is False
+    kept = {t.change: t for t in result.taken_back}
+    assert {t.outcome for c, t in kept.items() if c != "2 loader workers, prefetch 4 + "
+            "persistent workers"} == {"needed together"}
+    assert kept["foreach AdamW"].describe().endswith(
+        "inside the noise alone, but without it the answer did not measurably beat your "
+        "settings: kept")
+    verdict = study_summary(study).verdict
+    assert verdict.startswith("foreach AdamW + 2 loader workers, prefetch 4 + persistent "
+                              "workers + torch.compile") and "dropped" not in verdict

@@ -53,7 +53,7 @@ def test_the_baselines_own_values_are_offered_with_the_searchs():
     assert device_domains(TrainConfig(), CPU6)["prefetch_factor"] == (2, 4)
 
 
-def test_the_probe_is_sent_every_value_this_device_runs_but_a_baselines_own():
+def test_the_probe_is_sent_every_value_this_device_runs_but_a_baselines_own(knob_libraries_found):
     sent = probe_candidates(CPU6)
     assert sent["num_workers"] == (0, 1, 2, 4) and sent["prefetch_factor"] == (2, 4)
     assert "fp16" not in sent["precision"] and "fp8_rowwise" not in sent["precision"]

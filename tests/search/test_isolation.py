@@ -21,6 +21,7 @@ from autotune.cli import main
 from autotune.config import TrainConfig
 from autotune.search.forkserver import ForkServer
 from autotune.search.isolation import run_isolated
+from autotune.target import ModelFile, Script
 from autotune.trial.protocol import FIRST_STEP, SCRIPT_STARTUP, TrialRequest, TrialResult
 
 from ..conftest import FAST, ROOT, TINY_SOURCE
@@ -32,9 +33,9 @@ SETTINGS = {"window_steps": 3, "window_seconds": 0.2, "window_max_seconds": 1,
 
 
 def request(path: Path, **overrides) -> TrialRequest:
-    fields = {"config": TrainConfig(micro_batch_size=8).to_dict(), "settings": SETTINGS,
-              **overrides}
-    return TrialRequest(model_path=str(path), device="cpu", **fields)
+    fields = {"target": ModelFile(str(path)), "config": TrainConfig(micro_batch_size=8).to_dict(),
+              "settings": SETTINGS, **overrides}
+    return TrialRequest(device="cpu", **fields)
 
 
 def isolated(launcher: str, request: TrialRequest, limit: float,
@@ -42,8 +43,8 @@ def isolated(launcher: str, request: TrialRequest, limit: float,
     """`run_isolated` in a new interpreter, or forked from a fork server of the model file."""
     if launcher == "fresh":
         return run_isolated(request, limit, log, **kwargs)
-    server_log = Path(request.model_path).with_suffix(".forkserver.log")
-    with ForkServer(request.model_path, server_log, 120) as server:
+    server_log = Path(request.target.path).with_suffix(".forkserver.log")
+    with ForkServer(request.target.path, server_log, 120) as server:
         return run_isolated(request, limit, log, server=server, **kwargs)
 
 
@@ -144,11 +145,31 @@ def loss_fn(model, batch):
 '''
 
 
+# What a trial's process holds before it allocates anything (VmData: heap and private mappings,
+# what the CPU memory limit counts): torch's own is ~0.2 GiB in a CPU build of torch and ~0.75
+# GiB in a CUDA build.
+IMPORTED_DATA = """
+import autotune.trial.child, torch
+print(next(int(line.split()[1]) * 1024 for line in open("/proc/self/status")
+           if line.startswith("VmData:")))
+"""
+
+
+@pytest.fixture(scope="module")
+def imported_data_bytes() -> int:
+    done = subprocess.run([sys.executable, "-c", IMPORTED_DATA], capture_output=True, text=True,
+                          check=True, cwd=ROOT)
+    return int(done.stdout.split()[-1])
+
+
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_memory_limit_makes_large_batches_oom(launcher, write_model) -> None:
-    """800 MiB fits torch, 64 MiB of weights and their Adam state, not 1 GiB of activations."""
+def test_memory_limit_makes_large_batches_oom(launcher, write_model,
+                                              imported_data_bytes) -> None:
+    """600 MiB beyond what the process holds with torch imported fits 64 MiB of weights and
+    their Adam state, not 1 GiB of activations (a fixed 800 MiB left a CUDA build of torch
+    no room for the weights)."""
     path = write_model(OOM_SOURCE)
-    limit = 800 * 2**20
+    limit = imported_data_bytes + 600 * 2**20
     small = isolated(launcher, request(path, config=TrainConfig(micro_batch_size=4).to_dict(),
                                        memory_limit_bytes=limit), 120)
     assert small.status == "ok", small.message
@@ -187,7 +208,7 @@ def test_a_cuda_trial_is_started_seeing_its_gpu_alone(write_model, monkeypatch) 
                                                f"{second}")
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
     path = write_model(ENV_SOURCE)
-    result = run_isolated(TrialRequest(model_path=str(path), device="cuda:1",
+    result = run_isolated(TrialRequest(ModelFile(str(path)), device="cuda:1",
                                        config=TrainConfig(micro_batch_size=8).to_dict()), 120)
     log = Path(result.log_path).read_text()
     assert f"visible {second} PCI_BUS_ID" in log
@@ -203,7 +224,7 @@ def test_a_process_group_is_started_seeing_its_own_gpus(write_model, monkeypatch
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
     path = write_model(TINY_SOURCE)
     result = run_isolated(TrialRequest(
-        model_path=str(path), device="cuda:2", nproc_per_node=2,
+        ModelFile(str(path)), device="cuda:2", nproc_per_node=2,
         group_devices=["cuda:2", "cuda:3"],
         config=TrainConfig(micro_batch_size=8, parallelism="ddp").to_dict()), 120)
     log = Path(result.log_path).read_text()
@@ -230,8 +251,9 @@ def test_trial_stops_when_its_tuner_dies(launcher, write_model, tmp_path) -> Non
                                  f"pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()))\n"
                                  "time.sleep(600)"))
     script = ("from tests.search.test_isolation import isolated; "
+              "from autotune.target import ModelFile; "
               "from autotune.trial.protocol import TrialRequest; "
-              f"isolated({launcher!r}, TrialRequest(model_path={str(path)!r}, "
+              f"isolated({launcher!r}, TrialRequest(ModelFile({str(path)!r}), "
               "config={'micro_batch_size': 8}, device='cpu'), 600)")
     tuner = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
     deadline = time.monotonic() + 60
@@ -270,7 +292,7 @@ def test_cpu_thread_share_reaches_the_trial(tmp_path) -> None:
         "def loss_fn(model, batch):\n"
         "    return nn.functional.mse_loss(model(batch[0]), batch[1])\n")
     cpu = sorted(os.sched_getaffinity(0))[-1]
-    request = TrialRequest(model_path=str(model), config={"micro_batch_size": 8},
+    request = TrialRequest(ModelFile(str(model)), config={"micro_batch_size": 8},
                            device="cpu", settings={"window_steps": 1, "window_seconds": 0,
                                                    "profile_steps": 0}, threads=1, cpus=[cpu])
     result = run_isolated(request, 120, tmp_path / "trial.log")
@@ -391,7 +413,8 @@ def test_a_scripts_scratch_folder_and_the_trials_files_go_however_it_ends(
             stop.set()
         return ending == "watch" and started()
 
-    given = request(script, script_args=[], job="probe", settings={"candidates": {}})
+    given = request(script, target=Script(str(script)), job="probe",
+                    settings={"candidates": {}})
     if ending == "watch":
         result = run_isolated(given, 120, tmp_path / "probe.log", watch=watch)
         assert result.status == "timeout" and result.phase == SCRIPT_STARTUP

@@ -11,6 +11,7 @@ import pytest
 from autotune.config import TrainConfig
 from autotune.errors import ContractError
 from autotune.search.runner import MeasureJob, ProbeFailed, ProcessRunner, StartupWatch
+from autotune.target import ModelFile, Script
 from autotune.trial.protocol import FIRST_STEP, SCRIPT_STARTUP
 
 from ..conftest import TINY_SOURCE
@@ -21,7 +22,7 @@ SETTINGS = {"window_steps": 2, "window_seconds": 0.1, "warmup_max_seconds": 2,
 
 def runner(path: Path, directory: Path, settings: dict = SETTINGS) -> ProcessRunner:
     phases: list[str] = []
-    made = ProcessRunner(str(path), {}, directory, settings, memory_limit_bytes=None,
+    made = ProcessRunner(ModelFile(str(path)), directory, settings, memory_limit_bytes=None,
                          core_shares=None, on_phase=lambda text, number: phases.append(text))
     made.phases = phases
     return made
@@ -89,9 +90,9 @@ def test_a_scripts_probe_tells_its_wait_and_stops_at_the_start_up_limit() -> Non
     assert [watch(phase, s) for phase, s in
             [("", 5), (SCRIPT_STARTUP, 29), (SCRIPT_STARTUP, 31), (SCRIPT_STARTUP, 45),
              (SCRIPT_STARTUP, 61)]] == [False] * 5
-    assert told == [f"probing: train.py has run {s} s, not yet at its Trainer.train or "
-                    "Trainer.fit (the probe stops it at 100 s: --startup-limit)"
-                    for s in (30, 60)]
+    assert told == [f"probing: train.py has run {s} s, not yet at its Trainer.train, "
+                    "Trainer.fit or a torch.optim optimizer's first step (the probe stops it "
+                    "at 100 s: --startup-limit)" for s in (30, 60)]
     assert not watch.stopped and watch(SCRIPT_STARTUP, 100) and watch.stopped
     assert not StartupWatch("train.py", 100, told.append)(FIRST_STEP, 500)
 
@@ -100,16 +101,17 @@ def test_a_script_that_never_reaches_its_trainer_is_stopped_at_the_start_up_limi
         tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("import time\ntime.sleep(600)\n")
-    made = ProcessRunner(str(script), {}, tmp_path / "study", SETTINGS, memory_limit_bytes=None,
-                         core_shares=None, on_phase=lambda text, number: None, script_args=[],
-                         startup_limit_s=4)
+    made = ProcessRunner(Script(str(script)), tmp_path / "study", SETTINGS,
+                         memory_limit_bytes=None, core_shares=None,
+                         on_phase=lambda text, number: None, startup_limit_s=4)
     start = time.monotonic()
     try:
-        with pytest.raises(ContractError, match=r"^train.py ran [45] s and never called "
-                                                r"Trainer.train or Trainer.fit; for other "
-                                                r"training loops write a model file: README; "
-                                                r"a start-up longer than 4 s: --startup-limit "
-                                                r"10m$"):
+        with pytest.raises(ContractError, match=r"^train.py ran [45] s and never reached "
+                                                r"Trainer.train, Trainer.fit or a torch.optim "
+                                                r"optimizer's first step; a loop without a "
+                                                r"torch.optim optimizer: write a model file "
+                                                r"\(README\); a start-up longer than 4 s: "
+                                                r"--startup-limit 10m$"):
             made.probe("cpu", 120)
     finally:
         made.close()

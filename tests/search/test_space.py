@@ -163,7 +163,7 @@ def test_other_optimizers_are_searched_only_when_the_user_allows_a_change_of_upd
     assert len(grid) == allowed.size()
 
 
-def test_float8_is_offered_on_gpus_that_run_it_and_only_compiled():
+def test_float8_is_offered_on_gpus_that_run_it_and_only_compiled(knob_libraries_found):
     h100 = dataclasses.replace(H100, fp8=True)
     space = build_space(BASELINE, h100, 1000)
     assert {"fp8_tensorwise", "fp8_rowwise"} <= set(space.domains["precision"])

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
 
 import optuna
+import torch
 
 from autotune.options import MeasureSettings, TuneOptions
 from autotune.search import opening
@@ -14,6 +16,7 @@ from autotune.search.opening import probe_fingerprint
 from autotune.search.runner import MeasureJob
 from autotune.search.tuner import Tuner, announcement
 from autotune.study.storage import open_storage, study_dir
+from autotune.target import ModelFile, Script
 
 from ..conftest import TINY_SOURCE
 
@@ -71,12 +74,38 @@ def test_a_study_whose_creator_died_before_recording_it_is_recorded_by_the_next(
 
 def test_the_fingerprint_follows_the_file_its_arguments_and_the_machine(write_model) -> None:
     path = write_model(TINY_SOURCE)
-    first = probe_fingerprint(path, {}, "cpu A")
-    assert probe_fingerprint(path, {}, "cpu A") == first
-    assert probe_fingerprint(path, {"dim": 4}, "cpu A") != first
-    assert probe_fingerprint(path, {}, "cpu B") != first
+    first = probe_fingerprint(ModelFile(str(path)), "cpu A")
+    assert probe_fingerprint(ModelFile(str(path)), "cpu A") == first
+    assert probe_fingerprint(ModelFile(str(path), {"dim": 4}), "cpu A") != first
+    assert probe_fingerprint(ModelFile(str(path)), "cpu B") != first
+    script = probe_fingerprint(Script(str(path), ("--bf16",)), "cpu A")
+    assert script != first  # the same file as a training script: another probe
+    assert probe_fingerprint(Script(str(path), ("--fp16",)), "cpu A") != script
+    assert probe_fingerprint(Script(str(path), ("--bf16",), {"micro_batch_size": "--batch"}),
+                             "cpu A") != script
     path.write_text(TINY_SOURCE + "\n# edited\n")
-    assert probe_fingerprint(path, {}, "cpu A") != first
+    assert probe_fingerprint(ModelFile(str(path)), "cpu A") != first
+
+
+def test_a_studys_stored_fingerprint_still_matches_its_target(write_model) -> None:
+    """A study keeps its cached probe while its fingerprint matches: the digest is the one
+    studies stored before targets were typed (the file's bytes, its sorted model arguments,
+    a script's arguments and named flags, the device and torch)."""
+    path = write_model(TINY_SOURCE)
+
+    def stored(model_args: list, *script: list) -> str:
+        digest = hashlib.sha256(path.read_bytes())
+        for part in [model_args, *script]:
+            digest.update(repr(part).encode())
+        digest.update(f"cpu A|{torch.__version__}".encode())
+        return digest.hexdigest()
+
+    assert probe_fingerprint(ModelFile(str(path), {"dim": 4}), "cpu A") == \
+        stored([("dim", 4)])
+    assert probe_fingerprint(Script(str(path), ("--bf16",)), "cpu A") == \
+        stored([], ["script", "--bf16"])
+    assert probe_fingerprint(Script(str(path), (), {"micro_batch_size": "--batch"}),
+                             "cpu A") == stored([], ["script"], [("micro_batch_size", "--batch")])
 
 
 def test_the_announcement_says_when_the_run_ends_what_it_does_and_why_it_grew() -> None:

@@ -13,7 +13,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +24,7 @@ from autotune.config import FP8_PRECISIONS, TrainConfig
 from autotune.errors import ConfigError
 from autotune.options import EXPORT_FORMATS
 from autotune.show.export import export_config, hf_training_arguments
+from autotune.target import ModelFile
 
 from ..conftest import ROOT, TEST_MODELS
 
@@ -102,13 +102,11 @@ def test_yaml_and_json_round_trip(fmt, name, tmp_path):
     assert TrainConfig.from_dict(yaml.safe_load(text)) == config
 
 
-def test_unknown_format_and_stray_model_args_are_config_errors():
+def test_an_unknown_format_and_model_args_that_are_not_plain_are_config_errors():
     with pytest.raises(ConfigError, match="unknown export format 'toml'.*yaml, json, hf"):
         export_config(TrainConfig(), "toml")
-    with pytest.raises(ConfigError, match="model_args need a model_path"):
-        export_config(TrainConfig(), "torch", model_args={"dim": 8})
     with pytest.raises(ConfigError, match="plain values"):
-        export_config(TrainConfig(), "torch", model_path="m.py", model_args={"x": object()})
+        export_config(TrainConfig(), "torch", target=ModelFile("m.py", {"x": object()}))
 
 
 # --- Hugging Face TrainingArguments ------------------------------------------------------------
@@ -359,8 +357,9 @@ def _importable(module: str) -> bool:
     TrainConfig(micro_batch_size=16, grad_accum_steps=2, optimizer="adafactor"),
 ], ids=["adamw_foreach", "adafactor"])
 def test_torch_script_trains_the_model_file(config, tmp_path):
-    text = export_config(config, "torch", model_path=str(TEST_MODELS / "tiny_tuple.py"),
-                         model_args={"dim": 16}, device="cpu")
+    text = export_config(config, "torch",
+                         target=ModelFile(str(TEST_MODELS / "tiny_tuple.py"), {"dim": 16}),
+                         device="cpu")
     assert run_export(text)["CONFIG"] == config
     header = _comments(text[:text.index('"""')])
     assert ("another update rule, which changes what the model learns" in header) is \
@@ -392,8 +391,8 @@ def test_torch_script_without_model_has_placeholders(tmp_path):
 
 
 def test_torch_script_keeps_model_path_and_args_as_given():
-    text = export_config(TrainConfig(), "torch", model_path=Path("models/mlp.py"),
-                         model_args={"hidden": 64, "name": 'a"b', "flag": True})
+    text = export_config(TrainConfig(), "torch", target=ModelFile(
+        "models/mlp.py", {"hidden": 64, "name": 'a"b', "flag": True}))
     ns = run_export(text)
     assert ns["MODEL_PATH"] == "models/mlp.py"
     assert ns["MODEL_ARGS"] == {"hidden": 64, "name": 'a"b', "flag": True}
@@ -674,7 +673,7 @@ def test_torch_script_for_a_process_group_converts_to_float8_before_wrapping(nam
     config = GROUPS[name].replace(precision="fp8_rowwise", compile_mode="default",
                                   fsdp_reduce_dtype="fp32", optimizer="adafactor",
                                   optimizer_impl="for_loop")
-    text = export_config(config, "torch", nproc_per_node=2, model_path="model.py")
+    text = export_config(config, "torch", nproc_per_node=2, target=ModelFile("model.py"))
     ns = run_export(text)
     assert ns["CONFIG"] == config and ns["ONE_PROCESS"].precision == "bf16"
     wrap = "model = DistributedDataParallel(" if name == "ddp" else "model = fully_shard("
@@ -690,8 +689,10 @@ def test_torch_script_for_a_process_group_converts_to_float8_before_wrapping(nam
 def test_torch_script_for_a_process_group_trains_on_two_ranks(name, tmp_path):
     """The script as a user runs it: two CPU ranks over gloo, the model file's blocks wrapped."""
     config = GROUPS[name]
-    text = export_config(config, "torch", model_path=str(TEST_MODELS / "tiny_dict.py"),
-                         model_args={"dim": 16, "layers": 4}, device="cpu", nproc_per_node=2)
+    text = export_config(config, "torch",
+                         target=ModelFile(str(TEST_MODELS / "tiny_dict.py"),
+                                          {"dim": 16, "layers": 4}),
+                         device="cpu", nproc_per_node=2)
     script = tmp_path / "train_tuned.py"
     script.write_text(text)
     done = subprocess.run(
@@ -754,7 +755,8 @@ def _autotune_imports(text: str) -> set[str]:
 def test_exported_scripts_import_only_what_autotune_hands_on(fmt, name, model_path):
     config = IMPORTING[name]
     ranks = 1 if config.parallelism == "none" else 2
-    text = export_config(config, fmt, model_path=model_path, nproc_per_node=ranks)
+    text = export_config(config, fmt, target=ModelFile(model_path) if model_path else None,
+                         nproc_per_node=ranks)
     imported = _autotune_imports(text)
     assert imported <= set(autotune.__all__), imported - set(autotune.__all__)
     assert all(hasattr(autotune, name) for name in imported)

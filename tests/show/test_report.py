@@ -5,23 +5,27 @@ from __future__ import annotations
 from dataclasses import MISSING, fields, replace
 
 import optuna
+import pytest
 import torch
 from rich.console import Console
 
 from autotune.config import DISTRIBUTED_KNOBS, TrainConfig
 from autotune.show.report import (
     OPERATOR_TABLE_TITLES,
+    bench_tables,
     knob_rows,
     stats_table,
     summary_markdown,
     summary_tables,
     trial_row,
 )
+from autotune.show.report_page import build_report
 from autotune.study.confirmation import NOISE, PAYS, TakenBack
 from autotune.study.records import StudyKey, TrialRecord
 from autotune.study.results import applicable_knobs, load_study, study_summary
 from autotune.study.storage import open_storage
 from autotune.study.summary import ConfirmedFigures, StudySummary
+from autotune.target import ModelFile, Script
 from autotune.trial.profiling import operator_tables
 from autotune.trial.protocol import Measurement, ScriptAnswer, StudyIdentity, TrialStatus
 
@@ -86,7 +90,7 @@ def test_summary_shows_best_beside_baseline_in_both_forms() -> None:
     best = TrainConfig(micro_batch_size=8, precision="bf16")
     confirmed = _confirmed(baseline_spread=2.0, speedup_ci=(1.9, 2.1), confirmation_repeats=2,
                            best_search_samples_per_sec=250.0)
-    summary = _summary(study="mlp", model="models/mlp.py", device="cpu",
+    summary = _summary(study="mlp", target=ModelFile("models/mlp.py"), device="cpu",
                        best_config=best, baseline_config=base,
                        knobs=applicable_knobs(None, best, base, 1), best_samples_per_sec=200.0,
                        best_spread=5.0, baseline_samples_per_sec=100.0, speedup=2.0,
@@ -112,7 +116,7 @@ def _stored_summary(tmp_path, nproc_per_node: int, base: TrainConfig, best: Trai
     study = optuna.create_study(study_name="s", storage=open_storage(None, tmp_path / "s"),
                                 direction="maximize")
     study.set_user_attr(StudyKey.IDENTITY, StudyIdentity(
-        "models/mlp.py", {}, "cuda", nproc_per_node=nproc_per_node).to_json())
+        ModelFile("models/mlp.py"), "cuda", nproc_per_node=nproc_per_node).to_json())
     study.set_user_attr(StudyKey.BASELINE_CONFIG, base.to_dict())
     if space is not None:
         study.set_user_attr(StudyKey.SPACE, space)
@@ -165,7 +169,7 @@ def test_a_knob_the_best_changed_is_listed_though_the_study_did_not_search_it(
 def test_a_script_studys_answer_is_in_its_own_terms_everywhere() -> None:
     answer = ScriptAnswer("transformers", {"TrainingArguments": {
         "per_device_train_batch_size": 16, "bf16": True}}, "parse_args_into_dataclasses")
-    summary = _summary(model="/w/train.py", script_args=("--output_dir", "out"),
+    summary = _summary(target=Script("/w/train.py", ("--output_dir", "out")),
                        script_answer=answer, knobs=())
     flags = "--per_device_train_batch_size 16 --bf16"
     assert summary.script_lines() == [flags]
@@ -178,7 +182,12 @@ def test_a_script_studys_answer_is_in_its_own_terms_everywhere() -> None:
     assert "- script: `/w/train.py` `--output_dir out`" in markdown
     data = summary.to_json()
     assert data["answer_in_script_terms"] == [flags] and data["script_flags"] == flags.split()
-    assert "script_args" not in _summary(knobs=()).to_json()  # a model file's, as before
+    # the target under the keys `show --json` has always printed
+    assert (data["model"], data["model_args"], data["script_args"]) == \
+        ("/w/train.py", {}, ["--output_dir", "out"])
+    model = _summary(target=ModelFile("/w/m.py", {"dim": 8}), knobs=()).to_json()
+    assert (model["model"], model["model_args"]) == ("/w/m.py", {"dim": 8})
+    assert "script_args" not in model and "target" not in model  # a model file's, as before
 
 
 def test_each_change_taken_back_is_a_row_with_its_cost_and_what_it_says() -> None:
@@ -204,3 +213,50 @@ def test_each_change_taken_back_is_a_row_with_its_cost_and_what_it_says() -> Non
     markdown = summary_markdown(summary)
     assert "- without torch.compile: 0.4% [-1.2%, +1.2%] (speed lost, paired by round, 95% " \
         "interval: inside the noise: dropped)" in markdown
+
+
+# What a CUDA trial of a GPT-2-small-like model records for its MFU (the figures are made up).
+CUDA_MFU = Measurement(samples_per_sec=200.0, flops_per_sample=4.21e9, flops_source="counted",
+                       peak_flops=989e12, peak_flops_source="the bf16 data-sheet peak",
+                       mfu=4.21e9 * 200.0 / 989e12)
+
+
+def test_bench_shows_mfu_with_what_it_divided_on_cuda_and_why_there_is_none_on_cpu() -> None:
+    on_cuda = " ".join(_text(bench_tables(CUDA_MFU, "cuda:0", "gpt2 on cuda")).split())
+    assert "MFU │ 0.1% │ 4.21 GFLOP a sample (counted) x samples/sec over 989 TFLOP/s, the " \
+        "bf16 data-sheet peak" in on_cuda
+    on_cpu = " ".join(_text(bench_tables(Measurement(samples_per_sec=200.0), "cpu",
+                                         "mlp on cpu")).split())
+    assert "MFU │ n/a on CPU │ no peak FLOP/s to divide by: MFU needs CUDA" in on_cpu
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_show_run_and_summary_md_give_the_best_mfu_or_why_there_is_none(tmp_path,
+                                                                       device) -> None:
+    """`show`, `run`'s closing summary and summary.md share one row, and `report`'s page says
+    the same; on CUDA the best trial's FLOPs a sample and peak are what it divided."""
+    study = optuna.create_study(study_name="s", storage=open_storage(None, tmp_path / "s"),
+                                direction="maximize")
+    study.set_user_attr(StudyKey.IDENTITY,
+                        StudyIdentity(ModelFile("models/mlp.py"), device).to_json())
+    base = TrainConfig(micro_batch_size=8)
+    study.set_user_attr(StudyKey.BASELINE_CONFIG, base.to_dict())
+    _told(study, base, "ok", 100.0, role="baseline")
+    mfu = {f: getattr(CUDA_MFU, f) for f in ("flops_per_sample", "flops_source", "peak_flops",
+                                              "peak_flops_source", "mfu")}
+    _told(study, base.replace(precision="bf16"), "ok", 200.0, **(mfu if device == "cuda" else {}))
+    summary = study_summary(load_study("s", tmp_path))
+    text = " ".join(_text(summary_tables(summary)).split())
+    markdown = summary_markdown(summary)
+    page = build_report(load_study("s", tmp_path))
+    if device == "cuda":
+        assert "MFU (best) │ 0.1% │ 4.21 GFLOP a sample (counted) x samples/sec over 989 " \
+            "TFLOP/s" in text
+        assert "- MFU (best): 0.1% (4.21 GFLOP a sample (counted)" in markdown
+        assert "<td>MFU</td><td class=\"num\">n/a</td><td class=\"num\">0.1%</td>" in page
+        assert "MFU: 4.21 GFLOP a sample (counted) x samples/sec over 989 TFLOP/s" in page
+    else:
+        assert "MFU (best) │ n/a on CPU │ no peak FLOP/s to divide by: MFU needs CUDA" in text
+        assert "- MFU (best): n/a on CPU (no peak FLOP/s to divide by" in markdown
+        assert "<td class=\"num\">n/a on CPU</td><td class=\"num\">n/a on CPU</td>" in page
+        assert "MFU: no peak FLOP/s to divide by: MFU needs CUDA." in page

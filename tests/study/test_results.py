@@ -7,6 +7,7 @@ import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -45,14 +46,15 @@ from autotune.trial.protocol import Measurement, TrialStatus
 
 
 def _told(study: optuna.Study, config: TrainConfig, status: str, rate: float | None,
-          role: str = "search", other_cpu_share: float | None = None) -> None:
+          role: str = "search", other_cpu_share: float | None = None,
+          **figures: Any) -> None:
     """A finished trial, recorded as the tuner records one; with `other_cpu_share` above the
-    threshold, its window was disturbed."""
+    threshold, its window was disturbed; `figures`, more of its measurement's."""
     trial = study.ask()
     if rate is not None:
         measurement = Measurement(
             samples_per_sec=rate, other_cpu_share=other_cpu_share,
-            disturbed=other_cpu_share is not None and other_cpu_share > 0.05)
+            disturbed=other_cpu_share is not None and other_cpu_share > 0.05, **figures)
         trial.set_user_attr(TrialKey.MEASUREMENT, measurement.to_json())
     trial.set_user_attr(TrialKey.CONFIG, config.to_dict())
     trial.set_user_attr(TrialKey.ROLE, role)
@@ -167,11 +169,11 @@ def test_a_study_written_before_typed_records_opens_and_says_what_it_said(tmp_pa
     """A journal from autotune before measurements had a record of their own (each figure an
     attribute of its own): read with today's code, every trial has its measurement, and the
     summary is the one `show --json` printed then (the new `knobs`, `queued_trials`,
-    `trial_times` and `confirmation_measured` aside: its rounds were fresh ones; the
-    diagnosis of its baseline, read off its profiled trial; the loader's CPU share, not
-    measured then; no change of its answer was taken back, which confirmations did not do
-    then; and nothing was checked of its answer beyond its speed, which they did not do
-    either)."""
+    `trial_times`, `confirmation_measured`, `device_type` and `best_mfu_basis` aside: its
+    rounds were fresh ones, on a CPU; the diagnosis of its baseline, read off its profiled
+    trial; the loader's CPU share, not measured then; no change of its answer was taken back,
+    which confirmations did not do then; and nothing was checked of its answer beyond its
+    speed, which they did not do either)."""
     folder = tmp_path / "tiny_dict"
     folder.mkdir()
     shutil.copy(OLD_STUDY / "journal.log", folder / "journal.log")
@@ -190,6 +192,7 @@ def test_a_study_written_before_typed_records_opens_and_says_what_it_said(tmp_pa
     assert now.pop("answer_diagnosis") is None  # its answer kept the baseline
     assert all(rate.pop("cpu_share") is None for rate in now["loader_rates"])
     assert now.pop("taken_back") == [] and now.pop("taken_from_config") is None
+    assert now.pop("device_type") == "cpu" and now.pop("best_mfu_basis") is None
     for unchecked in ("best_worst_batch_peak_bytes", "best_worst_batch_headroom_bytes",
                       "worst_batch", "loss_check", "checks"):
         assert now.pop(unchecked) is None, unchecked

@@ -28,8 +28,8 @@ SEARCH_KEYS = {
     "memory_predictions", "loader_rates", "baseline_trial", "left_out", "convolutional",
     "warnings",
     "queued_trials", "trial_times", "probe_s", "disturbed_trials",
-    "best_disturbed", "compile_payoff", "diagnosis", "answer_diagnosis",
-    "best_worst_batch_peak_bytes", "best_worst_batch_headroom_bytes"}
+    "best_disturbed", "compile_payoff", "diagnosis", "answer_diagnosis", "device_type",
+    "best_mfu_basis", "best_worst_batch_peak_bytes", "best_worst_batch_headroom_bytes"}
 # ... and the keys the paired rounds add (their checks of the answer among them).
 CONFIRMED_KEYS = {
     "best_runs", "baseline_spread", "speedup_ci", "no_measurable_difference",

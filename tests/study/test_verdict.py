@@ -54,3 +54,7 @@ def test_one_round_is_not_known_and_an_unconfirmed_study_says_so() -> None:
         "not confirmed: bf16 measured 1.50x your settings in single search trials; confirm it "
         "(--confirm-repeats) before you change your training")
     assert search_verdict(None, None, BASE).startswith("no answer")
+    # the H200's loader study (benchmarks/results/gpu_h200_followup): its probe took 68 s of
+    # a 110 s budget and no search trial ran; that is not the search finding nothing faster
+    assert search_verdict(BASE, None, BASE, tried=False).startswith(
+        "not known: the run's time ended before any configuration besides your settings")

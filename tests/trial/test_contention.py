@@ -16,6 +16,7 @@ import pytest
 from autotune.config import TrainConfig
 from autotune.options import MeasureSettings
 from autotune.search.isolation import run_isolated
+from autotune.target import ModelFile
 from autotune.trial.contention import Contention, cpu_ticks, other_share, own_pids, same_load
 from autotune.trial.protocol import Measurement, TrialRequest
 
@@ -69,9 +70,8 @@ def wait_for_a_quiet_machine(limit_s: float = 45.0) -> None:
 
 def trial(write_model, tmp_path, on_phase=None, settings=SETTINGS, **config) -> Measurement:
     path = write_model(TINY_SOURCE.replace("size=256", "size=4096"))
-    request = TrialRequest(model_path=str(path), device="cpu", settings=settings,
-                           config=TrainConfig(micro_batch_size=64, **config).to_dict(),
-                           model_args={"dim": 256})
+    request = TrialRequest(ModelFile(str(path), {"dim": 256}), device="cpu", settings=settings,
+                           config=TrainConfig(micro_batch_size=64, **config).to_dict())
     result = run_isolated(request, 120, tmp_path / "trial.log", on_phase=on_phase)
     assert result.status == "ok", result.message
     return result.measurement
@@ -165,3 +165,30 @@ def test_a_processs_children_are_its_own_even_once_they_have_exited() -> None:
     # The parent itself only slept and waited; ticks are 10 ms each.
     assert children_cpu_s > 0.5
     assert own_s == pytest.approx(children_cpu_s, abs=0.1)
+
+
+SIBLING_PROBE = """
+import sys, time
+from autotune.trial.contention import ContentionProbe
+family = int(sys.argv[1]) or None
+probe = ContentionProbe(0.2, family=family)
+probe.start()
+time.sleep(1.5)
+print(probe.stop().disturbed)
+"""
+
+
+def test_a_warm_processs_siblings_are_the_tuners_own_not_a_load() -> None:
+    """The H200's warm confirmations flagged every round disturbed: the other warm processes
+    (the tuner's too) counted as a load beside each turn. Timed with the tuner as its family,
+    a sibling's busy loop is the confirmation's own; without it, the same sibling disturbs."""
+    sibling = subprocess.Popen([sys.executable, "-c", BUSY_LOOP])
+    try:
+        time.sleep(0.5)
+        flags = [subprocess.run([sys.executable, "-c", SIBLING_PROBE, str(family)],
+                                capture_output=True, text=True, timeout=60).stdout.strip()
+                 for family in (0, os.getpid())]
+    finally:
+        sibling.kill()
+        sibling.wait()
+    assert flags == ["True", "False"]

@@ -244,4 +244,7 @@ def test_compiles_in_warm_up_and_in_the_window_are_counted() -> None:
                            describe(torch.device("cpu")))
     assert not ragged.steady
     assert ragged.graphs_compiled_in_window == ragged.window_steps
-    assert ragged.cudagraph_recordings_in_window == 0  # CPU records no CUDA graphs
+    # CPU records no CUDA graphs; a torch whose compile callbacks announce none (2.6) leaves
+    # the count unknown, never a made-up zero
+    announces = hasattr(torch._dynamo.callback, "CallbackTrigger")
+    assert ragged.cudagraph_recordings_in_window == (0 if announces else None)

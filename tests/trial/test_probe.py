@@ -209,26 +209,26 @@ def test_channels_last_that_breaks_the_model_is_left_out_with_the_reason(write_m
 ATTENTION = TINY_SOURCE + """
 
 class Attention(nn.Module):
-    def __init__(self, dim=8, heads_dim=True):
+    def __init__(self, dim=8, four_dims=True):
         super().__init__()
         half = dim // 2
         self.qkv, self.head = nn.Linear(half, 3 * half), nn.Linear(half, 1)
-        self.heads_dim = heads_dim
+        self.four_dims = four_dims
 
     def forward(self, x, y):
         # one head over a sequence of 2: (batch, heads, sequence, features), as fused kernels
-        # want, or without the heads dimension, which only the math kernel takes
-        shape = (x.size(0), 1, 2, -1) if self.heads_dim else (x.size(0), 2, -1)
+        # want, or with a groups dimension before the heads, which only the math kernel takes
+        shape = (x.size(0), 1, 2, -1) if self.four_dims else (x.size(0), 1, 1, 2, -1)
         q, k, v = self.qkv(x.view(shape)).chunk(3, dim=-1)
         out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         return nn.functional.mse_loss(self.head(out).flatten(1).mean(dim=1), y)
 
 
 def build_model(dim=8):
-    return Attention(dim, HEADS_DIM)
+    return Attention(dim, FOUR_DIMS)
 
 
-HEADS_DIM = True
+FOUR_DIMS = True
 """
 
 
@@ -240,8 +240,9 @@ def test_attention_kernels_are_offered_to_a_model_that_calls_attention_only(writ
 
 
 def test_a_kernel_that_refuses_the_models_shapes_is_left_out_with_the_reason(write_model):
-    report = probe(write_model, ATTENTION.replace("HEADS_DIM = True", "HEADS_DIM = False"))
-    # CPU's flash kernel wants (batch, heads, sequence, features); math takes anything
+    report = probe(write_model, ATTENTION.replace("FOUR_DIMS = True", "FOUR_DIMS = False"))
+    # CPU's flash kernel wants (batch, heads, sequence, features) on every torch (2.14 takes
+    # 3-D too, which 2.13 refused); math takes anything
     refused = report.left_out_values()["attention_backend"]
     assert set(refused) == {"flash"}
     assert "backend" in refused["flash"] or "kernel" in refused["flash"]

@@ -4,11 +4,11 @@ still read."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 
 import pytest
 
 from autotune.config import TrainConfig
+from autotune.target import ModelFile, Script
 from autotune.trial.protocol import (
     MEASUREMENT_VERSION,
     Finding,
@@ -50,9 +50,24 @@ def test_a_result_read_back_from_json_has_its_records_typed() -> None:
                               unsupported=UnsupportedSetting("optimizer_impl", "fused"))
     assert TrialResult.from_json(json.loads(json.dumps(unsupported.to_json()))) == unsupported
     assert f"{read.status}" == "ok"  # as the storage spells it
-    request = TrialRequest(model_path="m.py", config={"micro_batch_size": 8}, device="cpu",
-                           cpus=[0, 1], threads=2)
-    assert TrialRequest(**json.loads(json.dumps(asdict(request)))) == request
+    request = TrialRequest(ModelFile("m.py", {"dim": 8}), config={"micro_batch_size": 8},
+                           device="cpu", cpus=[0, 1], threads=2)
+    assert TrialRequest.from_json(json.loads(json.dumps(request.to_json()))) == request
+
+
+def test_a_request_for_a_script_crosses_the_pipe_as_a_script() -> None:
+    """The request file a trial's process (or a warm process) reads: its target comes back
+    a `Script`, with its arguments and the flags named for its knobs."""
+    request = TrialRequest(Script("/w/train.py", ("--output_dir", "out", "--bf16"),
+                                  {"micro_batch_size": "--batch"}),
+                           config={"micro_batch_size": 8}, device="cpu", job="probe",
+                           settings={"candidates": {}}, scratch_dir="/tmp/s")
+    read = TrialRequest.from_json(json.loads(json.dumps(request.to_json())))
+    assert read == request and isinstance(read.target, Script)
+    assert read.target.args == ("--output_dir", "out", "--bf16")
+    assert read.target.flags == {"micro_batch_size": "--batch"}
+    model = TrialRequest(ModelFile("/w/train.py"), config={}, device="cpu")
+    assert TrialRequest.from_json(json.loads(json.dumps(model.to_json()))) != request
 
 
 def test_a_result_of_another_format_is_refused_with_a_reason() -> None:
@@ -87,12 +102,32 @@ def test_time_to_train_counts_start_up_so_compile_pays_only_on_long_runs() -> No
 
 
 def test_a_study_identity_is_stored_as_studies_always_stored_it() -> None:
-    one = StudyIdentity("/m.py", {"dim": 8}, "cpu")
+    one = StudyIdentity(ModelFile("/m.py", {"dim": 8}), "cpu")
     assert one.to_json() == {"model_path": "/m.py", "model_args": {"dim": 8},
                              "device_type": "cpu"}
-    group = StudyIdentity("/m.py", {}, "cuda", nproc_per_node=2)
+    group = StudyIdentity(ModelFile("/m.py"), "cuda", nproc_per_node=2)
     assert StudyIdentity.from_json(json.loads(json.dumps(group.to_json()))) == group
     assert StudyIdentity.from_json(one.to_json()) == one != group
+
+
+@pytest.mark.parametrize(("stored", "target"), [
+    ({"model_path": "/w/m.py", "model_args": {"dim": 8}, "device_type": "cpu"},
+     ModelFile("/w/m.py", {"dim": 8})),
+    ({"model_path": "/w/m.py", "model_args": {}, "device_type": "cuda", "nproc_per_node": 2},
+     ModelFile("/w/m.py")),
+    ({"model_path": "/w/train.py", "model_args": {}, "device_type": "cpu",
+      "script_args": ["--output_dir", "out"]},
+     Script("/w/train.py", ("--output_dir", "out"))),
+    ({"model_path": "/w/train.py", "model_args": {}, "device_type": "cpu", "script_args": [],
+      "script_flags": {"micro_batch_size": "--batch_size"}},
+     Script("/w/train.py", (), {"micro_batch_size": "--batch_size"})),
+], ids=["model-file", "model-file-group", "script", "script-named-flags"])
+def test_an_identity_stored_before_typed_targets_reads_as_its_target(stored, target) -> None:
+    """A study made before the target had a type resumes after: its stored identity reads
+    as the right kind of target and writes back exactly what it stored."""
+    identity = StudyIdentity.from_json(json.loads(json.dumps(stored)))
+    assert identity.target == target and type(identity.target) is type(target)
+    assert identity.to_json() == stored
 
 
 def test_a_probe_report_reads_back_with_what_it_left_out() -> None:
@@ -108,13 +143,16 @@ def test_a_probe_report_reads_back_with_what_it_left_out() -> None:
 
 
 def test_a_script_studys_identity_holds_its_arguments() -> None:
-    script = StudyIdentity("/train.py", {}, "cpu", script_args=("--bf16",))
+    script = StudyIdentity(Script("/train.py", ("--bf16",)), "cpu")
     assert StudyIdentity.from_json(json.loads(json.dumps(script.to_json()))) == script
-    # another argument, none, or the same file as a model file: another study
-    assert script != StudyIdentity("/train.py", {}, "cpu", script_args=("--fp16",))
-    assert script != StudyIdentity("/train.py", {}, "cpu", script_args=())
-    assert script != StudyIdentity("/train.py", {}, "cpu")
-    assert "script_args" not in StudyIdentity("/m.py", {}, "cpu").to_json()  # as stored before
+    # another argument, none, other named flags, or the same file as a model file: another
+    # study
+    assert script != StudyIdentity(Script("/train.py", ("--fp16",)), "cpu")
+    assert script != StudyIdentity(Script("/train.py"), "cpu")
+    assert script != StudyIdentity(Script("/train.py", ("--bf16",), {"micro_batch_size": "--b"}),
+                                   "cpu")
+    assert script != StudyIdentity(ModelFile("/train.py"), "cpu")
+    assert "script_args" not in StudyIdentity(ModelFile("/m.py"), "cpu").to_json()
     assert script.describe() == "/train.py --bf16 on cpu"
 
 

@@ -8,9 +8,7 @@ from autotune only what the package hands on (`autotune.__all__`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
@@ -20,33 +18,31 @@ from autotune.show.export.hf import hf_script, hf_training_arguments
 from autotune.show.export.lightning import lightning_script
 from autotune.show.export.script_args import script_args_text
 from autotune.show.export.torch_script import torch_script
+from autotune.target import ModelFile, Script, Target
 from autotune.trial.protocol import ScriptAnswer
 
 __all__ = ["EXPORT_FORMATS", "export_config", "hf_training_arguments"]
 
 
-def export_config(config: TrainConfig, fmt: str, *, model_path: str | Path | None = None,
-                  model_args: Mapping[str, Any] | None = None, device: str = "cuda",
-                  nproc_per_node: int = 1, convolutional: bool = False,
-                  script_answer: ScriptAnswer | None = None,
-                  script_args: list[str] | None = None, checks: Sequence[str] = ()) -> str:
+def export_config(config: TrainConfig, fmt: str, *, target: Target | None = None,
+                  device: str = "cuda", nproc_per_node: int = 1, convolutional: bool = False,
+                  script_answer: ScriptAnswer | None = None, checks: Sequence[str] = ()) -> str:
     """The recommended configuration as text in one of EXPORT_FORMATS.
 
     `yaml` and `json` load back with `TrainConfig.load`; `hf`, `lightning` and `torch` are
-    Python. `model_path`, `model_args` and `device` shape the `torch` script only: with a model
-    file it trains that file's model (the path is written as given), without one it has
-    placeholders to fill in. `nproc_per_node` is the number of ranks (torchrun's
-    `--nproc-per-node`) a configuration with parallelism ddp or fsdp runs on: the exports launch
-    that many, and the global batch counts them. `convolutional` (the model has 2-D or 3-D
-    convolutions, as the probe found) adds cudnn.benchmark to the HF and Lightning exports, as
-    the trials on CUDA had it. `args` is a script study's answer in the script's terms
-    (`script_answer`; `model_path` and `script_args` are the script and its own arguments).
+    Python. `target` and `device` shape the `torch` script only: with a model file it trains
+    that file's model with its arguments (the path is written as given), without one (or for a
+    training script) it has placeholders to fill in. `nproc_per_node` is the number of ranks
+    (torchrun's `--nproc-per-node`) a configuration with parallelism ddp or fsdp runs on: the
+    exports launch that many, and the global batch counts them. `convolutional` (the model has
+    2-D or 3-D convolutions, as the probe found) adds cudnn.benchmark to the HF and Lightning
+    exports, as the trials on CUDA had it. `args` is a script study's answer in the script's
+    terms (`script_answer`; a `Script` target gives the whole command with its arguments).
     `checks` are what the study checked of the configuration beyond its speed (its worst
     batch, its loss), a line each: comments in every format but JSON, where they are a key.
     """
     if fmt in SCRIPT_EXPORT_FORMATS:
-        return script_args_text(script_answer, str(model_path) if model_path else None,
-                                script_args)
+        return script_args_text(script_answer, target if isinstance(target, Script) else None)
     if fmt not in EXPORT_FORMATS:
         raise ConfigError(f"unknown export format {fmt!r}; the formats are: "
                           f"{', '.join(EXPORT_FORMATS + SCRIPT_EXPORT_FORMATS)}")
@@ -65,5 +61,5 @@ def export_config(config: TrainConfig, fmt: str, *, model_path: str | Path | Non
         return hf_script(config, nproc_per_node, convolutional, checks)
     if fmt == "lightning":
         return lightning_script(config, nproc_per_node, convolutional, checks)
-    return torch_script(config, model_path, dict(model_args or {}), device, nproc_per_node,
-                        checks)
+    return torch_script(config, target if isinstance(target, ModelFile) else None, device,
+                        nproc_per_node, checks)

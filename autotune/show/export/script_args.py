@@ -1,34 +1,40 @@
 """The `args` export: a script study's answer in the script's own terms, as the user applies
-it: the flags to add to its command line (a script whose TrainingArguments come from
-HfArgumentParser), or the keyword arguments to change in its code."""
+it: the flags to add to its command line (HfArgumentParser's, or the script's own flags its
+settings come from), accelerate launch's, and the lines of its code to change or add."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
 from autotune.errors import ConfigError
-from autotune.trial.protocol import ScriptAnswer
+from autotune.target import Script
+from autotune.trial.protocol import ScriptAnswer, without_flag
 
 
-def script_args_text(answer: ScriptAnswer | None, script: str | None = None,
-                     script_args: Sequence[str] | None = None) -> str:
-    """For a script that parses its arguments: the flags, on one line (nothing when the script's
-    own settings won), then a comment with the whole command. Otherwise the keyword arguments,
-    one `Where(name=value)` line per place in the code, as comments."""
+def script_args_text(answer: ScriptAnswer | None, script: Script | None = None) -> str:
+    """The flags to add to the script's command line on one line (nothing when the script's
+    own settings won), then a comment with the whole command (under `accelerate launch` with
+    its flags, where the answer sets them); then, as comments, each line of the code to change
+    or add (the whole command only where the `script` and its arguments are known)."""
     if answer is None:
         raise ConfigError("export --format args is for a study of a training script "
                           "(autotune run --script): this study has no answer in a script's "
                           "terms")
     if not answer.changes:
         return "# keep the script's own settings\n"
-    if answer.on_command_line:
-        flags = answer.flags()
-        lines = [" ".join(flags)]
-        if script is not None:
-            kept = without(script_args or (), answer.changes.get("TrainingArguments", {}))
-            lines.append(f"# the whole command: {' '.join(['python', script, *kept, *flags])}")
-        return "\n".join(lines) + "\n"
-    return "".join(f"# change in the code: {line}\n" for line in answer.keyword_lines())
+    lines = []
+    flags, launcher = answer.flags(), answer.launcher_words()
+    if flags:
+        lines.append(" ".join(flags))
+    if (flags or launcher) and script is not None:
+        kept = without(script.args, answer.changes.get("TrainingArguments", {})) \
+            if answer.on_command_line else list(script.args)
+        for flag in answer.script_flags:
+            kept = without_flag(kept, flag.flag, flag.form)
+        start = launcher or ["python"]
+        lines.append(f"# the whole command: {' '.join([*start, script.path, *kept, *flags])}")
+    lines += [f"# change in the code: {line}" for line in answer.code_lines()]
+    return "\n".join(lines) + "\n"
 
 
 def without(argv: Sequence[str], names: Iterable[str]) -> list[str]:

@@ -22,6 +22,7 @@ from autotune.show.export.common import (
     update_rule,
 )
 from autotune.show.export.torch_group import group_main, group_preamble, one_process_config
+from autotune.target import ModelFile
 
 # What the script says of cudnn.benchmark, which its setup_training turns on itself.
 SETUP_BENCHMARK = ("setup_training applies the knobs, and on CUDA sets "
@@ -54,12 +55,11 @@ for step in range(1, args.steps + 1):
 '''
 
 
-def torch_script(config: TrainConfig, model_path: str | Path | None,
-                 model_args: dict[str, Any], device: str, nproc_per_node: int,
-                 checks: Sequence[str] = ()) -> str:
-    """Docstring and imports, the configuration as constants, the model (or FILL IN), and
-    `main()`: set up, then train, on one process or on each rank of a group."""
-    args_literal = _model_args_literal(model_path, model_args)
+def torch_script(config: TrainConfig, model: ModelFile | None, device: str,
+                 nproc_per_node: int, checks: Sequence[str] = ()) -> str:
+    """Docstring and imports, the configuration as constants, the model file's model (or FILL
+    IN), and `main()`: set up, then train, on one process or on each rank of a group."""
+    model_path = model.path if model is not None else None
     group = config.parallelism != "none"
     lines = header(config, nproc_per_node, checks)
     if config.optimizer != "adamw":
@@ -71,8 +71,8 @@ def torch_script(config: TrainConfig, model_path: str | Path | None,
               "})"]
     if group:
         lines += one_process_config(config)
-    if model_path is not None:
-        lines += [f"MODEL_PATH = {py(str(model_path))}", f"MODEL_ARGS = {args_literal}"]
+    if model is not None:
+        lines += [f"MODEL_PATH = {py(model.path)}", f"MODEL_ARGS = {_args_literal(model.args)}"]
     lines.append("LOG_EVERY = 10")
     if model_path is None:
         lines += ["", "", *code(FILL_IN)]
@@ -85,10 +85,9 @@ def torch_script(config: TrainConfig, model_path: str | Path | None,
     return script([*lines, "", "", 'if __name__ == "__main__":', "    main()"])
 
 
-def _model_args_literal(model_path: str | Path | None, model_args: dict[str, Any]) -> str:
-    """`model_args` as the Python literal the script holds, which must read back as itself."""
-    if model_args and model_path is None:
-        raise ConfigError("model_args need a model_path: they are the model file's arguments")
+def _args_literal(model_args: dict[str, Any]) -> str:
+    """A model file's arguments as the Python literal the script holds, which must read back
+    as itself."""
     literal = py(model_args)
     try:
         plain = ast.literal_eval(literal) == model_args

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import sys
 import time
 from collections.abc import Callable
 from types import ModuleType
@@ -18,6 +19,7 @@ from typing import Any
 
 from autotune.trial.script.errors import check_device
 from autotune.trial.script.hf_terms import (
+    FIELDS,
     LIBRARY,
     read_baseline,
     run_steps,
@@ -26,6 +28,7 @@ from autotune.trial.script.hf_terms import (
 )
 from autotune.trial.script.observer import StepTally, TrainInfo, TrainingDone, dataset_size
 from autotune.trial.script.session import ScriptBaseline, ScriptTrial, current
+from autotune.trial.script.sources import call_site, named_flag
 from autotune.trial.training import Unsupported
 
 # Nothing the script's own run would write or send: no output, checkpoints, evaluation, hub
@@ -53,13 +56,14 @@ def patch_trainer(module: ModuleType) -> None:
         if trial is None or trial.training:
             init(self, *args, **kwargs)
             return
+        trial.kind = LIBRARY  # its Accelerator, optimizer and DataLoader are the Trainer's
         bound = signature.bind(self, *args, **kwargs)
-        script_args = bound.arguments.get("args") or \
+        own_arguments = bound.arguments.get("args") or \
             module.TrainingArguments(output_dir="tmp_trainer")
-        baseline = read_baseline(script_args, trial.device.type, bound.arguments.get("model"))
-        bound.arguments["args"], settings = _trial_arguments(trial, script_args, baseline)
+        baseline = read_baseline(own_arguments, trial.device.type, bound.arguments.get("model"))
+        bound.arguments["args"], settings = _trial_arguments(trial, own_arguments, baseline)
         init(*bound.args, **bound.kwargs)
-        baseline.run_steps = run_steps(script_args, dataset_size(self.train_dataset))
+        baseline.run_steps = run_steps(own_arguments, dataset_size(self.train_dataset))
         check_device(trial.script, self.args.device, trial.device, "TrainingArguments takes the "
                      "GPU where there is one, the CPU with use_cpu=True")
         self._autotune_trial = (baseline, settings)
@@ -72,6 +76,9 @@ def patch_trainer(module: ModuleType) -> None:
             return train(self, *args, **kwargs)
         startup_s = trial.training_called()
         trial.baseline, trial.settings = prepared
+        for knob, flag in trial.flag_map.items():
+            trial.baseline.said("TrainingArguments", FIELDS[knob],
+                                named_flag(flag, trial.flags, knob))
         tally = StepTally()
         self.add_callback(callback_cls(trial, self, tally, startup_s))
         _tally_micro_steps(self, tally)
@@ -83,6 +90,34 @@ def patch_trainer(module: ModuleType) -> None:
 
     trainer_cls.__init__, trainer_cls.train = patched_init, patched_train
     trainer_cls._autotune_patched = True
+
+
+def patch_arguments(module: ModuleType) -> None:
+    """`transformers.training_args`: where each TrainingArguments field the script passes is
+    said (its own flag, or the line), recorded as it builds them."""
+    cls = module.TrainingArguments
+    if getattr(cls, "_autotune_patched", False):
+        return
+    post_init = cls.__post_init__
+
+    @functools.wraps(post_init)
+    def patched_post_init(self: Any, *args: Any, **kwargs: Any) -> Any:
+        trial = current()
+        if trial is not None and not trial.training and trial.kind in (None, LIBRARY) and \
+                "_autotune_sources" not in vars(self):
+            site = call_site(sys._getframe(1), self)
+            if site is not None:
+                where = trial.folder
+                sources = {"": site.code(where).to_dict()}
+                for keyword in site.call.keywords if site.call is not None else ():
+                    if keyword.arg:
+                        sources[keyword.arg] = site.source(keyword.arg, trial.flags,
+                                                           where).to_dict()
+                self._autotune_sources = sources
+        return post_init(self, *args, **kwargs)
+
+    cls.__post_init__ = patched_post_init
+    cls._autotune_patched = True
 
 
 def patch_parser(module: ModuleType) -> None:

@@ -20,6 +20,9 @@ LIBRARY = "transformers"
 OPTIMS = {"adafactor": "adafactor", "adamw_8bit": "adamw_bnb_8bit"}
 _OPTIMIZERS = {"adafactor": "adafactor", "adamw_bnb_8bit": "adamw_8bit",
                "adamw_8bit": "adamw_8bit"}
+# The TrainingArguments field of each batch knob (what a flag the user names sets instead).
+FIELDS = {"micro_batch_size": "per_device_train_batch_size",
+          "grad_accum_steps": "gradient_accumulation_steps"}
 # Checkpointing every other layer (autotune's "selective") is TrainingArguments' every_n_layers.
 _SELECTIVE_EVERY = 2
 
@@ -185,6 +188,8 @@ def read_baseline(args: Any, device_type: str, model: Any = None) -> ScriptBasel
     baseline.arguments_class = type(args).__name__  # Seq2SeqTrainingArguments, TRL's configs
     baseline.settings = {"TrainingArguments": _fields(args, training_arguments(
         baseline.config(device_type, args.world_size), {}))}
+    if baseline.parsed_by is None:  # where the script's code says each field it passes
+        baseline.sources = {"TrainingArguments": dict(getattr(args, "_autotune_sources", {}))}
     return baseline
 
 

@@ -2,7 +2,9 @@
 observer and answer as a model file's trial does: the probe's `ProbeReport` (the script's own
 settings as the baseline, the knob values its library cannot be told left out), or a
 `Measurement` with the configuration in the script's own terms (`ScriptAnswer`), or for
-`autotune profile --script` the `ProfileReport` of a few of the library's steps."""
+`autotune profile --script` the `ProfileReport` of a few of the library's steps. A trial is
+told the script's own settings as its probe read them: the answer's baseline, and where each
+setting is said, so the trial sets the script's own flags as the answer would."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import torch
 from autotune.config import TrainConfig
 from autotune.errors import ContractError
 from autotune.options import MeasureSettings
+from autotune.target import Script
 from autotune.trial import distributed
 from autotune.trial.measure import findings_of
 from autotune.trial.profiling import (
@@ -32,13 +35,14 @@ from autotune.trial.protocol import (
     Measurement,
     ProbeReport,
     ProfileReport,
-    ScriptAnswer,
     TrialRequest,
 )
 from autotune.trial.script import terms
 from autotune.trial.script.measuring import MeasuringObserver
+from autotune.trial.script.observer import StepObserver
 from autotune.trial.script.runner import ScriptRun, run_script
-from autotune.trial.script.session import ScriptTrial
+from autotune.trial.script.session import ScriptBaseline, ScriptTrial
+from autotune.trial.script.sources import with_flags
 from autotune.trial.training import training_state_bytes
 
 # The probe times the script's own settings for a few steps only: it reads, it does not rank.
@@ -53,11 +57,11 @@ UNSIZED_DATASET = 1 << 30
 Progress = Callable[[str], None]
 
 
-def script_job(request: TrialRequest, device: torch.device, world_size: int,
+def script_job(request: TrialRequest, script: Script, device: torch.device, world_size: int,
                progress: Progress,
                ) -> tuple[TrainConfig, Measurement | ProbeReport | ProfileReport]:
-    """Run the script for `request.job` (measure, probe or profile); the configuration it ran,
-    and the job's answer."""
+    """Run `script` (the request's target) for `request.job` (measure, probe or profile); the
+    configuration it ran, and the job's answer."""
     if request.job not in ("measure", "probe", "profile"):
         raise ContractError(f"autotune {request.job} does not take --script")
     probing, profiling = request.job == "probe", request.job == "profile"
@@ -65,29 +69,75 @@ def script_job(request: TrialRequest, device: torch.device, world_size: int,
     settings = _settings({**request.settings, **extra})
     observer = MeasuringObserver(settings, device, progress,
                                  profiler=_profiler(request, settings, device))
-    config = None if probing or not request.config else TrainConfig.from_dict(request.config)
-    # The tuner's scratch folder for this trial, where it gave one (it removes it however the
-    # trial ends); each rank of a process group has its own folder in it.
-    parent = Path(request.scratch_dir) if request.scratch_dir else None
-    if parent is not None:
-        parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="autotune-script-", dir=parent) as scratch:
-        trial = ScriptTrial(device, observer, Path(scratch), config=config)
-        progress(SCRIPT_STARTUP)
-        start = time.perf_counter()
-        run = run_script(request.model_path, request.script_args or [], trial)
-        figures = replace(observer.measurement(run.startup_s),
-                          measure_wall_s=time.perf_counter() - start)
-    ran = config or run.baseline.config(device.type, world_size)
+    config, own = _asked(request), _own(request)
+    start = time.perf_counter()
+    run = run_under(request, script, device, world_size, observer, progress)
+    figures = replace(observer.measurement(run.startup_s),
+                      measure_wall_s=time.perf_counter() - start)
+    baseline = own or run.baseline
+    ran = config or baseline.config(device.type, world_size)
     if probing:
         return ran, _probe_report(run, observer, request.settings.get("candidates", {}),
                                   device.type, world_size)
     if profiling:
         return ran, _profile_report(ran, observer, device, request.settings.get("top", 15))
-    answer = ScriptAnswer(run.baseline.library,
-                          terms.changes(ran, run.baseline, device.type, world_size),
-                          run.baseline.parsed_by, run.baseline.arguments_class)
+    answer = terms.answer(ran, baseline, device.type, world_size)
     return ran, replace(figures, script_answer=answer)
+
+
+def run_under(request: TrialRequest, script: Script, device: torch.device, world_size: int,
+              observer: StepObserver, progress: Progress) -> ScriptRun:
+    """`script` (the request's target) run once with the request's knobs and its own flags set
+    for them, in a scratch folder of its own (in the tuner's for this trial, where it gave one:
+    it removes it however the trial ends; each rank of a process group has its own folder in
+    it), `observer` deciding when its loop stops: a trial's measurement, or a warm process's
+    turns (`script.turns`)."""
+    config, own = _asked(request), _own(request)
+    parent = Path(request.scratch_dir) if request.scratch_dir else None
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
+    argv, flags_set = script_arguments(list(script.args), config, own, device.type, world_size)
+    with tempfile.TemporaryDirectory(prefix="autotune-script-", dir=parent) as scratch:
+        trial = ScriptTrial(device, observer, Path(scratch), config=config,
+                            kind=own.library if own is not None else None, own=own,
+                            candidates=request.settings.get("candidates", {}),
+                            flag_map=dict(script.flags),
+                            flags_set=flags_set,
+                            own_paths=[p for p in (
+                                request.trace_path and str(Path(request.trace_path).parent),
+                                request.settings.get("out")) if p])
+        progress(SCRIPT_STARTUP)
+        return run_script(script.path, argv, trial)
+
+
+def script_settings(request: TrialRequest) -> MeasureSettings:
+    """The measurement's settings of a script's request (which also carries the script's own
+    settings as its probe read them)."""
+    return _settings(request.settings)
+
+
+def _asked(request: TrialRequest) -> TrainConfig | None:
+    """The configuration the request asks for (None: the probe, which reads the script's)."""
+    if request.job == "probe" or not request.config:
+        return None
+    return TrainConfig.from_dict(request.config)
+
+
+def _own(request: TrialRequest) -> ScriptBaseline | None:
+    """The script's own settings as its probe read them (None: the probe itself)."""
+    own = request.settings.get("script_baseline")
+    return ScriptBaseline.from_dict(own) if own else None
+
+
+def script_arguments(argv: list[str], config: TrainConfig | None, own: ScriptBaseline | None,
+                     device_type: str, world_size: int = 1) -> tuple[list[str], list[str]]:
+    """The script's arguments for a trial of `config`: its own flags set as the answer would
+    set them (where its settings come from its flags); and those flags, in words."""
+    if config is None or own is None:
+        return list(argv), []
+    asked = terms.answer(config, own, device_type, world_size).script_flags
+    return with_flags(argv, asked), [word for flag in asked
+                                     for word in flag.words() or [f"(no {flag.flag})"]]
 
 
 def _profiler(request: TrialRequest, settings: MeasureSettings,
@@ -150,4 +200,5 @@ def _probe_report(run: ScriptRun, observer: MeasuringObserver, candidates: dict[
         left_out=terms.left_out(run.baseline, candidates, device_type, world_size),
         script_imports=run.imports.modules(),
         script_environment_changed=run.imports.changed,
-        script_run_steps=run.baseline.run_steps)
+        script_run_steps=run.baseline.run_steps, script_baseline=run.baseline.to_dict(),
+        kept=terms.kept(run.baseline))

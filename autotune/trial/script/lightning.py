@@ -12,6 +12,7 @@ import functools
 import importlib
 import inspect
 import os
+import sys
 from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 
 from autotune.config import knob_names
+from autotune.hardware import tf32_matmuls
 from autotune.trial.script.errors import check_device
 from autotune.trial.script.lightning_loop import callback_class
 from autotune.trial.script.lightning_terms import (
@@ -30,6 +32,7 @@ from autotune.trial.script.lightning_terms import (
 )
 from autotune.trial.script.observer import TrainingDone
 from autotune.trial.script.session import ScriptBaseline, ScriptTrial, current
+from autotune.trial.script.sources import call_site
 from autotune.trial.training import set_matmul_precision
 
 _ALIASES = {"None": "32-true", "32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed",
@@ -60,7 +63,14 @@ def patch_trainer(module: ModuleType) -> None:
         if trial is None or trial.training:
             init(self, *args, **kwargs)
             return
+        trial.kind = LIBRARY  # its optimizer and DataLoaders are its LightningModule's
         baseline = _read_trainer(kwargs)
+        site = call_site(sys._getframe(1), self)
+        if site is not None:  # where the script says the Trainer's arguments
+            baseline.said("Trainer", "", site.code(trial.folder))
+            for name in baseline.settings["Trainer"]:
+                if site.passes(name):
+                    baseline.said("Trainer", name, site.source(name, trial.flags, trial.folder))
         refuse(trial, baseline, [k for k in knob_names() if k not in LATE_KNOBS])
         if trial.config is not None:
             kwargs.update(settings(trial.config, baseline)["Trainer"])
@@ -140,8 +150,7 @@ def _compiled(trial: ScriptTrial, baseline: ScriptBaseline, model: Any,
     if compiled:
         baseline.fixed["compile_mode"] = ("the script compiles its LightningModule itself "
                                           "(torch.compile), with options autotune cannot read")
-    if device.type == "cuda" and baseline.knobs.get("precision") == "fp32" and \
-            torch.get_float32_matmul_precision() != "highest":
+    if device.type == "cuda" and baseline.knobs.get("precision") == "fp32" and tf32_matmuls():
         baseline.knobs["precision"] = "tf32"
     config = trial.config
     if config is None:

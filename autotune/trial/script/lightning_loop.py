@@ -23,6 +23,7 @@ from autotune.trial.script.lightning_terms import (
 )
 from autotune.trial.script.observer import StepTally, Stopwatch, TrainInfo, dataset_size
 from autotune.trial.script.session import ScriptBaseline, ScriptTrial
+from autotune.trial.script.sources import Source, argument_flag
 from autotune.trial.training import Unsupported
 
 # DataLoader settings that mean nothing without worker processes.
@@ -86,8 +87,11 @@ def set_attributes(trial: ScriptTrial, baseline: ScriptBaseline, pl_module: Any,
     for attribute, knob in ATTRIBUTE_KNOBS.items():
         if parsing.lightning_hasattr(pl_module, attribute):
             found[attribute] = parsing.lightning_getattr(pl_module, attribute)
-            baseline.settings.setdefault(_holder(pl_module, attribute), {})[attribute] = \
-                found[attribute]
+            holder = _holder(pl_module, attribute)
+            baseline.settings.setdefault(holder, {})[attribute] = found[attribute]
+            source = _flag_of(trial, pl_module, holder, attribute, found[attribute])
+            if source is not None:
+                baseline.said(holder, attribute, source)
         else:
             baseline.fixed[knob] = (
                 f"no `{attribute}` attribute on the LightningModule, its hparams or the "
@@ -206,6 +210,20 @@ def _holder(pl_module: Any, attribute: str) -> str:
         if hasattr(owner, attribute):
             return type(owner).__name__
     return type(pl_module).__name__
+
+
+def _flag_of(trial: ScriptTrial, pl_module: Any, holder: str, attribute: str,
+             value: Any) -> Source | None:
+    """The script's own flag its code builds the holder of `attribute` with, where it does."""
+    if trial.folder is None:
+        return None
+    trainer = pl_module._trainer
+    datamodule = trainer.datamodule if trainer is not None else None
+    owner = next((o for o in (datamodule, pl_module) if o is not None and
+                  type(o).__name__ == holder.split(".")[0]), None)
+    if owner is None:
+        return None
+    return argument_flag(trial.folder / trial.script, type(owner), attribute, value, trial.flags)
 
 
 def _holder_of(baseline: ScriptBaseline, attribute: str) -> str | None:

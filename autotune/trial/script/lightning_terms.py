@@ -11,7 +11,7 @@ from typing import Any
 from autotune.config import FP8_PRECISIONS, TrainConfig
 from autotune.trial.distributed import launched_world_size
 from autotune.trial.protocol import LeftOut
-from autotune.trial.script.session import ScriptBaseline, ScriptTrial, Settings
+from autotune.trial.script.session import ScriptBaseline, ScriptTrial, Settings, settings_changed
 from autotune.trial.training import Unsupported
 
 LIBRARY = "lightning"
@@ -104,12 +104,7 @@ def changed_settings(config: TrainConfig, baseline: ScriptBaseline,
                      device_type: str) -> Settings:
     """Where and what must change from the script's own settings to say `config`."""
     own = settings(baseline.config(device_type), baseline)
-    out: Settings = {}
-    for where, values in settings(config, baseline).items():
-        differ = {k: v for k, v in values.items() if own.get(where, {}).get(k, ...) != v}
-        if differ:
-            out[where] = differ
-    return out
+    return settings_changed(own, settings(config, baseline))
 
 
 def refuse(trial: ScriptTrial, baseline: ScriptBaseline, knobs: Iterable[str]) -> None:

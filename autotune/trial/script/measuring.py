@@ -1,53 +1,43 @@
 """The measurement of a script trial, told each optimizer step of the library's own loop: the
-first step, warm-up until the last step times agree, the screening window, then a timed window
-(data loading included) until its minimum steps and seconds, or a cap; whether every loss in it
-was finite; the peak memory. The same protocol as a model file's trial (`trial/measure`), driven
-by the library's loop instead of autotune's; in a process group every rank moves on, and stops,
-at the step rank 0 decides. Every timed window is bracketed by the contention check: a disturbed
-screening never screens a configuration out, and a disturbed window is timed again once the
-machine is quiet (after a few untimed steps), the least disturbed one kept and flagged. After
-the window (never inside it), the profiler's: a few more of the library's steps under
-torch.profiler, for the trial's trace, its syncs per step and top operators, or for `autotune
-profile --script`."""
+same protocol as a model file's trial (`trial/measure`), its steps the same
+(`trial/window`: compile-aware warm-up, the screening window, a timed window synchronised
+only at its edges, a disturbed window timed again once quiet unless the warm-up saw the same
+load, at most `contention_remeasures` times), driven by the library's loop instead of
+autotune's. In a process group every rank moves on, and stops, at the step rank 0 decides.
+After the window (never inside it), the profiler's: a few more of the library's steps under
+torch.profiler, for the trial's trace, its syncs per step and top operators, or for
+`autotune profile --script`."""
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from autotune.options import MeasureSettings
-from autotune.stats import median_precision
 from autotune.trial import distributed
-from autotune.trial.contention import Contention, ContentionProbe
-from autotune.trial.measure import (
-    MemoryPeaks,
-    group_figures,
-    peak_memory,
-    percentile,
-    synchronize,
-)
+from autotune.trial.compile_events import compile_count
+from autotune.trial.contention import ContentionProbe
+from autotune.trial.measure import MemoryPeaks, group_figures, peak_memory, window_measurement
 from autotune.trial.profiling import ProfilerWindow, ProfileSummary
 from autotune.trial.protocol import FIRST_STEP, Measurement, PhaseTimes
 from autotune.trial.script.observer import TrainInfo
+from autotune.trial.window import (
+    Remeasures,
+    WarmUp,
+    Window,
+    WindowTimer,
+    screen_settings,
+    synchronize,
+)
 
+# The loop a script trains with, as a phase names it.
+_LOOPS = {"transformers": "transformers Trainer", "lightning": "lightning Trainer",
+          "accelerate": "Accelerate loop", "loop": "own loop"}
 FIRST, WARMUP, SCREEN, WINDOW, REWARM, PROFILE = (
     "first", "warmup", "screen", "window", "rewarm", "profile")
-
-
-@dataclass(frozen=True)
-class _Window:
-    """One timed window's figures and what else ran meanwhile."""
-
-    times: list[float]
-    samples: int
-    wait_s: float
-    losses: list[torch.Tensor]
-    contention: Contention
 
 
 class MeasuringObserver:
@@ -56,7 +46,8 @@ class MeasuringObserver:
     def __init__(self, settings: MeasureSettings, device: torch.device,
                  progress: Callable[[str], None] = lambda phase: None,
                  probe: ContentionProbe | None = None,
-                 profiler: ProfilerWindow | None = None) -> None:
+                 profiler: ProfilerWindow | None = None,
+                 beside: ContentionProbe | None = None) -> None:
         self.settings, self.device, self.progress = settings, device, progress
         self.profiler = profiler  # after the window: None, no profiler window
         self.profile: ProfileSummary | None = None
@@ -64,120 +55,113 @@ class MeasuringObserver:
         self.profile_samples, self.profile_wait_s, self.profile_s = 0, 0.0, 0.0
         self.memory: MemoryPeaks | None = None  # the training's, before the profiler's events
         self.probe = probe or ContentionProbe(settings.contention_threshold, device)
+        # what ran beside the warm-up and the screening: a load the window sees too stays
+        self.beside = beside or ContentionProbe(settings.contention_threshold, device)
         self.info: TrainInfo | None = None
         self.phase = FIRST
         self.first_step_s: float | None = None
-        self.warmup_times: list[float] = []
+        self.warm = WarmUp(settings)
         self.warmup_s = 0.0
-        self.steady = False
         self.screen_rate: float | None = None
+        self.screen: Window | None = None
         self.screened = False
-        self.window_times: list[float] = []
-        self.window_samples = 0
-        self.window_wait_s = 0.0
-        self.losses: list[torch.Tensor] = []
-        self.windows: list[_Window] = []
+        self.timer: WindowTimer | None = None
+        self.windows: Remeasures | None = None
         self.untimed_steps = 0
-        self._last = self._phase_start = time.perf_counter()
+        # each phase's wall time (`PhaseTimes`): what a confirmation run is priced from
+        self.screen_s = self.window_s = self.remeasure_s = 0.0
+        self.screen_done_s: float | None = None  # since the first step began
+        self._compiled = self._compiled_after = compile_count()
+        self._remeasure_began = 0.0
+        self._last = self._phase_start = self._began = time.perf_counter()
 
     def on_train_start(self, info: TrainInfo) -> None:
         self.info = info
-        self.progress(f"{FIRST_STEP} of the script's {info.library} Trainer")
+        self.progress(f"{FIRST_STEP} of the script's {_LOOPS.get(info.library, 'loop')}")
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        self._last = self._phase_start = time.perf_counter()
+        self._compiled = compile_count()
+        self._last = self._phase_start = self._began = time.perf_counter()
 
     def on_step_end(self, samples: int, loss: torch.Tensor | None, data_wait_s: float) -> bool:
-        synchronize(self.device)
-        now = time.perf_counter()
-        step_s, self._last = now - self._last, now
-        if self.phase == FIRST:
-            self.first_step_s = step_s
-            self.progress("warming up")
-            self._next(WARMUP, now)
-        elif self.phase == WARMUP:
-            self._warm_up(step_s, now)
-        elif self.phase == REWARM:
+        if self.phase in (FIRST, WARMUP):
+            synchronize(self.device)
+            now = time.perf_counter()
+            step_s, self._last = now - self._last, now
+            if self.phase == FIRST:
+                self.first_step_s = step_s
+                self.progress("warming up")
+                self.beside.start()
+                self.warm = WarmUp(self.settings)
+                self.phase, self._phase_start = WARMUP, now
+                return False
+            self.warm.step(step_s)
+            if self._decide(self.warm.done):
+                self.warmup_s = now - self._phase_start
+                self.progress("timing")
+                self._start_window(SCREEN)
+            return False
+        if self.phase == REWARM:
             self.untimed_steps += 1
             if self.untimed_steps >= self.settings.steady_steps:
                 self.progress("re-measuring the window")
-                self._next(WINDOW, time.perf_counter())
-        elif self.phase == PROFILE:
+                self._start_window(WINDOW)
+            return False
+        if self.phase == PROFILE:
             return self._profiled(samples, data_wait_s)
-        elif self.phase == SCREEN:
-            self._count(samples, loss, data_wait_s, step_s)
-            if len(self.window_times) >= self.settings.screen_steps:
-                return self._screen(now)
-        else:
-            self._count(samples, loss, data_wait_s, step_s)
-            return self._window_done(now)
-        return False
+        assert self.timer is not None
+        if not self._decide(self.timer.step(samples, loss, data_wait_s)):
+            return False
+        return self._screen() if self.phase == SCREEN else self._window_done()
 
     def on_train_end(self) -> None:
         """Nothing to do: the figures are read from this observer after the run."""
 
-    def _next(self, phase: str, now: float) -> None:
-        if phase == SCREEN and self.settings.screen_steps <= 0:
+    def _start_window(self, phase: str) -> None:
+        settings = self.settings
+        if phase == SCREEN and settings.screen_steps <= 0:
             phase = WINDOW
-        self.phase, self._phase_start = phase, now
-        self.window_times, self.window_samples, self.window_wait_s = [], 0, 0.0
-        self.losses = []
-        if phase in (SCREEN, WINDOW):
-            self.probe.start()
+        if phase == WINDOW and self.windows is None:
+            self.windows = Remeasures(settings, self.probe, self.beside.stop(), self.progress)
+        self.phase, self._phase_start = phase, time.perf_counter()
+        self.timer = WindowTimer(screen_settings(settings) if phase == SCREEN else settings,
+                                 self.device, self.probe)
 
-    def _warm_up(self, step_s: float, now: float) -> None:
-        settings, times = self.settings, self.warmup_times
-        times.append(step_s)
-        recent = times[-settings.steady_steps:]
-        self.steady = len(times) >= settings.steady_steps and \
-            max(recent) <= min(recent) * (1 + settings.steady_tolerance)
-        if self._decide(self.steady or len(times) >= settings.warmup_max_steps or
-                        now - self._phase_start >= settings.warmup_max_seconds):
-            self.warmup_s = now - self._phase_start
-            self.progress("timing")
-            self._next(SCREEN, now)
-
-    def _count(self, samples: int, loss: torch.Tensor | None, wait_s: float,
-               step_s: float) -> None:
-        self.window_times.append(step_s)
-        self.window_samples += samples
-        self.window_wait_s += wait_s
-        if loss is not None:
-            self.losses.append(loss)
-
-    def _screen(self, now: float) -> bool:
-        self.screen_rate = self.window_samples / max(sum(self.window_times), 1e-9)
+    def _screen(self) -> bool:
+        assert self.timer is not None
+        self.screen = window = self.timer.finish()
+        now = time.perf_counter()
+        self.screen_s, self.screen_done_s = now - self._phase_start, now - self._began
+        self.screen_rate = window.samples / max(window.seconds, 1e-9)
         below = self.settings.screen_below
-        disturbed = self.probe.stop().disturbed
         self.screened = self._decide(below is not None and self.screen_rate < below and
-                                     not disturbed)
+                                     not window.contention.disturbed)
         if not self.screened:
-            self._next(WINDOW, now)
+            self._start_window(WINDOW)
         return self.screened
 
-    def _window_done(self, now: float) -> bool:
-        """True once a window is full and is clean, or has had its chances to be timed again
-        (waiting 1, 2, 4... x the back-off for a quiet moment)."""
-        if not self._decide(self._window_full(now)):
+    def _window_done(self) -> bool:
+        """True (stop the loop) once the windows are done, unless the profiler's come next;
+        False with the window to be timed again (after untimed steps) once quiet."""
+        assert self.timer is not None and self.windows is not None
+        window = self.timer.finish()
+        now = time.perf_counter()
+        if not self.windows.windows:
+            self.window_s = now - self._phase_start
+        else:
+            self.remeasure_s += now - self._remeasure_began
+        self._remeasure_began = now
+        if self._decide(self.windows.add(window)):
+            self.untimed_steps = 0
+            self.phase = REWARM
             return False
-        contention = self.probe.stop()
-        self.windows.append(_Window(self.window_times, self.window_samples, self.window_wait_s,
-                                    self.losses, contention))
-        retry = len(self.windows) - 1
-        if not self._decide(contention.disturbed and retry < self.settings.contention_retries):
-            return self._profile_next()
-        wait_s = self.settings.contention_backoff_s * 2**retry
-        self.progress(f"{contention.describe()} in the window: waiting up to {wait_s:g} s for "
-                      "a quiet moment to measure it again")
-        self.probe.wait_for_quiet(wait_s)
-        self.untimed_steps = 0
-        self._next(REWARM, time.perf_counter())
-        return False
+        return self._profile_next()
 
     def _profile_next(self) -> bool:
         """The measurement done: True to stop the loop, or False with the profiler's window
         started."""
         self.memory = peak_memory(self.device)
+        self._compiled_after = compile_count()
         if self.profiler is None:
             return True
         self.progress("profiling")
@@ -196,16 +180,6 @@ class MeasuringObserver:
         self.profile_s = time.perf_counter() - self._phase_start
         return True
 
-    def _window_full(self, now: float) -> bool:
-        settings, steps = self.settings, len(self.window_times)
-        elapsed = now - self._phase_start
-        if steps >= settings.window_max_steps or elapsed >= settings.window_max_seconds:
-            return True
-        if steps < settings.window_steps or elapsed < settings.window_seconds:
-            return False
-        precision = median_precision(self.window_times)
-        return precision is None or precision <= settings.window_precision
-
     @staticmethod
     def _decide(flag: bool) -> bool:
         """`flag` as every rank of a process group takes it (rank 0's), so that all move to
@@ -213,52 +187,48 @@ class MeasuringObserver:
         world = distributed.current()
         return flag if world is None else world.decide(flag)
 
+    def _kept(self) -> tuple[Window, int, float | None, bool]:
+        """The window the figures come from, the windows timed again, the least load any
+        window saw and whether every one saw it: the screening's alone where it screened the
+        configuration out, what the loop ran of a window where the script's training ended
+        inside it."""
+        if self.windows is not None and self.windows.windows:
+            windows = self.windows
+            return windows.kept, len(windows.windows) - 1, windows.load, windows.steady_load
+        if self.screen is not None and self.screened:
+            window = self.screen
+        elif self.timer is not None and self.timer.steps:
+            window = self.timer.finish()
+        else:
+            raise RuntimeError("the script's training ended before the measurement's window "
+                               f"(after {len(self.warm.times) + 1} steps): give it more "
+                               "data or steps, or lower --window-steps")
+        return window, 0, window.contention.other_cpu_share, window.contention.disturbed
+
     def measurement(self, startup_s: float) -> Measurement:
         """The figures of the run observed; `startup_s` is the script's own start-up."""
-        if not self.windows and self.window_times:  # screened out, or the loop ended early
-            self.windows.append(_Window(self.window_times, self.window_samples,
-                                        self.window_wait_s, self.losses,
-                                        Contention(None, len(self.probe.cpus))))
-        if not self.windows:
-            raise RuntimeError("the script's training ended before the measurement's window "
-                               f"(after {len(self.warmup_times) + 1} steps): give it more "
-                               "data or steps, or lower --window-steps")
-        kept = min(self.windows, key=lambda w: (w.contention.disturbed,
-                                                w.contention.other_cpu_share or 0.0))
-        times, seconds = kept.times, sum(kept.times)
-        median, mean = statistics.median(times), statistics.fmean(times)
-        losses = torch.stack([loss.reshape(()) for loss in kept.losses]) if kept.losses \
-            else None
-        memory, profile = self.memory or peak_memory(self.device), self.profile
-        figures = Measurement(
-            samples_per_sec=kept.samples / seconds, window_s=seconds,
-            window_steps=len(times), window_samples=kept.samples,
-            step_time_median_s=median, step_time_p90_s=percentile(times, 0.9),
-            step_time_cv=statistics.pstdev(times) / mean if mean > 0 else 0.0,
-            time_to_first_step_s=self.first_step_s, setup_s=startup_s,
-            warmup_steps=len(self.warmup_times), steady=self.steady, warmup_s=self.warmup_s,
-            data_wait_fraction=min(1.0, kept.wait_s / seconds),
-            final_loss=float(losses[-1]) if losses is not None else None,
-            loss_finite=bool(torch.isfinite(losses).all()) if losses is not None else True,
-            screen_samples_per_sec=self.screen_rate, screened=self.screened,
-            step_time_precision=median_precision(times),
-            cpu_threads=torch.get_num_threads(),
-            peak_memory_bytes=memory.peak, peak_allocated_bytes=memory.allocated,
-            peak_reserved_bytes=memory.reserved, device_memory_used_bytes=memory.device_used,
-            device_total_memory_bytes=memory.device_total,
-            other_cpu_share=kept.contention.other_cpu_share,
-            disturbed=kept.contention.disturbed, windows_remeasured=len(self.windows) - 1,
-            device_other_processes=kept.contention.device_other_processes,
-            device_slowdowns=tuple(kept.contention.device_slowdowns),
-            host_syncs_per_step=profile.host_syncs_per_step if profile else None,
-            host_sync_s_per_step=profile.host_sync_s_per_step if profile else None,
-            optimizer_fraction=profile.optimizer_fraction if profile else None,
-            device_idle_fraction=profile.device_idle_fraction if profile else None,
-            top_operators=profile.top_operators if profile else (),
-            trace_path=profile.trace_path if profile else None,
+        kept, remeasured, load, steady_load = self._kept()
+        compiled = self._compiled_after - self._compiled
+        figures = window_measurement(
+            times=kept.step_times, samples=kept.samples, seconds=kept.seconds,
+            wait_s=kept.data_wait_s, final_loss=kept.final_loss, loss_finite=kept.loss_finite,
+            contention=kept.contention, memory=self.memory or peak_memory(self.device),
+            profile=self.profile,
             # the script's start-up is its build: imports, data and model, before the loop
             phases=PhaseTimes(build_s=startup_s, first_step_s=self.first_step_s or 0.0,
-                              warmup_s=self.warmup_s, profile_s=self.profile_s))
+                              warmup_s=self.warmup_s, screen_s=self.screen_s,
+                              window_s=self.window_s, remeasure_s=self.remeasure_s,
+                              profile_s=self.profile_s),
+            time_to_first_step_s=self.first_step_s, setup_s=startup_s,
+            warmup_steps=len(self.warm.times), steady=self.warm.steady, warmup_s=self.warmup_s,
+            screen_samples_per_sec=self.screen_rate, screened=self.screened,
+            screen_done_s=startup_s + self.screen_done_s
+            if self.screen_done_s is not None else None,
+            graphs_compiled=compiled.graphs, graphs_compiled_in_window=kept.compiled.graphs,
+            cudagraph_recordings=compiled.cudagraph_recordings,
+            cudagraph_recordings_in_window=kept.compiled.cudagraph_recordings,
+            cpu_affinity=tuple(self.probe.cpus), windows_remeasured=remeasured,
+            machine_load=load, steady_load=steady_load)
         return _as_group(figures)
 
 

@@ -72,7 +72,7 @@ def library_modules() -> list[str]:
     the standard library), autotune's own left out, in the order they were imported; a module
     still being imported (whose own code may be what changed the environment) is left out, and
     so is a module that a deeper one imports anyway (its package)."""
-    roots = _library_roots()
+    roots = library_roots()
     names = [name for name, module in list(sys.modules.items())
              if isinstance(module, ModuleType) and getattr(module, "__name__", None) == name
              and name.split(".")[0] != "autotune" and not _initializing(module)
@@ -99,7 +99,9 @@ def import_modules(names: Sequence[str]) -> tuple[int, list[str]]:
     return len(names) - len(failed), failed
 
 
-def _library_roots() -> tuple[str, ...]:
+def library_roots() -> tuple[str, ...]:
+    """The folders of installed packages and the standard library, each with a trailing
+    separator."""
     paths = sysconfig.get_paths()
     roots = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
     roots.update(site.getsitepackages())

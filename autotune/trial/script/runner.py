@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.trial.script import hf, lightning
+from autotune.trial.script import accelerate, hf, lightning
 from autotune.trial.script.errors import (
     NeverTrained,
     ScriptArgumentsRejected,
@@ -33,6 +33,7 @@ from autotune.trial.script.errors import (
     never_trained_message,
 )
 from autotune.trial.script.imports import patched_on_import
+from autotune.trial.script.loop import OWN_LOOPS, watching_loop
 from autotune.trial.script.observer import TrainingDone
 from autotune.trial.script.preload import ImportRecorder, recording_imports
 from autotune.trial.script.session import (
@@ -43,12 +44,23 @@ from autotune.trial.script.session import (
     active,
     current,
 )
+from autotune.trial.script.sources import caller_site, record_flags
+from autotune.trial.script.terms import read_loop_baseline
+from autotune.trial.script.writes import (
+    KeptWrites,
+    autotunes_paths,
+    kept_in_scratch,
+    protected_paths,
+)
+from autotune.trial.training import Unsupported
 
 # The modules whose import installs a hook: the classes are patched in the module that defines
 # them, so `from transformers import Trainer` and subclasses elsewhere all go through it.
 PATCHES = {
     "transformers.trainer": hf.patch_trainer,
     "transformers.hf_argparser": hf.patch_parser,
+    "transformers.training_args": hf.patch_arguments,
+    "accelerate.accelerator": accelerate.patch_accelerator,
     "lightning.pytorch.trainer.trainer": lightning.patch_trainer,
     "pytorch_lightning.trainer.trainer": lightning.patch_trainer,
 }
@@ -80,26 +92,41 @@ def run_script(path: str | Path, argv: Sequence[str], trial: ScriptTrial) -> Scr
     path = given.absolute()
     if not path.is_file():
         raise ScriptError(f"training script not found: {given}")
-    trial.script = path.name
+    trial.script, trial.folder = path.name, path.parent
     saved_argv, saved_path = sys.argv, list(sys.path)
     home = Path.cwd()
     sys.argv = [str(path), *absolute_arguments(argv, home)]
     sys.path.insert(0, str(path.resolve().parent))
     trial.started_at = time.perf_counter()
+    imports = None
+    writes = KeptWrites(trial.scratch_dir, protected_paths(sys.argv[1:]),
+                        autotunes_paths(*trial.own_paths))
     try:
         with working_in(trial.scratch_dir / "cwd", home), active(trial), \
                 patched_on_import(PATCHES), _parser_exits_recorded(), \
-                _output_kept(trial), recording_imports() as imports:
+                _output_kept(trial), kept_in_scratch(writes), \
+                watching_loop(trial, path.parent, read_loop_baseline), \
+                recording_imports() as imports:
             runpy.run_path(str(path), run_name="__main__")
+        if trial.training and trial.steps:  # its own loop ended before its measurement did
+            trial.observer.on_train_end()
+            raise TrainingDone
     except TrainingDone:
         assert trial.baseline is not None and trial.train_called_at is not None
+        assert imports is not None
         return ScriptRun(trial.train_called_at - trial.started_at, trial.baseline,
                          trial.settings, trial.steps, trial.stopped_by_observer,
                          imports)
     except (AutotuneError, KeyboardInterrupt):
         raise
     except SystemExit as exc:
-        if trial.training:
+        if trial.training and trial.steps and trial.kind in OWN_LOOPS and \
+                exc.code in (0, None):
+            trial.observer.on_train_end()
+            assert trial.baseline is not None and trial.train_called_at is not None
+            return ScriptRun(trial.train_called_at - trial.started_at, trial.baseline,
+                             trial.settings, trial.steps, False, imports)
+        if trial.training and (trial.steps or trial.kind not in OWN_LOOPS):
             raise ScriptFailed(f"{path.name} exited (status {exc.code}) while training") from None
         raise _exit_error(trial, argv, exc) from None
     except BaseException as exc:
@@ -169,10 +196,14 @@ def script_traceback(exc: BaseException, path: Path) -> str:
     return "".join(error.format()).rstrip()
 
 
-def _exit_error(trial: ScriptTrial, argv: Sequence[str], exc: SystemExit) -> ScriptError:
-    """A script that exited before its training: its parser refused the arguments, it printed
-    its help, or it exited by itself (its last lines say why)."""
+def _exit_error(trial: ScriptTrial, argv: Sequence[str], exc: SystemExit) -> AutotuneError:
+    """A script that exited before its training: its parser refused the arguments (the trial's
+    flags: a value it cannot run), it printed its help, or it exited by itself (its last lines
+    say why)."""
     given = " ".join(argv) or "no arguments"
+    if trial.rejected_arguments and trial.flags_set:
+        return Unsupported(f"{' '.join(trial.flags_set)}: {trial.script}'s parser refuses "
+                           f"them: {trial.rejected_arguments.strip().splitlines()[-1]}")
     if trial.rejected_arguments:
         return ScriptArgumentsRejected(f"{trial.script} rejected its arguments ({given}):\n"
                                        f"{trial.rejected_arguments.rstrip()}")
@@ -226,9 +257,20 @@ def _output_kept(trial: ScriptTrial) -> Iterator[None]:
 @contextlib.contextmanager
 def _parser_exits_recorded() -> Iterator[None]:
     """argparse's refusal (its message, after its usage where that is short) kept for the
-    message, and whether it printed its help."""
+    message, whether it printed its help, and each value it parsed (`sources.record_flags`:
+    what the answer names a setting by)."""
     original_exit, original_help = argparse.ArgumentParser.exit, \
         argparse.ArgumentParser.print_help
+    original_parse = argparse.ArgumentParser.parse_known_args
+
+    def parse_known_args(self: argparse.ArgumentParser, args: Any = None,
+                         namespace: Any = None) -> Any:
+        parsed = original_parse(self, args, namespace)
+        trial = current()
+        # the script's own parsers: a library's (HfArgumentParser's) are read where they build
+        if trial is not None and not trial.training and caller_site(sys._getframe(1)):
+            record_flags(self, args, parsed[0], trial.flags)
+        return parsed
 
     def exit(self: argparse.ArgumentParser, status: int = 0, message: Any = None) -> Any:
         trial = current()
@@ -246,8 +288,10 @@ def _parser_exits_recorded() -> Iterator[None]:
 
     argparse.ArgumentParser.exit = exit  # type: ignore[method-assign]
     argparse.ArgumentParser.print_help = print_help  # type: ignore[method-assign]
+    argparse.ArgumentParser.parse_known_args = parse_known_args  # type: ignore[method-assign]
     try:
         yield
     finally:
         argparse.ArgumentParser.exit = original_exit  # type: ignore[method-assign]
         argparse.ArgumentParser.print_help = original_help  # type: ignore[method-assign]
+        argparse.ArgumentParser.parse_known_args = original_parse  # type: ignore[method-assign]

@@ -22,6 +22,17 @@ from autotune.trial.script.observer import StepObserver
 Settings = dict[str, dict[str, Any]]
 
 
+def settings_changed(own: Settings, wanted: Settings) -> Settings:
+    """Where and what must change from a script's `own` settings to say `wanted`: each place
+    whose values differ, with those values only."""
+    out: Settings = {}
+    for where, values in wanted.items():
+        differ = {k: v for k, v in values.items() if own.get(where, {}).get(k, ...) != v}
+        if differ:
+            out[where] = differ
+    return out
+
+
 @dataclass
 class ScriptBaseline:
     """The script's own settings, read from what it built: `knobs` in TrainConfig's names,
@@ -37,6 +48,8 @@ class ScriptBaseline:
     parsed_by: str | None = None
     arguments_class: str = "TrainingArguments"
     run_steps: int | None = None  # the optimizer steps of the script's own run, where known
+    sources: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    refused: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def config(self, device_type: str, world_size: int = 1) -> TrainConfig:
         """The baseline as a TrainConfig: PyTorch's defaults where the script says nothing."""
@@ -48,6 +61,10 @@ class ScriptBaseline:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ScriptBaseline:
         return cls(**data)
+
+    def said(self, where: str, name: str, source: Any) -> None:
+        """Record where the setting `name` of `where` is said (a `sources.Source`)."""
+        self.sources.setdefault(where, {})[name] = source.to_dict()
 
 
 class OutputTail:
@@ -82,6 +99,7 @@ class ScriptTrial:
     config: TrainConfig | None = None
     max_steps: int = 1_000_000     # what the library is told: the observer stops it far sooner
     script: str = "the script"
+    folder: Path | None = None  # the script's own folder: the answer names files from it
     baseline: ScriptBaseline | None = None
     settings: Settings = field(default_factory=dict)
     started_at: float = field(default_factory=time.perf_counter)
@@ -89,6 +107,18 @@ class ScriptTrial:
     stopped_by_observer: bool = False
     steps: int = 0
     rejected_arguments: str | None = None  # the script's argument parser's message
+    # Whose loop the script runs: transformers, lightning, accelerate or loop (a hand-written
+    # one); None until it shows. A trial is told it by the probe.
+    kind: str | None = None
+    # A trial's: the script's own settings as the probe read them (the answer's baseline; the
+    # trial's own run reads the settings the trial gave it).
+    own: ScriptBaseline | None = None
+    candidates: dict[str, Any] = field(default_factory=dict)  # the probe's values to check
+    flags: dict[str, Any] = field(default_factory=dict)  # its parser's options, by dest
+    flag_map: dict[str, str] = field(default_factory=dict)  # knob -> the user's named flag
+    flags_set: list[str] = field(default_factory=list)  # the script's flags the trial set
+    loop: Any = None  # the watch on a script's own loop (`trial/script/loop.LoopWatch`)
+    own_paths: list[str] = field(default_factory=list)  # autotune's files the trial writes
     printed_help: bool = False  # its parser printed its help (`-- --help`)
     output: OutputTail = field(default_factory=OutputTail)
 

@@ -11,9 +11,10 @@ import torch
 from torch import nn
 
 from autotune.config import TrainConfig
+from autotune.trial.script.job import script_arguments
 from autotune.trial.script.observer import TrainInfo
 from autotune.trial.script.runner import ScriptRun, run_script
-from autotune.trial.script.session import ScriptTrial
+from autotune.trial.script.session import ScriptBaseline, ScriptTrial
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "models" / "scripts"
 
@@ -32,6 +33,7 @@ class CountingObserver:
         self.step_ends: list[float] = []
         self.autocast: set[torch.dtype | None] = set()
         self.grad_norms: list[float] = []
+        self.lrs: list[float] = []
         self.info: TrainInfo | None = None
         self.ended = False
 
@@ -48,6 +50,7 @@ class CountingObserver:
         grads = [p.grad for group in optimizer.param_groups for p in group["params"]
                  if p.grad is not None]
         self.grad_norms.append(float(torch.nn.utils.get_total_norm(grads)))
+        self.lrs.append(float(optimizer.param_groups[0]["lr"]))
 
     def on_step_end(self, samples: int, loss: torch.Tensor | None, data_wait_s: float) -> bool:
         self.samples.append(samples)
@@ -61,9 +64,17 @@ class CountingObserver:
 
 
 def run(script: str | Path, argv: list[str], scratch: Path, config: TrainConfig | None = None,
-        device: str = "cpu", steps: int = 3) -> tuple[ScriptRun, CountingObserver]:
-    """Run a script under a trial whose observer stops it after `steps` steps."""
+        device: str = "cpu", steps: int = 3, own: ScriptBaseline | None = None,
+        flag_map: dict[str, str] | None = None,
+        candidates: dict | None = None) -> tuple[ScriptRun, CountingObserver]:
+    """Run a script under a trial whose observer stops it after `steps` steps; a trial of
+    `config` over the script's own settings `own` (as its probe read them) sets the script's
+    flags as a trial does."""
     observer = CountingObserver(steps)
-    trial = ScriptTrial(torch.device(device), observer, scratch, config=config)
+    argv, flags_set = script_arguments(argv, config, own, device)
+    trial = ScriptTrial(torch.device(device), observer, scratch, config=config,
+                        kind=own.library if own is not None else None, own=own,
+                        flag_map=flag_map or {}, flags_set=flags_set,
+                        candidates=candidates or {})
     path = script if Path(script).is_absolute() else SCRIPTS / script
     return run_script(path, argv, trial), observer

@@ -122,3 +122,23 @@ def test_a_script_that_trains_on_another_device_is_refused(tmp_path: Path) -> No
     with pytest.raises(WrongDevice, match="hf_argparser.py trains on cpu, but autotune was "
                                           "asked to measure on cuda"):
         run("hf_argparser.py", _parser_args(tmp_path / "out"), tmp_path / "s", device="cuda")
+
+
+def test_settings_from_the_scripts_own_flags_are_answered_as_those_flags(
+        tmp_path: Path) -> None:
+    """An HF script with argparse flags of its own passed into TrainingArguments: its trials
+    set those flags, and the answer names them (`--batch_size 16 --accum 1`), the rest at the
+    TrainingArguments line."""
+    from autotune.trial.script.session import ScriptBaseline
+    from autotune.trial.script.terms import answer
+
+    argv = ["--output_dir", str(tmp_path / "out"), "--batch_size", "8", "--accum", "2"]
+    probed, _ = run("hf_own_flags.py", argv, tmp_path / "probe")
+    own = ScriptBaseline.from_dict(probed.baseline.to_dict())
+    config = own.config("cpu").replace(micro_batch_size=16, grad_accum_steps=1,
+                                       precision="bf16")
+    result, observer = run("hf_own_flags.py", argv, tmp_path / "s", config=config, own=own)
+    assert observer.samples == [16] * 3 and observer.autocast == {torch.bfloat16}
+    assert answer(config, own, "cpu").lines() == [
+        "--batch_size 16 --accum 1", "hf_own_flags.py:22: TrainingArguments(..., bf16=True)"]
+    assert not (tmp_path / "out").exists()

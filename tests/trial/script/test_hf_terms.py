@@ -7,6 +7,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+import torch
+from packaging.version import Version
 from torch import nn
 
 from autotune.config import TrainConfig
@@ -89,7 +91,7 @@ def test_what_trainingarguments_can_say(tmp_path: Path, change: dict,
 
 
 def test_the_answer_is_the_fields_that_change(tmp_path: Path) -> None:
-    args = _args(tmp_path, per_device_train_batch_size=8, **{
+    args = _args(tmp_path, per_device_train_batch_size=8, optim="adamw_torch_fused", **{
         f"{CHECKPOINTING}_kwargs": {"use_reentrant": False}})
     baseline = read_baseline(args, "cpu")
     config = baseline.config("cpu").replace(
@@ -102,6 +104,21 @@ def test_the_answer_is_the_fields_that_change(tmp_path: Path) -> None:
         f"{CHECKPOINTING}_kwargs": {"use_reentrant": False, "every_n_layers": 2},
         "optim": "adamw_torch", "torch_compile": True}
     assert changed_arguments(baseline.config("cpu"), baseline, "cpu") == {}
+
+
+def test_the_baseline_adamw_is_the_one_transformers_picks_for_this_torch(tmp_path: Path) -> None:
+    """transformers 5 defaults optim to the fused AdamW on torch 2.8 and later, to adamw_torch
+    (a for-loop on CPU) before: a script that leaves optim alone runs whichever, so that is
+    its baseline, and a fused answer says --optim only where the default is not fused."""
+    optim = _args(tmp_path).optim
+    default = str(getattr(optim, "value", optim))
+    fused = Version(torch.__version__.split("+")[0]) >= Version("2.8")
+    assert default == ("adamw_torch_fused" if fused else "adamw_torch")
+    baseline = read_baseline(_args(tmp_path), "cpu")
+    assert baseline.knobs["optimizer_impl"] == ("fused" if fused else "for_loop")
+    answer = changed_arguments(baseline.config("cpu").replace(optimizer_impl="fused"), baseline,
+                               "cpu")
+    assert answer == ({} if fused else {"optim": "adamw_torch_fused"})
 
 
 def test_an_answer_in_code_names_the_scripts_own_arguments_class(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from autotune.config import TrainConfig
+from autotune.target import Script
 from autotune.trial.protocol import (
     Measurement,
     ProbeReport,
@@ -24,10 +25,9 @@ FAST = {"window_steps": 2, "window_seconds": 0.0, "window_max_seconds": 1.0,
 
 
 def _request(out: Path, job: str, config: dict | None = None) -> TrialRequest:
-    return TrialRequest(model_path=str(SCRIPTS / "hf_argparser.py"), config=config or {},
-                        device="cpu", job=job, settings=FAST,
-                        script_args=["--output_dir", str(out),
-                                     "--per_device_train_batch_size", "4"])
+    return TrialRequest(Script(str(SCRIPTS / "hf_argparser.py"),
+                               ("--output_dir", str(out), "--per_device_train_batch_size", "4")),
+                        config=config or {}, device="cpu", job=job, settings=FAST)
 
 
 def test_the_probe_reads_the_scripts_own_settings(tmp_path: Path) -> None:
@@ -35,7 +35,8 @@ def test_the_probe_reads_the_scripts_own_settings(tmp_path: Path) -> None:
     candidates = {"memory_format": ["channels_last"], "precision": ["bf16"]}
     request = _request(tmp_path / "out", "probe")
     request.settings = {**FAST, "candidates": candidates}
-    config, report = script_job(request, torch.device("cpu"), 1, lambda phase: None)
+    config, report = script_job(request, request.target, torch.device("cpu"), 1,
+                                lambda phase: None)
     assert isinstance(report, ProbeReport)
     assert report.baseline["micro_batch_size"] == 4 == config.micro_batch_size
     assert report.dataset_size == 64 and report.parameters > 0 and report.state_bytes > 0
@@ -47,13 +48,19 @@ def test_the_probe_reads_the_scripts_own_settings(tmp_path: Path) -> None:
 def test_a_measurement_answers_in_the_scripts_flags(tmp_path: Path) -> None:
     need("transformers", "examples")
     config = TrainConfig(micro_batch_size=8, precision="bf16", optimizer_impl="fused")
-    ran, figures = script_job(_request(tmp_path / "out", "measure", config.to_dict()),
-                              torch.device("cpu"), 1, lambda phase: None)
+    request = _request(tmp_path / "out", "measure", config.to_dict())
+    ran, figures = script_job(request, request.target, torch.device("cpu"), 1,
+                              lambda phase: None)
     assert isinstance(figures, Measurement) and ran == config
     assert figures.window_steps >= 2 and figures.samples_per_sec > 0 and figures.setup_s > 0
     answer = figures.script_answer
     assert answer is not None and answer.on_command_line
-    assert answer.flags() == ["--per_device_train_batch_size", "8", "--bf16"]
+    # transformers 5 defaults to the fused AdamW from torch 2.8 on: before, the answer says it
+    from transformers import TrainingArguments
+
+    default = TrainingArguments(output_dir=str(tmp_path / "default"), use_cpu=True).optim
+    optim = [] if default == "adamw_torch_fused" else ["--optim", "adamw_torch_fused"]
+    assert answer.flags() == ["--per_device_train_batch_size", "8", "--bf16", *optim]
     assert not (tmp_path / "out").exists()
 
 
@@ -64,7 +71,8 @@ def test_profile_looks_at_the_scripts_own_steps(tmp_path: Path) -> None:
     request = _request(tmp_path / "out", "profile")
     request.settings = {"out": str(tmp_path / "profile"), "steps": 2, "top": 5,
                         "warmup_max_seconds": 1.0}
-    ran, report = script_job(request, torch.device("cpu"), 1, lambda phase: None)
+    ran, report = script_job(request, request.target, torch.device("cpu"), 1,
+                             lambda phase: None)
     assert isinstance(report, ProfileReport) and report.steps == 2
     assert ran.micro_batch_size == 4 == report.config.micro_batch_size
     assert report.samples_per_sec > 0 and report.window_s > 0

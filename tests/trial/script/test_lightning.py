@@ -147,3 +147,21 @@ def test_a_lightning_script_never_imports_transformers_trainer(tmp_path: Path) -
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "['lightning.pytorch']"
+
+
+def test_the_answer_names_the_scripts_own_flag_and_the_trainers_line(tmp_path: Path) -> None:
+    """The DataModule's batch size comes from `--batch-size` (`Data(options.batch_size)`): the
+    trial sets that flag and the answer names it; the Trainer's arguments at its line."""
+    from autotune.trial.script.session import ScriptBaseline
+    from autotune.trial.script.terms import answer
+
+    argv = ["--root", str(tmp_path / "root"), "--batch-size", "16"]
+    probed, _ = run("lightning_datamodule.py", argv, tmp_path / "probe")
+    own = ScriptBaseline.from_dict(probed.baseline.to_dict())
+    config = own.config("cpu").replace(micro_batch_size=8, grad_accum_steps=4, precision="bf16")
+    _, observer = run("lightning_datamodule.py", argv, tmp_path / "s", config=config, own=own)
+    assert observer.samples == [32] * 3 and observer.autocast == {torch.bfloat16}
+    assert answer(config, own, "cpu").lines() == [
+        "--batch-size 8", "lightning_datamodule.py:61: pl.Trainer(..., precision='bf16-mixed', "
+        "accumulate_grad_batches=4)"]
+    assert not (tmp_path / "root").exists()

@@ -32,6 +32,9 @@ class _Probe:
         disturbed = self.busy.pop(0) if self.busy else False
         return Contention(0.6 if disturbed else 0.0, 2, disturbed=disturbed)
 
+    def disturbed_so_far(self) -> bool:
+        return bool(self.busy and self.busy[0])
+
     def wait_for_quiet(self, limit_s: float) -> bool:
         self.waits.append(limit_s)
         return True
@@ -39,7 +42,8 @@ class _Probe:
 
 def _started(settings: MeasureSettings = SETTINGS) -> MeasuringObserver:
     """An observer on a quiet machine (whatever else this one runs meanwhile)."""
-    observer = MeasuringObserver(settings, torch.device("cpu"), probe=_Probe([]))
+    observer = MeasuringObserver(settings, torch.device("cpu"), probe=_Probe([]),
+                                 beside=_Probe([]))
     model = nn.Linear(2, 2)
     observer.on_train_start(TrainInfo("transformers", torch.device("cpu"), model, None, 8, 1,
                                       startup_s=1.5, dataset_size=64))
@@ -66,6 +70,10 @@ def test_it_warms_up_screens_times_and_stops_the_loop() -> None:
     assert figures.setup_s == 1.5 and figures.screen_samples_per_sec is not None
     assert figures.loss_finite and figures.final_loss == 1.0
     assert figures.peak_memory_bytes and figures.data_wait_fraction is not None
+    # each phase's wall time, as a model file's trial has them: what a confirmation prices
+    phases = figures.phases
+    assert phases.screen_s == pytest.approx(2 * 0.01, rel=0.6) and phases.remeasure_s == 0.0
+    assert phases.window_s == pytest.approx(figures.window_s, rel=0.2)
 
 
 def test_after_the_window_the_profiler_sees_the_loops_next_steps(tmp_path) -> None:
@@ -73,7 +81,7 @@ def test_after_the_window_the_profiler_sees_the_loops_next_steps(tmp_path) -> No
     steps, each from the last one's end, with what the model does in them; its trace written."""
     trace = tmp_path / "trace.json"
     observer = MeasuringObserver(SETTINGS, torch.device("cpu"), probe=_Probe([]),
-                                 profiler=ProfilerWindow(3, "cpu", trace))
+                                 profiler=ProfilerWindow(3, "cpu", trace), beside=_Probe([]))
     model = nn.Linear(64, 64)
     observer.on_train_start(TrainInfo("transformers", torch.device("cpu"), model, None, 8, 1,
                                       startup_s=1.5))
@@ -114,11 +122,14 @@ def test_training_that_ends_before_the_window_says_so() -> None:
         observer.measurement(startup_s=0.0)
 
 
-def _probed(busy: list[bool], **settings: object) -> tuple[MeasuringObserver, _Probe]:
+def _probed(busy: list[bool], beside: bool = False,
+            **settings: object) -> tuple[MeasuringObserver, _Probe]:
+    """An observer whose windows are disturbed while `busy` says so, and its warm-up and
+    screening where `beside` does (at the same share)."""
     probe = _Probe(busy)
     observer = MeasuringObserver(
         MeasureSettings(**{**vars(SETTINGS), "contention_backoff_s": 0.01, **settings}),
-        torch.device("cpu"), probe=probe)
+        torch.device("cpu"), probe=probe, beside=_Probe([beside]))
     observer.on_train_start(TrainInfo("transformers", torch.device("cpu"), nn.Linear(2, 2),
                                       None, 8, 1, startup_s=0.0))
     return observer, probe
@@ -132,12 +143,40 @@ def test_a_window_other_processes_disturbed_is_timed_again_once_quiet() -> None:
     assert probe.waits == [0.01]
     assert figures.windows_remeasured == 1 and not figures.disturbed
     assert figures.other_cpu_share == 0.0
+    # the wait, the untimed steps and the window timed again
+    assert figures.phases.remeasure_s >= 0.01 + figures.window_s * 0.8
 
 
 def test_a_window_that_stays_disturbed_is_flagged_and_never_screened_out() -> None:
-    observer, probe = _probed([True] * 10, screen_below=1e9, contention_retries=2)
+    """Timed again at most `contention_remeasures` times, as a model file's window is, however
+    many chances to wait the settings give."""
+    observer, probe = _probed([True] * 10, screen_below=1e9, contention_retries=3,
+                              contention_remeasures=2)
     _steps(observer, [1.0] * 100)
     figures = observer.measurement(startup_s=0.0)
     assert not figures.screened  # a busy machine's screening rate decides nothing
     assert figures.disturbed and figures.other_cpu_share == 0.6
     assert figures.windows_remeasured == 2 and probe.waits == [0.01, 0.02]
+    # the warm-up was quiet: a load that came with the windows, not the machine's state
+    assert figures.machine_load == 0.0 and not figures.steady_load
+
+
+def test_a_load_the_warm_up_saw_too_is_the_machines_state_and_not_waited_out() -> None:
+    observer, probe = _probed([False, True, False], beside=True)
+    _steps(observer, [1.0] * 100)
+    figures = observer.measurement(startup_s=0.0)
+    assert probe.waits == [] and figures.windows_remeasured == 0
+    assert figures.disturbed and figures.steady_load and figures.machine_load == 0.6
+
+
+def test_every_figure_a_model_files_trial_has_is_filled_in() -> None:
+    """What only autotune's own loop can know (FLOPs, so MFU; the lines that sync, traced by
+    re-running a step) aside, a script trial's measurement has the figures a model file's
+    has: the load beside it, the compiles, the cores, when screening ended."""
+    observer = _started()
+    _steps(observer, [1.0] * 100)
+    figures = observer.measurement(startup_s=1.5)
+    assert figures.machine_load == 0.0 and figures.steady_load is False
+    assert figures.graphs_compiled == 0 and figures.graphs_compiled_in_window == 0
+    assert figures.cpu_affinity == (0, 1)
+    assert figures.screen_done_s is not None and figures.screen_done_s > 1.5

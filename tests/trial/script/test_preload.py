@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from autotune.search.isolation import run_isolated
+from autotune.target import Script
 from autotune.trial.protocol import TrialRequest, TrialStatus
 from autotune.trial.script.preload import import_modules, recording_imports
 from tests.conftest import need
@@ -86,8 +87,8 @@ def test_a_scripts_probe_says_which_modules_its_trials_may_import_ahead(
         script = tmp_path / f"{name}.py"
         script.write_text(first_lines + f"OUT = {str(tmp_path / 'out')!r}\n" +
                           textwrap.dedent(body))
-        result = run_isolated(TrialRequest(model_path=str(script), config={}, device="cpu",
-                                           model_args={}, job="probe", script_args=[]),
+        result = run_isolated(TrialRequest(Script(str(script)), config={}, device="cpu",
+                                           job="probe"),
                               300, tmp_path / f"{name}.log")
         assert result.status == TrialStatus.OK, (tmp_path / f"{name}.log").read_text()[-3000:]
         probes[name] = result.probe

@@ -38,17 +38,20 @@ def test_a_script_runs_as_main_with_its_arguments_and_its_directory_on_the_path(
         ''')
     argv, path = list(sys.argv), list(sys.path)
     # it ran to its end (the asserts held), and it never trained
-    with pytest.raises(NeverTrained, match=r"^train.py ran \d+ s and ended without calling "
-                                           r"Trainer.train or Trainer.fit; for other training "
-                                           "loops write a model file: README$"):
+    with pytest.raises(NeverTrained, match=r"^train.py ran \d+ s and ended without "
+                                           r"Trainer.train, Trainer.fit or a torch.optim "
+                                           r"optimizer's first step; a loop without a "
+                                           r"torch.optim optimizer: write a model file "
+                                           r"\(README\)$"):
         run(script, ["--lr", "3"], tmp_path / "s")
     assert sys.argv == argv and sys.path == path
 
 
 def test_the_message_for_a_script_stopped_by_its_time_limit() -> None:
     assert never_trained_message("train.py", 120) == (
-        "train.py ran 120 s and never called Trainer.train or Trainer.fit; for other training "
-        "loops write a model file: README")
+        "train.py ran 120 s and never reached Trainer.train, Trainer.fit or a torch.optim "
+        "optimizer's first step; a loop without a torch.optim optimizer: write a model file "
+        "(README)")
 
 
 def test_a_script_that_fails_before_training_shows_its_own_traceback_once(

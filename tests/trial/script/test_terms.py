@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from autotune.trial.protocol import LeftOut
 from autotune.trial.script.session import ScriptBaseline
-from autotune.trial.script.terms import changes, left_out
+from autotune.trial.script.sources import Source
+from autotune.trial.script.terms import answer, changes, left_out
 
 
 def test_every_value_the_library_cannot_be_told_is_left_out_with_its_reason() -> None:
@@ -49,3 +50,30 @@ def test_the_answer_in_the_scripts_own_terms() -> None:
         "TrainingArguments": {"per_device_train_batch_size": 16}}
     assert changes(baseline.config("cpu"), baseline, "cpu") == {}
     assert ScriptBaseline.from_dict(baseline.to_dict()) == baseline
+
+
+def test_each_change_is_routed_to_the_scripts_flag_the_launcher_or_its_line() -> None:
+    """Where the probe found each setting said: a flag of the script's, accelerate launch's,
+    the line of the call (its other keywords at the same line), or nowhere (the library's
+    setting alone, as answers always named it)."""
+    baseline = ScriptBaseline("transformers", knobs={"micro_batch_size": 8,
+                                                     "grad_accum_steps": 2}, settings={
+        "TrainingArguments": {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2,
+                              "bf16": False, "tf32": None}})
+    baseline.said("TrainingArguments", "", Source(file="train.py", line=40,
+                                                  call="TrainingArguments"))
+    baseline.said("TrainingArguments", "per_device_train_batch_size", Source(flag="--bs"))
+    config = baseline.config("cpu").replace(micro_batch_size=16, grad_accum_steps=1,
+                                            precision="bf16")
+    routed = answer(config, baseline, "cpu")
+    assert routed.routed and routed.flags() == ["--bs", "16"]
+    assert routed.lines() == [
+        "--bs 16", "train.py:40: TrainingArguments(..., gradient_accumulation_steps=1, "
+        "bf16=True)"]
+    baseline.sources.clear()
+    assert answer(config, baseline, "cpu").lines() == [
+        "TrainingArguments(per_device_train_batch_size=16, gradient_accumulation_steps=1, "
+        "bf16=True)"]
+    parsed = ScriptBaseline.from_dict({**baseline.to_dict(),
+                                       "parsed_by": "parse_args_into_dataclasses"})
+    assert not answer(config, parsed, "cpu").routed  # HfArgumentParser's flags, as always

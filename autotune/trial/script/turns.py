@@ -1,0 +1,104 @@
+"""A training script as a warm process (`autotune.trial.warm`): its own loop runs the first
+step and warms up as a trial's does (`MeasuringObserver`), then pauses at a step boundary
+(blocked in the library's step callback) until the tuner asks for a turn: at least N optimizer
+steps and S seconds timed as a model file's turn is (`window.WindowTimer`: data loading
+included, the contention probe around it, the tuner's other warm processes its own),
+answered as a `WarmTurn`; or a profiler trace of a few steps; or `stop`, which ends the loop
+as a trial's end does. So a script's candidates take paired turns seconds apart, as a model
+file's do, instead of a fresh run of the script each round."""
+
+from __future__ import annotations
+
+import json
+from typing import IO, Any
+
+import torch
+
+from autotune.options import MeasureSettings
+from autotune.trial.contention import ContentionProbe
+from autotune.trial.measure import peak_memory
+from autotune.trial.profiling import ProfilerWindow
+from autotune.trial.protocol import WarmTurn
+from autotune.trial.script.measuring import FIRST, WARMUP, MeasuringObserver
+from autotune.trial.script.observer import TrainInfo
+from autotune.trial.window import WindowTimer, turn_settings
+
+STOP = "stop"
+
+
+class TurnObserver:
+    """The `StepObserver` of a script's warm process: warm-up as a trial's, then turns on
+    request, each step boundary between them a pause in the script's own loop."""
+
+    def __init__(self, settings: MeasureSettings, device: torch.device, commands: IO[str],
+                 answers: IO[str], tuner_pid: int | None = None) -> None:
+        self.settings, self.device = settings, device
+        self.commands, self.answers = commands, answers
+        self.warming = MeasuringObserver(settings, device)
+        self.tuner_pid = tuner_pid
+        self.ready = False
+        self._turn: WindowTimer | None = None
+        self._trace: tuple[ProfilerWindow, str] | None = None
+
+    def on_train_start(self, info: TrainInfo) -> None:
+        self.warming.on_train_start(info)
+
+    def on_step_end(self, samples: int, loss: torch.Tensor | None, data_wait_s: float) -> bool:
+        if not self.ready:
+            self.warming.on_step_end(samples, loss, data_wait_s)
+            if self.warming.phase in (FIRST, WARMUP):
+                return False
+            self.ready = True
+            print(f"autotune warm: the script's loop steady after "
+                  f"{len(self.warming.warm.times)} steps", flush=True)
+            self._say({"ready": True})
+            return self._next()
+        if self._trace is not None:
+            return self._traced()
+        turn = self._turn
+        assert turn is not None
+        if not turn.step(samples, loss, data_wait_s):
+            return False
+        window = turn.finish()
+        self._say(WarmTurn(samples=window.samples, seconds=window.seconds,
+                           peak_memory_bytes=peak_memory(self.device).peak,
+                           disturbed=window.contention.disturbed,
+                           loss_finite=window.loss_finite).to_json())
+        return self._next()
+
+    def on_train_end(self) -> None:
+        """The script's own run ended (its steps ran out): the tuner sees the process exit."""
+
+    def _next(self) -> bool:
+        """Wait, paused at this step boundary, for the tuner's next request; True (stop the
+        loop) on `stop` or when the tuner is gone."""
+        line = self.commands.readline()
+        command = json.loads(line) if line.strip() else STOP
+        if command == STOP:
+            return True
+        if "trace" in command:
+            window = ProfilerWindow(max(1, self.settings.profile_steps), self.device,
+                                    command["trace"])
+            window.start()
+            self._trace = (window, command["trace"])
+            return False
+        probe = ContentionProbe(self.settings.contention_threshold, self.device,
+                                family=self.tuner_pid)
+        self._turn = WindowTimer(
+            turn_settings(self.settings, int(command["steps"]), float(command["seconds"])),
+            self.device, probe)
+        return False
+
+    def _traced(self) -> bool:
+        assert self._trace is not None
+        window, path = self._trace
+        if not window.step_done():
+            return False
+        window.summary()
+        self._trace = None
+        self._say({"trace": path})
+        return self._next()
+
+    def _say(self, message: Any) -> None:
+        self.answers.write(json.dumps(message) + "\n")
+        self.answers.flush()

@@ -1,0 +1,230 @@
+"""The measurement protocol's steps, told one optimizer step at a time: warm-up until steady,
+the timed window, and whether to time the window again. Every loop is a thin driver of them:
+autotune's own (`trial/measure`), a library's step callback in a script trial
+(`trial/script/measuring`), and a warm process's turns of either (`trial/warm`,
+`trial/script/turns`), so each measures the same way.
+
+- `WarmUp`: until the last `steady_steps` step times agree within the tolerance, or a cap;
+  steps that compiled or recorded a CUDA graph are not steady, however fast they were.
+- `WindowTimer`: at least N optimizer steps and T seconds, then on until the median step time
+  is known within ±`window_precision` or a cap; the device synchronised only at the window's
+  edges, per-step times from CUDA events (read once completed) or the host clock on CPU,
+  bracketed by the contention probe. A window already disturbed at its minimum is not
+  lengthened.
+- `Remeasures`: a disturbed window is timed again once the machine is quiet (waiting 1, 2,
+  4... x the back-off, `contention_retries` times, at most `contention_remeasures` windows
+  more); a load the warm-up and screening saw too is the machine's state, kept and flagged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from autotune.options import MeasureSettings
+from autotune.stats import median_precision
+from autotune.trial.compile_events import CompileCount, compile_count
+from autotune.trial.contention import Contention, ContentionProbe, same_load
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One timed window's figures and what else ran meanwhile."""
+
+    seconds: float
+    samples: int
+    data_wait_s: float
+    step_times: list[float]
+    final_loss: float | None
+    loss_finite: bool
+    contention: Contention
+    compiled: CompileCount  # graphs compiled and CUDA graphs recorded during this window
+
+
+class WarmUp:
+    """Warm-up, told each step's (synchronised) time: `done` once steady or at a cap."""
+
+    def __init__(self, settings: MeasureSettings) -> None:
+        self.settings = settings
+        self.times: list[float] = []
+        self.steady = False
+        self.done = settings.warmup_max_steps <= 0 or settings.warmup_max_seconds <= 0
+        self._quiet_since = 0  # steps before this one compiled something
+        self._compiled = compile_count()
+        self._start = time.perf_counter()
+
+    def step(self, step_s: float) -> None:
+        settings, times = self.settings, self.times
+        times.append(step_s)
+        compiled = compile_count()
+        if compiled != self._compiled:
+            self._quiet_since, self._compiled = len(times), compiled
+        recent = times[-settings.steady_steps:]
+        self.steady = len(times) - self._quiet_since >= settings.steady_steps and \
+            max(recent) <= min(recent) * (1 + settings.steady_tolerance)
+        self.done = self.steady or len(times) >= settings.warmup_max_steps or \
+            time.perf_counter() - self._start >= settings.warmup_max_seconds
+
+
+class _StepClock:
+    """Per-step times of a window: CUDA events, read only once completed so that nothing
+    waits on the device, or the host clock on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[Any] = []
+        self.done: list[float] = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def times(self) -> list[float]:
+        """Step times known so far (all of them once the device is synchronised)."""
+        while len(self.done) < len(self.marks) - 1:
+            a, b = self.marks[len(self.done)], self.marks[len(self.done) + 1]
+            if not self.cuda:
+                self.done.append(b - a)
+            elif b.query():
+                self.done.append(a.elapsed_time(b) / 1000)
+            else:
+                break
+        return self.done
+
+
+class WindowTimer:
+    """One timed window, started at a step boundary and told each step after it: `step`
+    says when the window is full; `finish` synchronises and reads it."""
+
+    def __init__(self, settings: MeasureSettings, device: torch.device,
+                 probe: ContentionProbe) -> None:
+        self.settings, self.device, self.probe = settings, device, probe
+        self.clock = _StepClock(device)
+        self.samples, self.data_wait_s, self.steps = 0, 0.0, 0
+        self._lengthening = False
+        self._check_at = settings.window_steps  # precision checked after ~10% more steps
+        self._finite: torch.Tensor | None = None  # all losses so far, without a sync
+        self._loss: torch.Tensor | None = None
+        self._compiled = compile_count()
+        synchronize(device)
+        probe.start()
+        self.start = time.perf_counter()
+        self.clock.mark()
+
+    def step(self, samples: int, loss: torch.Tensor | None, data_wait_s: float) -> bool:
+        """Count a step that just ended; True once the window is full."""
+        settings = self.settings
+        if loss is not None:
+            finite = torch.isfinite(loss.detach()).all()
+            self._finite = finite if self._finite is None else self._finite & finite
+            self._loss = loss
+        self.samples += samples
+        self.data_wait_s += data_wait_s
+        self.clock.mark()
+        self.steps += 1
+        elapsed = time.perf_counter() - self.start
+        if self.steps < settings.window_steps or elapsed < settings.window_seconds:
+            return False
+        capped = self.steps >= settings.window_max_steps or \
+            elapsed >= settings.window_max_seconds
+        if capped or (not self._lengthening and self.probe.disturbed_so_far()):
+            return True
+        self._lengthening = True
+        if self.steps < self._check_at:
+            return False
+        self._check_at = self.steps + max(1, self.steps // 10)
+        precision = median_precision(self.clock.times())
+        return precision is not None and precision <= settings.window_precision
+
+    def finish(self) -> Window:
+        synchronize(self.device)
+        seconds = time.perf_counter() - self.start
+        contention = self.probe.stop()
+        loss = self._loss
+        return Window(seconds, self.samples, self.data_wait_s, self.clock.times(),
+                      float(loss.detach().float().sum()) if loss is not None else None,
+                      bool(self._finite) if self._finite is not None else True, contention,
+                      compile_count() - self._compiled)
+
+
+def turn_settings(settings: MeasureSettings, steps: int, seconds: float) -> MeasureSettings:
+    """A warm process's turn: a window of exactly `steps` steps or `seconds`, whichever is
+    longer (no lengthening for precision: the rounds give the interval)."""
+    return replace(settings, window_steps=steps, window_seconds=seconds,
+                   window_max_seconds=seconds, window_max_steps=steps)
+
+
+def screen_settings(settings: MeasureSettings) -> MeasureSettings:
+    """The screening window: `screen_steps` steps, however long they take."""
+    steps = settings.screen_steps
+    return replace(settings, window_steps=steps, window_seconds=0.0, window_max_steps=steps)
+
+
+class Remeasures:
+    """The timed windows of one measurement, and whether to time another: `add` each window;
+    True means wait was rewarded with a quiet machine, so time the window again (after
+    `steady_steps` untimed steps). `seen`: what ran beside the warm-up and the screening."""
+
+    def __init__(self, settings: MeasureSettings, probe: ContentionProbe,
+                 seen: Contention | None, report: Callable[[str], None]) -> None:
+        self.settings, self.probe, self.seen, self.report = settings, probe, seen, report
+        self.windows: list[Window] = []
+        self._retry = 0
+        self._steady = False
+
+    def add(self, window: Window) -> bool:
+        settings, windows = self.settings, self.windows
+        windows.append(window)
+        if len(windows) == 1 and self.seen is not None and \
+                same_load(self.seen, window.contention):
+            self._steady = True
+            self.report(f"{window.contention.describe()} in the window, as in the warm-up: "
+                        "the machine's steady load, kept and flagged")
+        if self._steady:
+            return False
+        while self._retry < settings.contention_retries:
+            if not windows[-1].contention.disturbed or \
+                    len(windows) > settings.contention_remeasures:
+                return False
+            wait_s = settings.contention_backoff_s * 2**self._retry
+            self._retry += 1
+            self.report(f"{windows[-1].contention.describe()} in the window: waiting up to "
+                        f"{wait_s:g} s for a quiet moment to measure it again")
+            if self.probe.wait_for_quiet(wait_s):
+                self.report("re-measuring the window")
+                return True
+        return False
+
+    @property
+    def kept(self) -> Window:
+        """The first clean window, else the least disturbed."""
+        return min(self.windows, key=lambda w: (w.contention.disturbed,
+                                                w.contention.other_cpu_share or 0.0))
+
+    @property
+    def load(self) -> float | None:
+        """The least share other processes took of any window (or of the warm-up)."""
+        shares = [c.other_cpu_share for c in self._every() if c.other_cpu_share is not None]
+        return min(shares, default=None)
+
+    @property
+    def steady_load(self) -> bool:
+        """Every window, and the warm-up, saw a load: the machine's state."""
+        return all(c.disturbed for c in self._every())
+
+    def _every(self) -> list[Contention]:
+        return [w.contention for w in self.windows] + \
+            ([self.seen] if self.seen is not None else [])
