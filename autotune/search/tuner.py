@@ -34,6 +34,7 @@ from autotune.search.budget import (
     forecast,
     grow_budget,
     plan_time,
+    search_compile_s,
     search_trial_seconds,
     startup_note,
     trial_seconds,
@@ -292,7 +293,9 @@ class Tuner:
             trial_s=trial_s, price=price, workers=len(self.devices),
             candidates=min(top, max(1, measured)) + 1,
             rounds=opts.confirm_repeats, max_rounds=opts.confirm_max_rounds,
-            share=opts.confirm_share, ends_by=self._budget_ends(), searched_s=self._searched_s())
+            share=opts.confirm_share, ends_by=self._budget_ends(), searched_s=self._searched_s(),
+            compile_s=search_compile_s(study, "default" in self.space.domains.get(
+                "compile_mode", ())))
 
     def _searched_s(self) -> float:
         """The study's wall time so far: this run's, or all its runs' trials where more."""
