@@ -65,10 +65,11 @@ from autotune.search.warm import (
     WarmStart,
     WarmTurns,
     WarmUnavailable,
+    load_stayed,
     memory_holds,
 )
 from autotune.search.worker import Measure
-from autotune.stats import Ratio, paired_ratio
+from autotune.stats import Ratio, load_adjusted_ratio, paired_ratio
 from autotune.study.confirmation import (
     FAILED,
     FRESH_ROUNDS,
@@ -704,6 +705,7 @@ def _answer(result: Confirmation, race: Race, chosen: Candidate, answer: Candida
                    no_measurable_difference=interval[0] <= 1.0 <= interval[1]
                    if interval else None,
                    search_speedup=search[0] if search else None, widened=widened,
+                   load_adjusted=ratio.load_adjusted,
                    taken_back=tuple(decisions), taken_from=_summary(chosen, race.reference),
                    answer_rounds=len(reference.runs) if answer_race is not race else None)
 
@@ -789,18 +791,24 @@ def run_of(result: TrialResult, scoring: Scoring) -> Run | None:
                mfu=m.mfu, step_time_median_s=m.step_time_median_s,
                time_to_train_s=m.time_to_train_s(scoring.train_steps)
                if scoring.train_steps else None,
-               disturbed=m.disturbed, trace=m.trace_path)
+               disturbed=m.disturbed, load=m.other_cpu_share, trace=m.trace_path)
 
 
 def paired(entry: Candidate, reference: Candidate, figure: Figure) -> Ratio:
     """entry / reference, paired by round over the rounds both ran: against what it is judged
-    against, each of its runs with that one's run beside it (in warm turns, its pair's)."""
+    against, each of its runs with that one's run beside it (in warm turns, its pair's).
+    Beside a load that stayed (`load_stayed`), read at equal load (`load_adjusted_ratio`)."""
     others = entry.partner_runs if entry.partner is reference else reference.runs
-    pairs = [(figure(a), figure(b)) for a, b in zip(entry.runs, others)
-             if a is not None and b is not None]
+    pairs = [(a, b) for a, b in zip(entry.runs, others) if a is not None and b is not None]
     if not pairs:
         return Ratio(float("nan"), None, None, 0)
-    return paired_ratio([a for a, _ in pairs], [b for _, b in pairs])
+    numerators, denominators = [figure(a) for a, _ in pairs], [figure(b) for _, b in pairs]
+    if load_stayed(pairs):
+        adjusted = load_adjusted_ratio(numerators, denominators,
+                                       [a.load - b.load for a, b in pairs])
+        if adjusted is not None:
+            return adjusted
+    return paired_ratio(numerators, denominators)
 
 
 def _leader(entries: Sequence[Candidate], reference: Candidate) -> Candidate | None:
@@ -855,9 +863,10 @@ def conclusion(entries: list[Candidate], reference: Candidate, *, wall_s: float 
                       and not e.variant and paired(e, reference, rate).low is not None]
         decisive = max(contenders, key=lambda e: paired(e, reference, rate).value,
                        default=reference)
-    search, widened = None, False
+    search, widened, load_adjusted = None, False, False
     if decisive is not reference and reference.runs:
         ratio, speedup_ci, search, widened = _versus(decisive, reference)
+        load_adjusted = ratio.load_adjusted
         holds_one = speedup_ci is not None and speedup_ci[0] <= 1.0 <= speedup_ci[1]
         if ratio.low is None:
             # Too few paired rounds for an interval (one, say): the baseline is kept, and
@@ -872,7 +881,8 @@ def conclusion(entries: list[Candidate], reference: Candidate, *, wall_s: float 
                    contender=summaries[index(decisive)] if decisive is not reference else None,
                    speedup=speedup, speedup_ci=speedup_ci,
                    no_measurable_difference=no_difference,
-                   search_speedup=search[0] if search else None, widened=widened)
+                   search_speedup=search[0] if search else None, widened=widened,
+                   load_adjusted=load_adjusted)
 
 
 def _versus(entry: Candidate, reference: Candidate) -> tuple[

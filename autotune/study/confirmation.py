@@ -47,6 +47,7 @@ class Run:
     step_time_median_s: float | None = None
     time_to_train_s: float | None = None
     disturbed: bool = False
+    load: float | None = None  # other processes' share of the cores during it, where measured
     trace: str | None = None
 
     @property
@@ -214,6 +215,9 @@ class Confirmation:
     # The paired rounds behind the answer's interval where it was measured in a short race of
     # its own after the race (the recommendation less several changes); else `rounds`.
     answer_rounds: int | None = None
+    # Whether the answer's interval was read at equal load: a load stayed beside its rounds
+    # (`search.warm.load_stayed`, `stats.load_adjusted_ratio`).
+    load_adjusted: bool = False
 
     @property
     def in_rounds(self) -> str:
@@ -222,7 +226,8 @@ class Confirmation:
         rounds = self.answer_rounds if self.answer_rounds is not None else self.rounds
         plural = "s" if rounds != 1 else ""
         warm = " of warm turns" if self.measured == WARM_TURNS else ""
-        return f"{rounds} paired round{plural}{warm}"
+        load = ", read at equal load (a load stayed beside them)" if self.load_adjusted else ""
+        return f"{rounds} paired round{plural}{warm}{load}"
 
     @property
     def dropped(self) -> tuple[TakenBack, ...]:
@@ -258,7 +263,8 @@ class Confirmation:
                 "drift": self.drift.to_json() if self.drift else None,
                 "disturbed_rounds": self.disturbed_rounds, "measured": self.measured,
                 "taken_back": [t.to_json() for t in self.taken_back],
-                "taken_from": one(self.taken_from), "answer_rounds": self.answer_rounds}
+                "taken_from": one(self.taken_from), "answer_rounds": self.answer_rounds,
+                "load_adjusted": self.load_adjusted}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Confirmation:
@@ -284,7 +290,8 @@ class Confirmation:
                    taken_back=tuple(TakenBack.from_json(t)
                                     for t in data.get("taken_back", ())),
                    taken_from=one(data.get("taken_from")),
-                   answer_rounds=data.get("answer_rounds"))
+                   answer_rounds=data.get("answer_rounds"),
+                   load_adjusted=data.get("load_adjusted", False))
 
 
 def stored_confirmation(stored: Mapping[str, Any] | None) -> Confirmation | None:

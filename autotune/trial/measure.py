@@ -351,7 +351,8 @@ def timed_turn(setup: TrainingSetup, batches: Iterator[Any], settings: MeasureSe
     window = _timed_window(setup, batches, turn_settings(settings, steps, seconds), probe)
     return WarmTurn(samples=window.samples, seconds=window.seconds,
                     peak_memory_bytes=peak_memory(setup.device).peak,
-                    disturbed=window.contention.disturbed, loss_finite=window.loss_finite)
+                    disturbed=window.contention.disturbed, loss_finite=window.loss_finite,
+                    load=window.contention.other_cpu_share)
 
 
 def traced_turn(setup: TrainingSetup, batches: Iterator[Any], steps: int,

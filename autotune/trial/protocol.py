@@ -556,13 +556,14 @@ class TrialResult:
 class WarmTurn:
     """One turn of a warm process (`autotune.trial.warm`): N optimizer steps timed with data
     loading included, the process's peak memory so far, and whether another process took a
-    share of the cores during it."""
+    share of the cores during it (`load`: that share, where measured)."""
 
     samples: int
     seconds: float
     peak_memory_bytes: int | None = None
     disturbed: bool = False
     loss_finite: bool = True
+    load: float | None = None
 
     @property
     def samples_per_sec(self) -> float:

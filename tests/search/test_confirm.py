@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
+from dataclasses import replace
 
 import optuna
 import pytest
@@ -24,7 +25,7 @@ from autotune.search.outcome import Scoring
 from autotune.search.runner import MeasureJob
 from autotune.search.verify import verify
 from autotune.show.report import result_rows, speedup_text
-from autotune.study.confirmation import Run
+from autotune.study.confirmation import Confirmation, Run
 from autotune.study.records import MEMORY_CONSTRAINT, StudyKey, TrialKey
 from autotune.study.results import study_summary
 from autotune.study.storage import open_storage
@@ -57,6 +58,33 @@ def test_a_clear_speedup_is_recommended_with_its_interval() -> None:
     low, high = result.speedup_ci
     assert low < result.speedup < high and low > 1.4
     assert result.no_measurable_difference is False
+
+
+def test_beside_a_load_that_stays_the_speedup_is_read_at_equal_load() -> None:
+    """Twelve rounds beside a load that stays: every run disturbed, each seeing its own share
+    of the cores (0.3 to 0.7), a run's speed falling with it. The verdict's interval is read at
+    equal load (narrower, still holding the true 1.5x) and says so; the same rounds with a
+    load that came and went (no run disturbed: the spoiled pairs were taken again) are not."""
+    rng = random.Random(5)
+    faster_runs, baseline_runs = [], []
+    for _ in range(12):
+        mine, theirs = rng.uniform(0.3, 0.7), rng.uniform(0.3, 0.7)
+        for runs, share, rate in ((faster_runs, mine, 150), (baseline_runs, theirs, 100)):
+            speed = rate * (1 - 0.6 * share) * rng.gauss(1, 0.005)
+            runs.append(Run("ok", samples_per_sec=speed, objective=speed, disturbed=True,
+                            load=share))
+    loaded = conclusion([Candidate(BASE.replace(precision="bf16"), 1, True, None, faster_runs),
+                         baseline := Candidate(BASE, 0, True, None, baseline_runs)], baseline)
+    plain = conclusion(
+        [Candidate(BASE.replace(precision="bf16"), 1, True, None,
+                   [replace(r, disturbed=False) for r in faster_runs]),
+         clean := Candidate(BASE, 0, True, None,
+                            [replace(r, disturbed=False) for r in baseline_runs])], clean)
+    assert loaded.load_adjusted and not plain.load_adjusted
+    (low, high), (plain_low, plain_high) = loaded.speedup_ci, plain.speedup_ci
+    assert low < 1.5 < high and high - low < (plain_high - plain_low) / 2
+    assert "read at equal load" in loaded.in_rounds and "equal load" not in plain.in_rounds
+    assert Confirmation.from_json(loaded.to_json()).load_adjusted
 
 
 def test_a_difference_inside_the_noise_keeps_the_simpler_configuration() -> None:

@@ -63,7 +63,8 @@ class TurnObserver:
         self._say(WarmTurn(samples=window.samples, seconds=window.seconds,
                            peak_memory_bytes=peak_memory(self.device).peak,
                            disturbed=window.contention.disturbed,
-                           loss_finite=window.loss_finite).to_json())
+                           loss_finite=window.loss_finite,
+                           load=window.contention.other_cpu_share).to_json())
         return self._next()
 
     def on_train_end(self) -> None:
