@@ -70,20 +70,14 @@ def run_child(request_file: Path, result_file: Path) -> None:
         print(f"autotune rank {rank} of {ranks}: pid {os.getpid()}, GPUs visible: "
               f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'all')}", flush=True)
         result_file = rank_result_path(result_file, rank)
-        _watch_tuner(raw.pop("parent_pid"))
+        watch_tuner(raw.pop("parent_pid"))
     else:
         watch_parent(raw.pop("parent_pid"))
     phase_file = Path(raw.pop("phase_file"))
     request = TrialRequest.from_json(raw)
     if request.inductor_cache_dir:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = request.inductor_cache_dir
-    cpus = rank_cpus(request.cpus or sorted(os.sched_getaffinity(0)), rank, ranks) \
-        if ranks > 1 else request.cpus
-    if cpus:
-        # Before torch starts its threads: they, DataLoader workers and compile workers inherit it.
-        os.sched_setaffinity(0, cpus)
-        if ranks > 1:
-            request.threads = len(cpus)
+    place_rank(request, rank, ranks)
     note = (lambda phase: _note_phase(phase_file, phase)) if rank == 0 else _say_phase
     try:
         result = _run_job(request, note)
@@ -100,6 +94,18 @@ def run_child(request_file: Path, result_file: Path) -> None:
     # Skip interpreter teardown: DataLoader workers and compile pools can hang it. A rank that
     # failed exits non-zero, so that torchrun stops the others instead of leaving them waiting.
     os._exit(0 if ranks == 1 or result.status == TrialStatus.OK else 1)
+
+
+def place_rank(request: TrialRequest, rank: int, ranks: int) -> None:
+    """This process on the trial's cores, a rank of a group on its own share of them with as
+    many threads; before torch starts its threads: they, DataLoader workers and compile
+    workers inherit it."""
+    cpus = rank_cpus(request.cpus or sorted(os.sched_getaffinity(0)), rank, ranks) \
+        if ranks > 1 else request.cpus
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+        if ranks > 1:
+            request.threads = len(cpus)
 
 
 def rank_cpus(cpus: list[int], rank: int, ranks: int) -> list[int]:
@@ -241,7 +247,7 @@ def watch_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="autotune-parent-watch", daemon=True).start()
 
 
-def _watch_tuner(tuner_pid: int) -> None:
+def watch_tuner(tuner_pid: int) -> None:
     """A rank's parent is torchrun's agent, which outlives a killed tuner: exit as soon as the
     tuner itself is gone (torchrun then ends, as its ranks did), or the agent is."""
     launcher = os.getppid()

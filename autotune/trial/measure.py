@@ -346,13 +346,31 @@ def timed_turn(setup: TrainingSetup, batches: Iterator[Any], settings: MeasureSe
                steps: int, seconds: float, tuner_pid: int | None = None) -> WarmTurn:
     """At least `steps` optimizer steps and `seconds`, timed as a window is (data loading
     included, synchronised only at its edges, bracketed by the contention probe, to which the
-    other warm processes of `tuner_pid` are not a load): one turn of a warm process."""
+    other warm processes of `tuner_pid` are not a load): one turn of a warm process. Of a
+    process group, the group's turn (`group_turn`), on every rank."""
     probe = ContentionProbe(settings.contention_threshold, setup.device, family=tuner_pid)
     window = _timed_window(setup, batches, turn_settings(settings, steps, seconds), probe)
-    return WarmTurn(samples=window.samples, seconds=window.seconds,
+    turn = WarmTurn(samples=window.samples, seconds=window.seconds,
                     peak_memory_bytes=peak_memory(setup.device).peak,
                     disturbed=window.contention.disturbed, loss_finite=window.loss_finite,
                     load=window.contention.other_cpu_share)
+    if setup.world is None:
+        return turn
+    return group_turn([WarmTurn.from_json(t) for t in setup.world.gather(turn.to_json())])
+
+
+def group_turn(turns: list[WarmTurn]) -> WarmTurn:
+    """A process group's turn from its ranks', as a trial's window is (`group_figures`): all
+    their samples over the slowest rank's seconds, the largest peak, disturbed and loaded as
+    the most disturbed rank, the loss finite only if every rank's was."""
+    peaks = [t.peak_memory_bytes for t in turns if t.peak_memory_bytes is not None]
+    loads = [t.load for t in turns if t.load is not None]
+    return WarmTurn(samples=sum(t.samples for t in turns),
+                    seconds=max(t.seconds for t in turns),
+                    peak_memory_bytes=max(peaks, default=None),
+                    disturbed=any(t.disturbed for t in turns),
+                    loss_finite=all(t.loss_finite for t in turns),
+                    load=max(loads, default=None))
 
 
 def traced_turn(setup: TrainingSetup, batches: Iterator[Any], steps: int,
@@ -360,8 +378,9 @@ def traced_turn(setup: TrainingSetup, batches: Iterator[Any], steps: int,
     """`steps` optimizer steps under the profiler, their trace written to `trace_path`: what a
     trial's profiler window leaves for the report, asked of a warm process after its turns."""
     profiled = prefetched(setup, batches, steps)
-    profile_steps(lambda: setup.step(profiled), steps, setup.device, trace_path=trace_path,
-                  with_stack=python_stacks(setup))
+    rank0 = setup.world is None or setup.world.rank == 0
+    profile_steps(lambda: setup.step(profiled), steps, setup.device,
+                  trace_path=trace_path if rank0 else None, with_stack=python_stacks(setup))
 
 
 def _undisturbed_window(setup: TrainingSetup, batches: Iterator[Any], settings: MeasureSettings,
