@@ -279,15 +279,12 @@ class WarmStart:
     capacity: int | None
 
 
-def warm_start(runner: ProcessRunner, device: str, time_limit_s: float) -> WarmStart | None:
+def warm_start(runner: ProcessRunner, device: str, time_limit_s: float) -> WarmStart:
     """Warm processes for `runner`'s model file or training script on `device` (its settings,
-    threads and memory limit; a script's own loop pausing between turns; a model file's
-    process group, its ranks pausing together); None where a warm process cannot run: a
-    training script's process group. On CPU a group's ranks share the host's memory, so each
-    group counts as many peaks as it has ranks."""
+    threads and memory limit; a script's own loop pausing between turns; a process group's
+    ranks pausing together). On CPU a group's ranks share the host's memory, so each group
+    counts as many peaks as it has ranks."""
     ranks = runner.nproc_per_node
-    if ranks > 1 and isinstance(runner.target, Script):
-        return None
 
     def start(configs: Sequence[TrainConfig], prefix: str, ends_by: float | None) -> WarmRounds:
         jobs = [MeasureJob(f"{prefix}-warm-{i}", time_limit_s, device, profile=False)

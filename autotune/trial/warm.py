@@ -77,6 +77,7 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str] | None,
     every rank serves, rank 0 alone reads `commands`, answers, and removes the group's
     `request_file` once every rank has joined."""
     import torch
+    import torch.distributed as dist
 
     from autotune.options import MeasureSettings
     from autotune.trial.distributed import join, rank_device
@@ -86,10 +87,13 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str] | None,
     if request.inductor_cache_dir:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = request.inductor_cache_dir
     world = join(torch.device(request.device).type)
+    group = None
     if world is not None:
         world.gather(None)  # every rank has read the request
         if request_file is not None:
             request_file.unlink(missing_ok=True)
+        group = dist.new_group(backend="gloo", timeout=COMMAND_WAIT)
+    told = _commands(commands, group)
     device = rank_device(torch.device(request.device), world)
     if request.threads:
         torch.set_num_threads(request.threads)
@@ -99,8 +103,10 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str] | None,
         from autotune.trial.script.job import run_under, script_settings
         from autotune.trial.script.turns import TurnObserver
 
-        observer = TurnObserver(script_settings(request), device, commands, answers, tuner_pid)
-        run_under(request, request.target, device, 1, observer, lambda phase: None)
+        observer = TurnObserver(script_settings(request), device, told,
+                                lambda message: _say(answers, message), tuner_pid)
+        run_under(request, request.target, device, world.size if world else 1, observer,
+                  lambda phase: None)
         if not observer.ready:
             raise RuntimeError("the script's training ended before its steps were steady")
         return
@@ -114,7 +120,7 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str] | None,
     print(f"autotune warm: {config.to_dict()} on {device}, steady={steady} after "
           f"{warmup_steps} steps", flush=True)
     _say(answers, {"ready": True})
-    for command in _commands(commands, world is not None):
+    for command in told:
         if command == STOP:
             return
         if "trace" in command:
@@ -126,13 +132,12 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str] | None,
         _say(answers, turn.to_json())
 
 
-def _commands(lines: IO[str], grouped: bool) -> Iterator[Any]:
+def _commands(lines: IO[str], group: Any | None) -> Iterator[Any]:
     """The tuner's commands in order, the end of its pipe as `STOP`; of a process group, on
-    every rank: rank 0 reads them and tells the others, over a group that waits as long as
-    the tuner may (`COMMAND_WAIT`)."""
+    every rank: rank 0 reads them and tells the others over `group`, a gloo group that waits
+    as long as the tuner may (`COMMAND_WAIT`)."""
     import torch.distributed as dist
 
-    group = dist.new_group(backend="gloo", timeout=COMMAND_WAIT) if grouped else None
     while True:
         box: list[Any] = [STOP]
         if group is None or dist.get_rank() == 0:
