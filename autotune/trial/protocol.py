@@ -346,8 +346,9 @@ class Measurement:
     device_idle_fraction: float | None = None
     # Share of a profiled step (its batches fetched ahead) in the optimizer's step.
     optimizer_fraction: float | None = None
-    # MFU (CUDA only): model FLOPs a sample ("given" by the model file or "counted") times
-    # samples/sec over the precision's peak FLOP/s, which says where it came from.
+    # MFU (CUDA only): model FLOPs a sample ("given" by the model file or "counted": a model
+    # file's model, a script's own step; else "not counted: why") times samples/sec over the
+    # precision's peak FLOP/s, which says where it came from.
     flops_per_sample: float | None = None
     flops_source: str | None = None
     peak_flops: float | None = None

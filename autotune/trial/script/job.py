@@ -67,15 +67,17 @@ def script_job(request: TrialRequest, script: Script, device: torch.device, worl
     probing, profiling = request.job == "probe", request.job == "profile"
     extra = PROBE_SETTINGS if probing else PROFILE_SETTINGS if profiling else {}
     settings = _settings({**request.settings, **extra})
+    # FLOPs counted where a model file's trial counts them: a measurement on CUDA, for MFU
     observer = MeasuringObserver(settings, device, progress,
-                                 profiler=_profiler(request, settings, device))
+                                 profiler=_profiler(request, settings, device),
+                                 count_flops=request.job == "measure" and device.type == "cuda")
     config, own = _asked(request), _own(request)
     start = time.perf_counter()
     run = run_under(request, script, device, world_size, observer, progress)
-    figures = replace(observer.measurement(run.startup_s),
-                      measure_wall_s=time.perf_counter() - start)
     baseline = own or run.baseline
     ran = config or baseline.config(device.type, world_size)
+    figures = replace(observer.measurement(run.startup_s, ran.precision),
+                      measure_wall_s=time.perf_counter() - start)
     if probing:
         return ran, _probe_report(run, observer, request.settings.get("candidates", {}),
                                   device.type, world_size)

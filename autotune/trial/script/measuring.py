@@ -6,7 +6,15 @@ load, at most `contention_remeasures` times), driven by the library's loop inste
 autotune's. In a process group every rank moves on, and stops, at the step rank 0 decides.
 After the window (never inside it), the profiler's: a few more of the library's steps under
 torch.profiler, for the trial's trace, its syncs per step and top operators, or for
-`autotune profile --script`."""
+`autotune profile --script`.
+
+With `count_flops` (a trial's measurement on CUDA, as a model file's trial counts them), the
+step after the first is counted (`flops.StepFlops`): model FLOPs a sample for MFU, from the
+script's own training step, its recompute under activation checkpointing left out. It is the
+warm-up's, never steady (the counter slows it) and never the window's. A step that runs
+torch.compile'd code is not counted (`flops.COMPILED`, which the figures keep): the counter
+cannot see compiled kernels, and torch.compile would run the step eagerly under it, or refuse.
+"""
 
 from __future__ import annotations
 
@@ -16,10 +24,12 @@ from typing import Any
 
 import torch
 
+from autotune.hardware import describe, peak_flops
 from autotune.options import MeasureSettings
 from autotune.trial import distributed
 from autotune.trial.compile_events import compile_count
 from autotune.trial.contention import ContentionProbe
+from autotune.trial.flops import COMPILED, SampleFlops, StepFlops
 from autotune.trial.measure import MemoryPeaks, group_figures, peak_memory, window_measurement
 from autotune.trial.profiling import ProfilerWindow, ProfileSummary
 from autotune.trial.protocol import FIRST_STEP, Measurement, PhaseTimes
@@ -36,8 +46,8 @@ from autotune.trial.window import (
 # The loop a script trains with, as a phase names it.
 _LOOPS = {"transformers": "transformers Trainer", "lightning": "lightning Trainer",
           "accelerate": "Accelerate loop", "loop": "own loop"}
-FIRST, WARMUP, SCREEN, WINDOW, REWARM, PROFILE = (
-    "first", "warmup", "screen", "window", "rewarm", "profile")
+FIRST, COUNT, WARMUP, SCREEN, WINDOW, REWARM, PROFILE = (
+    "first", "count", "warmup", "screen", "window", "rewarm", "profile")
 
 
 class MeasuringObserver:
@@ -47,8 +57,11 @@ class MeasuringObserver:
                  progress: Callable[[str], None] = lambda phase: None,
                  probe: ContentionProbe | None = None,
                  profiler: ProfilerWindow | None = None,
-                 beside: ContentionProbe | None = None) -> None:
+                 beside: ContentionProbe | None = None, count_flops: bool = False) -> None:
         self.settings, self.device, self.progress = settings, device, progress
+        self.count_flops = count_flops
+        self.flops: SampleFlops | None = None  # the counted step's, once counted
+        self.counting: StepFlops | None = None  # the step being counted
         self.profiler = profiler  # after the window: None, no profiler window
         self.profile: ProfileSummary | None = None
         self.profiled: list[Any] = []  # the raw profile, for `autotune profile --script`
@@ -84,16 +97,22 @@ class MeasuringObserver:
         self._last = self._phase_start = self._began = time.perf_counter()
 
     def on_step_end(self, samples: int, loss: torch.Tensor | None, data_wait_s: float) -> bool:
-        if self.phase in (FIRST, WARMUP):
+        if self.phase in (FIRST, COUNT, WARMUP):
             synchronize(self.device)
             now = time.perf_counter()
             step_s, self._last = now - self._last, now
             if self.phase == FIRST:
                 self.first_step_s = step_s
-                self.progress("warming up")
                 self.beside.start()
-                self.warm = WarmUp(self.settings)
-                self.phase, self._phase_start = WARMUP, now
+                self._phase_start = now
+                if self.count_flops:
+                    self._count_next_step()
+                else:
+                    self._warm_up()
+                return False
+            if self.phase == COUNT:  # the warm-up's, never steady: the counter slowed it
+                self._counted(samples)
+                self._warm_up()
                 return False
             self.warm.step(step_s)
             if self._decide(self.warm.done):
@@ -115,7 +134,29 @@ class MeasuringObserver:
         return self._screen() if self.phase == SCREEN else self._window_done()
 
     def on_train_end(self) -> None:
-        """Nothing to do: the figures are read from this observer after the run."""
+        """The figures are read from this observer after the run; a counter still on (the loop
+        ended inside the counted step) goes off, having counted nothing."""
+        self._counted(0)
+
+    def _count_next_step(self) -> None:
+        """The step that starts now counted, unless the loop runs compiled code (then the step
+        is left out of the warm-up all the same: every rank of a group changes phase at one
+        step)."""
+        self.phase = COUNT
+        if compile_count().graphs:
+            self.flops = SampleFlops(None, COMPILED)
+        else:
+            self.progress("counting FLOPs in a step of the script's loop")
+            self.counting = StepFlops()
+
+    def _counted(self, samples: int) -> None:
+        if self.counting is not None:
+            self.flops, self.counting = self.counting.stop(samples), None
+
+    def _warm_up(self) -> None:
+        self.progress("warming up")
+        self.warm = WarmUp(self.settings)
+        self.phase = WARMUP
 
     def _start_window(self, phase: str) -> None:
         settings = self.settings
@@ -200,13 +241,16 @@ class MeasuringObserver:
         elif self.timer is not None and self.timer.steps:
             window = self.timer.finish()
         else:
+            flops_step = self.count_flops and self.phase not in (FIRST, COUNT)
             raise RuntimeError("the script's training ended before the measurement's window "
-                               f"(after {len(self.warm.times) + 1} steps): give it more "
-                               "data or steps, or lower --window-steps")
+                               f"(after {len(self.warm.times) + 1 + flops_step} steps): give it "
+                               "more data or steps, or lower --window-steps")
         return window, 0, window.contention.other_cpu_share, window.contention.disturbed
 
-    def measurement(self, startup_s: float) -> Measurement:
-        """The figures of the run observed; `startup_s` is the script's own start-up."""
+    def measurement(self, startup_s: float, precision: str | None = None) -> Measurement:
+        """The figures of the run observed; `startup_s` is the script's own start-up, and
+        `precision` the one it trained in, whose peak FLOP/s its MFU divides by (None: no
+        peak)."""
         kept, remeasured, load, steady_load = self._kept()
         compiled = self._compiled_after - self._compiled
         figures = window_measurement(
@@ -219,6 +263,8 @@ class MeasuringObserver:
                               warmup_s=self.warmup_s, screen_s=self.screen_s,
                               window_s=self.window_s, remeasure_s=self.remeasure_s,
                               profile_s=self.profile_s),
+            flops=self.flops,
+            peak=peak_flops(describe(self.device), precision) if precision else None,
             time_to_first_step_s=self.first_step_s, setup_s=startup_s,
             warmup_steps=len(self.warm.times), steady=self.warm.steady, warmup_s=self.warmup_s,
             screen_samples_per_sec=self.screen_rate, screened=self.screened,
