@@ -143,7 +143,7 @@ class MeasuringObserver:
         is left out of the warm-up all the same: every rank of a group changes phase at one
         step)."""
         self.phase = COUNT
-        if compile_count().graphs:
+        if (compile_count() - self._compiled).graphs:  # compiled since the loop started
             self.flops = SampleFlops(None, COMPILED)
         else:
             self.progress("counting FLOPs in a step of the script's loop")
