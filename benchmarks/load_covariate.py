@@ -29,13 +29,14 @@ sys.path.insert(0, str(ROOT))
 from run_end import LOADS, side_loaded  # noqa: E402
 
 from autotune.config import TrainConfig  # noqa: E402
+from autotune.options import MeasureSettings  # noqa: E402
 from autotune.search.runner import MeasureJob, ProcessRunner  # noqa: E402
 from autotune.search.warm import PairJudge, WarmRounds, load_stayed  # noqa: E402
 from autotune.stats import Ratio, load_adjusted_ratio, paired_ratio  # noqa: E402
 from autotune.study.confirmation import Run  # noqa: E402
 from autotune.target import ModelFile  # noqa: E402
 
-SETTINGS = {"warmup_max_seconds": 5.0, "profile_steps": 0}
+SETTINGS = MeasureSettings(warmup_max_seconds=5.0, profile_steps=0)
 
 
 @dataclass(frozen=True)

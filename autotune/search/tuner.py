@@ -94,7 +94,7 @@ class Tuner:
         self._new_folder = opts.storage is None and not self.directory.exists()
         self._new_parent = self._new_folder and not self.directory.parent.exists()
         self.runner = runner or ProcessRunner(
-            target, self.directory, vars(opts.settings),
+            target, self.directory, opts.settings,
             memory_limit_bytes=opts.memory_limit_bytes, core_shares=self.core_shares,
             on_phase=lambda text, number: self.view.phase(text, number), stop=self.stop,
             nproc_per_node=opts.nproc_per_node, groups=groups,

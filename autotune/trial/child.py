@@ -48,8 +48,8 @@ OOM_MARKER_PAIRS = (("cublas_status_not_initialized", "cublascreate"),)
 MESSAGE_LIMIT = 4000
 
 # What a child can be asked to do: module and function, each called as
-# fn(workload, config, device, settings, trace_path, progress), and the field of the
-# `TrialResult` its answer goes in.
+# fn(workload, config, device, settings, trace_path, progress) with the request's settings (the
+# job's own type: `protocol.JOB_SETTINGS`), and the field of the `TrialResult` its answer goes in.
 JOBS = {"measure": ("autotune.trial.measure", "measure_job", "measurement"),
         "probe": ("autotune.trial.probe", "probe_job", "probe"),
         "profile": ("autotune.trial.deep_profile", "profile_job", "profile")}

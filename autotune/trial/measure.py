@@ -32,7 +32,7 @@ import itertools
 import resource
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -86,13 +86,12 @@ def measure_config(workload: Workload, config: TrainConfig, device: torch.device
 
 
 def measure_job(workload: Workload, config: TrainConfig, device: torch.device,
-                settings: Mapping[str, Any], trace_path: str | None,
+                settings: MeasureSettings, trace_path: str | None,
                 progress: Progress) -> Measurement:
     """A trial process's job (`child.JOBS`): every figure of one measurement, and how long
     it took (the rest of the trial's wall time is process start, imports, loading the file)."""
     start = time.perf_counter()
-    figures = measure_config(workload, config, device, MeasureSettings(**settings), trace_path,
-                             progress)
+    figures = measure_config(workload, config, device, settings, trace_path, progress)
     return replace(figures, measure_wall_s=time.perf_counter() - start)
 
 

@@ -84,6 +84,9 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str] | None,
     from autotune.trial.measure import build_setup, timed_turn, traced_turn, warm_up
     from autotune.trial.workload import load_workload
 
+    settings = request.settings
+    if not isinstance(settings, MeasureSettings):
+        raise ValueError(f"a warm process times a measurement, not a {request.job}")
     if request.inductor_cache_dir:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = request.inductor_cache_dir
     world = join(torch.device(request.device).type)
@@ -100,17 +103,16 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str] | None,
     if request.memory_limit_bytes:
         limit_memory(device, request.memory_limit_bytes)
     if isinstance(request.target, Script):  # the script's own loop takes the turns
-        from autotune.trial.script.job import run_under, script_settings
+        from autotune.trial.script.job import run_under
         from autotune.trial.script.turns import TurnObserver
 
-        observer = TurnObserver(script_settings(request), device, told,
+        observer = TurnObserver(settings, device, told,
                                 lambda message: _say(answers, message), tuner_pid)
         run_under(request, request.target, device, world.size if world else 1, observer,
                   lambda phase: None)
         if not observer.ready:
             raise RuntimeError("the script's training ended before its steps were steady")
         return
-    settings = MeasureSettings(**request.settings)
     workload = load_workload(request.target.path, request.target.args)
     config = workload.train_config(request.config, device.type, world.size if world else 1)
     setup, _, _ = build_setup(workload, config, device, lambda phase: None)

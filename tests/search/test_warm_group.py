@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from autotune.config import TrainConfig
+from autotune.options import MeasureSettings
 from autotune.search.warm import WarmRounds
 from autotune.target import ModelFile
 from autotune.trial.protocol import TrialRequest
@@ -18,8 +19,8 @@ from ..conftest import ROOT
 
 MLP = str(ROOT / "models" / "mlp.py")
 TINY = {"feature_dim": 32, "hidden": 64, "layers": 2, "num_samples": 4096}
-SETTINGS = {"window_steps": 3, "window_seconds": 0.2, "warmup_max_seconds": 5,
-            "profile_steps": 1, "screen_steps": 0}
+SETTINGS = MeasureSettings(window_steps=3, window_seconds=0.2, warmup_max_seconds=5,
+                           profile_steps=1, screen_steps=0)
 
 
 @pytest.mark.slow

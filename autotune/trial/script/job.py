@@ -8,7 +8,6 @@ setting is said, so the trial sets the script's own flags as the answer would.""
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 import time
 from collections.abc import Callable
@@ -19,7 +18,6 @@ from typing import Any
 import torch
 
 from autotune.config import TrainConfig
-from autotune.errors import ContractError
 from autotune.options import MeasureSettings
 from autotune.target import Script
 from autotune.trial import distributed
@@ -34,7 +32,9 @@ from autotune.trial.protocol import (
     SCRIPT_STARTUP,
     Measurement,
     ProbeReport,
+    ProbeSettings,
     ProfileReport,
+    ProfileSettings,
     TrialRequest,
 )
 from autotune.trial.script import terms
@@ -60,13 +60,9 @@ Progress = Callable[[str], None]
 def script_job(request: TrialRequest, script: Script, device: torch.device, world_size: int,
                progress: Progress,
                ) -> tuple[TrainConfig, Measurement | ProbeReport | ProfileReport]:
-    """Run `script` (the request's target) for `request.job` (measure, probe or profile); the
-    configuration it ran, and the job's answer."""
-    if request.job not in ("measure", "probe", "profile"):
-        raise ContractError(f"autotune {request.job} does not take --script")
-    probing, profiling = request.job == "probe", request.job == "profile"
-    extra = PROBE_SETTINGS if probing else PROFILE_SETTINGS if profiling else {}
-    settings = _settings({**request.settings, **extra})
+    """Run `script` (the request's target) for the request's job (measure, probe or profile);
+    the configuration it ran, and the job's answer."""
+    settings = _measure_settings(request)
     # FLOPs counted where a model file's trial counts them: a measurement on CUDA, for MFU
     observer = MeasuringObserver(settings, device, progress,
                                  profiler=_profiler(request, settings, device),
@@ -78,11 +74,11 @@ def script_job(request: TrialRequest, script: Script, device: torch.device, worl
     ran = config or baseline.config(device.type, world_size)
     figures = replace(observer.measurement(run.startup_s, ran.precision),
                       measure_wall_s=time.perf_counter() - start)
-    if probing:
-        return ran, _probe_report(run, observer, request.settings.get("candidates", {}),
-                                  device.type, world_size)
-    if profiling:
-        return ran, _profile_report(ran, observer, device, request.settings.get("top", 15))
+    job = request.settings
+    if isinstance(job, ProbeSettings):
+        return ran, _probe_report(run, observer, job.candidates, device.type, world_size)
+    if isinstance(job, ProfileSettings):
+        return ran, _profile_report(ran, observer, device, job.top)
     answer = terms.answer(ran, baseline, device.type, world_size)
     return ran, replace(figures, script_answer=answer)
 
@@ -99,23 +95,30 @@ def run_under(request: TrialRequest, script: Script, device: torch.device, world
     if parent is not None:
         parent.mkdir(parents=True, exist_ok=True)
     argv, flags_set = script_arguments(list(script.args), config, own, device.type, world_size)
+    job = request.settings
+    profile_out = job.out if isinstance(job, ProfileSettings) else None
     with tempfile.TemporaryDirectory(prefix="autotune-script-", dir=parent) as scratch:
         trial = ScriptTrial(device, observer, Path(scratch), config=config,
                             kind=own.library if own is not None else None, own=own,
-                            candidates=request.settings.get("candidates", {}),
+                            candidates=job.candidates if isinstance(job, ProbeSettings) else {},
                             flag_map=dict(script.flags),
                             flags_set=flags_set,
                             own_paths=[p for p in (
                                 request.trace_path and str(Path(request.trace_path).parent),
-                                request.settings.get("out")) if p])
+                                profile_out) if p])
         progress(SCRIPT_STARTUP)
         return run_script(script.path, argv, trial)
 
 
-def script_settings(request: TrialRequest) -> MeasureSettings:
-    """The measurement's settings of a script's request (which also carries the script's own
-    settings as its probe read them)."""
-    return _settings(request.settings)
+def _measure_settings(request: TrialRequest) -> MeasureSettings:
+    """How a script's run of the request's job is measured: a measurement's own settings, the
+    probe's few steps, or the steps that bring `autotune profile` to its window."""
+    job = request.settings
+    if isinstance(job, ProbeSettings):
+        return MeasureSettings(**PROBE_SETTINGS)
+    if isinstance(job, ProfileSettings):
+        return MeasureSettings(warmup_max_seconds=job.warmup_max_seconds, **PROFILE_SETTINGS)
+    return job
 
 
 def _asked(request: TrialRequest) -> TrainConfig | None:
@@ -127,7 +130,7 @@ def _asked(request: TrialRequest) -> TrainConfig | None:
 
 def _own(request: TrialRequest) -> ScriptBaseline | None:
     """The script's own settings as its probe read them (None: the probe itself)."""
-    own = request.settings.get("script_baseline")
+    own = request.script_baseline
     return ScriptBaseline.from_dict(own) if own else None
 
 
@@ -146,12 +149,11 @@ def _profiler(request: TrialRequest, settings: MeasureSettings,
               device: torch.device) -> ProfilerWindow | None:
     """The profiler's window after the measurement's: a trial's short one (its trace on rank 0
     where one is asked for), or `autotune profile`'s, with Python stacks and memory."""
-    if request.job == "profile":
-        return ProfilerWindow(request.settings["steps"], device,
-                              trace_file(Path(request.settings["out"])),
-                              top=request.settings.get("top", 15), with_stack=True,
-                              profile_memory=True)
-    if request.job == "probe" or settings.profile_steps <= 0:
+    job = request.settings
+    if isinstance(job, ProfileSettings):
+        return ProfilerWindow(job.steps, device, trace_file(Path(job.out)), top=job.top,
+                              with_stack=True, profile_memory=True)
+    if isinstance(job, ProbeSettings) or settings.profile_steps <= 0:
         return None
     world = distributed.current()
     rank0 = world is None or world.rank == 0
@@ -182,11 +184,6 @@ def _profile_report(ran: TrainConfig, observer: MeasuringObserver, device: torch
         findings=tuple(findings),
         memory_timeline=memory_categories(profile, device),
         files={"trace": str(summary.trace_path)})
-
-
-def _settings(given: dict[str, Any]) -> MeasureSettings:
-    known = {f.name for f in dataclasses.fields(MeasureSettings)}
-    return MeasureSettings(**{k: v for k, v in given.items() if k in known})
 
 
 def _probe_report(run: ScriptRun, observer: MeasuringObserver, candidates: dict[str, Any],

@@ -8,11 +8,15 @@ from pathlib import Path
 import torch
 
 from autotune.config import TrainConfig
+from autotune.options import MeasureSettings
 from autotune.target import Script
 from autotune.trial.protocol import (
+    JobSettings,
     Measurement,
     ProbeReport,
+    ProbeSettings,
     ProfileReport,
+    ProfileSettings,
     TrialRequest,
     TrialStatus,
 )
@@ -20,21 +24,20 @@ from autotune.trial.script.job import script_job
 from tests.conftest import need
 from tests.trial.script.steps import SCRIPTS
 
-FAST = {"window_steps": 2, "window_seconds": 0.0, "window_max_seconds": 1.0,
-        "warmup_max_seconds": 1.0, "screen_steps": 0, "profile_steps": 0}
+FAST = MeasureSettings(window_steps=2, window_seconds=0.0, window_max_seconds=1.0,
+                       warmup_max_seconds=1.0, screen_steps=0, profile_steps=0)
 
 
-def _request(out: Path, job: str, config: dict | None = None) -> TrialRequest:
+def _request(out: Path, settings: JobSettings, config: dict | None = None) -> TrialRequest:
     return TrialRequest(Script(str(SCRIPTS / "hf_argparser.py"),
                                ("--output_dir", str(out), "--per_device_train_batch_size", "4")),
-                        config=config or {}, device="cpu", job=job, settings=FAST)
+                        config=config or {}, device="cpu", settings=settings)
 
 
 def test_the_probe_reads_the_scripts_own_settings(tmp_path: Path) -> None:
     need("transformers", "examples")
     candidates = {"memory_format": ["channels_last"], "precision": ["bf16"]}
-    request = _request(tmp_path / "out", "probe")
-    request.settings = {**FAST, "candidates": candidates}
+    request = _request(tmp_path / "out", ProbeSettings(candidates))
     config, report = script_job(request, request.target, torch.device("cpu"), 1,
                                 lambda phase: None)
     assert isinstance(report, ProbeReport)
@@ -48,7 +51,7 @@ def test_the_probe_reads_the_scripts_own_settings(tmp_path: Path) -> None:
 def test_a_measurement_answers_in_the_scripts_flags(tmp_path: Path) -> None:
     need("transformers", "examples")
     config = TrainConfig(micro_batch_size=8, precision="bf16", optimizer_impl="fused")
-    request = _request(tmp_path / "out", "measure", config.to_dict())
+    request = _request(tmp_path / "out", FAST, config.to_dict())
     ran, figures = script_job(request, request.target, torch.device("cpu"), 1,
                               lambda phase: None)
     assert isinstance(figures, Measurement) and ran == config
@@ -68,9 +71,9 @@ def test_profile_looks_at_the_scripts_own_steps(tmp_path: Path) -> None:
     """`autotune profile --script`: a few of the Trainer's own steps under the profiler, with
     the operator tables, the memory timeline and the trace; the user's output_dir untouched."""
     need("transformers", "examples")
-    request = _request(tmp_path / "out", "profile")
-    request.settings = {"out": str(tmp_path / "profile"), "steps": 2, "top": 5,
-                        "warmup_max_seconds": 1.0}
+    request = _request(tmp_path / "out", ProfileSettings(out=str(tmp_path / "profile"),
+                                                         steps=2, top=5,
+                                                         warmup_max_seconds=1.0))
     ran, report = script_job(request, request.target, torch.device("cpu"), 1,
                              lambda phase: None)
     assert isinstance(report, ProfileReport) and report.steps == 2
@@ -90,6 +93,6 @@ def test_knobs_the_library_refuses_together_end_the_trial_not_the_study(tmp_path
 
     need("transformers", "examples")
     refused = {"micro_batch_size": 4, "num_workers": 0, "prefetch_factor": 4}
-    result = _run_job(_request(tmp_path / "out", "measure", refused), lambda phase: None)
+    result = _run_job(_request(tmp_path / "out", FAST, refused), lambda phase: None)
     assert result.status == TrialStatus.UNSUPPORTED and not result.bad_input, result
     assert "prefetch_factor" in result.message

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotune.config import TrainConfig
+from autotune.options import MeasureSettings
 from autotune.search.warm import WarmRounds
 from autotune.target import Script
 from autotune.trial.protocol import TrialRequest
@@ -17,8 +18,8 @@ from ...conftest import ROOT, need
 
 LOOP = str(ROOT / "tests/models/scripts/loop_nanogpt.py")
 LIGHTNING = str(ROOT / "tests/models/scripts/lightning_datamodule.py")
-SETTINGS = {"window_steps": 3, "window_seconds": 0.2, "warmup_max_seconds": 10,
-            "profile_steps": 1, "screen_steps": 0}
+SETTINGS = MeasureSettings(window_steps=3, window_seconds=0.2, warmup_max_seconds=10,
+                           profile_steps=1, screen_steps=0)
 
 
 @pytest.mark.slow
