@@ -226,7 +226,8 @@ def window_measurement(*, times: list[float], samples: int, seconds: float, wait
     `samples` in `seconds`, its data wait and losses, what else ran meanwhile), the training's
     memory peaks and the profiler's window, and its MFU: the model's FLOPs a sample times the
     window's samples/sec over the device's `peak` (CUDA only: elsewhere there is none); `rest`,
-    what only one of them knows (autotune's loop's findings, say)."""
+    what each gathers its own way (autotune's loop's findings, say: a script's job adds its
+    own)."""
     median, mean = statistics.median(times), statistics.fmean(times)
     samples_per_sec = samples / seconds
     per_sample = flops.per_sample if flops else None

@@ -1,8 +1,10 @@
 """A trial's job (`child`) for a user's training script: run it (`runner`) under a measuring
 observer and answer as a model file's trial does: the probe's `ProbeReport` (the script's own
 settings as the baseline, the knob values its library cannot be told left out), or a
-`Measurement` with the configuration in the script's own terms (`ScriptAnswer`), or for
-`autotune profile --script` the `ProfileReport` of a few of the library's steps. A trial is
+`Measurement` with the configuration in the script's own terms (`ScriptAnswer`) and the
+findings of its profiler's window, or for `autotune profile --script` the `ProfileReport` of a
+few of the library's steps. Both findings name the script's lines that read tensors back, as
+its observer traced them in a step of the warm-up. A trial is
 told the script's own settings as its probe read them: the answer's baseline, and where each
 setting is said, so the trial sets the script's own flags as the answer would."""
 
@@ -30,6 +32,7 @@ from autotune.trial.profiling import (
 )
 from autotune.trial.protocol import (
     SCRIPT_STARTUP,
+    Finding,
     Measurement,
     ProbeReport,
     ProbeSettings,
@@ -80,7 +83,8 @@ def script_job(request: TrialRequest, script: Script, device: torch.device, worl
     if isinstance(job, ProfileSettings):
         return ran, _profile_report(ran, observer, device, job.top)
     answer = terms.answer(ran, baseline, device.type, world_size)
-    return ran, replace(figures, script_answer=answer)
+    return ran, replace(figures, script_answer=answer,
+                        findings=_window_findings(observer, ran, figures))
 
 
 def run_under(request: TrialRequest, script: Script, device: torch.device, world_size: int,
@@ -161,18 +165,30 @@ def _profiler(request: TrialRequest, settings: MeasureSettings,
                           request.trace_path if rank0 else None)
 
 
+def _window_findings(observer: MeasuringObserver, ran: TrainConfig,
+                     figures: Measurement) -> tuple[Finding, ...]:
+    """A trial's findings, as a model file's trial has them: of its profiler's window, its
+    timed window's median step and data wait, and the lines its observer traced; none where
+    the trial did not profile (screened out, or no profiler's window asked for)."""
+    if observer.profile is None:
+        return ()
+    return tuple(findings_of(observer.profiled[0], ran, observer.profile,
+                             figures.step_time_median_s, figures.data_wait_fraction,
+                             observer.sync_sites))
+
+
 def _profile_report(ran: TrainConfig, observer: MeasuringObserver, device: torch.device,
                     top: int) -> ProfileReport:
-    """`autotune profile`'s report of the library's steps under the profiler, with the
-    findings that need no trace of the lines that read tensors back (autotune's own loop
-    traces them; a library's loop is not autotune's to trace)."""
+    """`autotune profile`'s report of the library's steps under the profiler, with their
+    findings (the lines that read tensors back as the observer traced them in the warm-up)."""
     summary = observer.profile
     if summary is None or not observer.profiled:
         raise RuntimeError("the script's training ended before the profiler's window: give it "
                            "more data or steps, or lower --steps")
     profile, window = observer.profiled[0], summary.window_s
     data_wait = min(1.0, observer.profile_wait_s / window)
-    findings = findings_of(profile, ran, summary, window / summary.steps, data_wait, [])
+    findings = findings_of(profile, ran, summary, window / summary.steps, data_wait,
+                           observer.sync_sites)
     return ProfileReport(
         config=ran, device=str(device), steps=summary.steps,
         samples_per_sec=observer.profile_samples / window, window_s=window,

@@ -3,6 +3,7 @@ baseline, and a measurement answers with the configuration in the script's own t
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -83,7 +84,57 @@ def test_profile_looks_at_the_scripts_own_steps(tmp_path: Path) -> None:
     times, categories = report.memory_timeline
     assert times and categories
     assert Path(report.files["trace"]).is_file()
+    # its warm-up traced for the lines that read tensors back: the Trainer's own (a branch on
+    # a tensor in its epoch loop) are not the user's
+    assert not any("site-packages" in where for f in report.findings for where in f.where)
     assert not (tmp_path / "out").exists()
+
+
+LOGGING_LOOP = """
+import torch
+from torch import nn
+
+from checks import check_finite
+
+model = nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+for step in range(100000):
+    loss = model(torch.randn(16, 8)).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    running_loss = loss.item()
+    check_finite(loss)
+"""
+CHECKS = """
+def check_finite(loss):
+    if not loss.isfinite():
+        raise RuntimeError("the loss diverged")
+"""
+
+
+def test_a_trials_findings_name_the_scripts_own_lines_that_read_tensors_back(
+        tmp_path: Path) -> None:
+    """A hand-written loop's trial traces a step of its warm-up for the lines that read a
+    tensor back to the host: its findings name the script's line and its own module's (the
+    script run from its scratch folder), each once a step; torch's own reads (the optimizer's)
+    are not the user's."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "train.py").write_text(LOGGING_LOOP)
+    (folder / "checks.py").write_text(CHECKS)
+    request = TrialRequest(Script(str(folder / "train.py")), config={"micro_batch_size": 16},
+                           device="cpu", job="measure", settings={**FAST, "profile_steps": 1})
+    _, figures = script_job(request, request.target, torch.device("cpu"), 1,
+                            lambda phase: None)
+    syncs = [f for f in figures.findings if f.kind == "host_sync"]
+    assert [f.title for f in syncs] == ["2 host syncs per step from your code"]
+    checks, train = (os.path.relpath(folder / name) for name in ("checks.py", "train.py"))
+    assert sorted(syncs[0].where) == [
+        f"{checks}:3 in check_finite: if not loss.isfinite():  "
+        "(bool(tensor) / if tensor, 1 per step)",
+        f"{train}:14 in <module>: running_loss = loss.item()  (.item(), 1 per step)"]
+    assert figures.phases.sync_tracing_s > 0
 
 
 def test_knobs_the_library_refuses_together_end_the_trial_not_the_study(tmp_path: Path) -> None:

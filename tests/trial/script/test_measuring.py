@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -21,13 +22,18 @@ from autotune.trial.measure import count_flops_per_sample
 from autotune.trial.profiling import ProfilerWindow
 from autotune.trial.script import measuring
 from autotune.trial.script.hf_terms import checkpointing_field
-from autotune.trial.script.measuring import COUNT, MeasuringObserver
+from autotune.trial.script.measuring import COUNT, FIRST, TRACE, WARMUP, MeasuringObserver
 from autotune.trial.script.observer import TrainInfo
 from autotune.trial.script.runner import run_script
 from autotune.trial.script.session import ScriptTrial
 from autotune.trial.workload import load_workload
 from tests.conftest import ROOT, need
 from tests.trial.script.steps import SCRIPTS
+
+
+def _line_of(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
 
 SETTINGS = MeasureSettings(window_steps=4, window_seconds=0.0, window_max_seconds=5.0,
                            warmup_max_seconds=5.0, screen_steps=2)
@@ -107,7 +113,8 @@ def test_after_the_window_the_profiler_sees_the_loops_next_steps(tmp_path) -> No
         if observer.on_step_end(8, loss.detach(), 0.0):
             break
     figures = observer.measurement(startup_s=1.5)
-    assert steps == 1 + figures.warmup_steps + 2 + figures.window_steps + 3
+    # the first step, the step traced for host syncs, the warm-up, screening, the window
+    assert steps == 1 + 1 + figures.warmup_steps + 2 + figures.window_steps + 3
     assert observer.profile_samples == 3 * 8
     assert "aten::addmm" in {op.name for op in figures.top_operators}
     assert figures.trace_path == str(trace) and trace.is_file()
@@ -184,9 +191,9 @@ def test_a_load_the_warm_up_saw_too_is_the_machines_state_and_not_waited_out() -
 
 
 def test_every_figure_a_model_files_trial_has_is_filled_in() -> None:
-    """What only autotune's own loop can know (the lines that sync, traced by re-running a
-    step) aside, a script trial's measurement has the figures a model file's has: the load
-    beside it, the compiles, the cores, when screening ended (and FLOPs, below)."""
+    """A script trial's measurement has the figures a model file's has: the load beside it,
+    the compiles, the cores, when screening ended (and FLOPs and the lines that sync,
+    below)."""
     observer = _started()
     _steps(observer, [1.0] * 100)
     figures = observer.measurement(startup_s=1.5)
@@ -196,16 +203,30 @@ def test_every_figure_a_model_files_trial_has_is_filled_in() -> None:
     assert figures.screen_done_s is not None and figures.screen_done_s > 1.5
 
 
-def _counting_run(model: nn.Module, observer: MeasuringObserver) -> list[tuple[str, bool]]:
-    """A loop's own steps until the observer stops it: the phase each step ran in, and whether
-    it ran under a dispatch mode (the FLOP counter's)."""
+class _Ran(NamedTuple):
+    """A step of a loop: the observer's phase, and whether it ran under a dispatch mode (the
+    FLOP counter's) and with the tensor methods that read back wrapped (the sync trace's)."""
+
+    phase: str
+    counted: bool
+    traced: bool
+
+
+_ITEM = torch.Tensor.item
+
+
+def _counting_run(model: nn.Module, observer: MeasuringObserver) -> list[_Ran]:
+    """A loop's own steps until the observer stops it, each reading its loss back on a line of
+    its own, as loops that log do."""
     observer.on_train_start(TrainInfo("loop", torch.device("cpu"), model, None, 8, 1,
                                       startup_s=0.0))
-    ran = []
+    ran, logged = [], []
     while True:
-        ran.append((observer.phase, torch._C._len_torch_dispatch_stack() > 0))
+        ran.append(_Ran(observer.phase, torch._C._len_torch_dispatch_stack() > 0,
+                        torch.Tensor.item is not _ITEM))
         loss = model(torch.randn(8, 64)).pow(2).mean()
         loss.backward()
+        logged.append(loss.item())
         if observer.on_step_end(8, loss.detach(), 0.0):
             return ran
 
@@ -221,7 +242,7 @@ def test_flops_are_counted_in_a_step_of_the_warm_up_never_in_the_window(monkeypa
                                  beside=_Probe([]), count_flops=True)
     ran = _counting_run(nn.Linear(64, 64), observer)
     figures = observer.measurement(startup_s=0.0, precision="bf16")
-    assert [phase for phase, counted in ran if counted] == [COUNT]
+    assert [step.phase for step in ran if step.counted] == [COUNT]
     assert len(ran) == 1 + 1 + figures.warmup_steps + 2 + figures.window_steps
     # forward 2 x 64 x 64 a sample, backward the weight's gradient alone (the input needs none)
     assert (figures.flops_per_sample, figures.flops_source) == (4 * 64 * 64, "counted")
@@ -229,21 +250,61 @@ def test_flops_are_counted_in_a_step_of_the_warm_up_never_in_the_window(monkeypa
     assert figures.mfu == pytest.approx(figures.flops_per_sample * figures.samples_per_sec / 1e12)
 
 
+def _compiling(model: nn.Module, monkeypatch: pytest.MonkeyPatch) -> nn.Module:
+    """`model` whose first step leaves dynamo's counter as a compile does (a real compile takes
+    CPU tens of seconds)."""
+    stats = counters["stats"]
+    monkeypatch.setitem(stats, "unique_graphs", 0)
+    model.register_forward_hook(lambda *args: stats.__setitem__("unique_graphs", 1))
+    return model
+
+
 def test_a_loop_that_runs_compiled_code_is_not_counted_and_says_why(monkeypatch) -> None:
     """A compiled step under the counter would run eagerly, or raise with fullgraph=True: the
     figures keep why there is no count instead."""
     observer = MeasuringObserver(SETTINGS, torch.device("cpu"), probe=_Probe([]),
                                  beside=_Probe([]), count_flops=True)
-    model = nn.Linear(64, 64)
-    # dynamo's counter as a first step that compiled leaves it (a real compile takes CPU tens
-    # of seconds)
-    stats = counters["stats"]
-    monkeypatch.setitem(stats, "unique_graphs", 0)
-    model.register_forward_hook(lambda *args: stats.__setitem__("unique_graphs", 1))
-    ran = _counting_run(model, observer)
+    ran = _counting_run(_compiling(nn.Linear(64, 64), monkeypatch), observer)
     figures = observer.measurement(startup_s=0.0, precision="bf16")
-    assert not any(counted for _, counted in ran) and figures.graphs_compiled == 1
+    assert not any(step.counted for step in ran) and figures.graphs_compiled == 1
     assert (figures.flops_per_sample, figures.flops_source, figures.mfu) == (None, COMPILED, None)
+
+
+def test_host_syncs_are_traced_in_a_step_of_the_warm_up_never_in_the_window() -> None:
+    """Where the trial profiles, the step after the counted one runs with the tensor methods
+    that read back wrapped: a step more of warm-up, never a steady one nor the window's. It
+    names the loop's own line that reads its loss back, once a step, for the findings."""
+    observer = MeasuringObserver(SETTINGS, torch.device("cpu"), probe=_Probe([]),
+                                 beside=_Probe([]), profiler=ProfilerWindow(1, "cpu"),
+                                 count_flops=True)
+    ran = _counting_run(nn.Linear(64, 64), observer)
+    figures = observer.measurement(startup_s=0.0)
+    assert [step.phase for step in ran if step.traced] == [TRACE]
+    assert [step.phase for step in ran[:4]] == [FIRST, COUNT, TRACE, WARMUP]
+    assert len(ran) == 1 + 1 + 1 + figures.warmup_steps + 2 + figures.window_steps + 1
+    here = Path(__file__)
+    assert [(s.call, s.file, s.line, s.calls_per_step) for s in observer.sync_sites] == [
+        (".item()", str(here), _line_of(here, "logged.append(loss.item())"), 1.0)]
+    assert figures.phases.sync_tracing_s > 0
+    assert torch.Tensor.item is _ITEM  # torch's own methods back
+
+
+@pytest.mark.parametrize("why", ["compiled", "no profiler's window"])
+def test_a_loop_that_compiled_or_is_not_profiled_is_not_traced(
+        why: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dynamo would trace the wrappers and compile again; and without the profiler's window
+    there are no findings to name the lines in (a probe, --profile-steps 0)."""
+    model = nn.Linear(64, 64)
+    if why == "compiled":
+        model = _compiling(model, monkeypatch)
+    profiler = ProfilerWindow(1, "cpu") if why == "compiled" else None
+    observer = MeasuringObserver(SETTINGS, torch.device("cpu"), probe=_Probe([]),
+                                 beside=_Probe([]), profiler=profiler)
+    ran = _counting_run(model, observer)
+    figures = observer.measurement(startup_s=0.0)
+    assert not any(step.traced or step.phase == TRACE for step in ran)
+    assert len(ran) == 1 + figures.warmup_steps + 2 + figures.window_steps + (profiler is not None)
+    assert observer.sync_sites == [] and figures.phases.sync_tracing_s == 0.0
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
