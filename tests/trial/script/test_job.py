@@ -4,6 +4,7 @@ baseline, and a measurement answers with the configuration in the script's own t
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -124,7 +125,7 @@ def test_a_trials_findings_name_the_scripts_own_lines_that_read_tensors_back(
     (folder / "train.py").write_text(LOGGING_LOOP)
     (folder / "checks.py").write_text(CHECKS)
     request = TrialRequest(Script(str(folder / "train.py")), config={"micro_batch_size": 16},
-                           device="cpu", job="measure", settings={**FAST, "profile_steps": 1})
+                           device="cpu", settings=replace(FAST, profile_steps=1))
     _, figures = script_job(request, request.target, torch.device("cpu"), 1,
                             lambda phase: None)
     syncs = [f for f in figures.findings if f.kind == "host_sync"]
