@@ -117,14 +117,15 @@ def load_adjusted_ratio(numerators: Sequence[float], denominators: Sequence[floa
     their load differences (the share of the cores other processes took during the
     numerator's run less during the denominator's), read where the difference is none.
 
-    Beside a load that stays, each run sees a different share of it, and a pair whose runs
-    saw unequal shares moves its ratio by it: the regression takes that part out of the
-    spread, narrowing the interval by as much as the load explains. Drift counts the rounds as
-    fewer, as in `paired_ratio`. None with fewer than `MIN_ADJUSTED_ROUNDS` rounds, differences
-    that do not vary (nothing to regress on), or a load that explains nothing measurable (the
-    slope's own 95% interval holds zero): there the plain ratio is as good, and reading at
-    equal load would only widen it (one degree of freedom less, and the way from the rounds'
-    mean difference to none)."""
+    Beside a load, each run sees its own share of it (a load that stays, or the part of one
+    that comes and goes that a pair's runs saw unequally, below what flags a run disturbed),
+    and a pair whose runs saw unequal shares moves its ratio by it: the regression takes that
+    part out of the spread, narrowing the interval by as much as the load explains. Drift
+    counts the rounds as fewer, as in `paired_ratio`. None with fewer than
+    `MIN_ADJUSTED_ROUNDS` rounds, differences that do not vary (nothing to regress on), or a
+    load that explains nothing measurable (the slope's own 95% interval holds zero): there the
+    plain ratio is as good, and reading at equal load would only widen it (one degree of
+    freedom less, and the way from the rounds' mean difference to none)."""
     n = len(numerators)
     if not n == len(denominators) == len(load_differences):
         raise ValueError("load_adjusted_ratio needs one load difference per round")

@@ -1,12 +1,13 @@
 """Speedup intervals with and without the load each turn saw as a covariate (issue 39, item 3).
 
-For each reference model and side load, one run: the baseline and one change kept warm
-(`autotune.search.warm`), taking turns in pairs in a random order for `--seconds`, each pair
-kept or taken again as the confirmation does (`PairJudge`). From the same kept pairs it prints
-the plain paired interval (`stats.paired_ratio`), the interval read at equal load
-(`stats.load_adjusted_ratio`: none where the load explains nothing measurable), and which of
-the two the confirmation gives (`search.warm.load_stayed`: a load that stayed). With `--out`,
-every kept pair's rates, loads and flags as JSON, to be read again.
+For each reference model and side load (run_end.py's, started as a stranger's process: the
+contention probe counts the warm processes' tuner's own descendants as its own), one run: the
+baseline and one change kept warm (`autotune.search.warm`), taking turns in pairs in a random
+order for `--seconds`, each pair kept or taken again as the confirmation does (`PairJudge`).
+From the same kept pairs it prints the plain paired interval (`stats.paired_ratio`) and the
+interval read at equal load (`stats.load_adjusted_ratio`: none where the load explains nothing
+measurable), which the confirmation gives where it is not none (`search.confirm.paired`). With
+`--out`, every kept pair's rates, loads and flags as JSON, to be read again.
 
     python benchmarks/load_covariate.py --out benchmarks/results/load_covariate.json
     python benchmarks/load_covariate.py --models rgat --loads steady --seconds 60
@@ -15,23 +16,28 @@ every kept pair's rates, loads and flags as JSON, to be read again.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import random
+import signal
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from run_end import LOADS, side_loaded  # noqa: E402
+from run_end import LOADS  # noqa: E402
 
 from autotune.config import TrainConfig  # noqa: E402
 from autotune.options import MeasureSettings  # noqa: E402
 from autotune.search.runner import MeasureJob, ProcessRunner  # noqa: E402
-from autotune.search.warm import PairJudge, WarmRounds, load_stayed  # noqa: E402
+from autotune.search.warm import PairJudge, WarmRounds  # noqa: E402
 from autotune.stats import Ratio, load_adjusted_ratio, paired_ratio  # noqa: E402
 from autotune.study.confirmation import Run  # noqa: E402
 from autotune.target import ModelFile  # noqa: E402
@@ -62,6 +68,23 @@ REFERENCES = {
                                        "num_samples": 4096},
                      {"micro_batch_size": 256}, {"optimizer_impl": "foreach"}),
 }
+
+
+@contextlib.contextmanager
+def strangers_load(load: str) -> Iterator[None]:
+    """run_end.py's side load in a process this one did not start (its shell parent exits at
+    once), as a compile or an install beside a run is; killed after the block."""
+    code = (f"import sys, multiprocessing; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); "
+            "from run_end import side_load; side_load(sys.argv[1], multiprocessing.Event())")
+    started = subprocess.run(["sh", "-c", '"$0" -c "$1" "$2" >/dev/null 2>&1 & echo $!',
+                              sys.executable, code, load], capture_output=True, text=True,
+                             check=True)
+    pid = int(started.stdout)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def kept_pairs(reference: Reference, seconds: float) -> list[tuple[Run, Run]]:
@@ -99,7 +122,7 @@ def _interval(ratio: Ratio | None) -> str:
 
 def one_run(name: str, load: str, seconds: float) -> dict:
     reference = REFERENCES[name]
-    with side_loaded(load):
+    with strangers_load(load):
         pairs = kept_pairs(reference, seconds)
     rates = [(a.samples_per_sec, b.samples_per_sec) for a, b in pairs]
     plain = paired_ratio([a for a, _ in rates], [b for _, b in rates]) if pairs else None
@@ -108,18 +131,14 @@ def one_run(name: str, load: str, seconds: float) -> dict:
                                    [b.samples_per_sec for _, b in measured],
                                    [a.load - b.load for a, b in measured]) \
         if len(measured) == len(pairs) else None
-    stayed = load_stayed(pairs)
-    given = adjusted if stayed and adjusted is not None else plain
     loaded = sum(a.disturbed and b.disturbed for a, b in pairs)
     change = ", ".join(f"{k}={v}" for k, v in reference.change.items())
     print(f"{name} ({change}), {load}: {len(pairs)} pairs kept ({loaded} under load); "
-          f"plain {_interval(plain)}; at equal load {_interval(adjusted)}; the confirmation "
-          f"gives {'the one at equal load' if given is adjusted and given else 'the plain one'}",
-          flush=True)
+          f"plain {_interval(plain)}; at equal load {_interval(adjusted)}", flush=True)
     return {"model": name, "load": load, "seconds": seconds, "reference": asdict(reference),
             "pairs": [{"change": asdict(a), "baseline": asdict(b)} for a, b in pairs],
             "plain": asdict(plain) if plain else None,
-            "adjusted": asdict(adjusted) if adjusted else None, "load_stayed": stayed}
+            "adjusted": asdict(adjusted) if adjusted else None}
 
 
 def main() -> None:

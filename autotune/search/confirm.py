@@ -65,7 +65,6 @@ from autotune.search.warm import (
     WarmStart,
     WarmTurns,
     WarmUnavailable,
-    load_stayed,
     memory_holds,
 )
 from autotune.search.worker import Measure
@@ -797,13 +796,14 @@ def run_of(result: TrialResult, scoring: Scoring) -> Run | None:
 def paired(entry: Candidate, reference: Candidate, figure: Figure) -> Ratio:
     """entry / reference, paired by round over the rounds both ran: against what it is judged
     against, each of its runs with that one's run beside it (in warm turns, its pair's).
-    Beside a load that stayed (`load_stayed`), read at equal load (`load_adjusted_ratio`)."""
+    Where each run's load was measured, read at equal load wherever the load explains a
+    measurable part of the rounds' spread (`load_adjusted_ratio`)."""
     others = entry.partner_runs if entry.partner is reference else reference.runs
     pairs = [(a, b) for a, b in zip(entry.runs, others) if a is not None and b is not None]
     if not pairs:
         return Ratio(float("nan"), None, None, 0)
     numerators, denominators = [figure(a) for a, _ in pairs], [figure(b) for _, b in pairs]
-    if load_stayed(pairs):
+    if all(a.load is not None and b.load is not None for a, b in pairs):
         adjusted = load_adjusted_ratio(numerators, denominators,
                                        [a.load - b.load for a, b in pairs])
         if adjusted is not None:

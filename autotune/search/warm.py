@@ -104,17 +104,6 @@ class PairJudge:
         return flags == {True} and self.disturbed >= STEADY_LOAD_SHARE * self.rounds
 
 
-def load_stayed(pairs: Sequence[tuple[Run, Run]]) -> bool:
-    """Whether a load stayed beside these pairs of runs: most of them (`STEADY_LOAD_SHARE`)
-    kept with both runs disturbed, and every run's load measured, so that it can be read at
-    equal load (`stats.load_adjusted_ratio`). A load that came and went spoiled pairs, which
-    were taken again: those kept are clean, and nothing is adjusted."""
-    if not pairs or any(a.load is None or b.load is None for a, b in pairs):
-        return False
-    loaded = sum(a.disturbed and b.disturbed for a, b in pairs)
-    return loaded >= STEADY_LOAD_SHARE * len(pairs)
-
-
 def memory_holds(peaks: Sequence[float | None], capacity: int | None) -> bool:
     """Whether a device of `capacity` bytes holds a warm process of each peak at once: every
     peak known, and their sum within `MEMORY_HEADROOM` of it."""

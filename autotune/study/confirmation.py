@@ -215,8 +215,8 @@ class Confirmation:
     # The paired rounds behind the answer's interval where it was measured in a short race of
     # its own after the race (the recommendation less several changes); else `rounds`.
     answer_rounds: int | None = None
-    # Whether the answer's interval was read at equal load: a load stayed beside its rounds
-    # (`search.warm.load_stayed`, `stats.load_adjusted_ratio`).
+    # Whether the answer's interval was read at equal load: the load its rounds saw explained
+    # a measurable part of their spread (`stats.load_adjusted_ratio`).
     load_adjusted: bool = False
 
     @property
@@ -226,7 +226,8 @@ class Confirmation:
         rounds = self.answer_rounds if self.answer_rounds is not None else self.rounds
         plural = "s" if rounds != 1 else ""
         warm = " of warm turns" if self.measured == WARM_TURNS else ""
-        load = ", read at equal load (a load stayed beside them)" if self.load_adjusted else ""
+        load = ", read at equal load (other processes' load moved them)" \
+            if self.load_adjusted else ""
         return f"{rounds} paired round{plural}{warm}{load}"
 
     @property
