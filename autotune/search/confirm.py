@@ -684,12 +684,15 @@ def _without_all(config: TrainConfig | None, with_it: Candidate, race: Race,
 
 def _time_for(configurations: int, new: int, plan: Plan, how: Measuring, run_s: float) -> bool:
     """Whether a short race of `configurations` (`new` of them to start) can run the rounds a
-    change is judged on before a time budget's end."""
-    if plan.budget_ends is None:
+    change is judged on before a time budget's end and the confirmation's share of the study
+    (`ends_by`): a short race after the race refines the answer, which has its rounds, so it
+    starts only where it keeps the time the run announced."""
+    ends = [e for e in (plan.budget_ends, plan.ends_by) if e is not None]
+    if not ends:
         return True
     warm = how.pool is not None and not how.pool.broken and bool(how.pool.live)
     start = new * how.pool.start_s if warm else 0.0
-    return time.monotonic() + start + JUDGE_ROUNDS * configurations * run_s <= plan.budget_ends
+    return time.monotonic() + start + JUDGE_ROUNDS * configurations * run_s <= min(ends)
 
 
 def _answer(result: Confirmation, race: Race, chosen: Candidate, answer: Candidate,

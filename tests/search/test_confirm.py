@@ -25,7 +25,7 @@ from autotune.search.outcome import Scoring
 from autotune.search.runner import MeasureJob
 from autotune.search.verify import verify
 from autotune.show.report import result_rows, speedup_text
-from autotune.study.confirmation import Confirmation, Run
+from autotune.study.confirmation import NO_TIME, Confirmation, Run
 from autotune.study.records import MEMORY_CONSTRAINT, StudyKey, TrialKey
 from autotune.study.results import study_summary
 from autotune.study.storage import open_storage
@@ -501,6 +501,27 @@ def test_a_compile_that_does_not_measurably_pay_is_dropped_with_the_rest(tmp_pat
     assert verdict.endswith("; dropped as inside the noise: foreach AdamW, torch.compile "
                             "max-autotune-no-cudagraphs, channels-last tensors")
     assert f"{result.answer_rounds} paired rounds" in verdict
+
+
+def test_a_short_race_after_the_race_starts_only_within_the_confirmations_share(
+        tmp_path) -> None:
+    """--trials, no time budget: the confirmation's share of the study (`ends_by`) has passed
+    when the race ends. The short race of the answer less the three changes inside the noise
+    would end after it, so it does not start: the best single drop is the answer, the other
+    two are kept for lack of time, and the run keeps the time it announced."""
+    best = BASE.replace(num_workers=2, prefetch_factor=4, persistent_workers=True,
+                        optimizer_impl="foreach", compile_mode="max-autotune-no-cudagraphs",
+                        memory_format="channels_last")
+    measure, _ = _scripted(lambda c: 340.0 if c.num_workers else 100.0)
+    study = _minimal_study(tmp_path, best, 346.0)
+    view = _Notes()
+    result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), measure, view,
+                     Plan(top=1, rounds=3, max_rounds=6, target=0.03,
+                          ends_by=time.monotonic()), time_limit_s=60,
+                     device="cpu", directory=tmp_path)
+    assert not any("in a short race" in line for line in view.lines)
+    assert len(result.dropped) == 1
+    assert {t.why for t in result.taken_back if t.kept and t.outcome != "pays"} == {NO_TIME}
 
 
 def test_changes_that_each_do_the_same_work_keep_one(tmp_path) -> None:
