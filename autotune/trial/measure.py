@@ -54,6 +54,7 @@ from autotune.stats import median_precision
 from autotune.trial.compile_events import compile_count
 from autotune.trial.contention import Contention, ContentionProbe
 from autotune.trial.diagnosis import SyncSite, diagnose, trace_host_syncs
+from autotune.trial.distributed import World
 from autotune.trial.flops import ModelFlopCounter, SampleFlops
 from autotune.trial.profiling import ProfileSummary, collection_paused, profile_steps
 from autotune.trial.protocol import FIRST_STEP, Finding, Measurement, PhaseTimes, WarmTurn
@@ -346,15 +347,17 @@ def timed_turn(setup: TrainingSetup, batches: Iterator[Any], settings: MeasureSe
                     peak_memory_bytes=peak_memory(setup.device).peak,
                     disturbed=window.contention.disturbed, loss_finite=window.loss_finite,
                     load=window.contention.other_cpu_share)
-    if setup.world is None:
+    return group_turn(turn, setup.world)
+
+
+def group_turn(turn: WarmTurn, world: World | None) -> WarmTurn:
+    """A process group's turn from its ranks' (this rank's `turn` gathered from each), as a
+    trial's window is (`group_figures`): all their samples over the slowest rank's seconds,
+    the largest peak, disturbed and loaded as the most disturbed rank, the loss finite only if
+    every rank's was; a process of its own keeps its turn."""
+    if world is None:
         return turn
-    return group_turn([WarmTurn.from_json(t) for t in setup.world.gather(turn.to_json())])
-
-
-def group_turn(turns: list[WarmTurn]) -> WarmTurn:
-    """A process group's turn from its ranks', as a trial's window is (`group_figures`): all
-    their samples over the slowest rank's seconds, the largest peak, disturbed and loaded as
-    the most disturbed rank, the loss finite only if every rank's was."""
+    turns = [WarmTurn.from_json(t) for t in world.gather(turn.to_json())]
     peaks = [t.peak_memory_bytes for t in turns if t.peak_memory_bytes is not None]
     loads = [t.load for t in turns if t.load is not None]
     return WarmTurn(samples=sum(t.samples for t in turns),

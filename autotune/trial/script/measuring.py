@@ -114,7 +114,7 @@ class MeasuringObserver:
             step_s, self._last = now - self._last, now
             if self.phase == WARMUP:
                 self.warm.step(step_s)
-                if self._decide(self.warm.done):
+                if distributed.decided(self.warm.done):
                     self.warmup_s = now - self._phase_start - self.sync_tracing_s
                     self.progress("timing")
                     self._start_window(SCREEN)
@@ -139,7 +139,7 @@ class MeasuringObserver:
         if self.phase == PROFILE:
             return self._profiled(samples, data_wait_s)
         assert self.timer is not None
-        if not self._decide(self.timer.step(samples, loss, data_wait_s)):
+        if not distributed.decided(self.timer.step(samples, loss, data_wait_s)):
             return False
         return self._screen() if self.phase == SCREEN else self._window_done()
 
@@ -158,7 +158,7 @@ class MeasuringObserver:
         if self.phase == FIRST and self.count_flops:
             self._count_next_step()
         elif self.phase != TRACE and \
-                self._decide(self.profiler is not None and not self._compiled_since_start()):
+                distributed.decided(self.profiler is not None and not self._compiled_since_start()):
             self._trace_next_step()
         else:
             self._warm_up()
@@ -219,8 +219,8 @@ class MeasuringObserver:
         self.screen_s, self.screen_done_s = now - self._phase_start, now - self._began
         self.screen_rate = window.samples / max(window.seconds, 1e-9)
         below = self.settings.screen_below
-        self.screened = self._decide(below is not None and self.screen_rate < below and
-                                     not window.contention.disturbed)
+        self.screened = distributed.decided(below is not None and self.screen_rate < below
+                                            and not window.contention.disturbed)
         if not self.screened:
             self._start_window(WINDOW)
         return self.screened
@@ -236,7 +236,7 @@ class MeasuringObserver:
         else:
             self.remeasure_s += now - self._remeasure_began
         self._remeasure_began = now
-        if self._decide(self.windows.add(window)):
+        if distributed.decided(self.windows.add(window)):
             self.untimed_steps = 0
             self.phase = REWARM
             return False
@@ -264,13 +264,6 @@ class MeasuringObserver:
         self.profile = self.profiler.summary(on_profile=self.profiled.append)
         self.profile_s = time.perf_counter() - self._phase_start
         return True
-
-    @staticmethod
-    def _decide(flag: bool) -> bool:
-        """`flag` as every rank of a process group takes it (rank 0's), so that all move to
-        the next phase, and stop the library's loop, at the same step."""
-        world = distributed.current()
-        return flag if world is None else world.decide(flag)
 
     def _kept(self) -> tuple[Window, int, float | None, bool]:
         """The window the figures come from, the windows timed again, the least load any

@@ -68,10 +68,7 @@ class TurnObserver:
                         peak_memory_bytes=peak_memory(self.device).peak,
                         disturbed=window.contention.disturbed, loss_finite=window.loss_finite,
                         load=window.contention.other_cpu_share)
-        world = distributed.current()
-        if world is not None:
-            mine = group_turn([WarmTurn.from_json(t) for t in world.gather(mine.to_json())])
-        self._say(mine.to_json())
+        self._say(group_turn(mine, distributed.current()).to_json())
         return self._next()
 
     def on_train_end(self) -> None:
