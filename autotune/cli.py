@@ -75,7 +75,13 @@ from autotune.study.results import list_studies, load_study, study_summary
 from autotune.study.storage import redact, study_dir
 from autotune.study.summary import StudySummary
 from autotune.target import Script
-from autotune.trial.protocol import TrialRequest, TrialResult, TrialStatus
+from autotune.trial.protocol import (
+    ProbeSettings,
+    ProfileSettings,
+    TrialRequest,
+    TrialResult,
+    TrialStatus,
+)
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 # Ended by a SIGTERM: 128 + its number, as a shell reports a process that signal ended.
@@ -132,21 +138,16 @@ def _device_and_knobs(options: OneConfigOptions) -> tuple[DeviceInfo, dict[str, 
     return info, knobs
 
 
-def _script_settings(options: OneConfigOptions) -> dict[str, Any]:
-    """A script's run of `bench`/`profile`: its own settings where `--set` was read over
-    them."""
-    return {"script_baseline": options.script_baseline} if options.script_baseline else {}
-
-
 def _over_the_scripts_own(options: OneConfigOptions, script: Script, info: DeviceInfo,
                           knobs: dict[str, Any]) -> dict[str, Any]:
     """--set and --config over a training script's own settings, which only the script knows:
     it is run once to its trainer (as the probe runs it) to read them, then the knobs go over
     them, so the measured run changes only what was asked (through the script's own flags,
     where its settings come from them)."""
-    request = TrialRequest(script, config={}, device=str(info.torch_device), job="probe",
+    request = TrialRequest(script, config={}, device=str(info.torch_device),
                            nproc_per_node=options.nproc_per_node,
-                           settings={"candidates": {}, **_script_settings(options)})
+                           settings=ProbeSettings(candidates={}),
+                           script_baseline=options.script_baseline)
     result = _isolated(request, "reading the settings of", Path(script.path).name,
                        options.time_limit_s, options.log)
     if result.bad_input:
@@ -187,7 +188,7 @@ def cmd_bench(options: BenchOptions, console: Console) -> int:
     trace = str(Path(options.trace_dir) / f"{name}-trace.json") if options.trace_dir else None
     request = TrialRequest(
         options.target, config=knobs, device=str(info.torch_device),
-        settings={**vars(options.settings), **_script_settings(options)},
+        settings=options.settings, script_baseline=options.script_baseline,
         memory_limit_bytes=options.memory_limit_bytes, trace_path=trace,
         nproc_per_node=options.nproc_per_node)
     result = _isolated(request, "measuring", name, options.time_limit_s, options.log)
@@ -270,9 +271,9 @@ def cmd_profile(options: ProfileOptions, console: Console) -> int:
     request = TrialRequest(
         options.target, config=knobs, device=str(info.torch_device),
         memory_limit_bytes=options.memory_limit_bytes,
-        job="profile", settings={"out": str(out), "steps": options.steps, "top": options.top,
-                                 "warmup_max_seconds": options.warmup_max_seconds,
-                                 **_script_settings(options)})
+        settings=ProfileSettings(out=str(out), steps=options.steps, top=options.top,
+                                 warmup_max_seconds=options.warmup_max_seconds),
+        script_baseline=options.script_baseline)
     result = _isolated(request, "profiling", name, options.time_limit_s, out / "profile.log")
     refused = _refused(result, info)
     if refused is not None:

@@ -46,8 +46,9 @@ def mfu_basis(flops_per_sample: float | None, flops_source: str | None,
     """What a CUDA run's MFU divided by what, each saying where it came from, so a reader can
     check the figure; or, where there is none, which of the two was missing."""
     if flops_per_sample is None:
-        return ("no FLOPs a sample to count: counted for a model file's trials (or its "
-                "flops_per_sample), not for a training script's")
+        return f"no FLOPs a sample ({flops_source})" if flops_source else (
+            "no FLOPs a sample: neither given (a model file's flops_per_sample) nor counted (a "
+            "model file's model, or a step of a training script's loop, under a FLOP counter)")
     if peak_flops is None:
         return "no peak FLOP/s for this GPU: not in the data-sheet table, nor measurable"
     return (f"{format_flops(flops_per_sample)} a sample ({flops_source}) x samples/sec over "

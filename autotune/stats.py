@@ -23,6 +23,10 @@ _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
          2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
          2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 _Z975 = 1.959964
+# The least rounds a load-adjusted ratio is fitted on (two parameters, then a spread), and the
+# least spread (sum of squares) of their load differences: below it, nothing to regress on.
+MIN_ADJUSTED_ROUNDS = 5
+MIN_LOAD_SPREAD = 1e-4
 
 
 def t975(df: int) -> float:
@@ -65,12 +69,14 @@ def median_precision(values: Sequence[float], confidence: float = CONFIDENCE) ->
 @dataclass(frozen=True)
 class Ratio:
     """A speedup from paired rounds: the geometric mean of the round ratios and its 95%
-    interval (None with one round)."""
+    interval (None with one round); `load_adjusted` where read at equal load
+    (`load_adjusted_ratio`)."""
 
     value: float
     low: float | None
     high: float | None
     rounds: int
+    load_adjusted: bool = False
 
     @property
     def half_width(self) -> float | None:
@@ -103,6 +109,46 @@ def paired_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> 
     rounds = len(logs) * (1 - (drift := lag1_correlation(logs))) / (1 + drift)
     half = t975(max(1, math.floor(rounds) - 1)) * statistics.stdev(logs) / math.sqrt(rounds)
     return Ratio(math.exp(centre), math.exp(centre - half), math.exp(centre + half), len(logs))
+
+
+def load_adjusted_ratio(numerators: Sequence[float], denominators: Sequence[float],
+                        load_differences: Sequence[float]) -> Ratio | None:
+    """numerator / denominator per round at equal load: the rounds' log ratios regressed on
+    their load differences (the share of the cores other processes took during the
+    numerator's run less during the denominator's), read where the difference is none.
+
+    Beside a load, each run sees its own share of it (a load that stays, or the part of one
+    that comes and goes that a pair's runs saw unequally, below what flags a run disturbed),
+    and a pair whose runs saw unequal shares moves its ratio by it: the regression takes that
+    part out of the spread, narrowing the interval by as much as the load explains. Drift
+    counts the rounds as fewer, as in `paired_ratio`. None with fewer than
+    `MIN_ADJUSTED_ROUNDS` rounds, differences that do not vary (nothing to regress on), or a
+    load that explains nothing measurable (the slope's own 95% interval holds zero): there the
+    plain ratio is as good, and reading at equal load would only widen it (one degree of
+    freedom less, and the way from the rounds' mean difference to none)."""
+    n = len(numerators)
+    if not n == len(denominators) == len(load_differences):
+        raise ValueError("load_adjusted_ratio needs one load difference per round")
+    if n < MIN_ADJUSTED_ROUNDS:
+        return None
+    logs = [math.log(a / b) for a, b in zip(numerators, denominators)]
+    x_mean, y_mean = statistics.fmean(load_differences), statistics.fmean(logs)
+    spread = sum((x - x_mean) ** 2 for x in load_differences)
+    if spread < MIN_LOAD_SPREAD:
+        return None
+    slope = sum((x - x_mean) * (y - y_mean) for x, y in zip(load_differences, logs)) / spread
+    centre = y_mean - slope * x_mean
+    residuals = [y - centre - slope * x for x, y in zip(load_differences, logs)]
+    drift = lag1_correlation(residuals)
+    rounds = n * (1 - drift) / (1 + drift)
+    variance = sum(r * r for r in residuals) / (n - 2)
+    t = t975(max(1, math.floor(rounds) - 2))
+    if abs(slope) <= t * math.sqrt(variance / spread * n / rounds):
+        return None
+    half = t * math.sqrt(variance * (1 / n + x_mean ** 2 / spread) * n / rounds)
+    return Ratio(math.exp(centre), math.exp(centre - half), math.exp(centre + half), n,
+                 load_adjusted=True)
+
 
 
 def lag1_correlation(values: Sequence[float]) -> float:

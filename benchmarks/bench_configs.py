@@ -16,7 +16,7 @@ from pathlib import Path
 
 from autotune.config import parse_assignments
 from autotune.hardware import parse_device
-from autotune.options import parse_model_args
+from autotune.options import MeasureSettings, parse_model_args
 from autotune.search.isolation import run_isolated
 from autotune.target import ModelFile
 from autotune.trial.protocol import TrialRequest, TrialResult, TrialStatus
@@ -43,7 +43,8 @@ def main() -> None:
         for config, results in zip(configs, runs):
             request = TrialRequest(ModelFile(args.model, model_args), config=config,
                                    device=str(device),
-                                   settings={"window_seconds": args.window_seconds})
+                                   settings=MeasureSettings(
+                                       window_seconds=args.window_seconds))
             results.append(run_isolated(request, 900))
 
     reference = None

@@ -82,7 +82,7 @@ def record(model: str, rounds: int) -> dict[str, Any]:
         identity = study_identity(study)
         baseline = study_summary(study).baseline_config
         entries = candidates(study, baseline, TOP)
-        runner = ProcessRunner(identity.target, Path(studies) / name, vars(SETTINGS),
+        runner = ProcessRunner(identity.target, Path(studies) / name, SETTINGS,
                                memory_limit_bytes=None, core_shares=None,
                                on_phase=lambda text, number: None)
         runs: list[list[dict[str, Any]]] = [[] for _ in entries]

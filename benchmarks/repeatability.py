@@ -240,7 +240,7 @@ def measure_floor(threshold: float) -> dict[str, Any]:
 def measure_case(reference: Reference, config: TrainConfig,
                  settings: MeasureSettings) -> TrialResult:
     request = TrialRequest(ModelFile(str(ROOT / reference.path), reference.model_args),
-                           config=config.to_dict(), device="cpu", settings=asdict(settings))
+                           config=config.to_dict(), device="cpu", settings=settings)
     return run_isolated(request, 600)
 
 

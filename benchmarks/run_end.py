@@ -1,17 +1,20 @@
 """Does a run end when it says? (issue 33's bar)
 
-Runs `autotune run --model MODEL --device cpu` as a new user would, with no `--trials` or
-`--timeout`, once per load: `quiet`, or beside a `bursty` side load (one process alternately
-busy for 2 s and idle for 2 s, as a package install or a compile beside it is), or a `steady`
-one (one process busy all along). From the run's own output it takes the one announcement
-made after the baseline ("this run ends by HH:MM (in X)") and compares the time it announced
-with the time the run really took from then on: the bar is at most 1.15x, and the whole run
-within 13 minutes. It also keeps the verdict line (issue 31's bar reads it).
+Runs `autotune run --model MODEL --device cpu` (or `--script SCRIPT`) as a new user would,
+with no `--trials` or `--timeout`, once per load: `quiet`, or beside a `bursty` side load (one
+process alternately busy for 2 s and idle for 2 s, as a package install or a compile beside it
+is), or a `steady` one (one process busy all along). From the run's own output it takes the
+one announcement made after the baseline ("this run ends by HH:MM (in X)"; with `--trials`,
+which bounds the run by its trials, the first "about X left" after the baseline) and compares
+the time it announced with the time the run really took from then on: the bar is at most
+1.15x, and the whole run within 13 minutes. It also keeps the verdict line (issue 31's bar
+reads it).
 
 Writes each transcript (every line with the seconds since the start) and
 benchmarks/results/<name>.json with the figures; prints a table.
 
     python benchmarks/run_end.py --model benchmarks/models/residual_tower.py --loads quiet bursty
+    python benchmarks/run_end.py --script train.py --loads bursty -- --trials 5 -- --out out
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ANNOUNCED = re.compile(r"this run ends by \d\d:\d\d \(in ([0-9.]+) (ms|s|min|h)\)")
+ANNOUNCED = re.compile(r"this run ends by \d\d:\d\d \(in ([0-9.]+) (ms|s|min|h)\)"
+                       r"|^about ([0-9.]+) (ms|s|min|h) left: ")
 UNIT_S = {"ms": 0.001, "s": 1.0, "min": 60.0, "h": 3600.0}
 LOADS = ("steady", "bursty")
 VERDICT = re.compile(r"(faster than your settings|^not known|slower than your settings|"
@@ -77,13 +81,13 @@ def side_loaded(load: str) -> Iterator[None]:
         loader.join(5)
 
 
-def one_run(model: str, load: str, transcript: Path, extra: list[str]) -> RunEnd:
+def one_run(target: list[str], load: str, transcript: Path, extra: list[str]) -> RunEnd:
     announced_s = announced_at = None
     verdict = ""
     started = time.monotonic()
     with side_loaded(load), tempfile.TemporaryDirectory() as studies, \
             transcript.open("w") as out:
-        command = [sys.executable, "-m", "autotune", "run", "--model", model, "--device", "cpu",
+        command = [sys.executable, "-m", "autotune", "run", *target, "--device", "cpu",
                    "--studies-dir", studies, *extra]
         out.write("$ " + " ".join(command[1:]) + f"  # side load: {load}\n")
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -93,7 +97,9 @@ def one_run(model: str, load: str, transcript: Path, extra: list[str]) -> RunEnd
             out.write(f"[{now:7.1f}s] {line}")
             found = ANNOUNCED.search(line)
             if found and announced_s is None:
-                announced_s = float(found.group(1)) * UNIT_S[found.group(2)]
+                number, unit = (found.group(1), found.group(2)) if found.group(1) else \
+                    (found.group(3), found.group(4))
+                announced_s = float(number) * UNIT_S[unit]
                 announced_at = now
             if VERDICT.search(line) and not verdict:
                 verdict = line.strip()
@@ -107,7 +113,10 @@ def one_run(model: str, load: str, transcript: Path, extra: list[str]) -> RunEnd
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--model")
+    where.add_argument("--script", help="a training script (its own arguments after a second "
+                                        "--, as autotune run takes them)")
     parser.add_argument("--loads", nargs="+", default=["quiet", "bursty"],
                         choices=["quiet", *LOADS])
     parser.add_argument("--name", default="run_end")
@@ -117,7 +126,8 @@ def main() -> None:
     runs = []
     for load in args.loads:
         transcript = RESULTS / f"{args.name}_{load}.txt"
-        run = one_run(args.model, load, transcript, args.extra)
+        target = ["--model", args.model] if args.model else ["--script", args.script]
+        run = one_run(target, load, transcript, args.extra)
         runs.append(run)
         ratio = f"{run.ratio:.2f}x" if run.ratio else "-"
         announced = f"{run.announced_s / 60:.1f} min" if run.announced_s else "none"
@@ -125,7 +135,7 @@ def main() -> None:
               f"({ratio}), whole run {run.wall_s / 60:.1f} min, exit {run.returncode}: "
               f"{run.verdict}", flush=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(
-        {"model": args.model, "runs": [asdict(r) for r in runs]}, indent=2))
+        {"model": args.model or args.script, "runs": [asdict(r) for r in runs]}, indent=2))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune.config import TrainConfig  # noqa: E402
+from autotune.options import MeasureSettings  # noqa: E402
 from autotune.search.runner import MeasureJob, ProcessRunner  # noqa: E402
 from autotune.search.warm import warm_start  # noqa: E402
 from autotune.target import Script  # noqa: E402
@@ -28,8 +29,8 @@ from autotune.target import Script  # noqa: E402
 SCRIPT = str(ROOT / "benchmarks" / "scripts" / "hf_roberta_mlm.py")
 CONFIGS = ['{"micro_batch_size": 2, "grad_accum_steps": 8, "optimizer_impl": "fused"}',
            '{"micro_batch_size": 16, "grad_accum_steps": 1, "optimizer_impl": "fused"}']
-SETTINGS = {"window_steps": 3, "window_seconds": 3.0, "warmup_max_seconds": 30,
-            "profile_steps": 0}
+SETTINGS = MeasureSettings(window_steps=3, window_seconds=3.0, warmup_max_seconds=30,
+                           profile_steps=0)
 
 
 def main() -> None:

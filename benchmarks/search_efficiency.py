@@ -135,7 +135,7 @@ def measure_grid(bench: Bench, space_file: str, repeats: int) -> dict[str, Any]:
         for index, config in enumerate(configs):
             result = run_isolated(TrialRequest(
                 ModelFile(str(ROOT / bench.model), bench.model_args), config=config.to_dict(),
-                device="cpu", settings=vars(SETTINGS)), 600)
+                device="cpu", settings=SETTINGS), 600)
             m = result.measurement
             figures = m.to_json() if m is not None else {}
             runs[config_key(config)]["runs"].append(

@@ -34,7 +34,7 @@ from autotune.search.forkserver import ForkServer  # noqa: E402
 from autotune.search.isolation import run_isolated  # noqa: E402
 from autotune.stats import paired_ratio  # noqa: E402
 from autotune.target import ModelFile, Script, Target  # noqa: E402
-from autotune.trial.protocol import TrialRequest, TrialStatus  # noqa: E402
+from autotune.trial.protocol import ProbeSettings, TrialRequest, TrialStatus  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 MODELS = {
@@ -76,7 +76,8 @@ def server_for(name: str, scratch: Path) -> tuple[Target, ForkServer]:
         return ModelFile(str(ROOT / model), model_args), ForkServer(str(ROOT / model), log, 600)
     path, argv = SCRIPTS[name]
     script = Script(str(ROOT / path), tuple(a.format(scratch=scratch) for a in argv))
-    probe = run_isolated(TrialRequest(script, config={}, device="cpu", job="probe",
+    probe = run_isolated(TrialRequest(script, config={}, device="cpu",
+                                      settings=ProbeSettings(candidates={}),
                                       inductor_cache_dir=str(scratch / "inductor")),
                          600, scratch / f"{name}-probe.log")
     if probe.status != TrialStatus.OK or probe.probe is None:

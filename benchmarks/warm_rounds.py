@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from run_end import LOADS, side_loaded  # noqa: E402
 
 from autotune.config import TrainConfig  # noqa: E402
+from autotune.options import MeasureSettings  # noqa: E402
 from autotune.search.runner import MeasureJob, ProcessRunner  # noqa: E402
 from autotune.search.warm import PairJudge, WarmRounds  # noqa: E402
 from autotune.stats import Ratio, paired_ratio  # noqa: E402
@@ -38,7 +39,7 @@ from autotune.target import ModelFile  # noqa: E402
 
 DEFAULT_MODEL = str(ROOT / "models" / "mlp.py")
 TINY_MLP_ARGS = {"feature_dim": 32, "hidden": 64, "layers": 2, "num_samples": 4096}
-SETTINGS = {"warmup_max_seconds": 5.0, "profile_steps": 0}
+SETTINGS = MeasureSettings(warmup_max_seconds=5.0, profile_steps=0)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from autotune.formatting import (
     mfu_figure,
     short_config,
 )
+from autotune.trial.flops import COMPILED
 
 
 def test_figures_read_in_the_unit_that_suits_them() -> None:
@@ -57,4 +58,8 @@ def test_mfu_on_cuda_says_what_it_divided_and_on_cpu_why_there_is_none() -> None
     # on CUDA, the half that was missing
     assert mfu_basis(None, None, 989e12, "the bf16 data-sheet peak").startswith(
         "no FLOPs a sample")
+    # and why a script's step was not counted, where it was not
+    assert mfu_basis(None, COMPILED, 989e12, "the bf16 data-sheet peak") == (
+        "no FLOPs a sample (not counted: the step runs torch.compile'd code, which a FLOP "
+        "counter cannot see)")
     assert mfu_basis(4.21e9, "given", None, None).startswith("no peak FLOP/s for this GPU")

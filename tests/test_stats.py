@@ -9,6 +9,7 @@ import pytest
 
 from autotune.stats import (
     lag1_correlation,
+    load_adjusted_ratio,
     median_interval,
     median_precision,
     paired_ratio,
@@ -70,3 +71,39 @@ def test_a_ratio_that_drifts_over_the_rounds_gets_a_wider_interval() -> None:
     assert trend.half_width > 1.5 * scattered.half_width
     assert lag1_correlation(drifting) > 0.5 and lag1_correlation(shuffled) == 0.0
     assert lag1_correlation([1.0, 2.0, 3.0]) == 0.0  # too few rounds to tell
+
+
+def _steady_load_rounds(rng: random.Random, rounds: int, effect: float,
+                        ) -> tuple[list[float], list[float], list[float]]:
+    """A 1.5x speedup measured beside a load that stays: each run sees its own share of it
+    (0.3 to 0.7 of the cores), and a run's speed falls by `effect` times the share it saw."""
+    numerators, denominators, differences = [], [], []
+    for _ in range(rounds):
+        mine, theirs = rng.uniform(0.3, 0.7), rng.uniform(0.3, 0.7)
+        numerators.append(150 * math.exp(-effect * mine + rng.gauss(0, 0.01)))
+        denominators.append(100 * math.exp(-effect * theirs + rng.gauss(0, 0.01)))
+        differences.append(mine - theirs)
+    return numerators, denominators, differences
+
+
+def test_a_speedup_beside_a_load_that_stays_is_read_at_equal_load() -> None:
+    """Where the load each run saw moves its speed, reading the ratios at equal load takes
+    that out: the interval narrows several times and still holds the true 1.5x. Where the load
+    moves nothing measurable, it is not read at equal load (that would only widen it)."""
+    rng = random.Random(3)
+    loaded = _steady_load_rounds(rng, 12, effect=0.8)
+    plain, adjusted = paired_ratio(*loaded[:2]), load_adjusted_ratio(*loaded)
+    assert adjusted.load_adjusted and not plain.load_adjusted and adjusted.rounds == 12
+    assert adjusted.low < 1.5 < adjusted.high
+    assert adjusted.half_width < plain.half_width / 3
+    inert = [_steady_load_rounds(rng, 12, effect=0.0) for _ in range(100)]
+    # the slope's 95% test: about one in twenty inert loads still reads as one
+    assert sum(load_adjusted_ratio(*rounds) is not None for rounds in inert) <= 10
+
+
+def test_too_few_rounds_or_an_even_load_leave_nothing_to_read_at_equal_load() -> None:
+    numerators, denominators, differences = _steady_load_rounds(random.Random(4), 4, 0.8)
+    assert load_adjusted_ratio(numerators, denominators, differences) is None
+    assert load_adjusted_ratio([150.0] * 6, [100.0] * 6, [0.1] * 6) is None
+    with pytest.raises(ValueError, match="one load difference per round"):
+        load_adjusted_ratio([150.0] * 6, [100.0] * 6, [0.1] * 5)

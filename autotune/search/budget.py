@@ -34,6 +34,11 @@ MAX_GROWTH = 3
 # than a fork's.
 WORST_SLOWER = 100.0
 FRESH_START_S = 3.0
+# A first torch.compile's price (its trial's first step over the baseline's) before the study
+# has measured one: 18 s for GPT-2 small on an H200 (results/gpu_h200_followup), about 30 s
+# for the tests' tiny models and 95 s for a small RoBERTa on a 2-core CPU
+# (results/issue39_accum_rerun, whose first forecast left it out and ran 1.6x over).
+FIRST_COMPILE_PRIOR_S = 60.0
 
 
 def trial_seconds(study: optuna.Study) -> float | None:
@@ -60,6 +65,16 @@ def search_trial_seconds(study: optuna.Study, screening: bool) -> float | None:
         r.wall_s - (r.measurement.window_s if r.measurement else 0.0) for r in unscreened)
     share = (len(screened) + 1) / (len(searched) + 2)
     return share * cut + (1 - share) * statistics.median(full)
+
+
+def search_compile_s(study: optuna.Study, offers_compile: bool) -> float:
+    """What the search's first compiled trial, still to come, adds to a trial's time: where the
+    space offers compiling and nothing compiled has run (the expert queues the best so far
+    compiled, `expert._compiled_best`), `FIRST_COMPILE_PRIOR_S`; else nothing."""
+    if not offers_compile or any(r.config is not None and r.config.compile_mode != "none"
+                                 for r in _measured(study)):
+        return 0.0
+    return FIRST_COMPILE_PRIOR_S
 
 
 def round_run_seconds(study: optuna.Study, settings: MeasureSettings) -> float | None:
@@ -417,6 +432,7 @@ class Forecast:
 
     search_s: float
     trials: int | None          # search trials left, where a count bounds the search
+    compile_s: float            # of `search_s`: a first compile still to come
     confirm_s: float
     rounds: int
     candidates: int
@@ -429,8 +445,10 @@ class Forecast:
     def describe(self) -> str:
         trials = (f"{self.trials} more search trial{'s' if self.trials != 1 else ''}"
                   if self.trials is not None else "search")
-        search = f"{trials} ({format_seconds(self.search_s)})" if self.search_s > 0 else \
-            "the search done"
+        compiling = f", a first compile priced at {format_seconds(self.compile_s)} among " \
+            "them" if self.compile_s else ""
+        search = f"{trials} ({format_seconds(self.search_s)}{compiling})" \
+            if self.search_s > 0 else "the search done"
         return (f"about {format_seconds(self.seconds)} left: {search}, then about "
                 f"{self.price.describe_rounds(self.rounds, self.candidates)} "
                 f"({format_seconds(self.confirm_s)})")
@@ -439,13 +457,16 @@ class Forecast:
 def forecast(*, now: float, deadline: float, trials_left: int | None, trial_s: float,
              price: ConfirmationPrice, workers: int, candidates: int, rounds: int,
              max_rounds: int, share: float, searched_s: float,
-             ends_by: float = math.inf) -> Forecast:
-    """The rest of a run from now: the search until its trials are done or its deadline, then
-    the confirmation: its least `rounds` always, more (to `max_rounds`) while they fit in
-    `share` of the study's wall time, and all of it by `ends_by` (a time budget's end)."""
+             ends_by: float = math.inf, compile_s: float = 0.0) -> Forecast:
+    """The rest of a run from now: the search until its trials are done (one of them paying
+    `compile_s` more: `search_compile_s`) or its deadline, then the confirmation: its least
+    `rounds` always, more (to `max_rounds`) while they fit in `share` of the study's wall
+    time, and all of it by `ends_by` (a time budget's end)."""
     search_s = max(0.0, deadline - now)
     if trials_left is not None:
-        search_s = min(search_s, math.ceil(trials_left / workers) * trial_s)
+        compile_s = compile_s if trials_left else 0.0
+        search_s = min(search_s, math.ceil(trials_left / workers) * trial_s + compile_s)
+    compile_s = min(compile_s, search_s)
     most = price.most_rounds(max_rounds)
     least_s = price.seconds(candidates, price.least_rounds(rounds))
     within_share = min(price.seconds(candidates, most),
@@ -453,5 +474,6 @@ def forecast(*, now: float, deadline: float, trials_left: int | None, trial_s: f
     confirm_s = min(max(least_s, within_share), max(0.0, ends_by - now - search_s))
     fit = price.rounds_in(confirm_s, candidates)
     # before its first round, its claim settles (`search.confirm.should_confirm`)
-    return Forecast(search_s, trials_left, CLAIM_SETTLE_S + confirm_s if rounds else 0.0,
+    return Forecast(search_s, trials_left, compile_s,
+                    CLAIM_SETTLE_S + confirm_s if rounds else 0.0,
                     min(most, fit) if rounds else 0, candidates, price)

@@ -46,7 +46,14 @@ from autotune.study.checks import (
     largest_samples,
 )
 from autotune.study.records import config_key
-from autotune.trial.protocol import LossRun, SampleSizes, TrialResult, TrialStatus
+from autotune.trial.protocol import (
+    LossRun,
+    LossRunSettings,
+    SampleSizes,
+    TrialResult,
+    TrialStatus,
+    WorstBatchSettings,
+)
 
 # Optimizer steps of a worst-batch run: at least 2 (the first allocates the optimizer's state,
 # the second holds it beside the activations, as every later step of a run does), then until
@@ -224,11 +231,12 @@ class AnswerChecks:
     def _in_time(self, price_s: float, deadline: float | None) -> bool:
         return deadline is None or time.monotonic() + price_s <= deadline
 
-    def _job(self, config: TrainConfig, kind: str, settings: dict[str, Any],
+    def _job(self, config: TrainConfig, settings: WorstBatchSettings | LossRunSettings,
              fresh: bool = False) -> TrialResult:
         self._runs += 1
+        kind = "worst_batch" if isinstance(settings, WorstBatchSettings) else "loss_run"
         job = MeasureJob(f"check-{kind}-{self._runs}", self.time_limit_s, self.device,
-                         profile=False, kind=kind, settings=settings, fresh=fresh)
+                         profile=False, settings=settings, fresh=fresh)
         return self.measure(config, job)
 
     def _worst_batch(self, config: TrainConfig, deadline: float | None
@@ -242,11 +250,9 @@ class AnswerChecks:
         samples = config.micro_batch_size
         self.view.note(f"checking {self._named(config)} on the worst batch: "
                        f"{largest_samples(samples)}")
-        result = self._job(config, "worst_batch",
-                           {"indices": self.sizes.worst_indices(samples),
-                            "steps": WORST_LEAST_STEPS, "steady": WORST_STEADY,
-                            "max_steps": WORST_MAX_STEPS},
-                           fresh=True)
+        result = self._job(config, WorstBatchSettings(
+            self.sizes.worst_indices(samples), steps=WORST_LEAST_STEPS, steady=WORST_STEADY,
+            max_steps=WORST_MAX_STEPS), fresh=True)
         found = worst_batch_check(result, samples, self.scoring.memory_limit_bytes,
                                   self.capacity_bytes)
         self._worst[key] = found
@@ -284,7 +290,7 @@ class AnswerChecks:
 
     def _loss_run(self, config: TrainConfig, seed: int) -> LossRun | str:
         """The run's losses, or how it failed, in words."""
-        result = self._job(config, "loss_run", {"seed": seed, "steps": self.prices.loss_steps})
+        result = self._job(config, LossRunSettings(seed, self.prices.loss_steps))
         if result.status == TrialStatus.OK and result.loss_run is not None:
             return result.loss_run
         message = result.message.strip().splitlines()[-1] if result.message.strip() else ""

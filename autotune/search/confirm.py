@@ -69,7 +69,7 @@ from autotune.search.warm import (
     memory_holds,
 )
 from autotune.search.worker import Measure
-from autotune.stats import Ratio, paired_ratio
+from autotune.stats import Ratio, load_adjusted_ratio, paired_ratio
 from autotune.study.checks import LossCheck, WorstBatchCheck
 from autotune.study.confirmation import (
     FAILED,
@@ -763,12 +763,15 @@ def _without_all(config: TrainConfig | None, with_it: Candidate, race: Race,
 
 def _time_for(configurations: int, new: int, plan: Plan, how: Measuring, run_s: float) -> bool:
     """Whether a short race of `configurations` (`new` of them to start) can run the rounds a
-    change is judged on before a time budget's end."""
-    if plan.budget_ends is None:
+    change is judged on before a time budget's end and the confirmation's share of the study
+    (`ends_by`): a short race after the race refines the answer, which has its rounds, so it
+    starts only where it keeps the time the run announced."""
+    ends = [e for e in (plan.budget_ends, plan.ends_by) if e is not None]
+    if not ends:
         return True
     warm = how.pool is not None and not how.pool.broken and bool(how.pool.live)
     start = new * how.pool.start_s if warm else 0.0
-    return time.monotonic() + start + JUDGE_ROUNDS * configurations * run_s <= plan.budget_ends
+    return time.monotonic() + start + JUDGE_ROUNDS * configurations * run_s <= min(ends)
 
 
 def _answer(result: Confirmation, race: Race, chosen: Candidate, answer: Candidate,
@@ -783,6 +786,7 @@ def _answer(result: Confirmation, race: Race, chosen: Candidate, answer: Candida
                    no_measurable_difference=interval[0] <= 1.0 <= interval[1]
                    if interval else None,
                    search_speedup=search[0] if search else None, widened=widened,
+                   load_adjusted=ratio.load_adjusted,
                    taken_back=tuple(decisions), taken_from=_summary(chosen, race.reference),
                    answer_rounds=len(reference.runs) if answer_race is not race else None)
 
@@ -868,18 +872,25 @@ def run_of(result: TrialResult, scoring: Scoring) -> Run | None:
                mfu=m.mfu, step_time_median_s=m.step_time_median_s,
                time_to_train_s=m.time_to_train_s(scoring.train_steps)
                if scoring.train_steps else None,
-               disturbed=m.disturbed, trace=m.trace_path)
+               disturbed=m.disturbed, load=m.other_cpu_share, trace=m.trace_path)
 
 
 def paired(entry: Candidate, reference: Candidate, figure: Figure) -> Ratio:
     """entry / reference, paired by round over the rounds both ran: against what it is judged
-    against, each of its runs with that one's run beside it (in warm turns, its pair's)."""
+    against, each of its runs with that one's run beside it (in warm turns, its pair's).
+    Where each run's load was measured, read at equal load wherever the load explains a
+    measurable part of the rounds' spread (`load_adjusted_ratio`)."""
     others = entry.partner_runs if entry.partner is reference else reference.runs
-    pairs = [(figure(a), figure(b)) for a, b in zip(entry.runs, others)
-             if a is not None and b is not None]
+    pairs = [(a, b) for a, b in zip(entry.runs, others) if a is not None and b is not None]
     if not pairs:
         return Ratio(float("nan"), None, None, 0)
-    return paired_ratio([a for a, _ in pairs], [b for _, b in pairs])
+    numerators, denominators = [figure(a) for a, _ in pairs], [figure(b) for _, b in pairs]
+    if all(a.load is not None and b.load is not None for a, b in pairs):
+        adjusted = load_adjusted_ratio(numerators, denominators,
+                                       [a.load - b.load for a, b in pairs])
+        if adjusted is not None:
+            return adjusted
+    return paired_ratio(numerators, denominators)
 
 
 def _leader(entries: Sequence[Candidate], reference: Candidate) -> Candidate | None:
@@ -934,9 +945,10 @@ def conclusion(entries: list[Candidate], reference: Candidate, *, wall_s: float 
                       and not e.variant and paired(e, reference, rate).low is not None]
         decisive = max(contenders, key=lambda e: paired(e, reference, rate).value,
                        default=reference)
-    search, widened = None, False
+    search, widened, load_adjusted = None, False, False
     if decisive is not reference and reference.runs:
         ratio, speedup_ci, search, widened = _versus(decisive, reference)
+        load_adjusted = ratio.load_adjusted
         holds_one = speedup_ci is not None and speedup_ci[0] <= 1.0 <= speedup_ci[1]
         if ratio.low is None:
             # Too few paired rounds for an interval (one, say): the baseline is kept, and
@@ -951,7 +963,8 @@ def conclusion(entries: list[Candidate], reference: Candidate, *, wall_s: float 
                    contender=summaries[index(decisive)] if decisive is not reference else None,
                    speedup=speedup, speedup_ci=speedup_ci,
                    no_measurable_difference=no_difference,
-                   search_speedup=search[0] if search else None, widened=widened)
+                   search_speedup=search[0] if search else None, widened=widened,
+                   load_adjusted=load_adjusted)
 
 
 def _versus(entry: Candidate, reference: Candidate) -> tuple[

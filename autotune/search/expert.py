@@ -10,7 +10,8 @@ bottleneck that moves (the loader fixed, the step now optimizer-bound) sets the 
 (`next_bottleneck_trial`). Then the fast corner.
 
 The fast corner bundles every usually-fast value. Where it does not win clearly (its score is
-not above the baseline's by more than the noise, `clearly_faster`), one of its changes may
+not above the point it was measured from by more than the noise, `clearly_faster`: the
+baseline with the bottleneck fixes that won, which it bundles too), one of its changes may
 still be a large win hidden behind another that loses on this machine (fused AdamW behind
 bf16 on a CPU). An expert then measures each change alone, from the baseline, cheapest and
 likeliest first (`ONE_CHANGE_ORDER`: compiling is the dearest trial), and the changes that
@@ -109,10 +110,7 @@ def next_bottleneck_trial(records: Sequence[TrialRecord], space: SearchSpace,
     if baseline is None or len(moves) >= MAX_BOTTLENECK_MOVES or \
             any(r.under_way for r in moves):
         return None
-    current = baseline
-    for move in moves:
-        if clearly_faster(move, current):
-            current = move
+    current = bottleneck_point(records, baseline)
     diagnosis = diagnose(current)
     if diagnosis is None or current.config is None:
         return None
@@ -129,6 +127,16 @@ def next_bottleneck_trial(records: Sequence[TrialRecord], space: SearchSpace,
     return None
 
 
+def bottleneck_point(records: Sequence[TrialRecord], baseline: TrialRecord) -> TrialRecord:
+    """The last bottleneck move that won clearly over the point it was measured from (the
+    baseline at first): where the next move, and the fast corner, are measured from."""
+    current = baseline
+    for move in (r for r in records if r.role == Role.BOTTLENECK):
+        if clearly_faster(move, current):
+            current = move
+    return current
+
+
 def changes_from(config: TrainConfig, baseline: TrainConfig) -> dict[str, Any]:
     """The knob values of `config` that differ from the baseline's (the accumulation aside: it
     follows the micro-batch)."""
@@ -139,11 +147,12 @@ def changes_from(config: TrainConfig, baseline: TrainConfig) -> dict[str, Any]:
 def next_expert_trial(records: Sequence[TrialRecord], space: SearchSpace,
                       first: Sequence[str] = ()) -> ExpertTrial | None:
     """The next trial to queue after the fast corner, one per call, each once: where it did
-    not win clearly, each of its changes alone from the baseline, in `one_change_order`,
-    then, once every one has settled, those that won clearly alone together (when two or
-    more did; `_one_changes`); where it won clearly, the corner with each change taken back
-    in turn, then the corner without all those whose taking back won clearly
-    (`_taken_back`); then the best so far compiled (`_compiled_best`). The knobs the
+    not win clearly over the point it was measured from (the baseline with the bottleneck
+    fixes that won, `bottleneck_point`), each of its changes alone from the baseline, in
+    `one_change_order`, then, once every one has settled, those that won clearly alone
+    together (when two or more did; `_one_changes`); where it won clearly, the corner with
+    each change taken back in turn, then the corner without all those whose taking back won
+    clearly (`_taken_back`); then the best so far compiled (`_compiled_best`). The knobs the
     baseline's diagnosis points to (`first`) go first. None while the baseline or a corner is
     due or under way, while an expert's trial is, and once all this is done."""
     baseline, corner = _baseline_and_corner(records)
@@ -154,7 +163,7 @@ def next_expert_trial(records: Sequence[TrialRecord], space: SearchSpace,
     knobs = one_change_order(space.baseline, bundle, first)
     if len(knobs) >= 2:  # else the corner was itself the one change
         queued = (_taken_back(records, space, bundle, corner, knobs)
-                  if clearly_faster(corner, baseline)
+                  if clearly_faster(corner, bottleneck_point(records, baseline))
                   else _one_changes(records, space, bundle, baseline, knobs))
         if queued is not None:
             return queued

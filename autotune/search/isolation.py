@@ -76,14 +76,7 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
     every poll; True ends the child as a timeout. The trial's files in the temp directory (and
     a script's scratch folder) are removed however it ends, an interruption included.
     """
-    # The child sees its GPU alone, as cuda:0 (`hardware.trial_device`).
-    # A process group's ranks each take their own GPU: of its devices, or of all this sees.
-    if request.nproc_per_node == 1:
-        device, device_env = trial_device(request.device, os.environ)
-    elif request.group_devices:
-        device, device_env = "cuda", group_device_env(request.group_devices, os.environ)
-    else:
-        device, device_env = request.device, {}
+    device, device_env = launch_device(request)
     workdir = Path(tempfile.mkdtemp(prefix="autotune-trial-"))
     scratch = workdir / "scratch"
     # A script works in a scratch folder (its current directory): the paths it is given
@@ -134,6 +127,32 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
                    phase=phase)
 
 
+def launch_device(request: TrialRequest) -> tuple[str, dict[str, str]]:
+    """The device a trial's process is told, and the environment that makes it so: its GPU
+    alone, as cuda:0 (`hardware.trial_device`); a process group's ranks each their own GPU,
+    of its devices or of all this process sees."""
+    if request.nproc_per_node == 1:
+        return trial_device(request.device, os.environ)
+    if request.group_devices:
+        return "cuda", group_device_env(request.group_devices, os.environ)
+    return request.device, {}
+
+
+def group_command(request: TrialRequest, module: str, *args: str) -> list[str]:
+    """torchrun starting `module` as each of the request's ranks: standalone on this node (a
+    free port of its own, so groups run side by side), no restarts: a rank that fails ends
+    them all."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={request.nproc_per_node}", "--max-restarts=0",
+            "--monitor-interval=0.2", "-m", module, *args]
+
+
+def group_environment(request: TrialRequest) -> dict[str, str]:
+    """On CPU a group's ranks start with one OpenMP thread each, as torchrun would set it
+    (`child.place_rank` then gives each as many as its share of the cores)."""
+    return {"OMP_NUM_THREADS": "1"} if request.device == "cpu" else {}
+
+
 def absolute_path(path: str | None) -> str | None:
     """A path the process may use from another current directory (a script's scratch)."""
     return os.path.abspath(path) if path else path
@@ -176,18 +195,14 @@ def _start(request: TrialRequest, request_file: Path, result_file: Path, phase_f
 
 def _start_group(request: TrialRequest, request_file: Path, result_file: Path,
                  phase_file: Path, log_file: IO[bytes], env: dict[str, str]) -> Child:
-    """torchrun, standalone on this node (a free port of its own, so groups run side by side),
-    no restarts: a rank that fails ends the trial."""
+    """The group's ranks of the child, through torchrun (`group_command`)."""
     request_file.write_text(json.dumps({**request.to_json(), "parent_pid": os.getpid(),
                                         "phase_file": str(phase_file)}))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={request.nproc_per_node}", "--max-restarts=0",
-               "--monitor-interval=0.2", "-m", "autotune.trial.child",
-               str(request_file), str(result_file)]
-    threads = {"OMP_NUM_THREADS": "1"} if request.device == "cpu" else {}
+    command = group_command(request, "autotune.trial.child", str(request_file),
+                            str(result_file))
     return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True,
-                            env={**os.environ, **threads, **env})
+                            env={**os.environ, **group_environment(request), **env})
 
 
 def _group_result(results: list[TrialResult], missing: list[int], ranks: int,

@@ -14,7 +14,7 @@ import json
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,17 +23,20 @@ import torch
 from autotune.config import TrainConfig
 from autotune.errors import TRAINING_START, ContractError, RunFailed, never_trained_message
 from autotune.hardware import describe
-from autotune.options import DEFAULT_STARTUP_LIMIT_S
+from autotune.options import DEFAULT_STARTUP_LIMIT_S, MeasureSettings
 from autotune.search.domains import probe_candidates
 from autotune.search.forkserver import ForkServer, ForkServerUnavailable
 from autotune.search.isolation import run_isolated
 from autotune.target import Script, Target
 from autotune.trial.protocol import (
     SCRIPT_STARTUP,
+    LossRunSettings,
     ProbeReport,
+    ProbeSettings,
     TrialRequest,
     TrialResult,
     TrialStatus,
+    WorstBatchSettings,
 )
 
 
@@ -55,10 +58,9 @@ class MeasureJob:
     # A check that the configuration runs at all (the probe's, in a process group): one step
     # of warm-up and one timed, nothing else.
     check_run: bool = False
-    # The child's job (`trial.child.JOBS`): a measurement, or a check of what may be
-    # recommended (`search.checks`: "worst_batch", "loss_run"), with its own `settings`.
-    kind: str = "measure"
-    settings: dict[str, Any] | None = None
+    # A check of what may be recommended (`search.checks`), whose settings' type names its job
+    # (`trial.child.JOBS`): a worst batch's or a loss run's; None: a measurement.
+    settings: WorstBatchSettings | LossRunSettings | None = None
     # A fresh interpreter, not a fork of the fork server: a fork maps the libraries the
     # server loaded without counting them in its RSS until it touches them, so on CPU only a
     # fresh process's peak is the one a user's own run reaches (the worst batch's).
@@ -114,7 +116,7 @@ class ProcessRunner:
     """The probe and the trials in child processes forked from one fork server."""
 
     def __init__(self, target: Target, directory: Path,
-                 settings: dict, *, memory_limit_bytes: int | None,
+                 settings: MeasureSettings, *, memory_limit_bytes: int | None,
                  core_shares: list[list[int]] | None,
                  on_phase: Callable[[str, int | None], None],
                  stop: threading.Event | None = None, nproc_per_node: int = 1,
@@ -144,9 +146,10 @@ class ProcessRunner:
         It runs without the memory limit: it measures what works, not what fits."""
         server = self._fork_server(time_limit_s)
         candidates = probe_candidates(describe(torch.device(device)), optimizer_change)
-        request = TrialRequest(self.target, config={}, device=device, job="probe",
-                               settings={"candidates": candidates, **self._script_settings()},
-                               inductor_cache_dir=self._inductor_cache())
+        request = TrialRequest(self.target, config={}, device=device,
+                               settings=ProbeSettings(candidates),
+                               inductor_cache_dir=self._inductor_cache(),
+                               script_baseline=self._script_baseline)
         script = Path(self.target.path).name
         watch = (StartupWatch(script, self.startup_limit_s, self.on_note)
                  if isinstance(self.target, Script) else None)
@@ -196,24 +199,18 @@ class ProcessRunner:
     def request(self, config: TrainConfig, job: MeasureJob) -> TrialRequest:
         """What a trial process of `job` is asked (a warm process is asked the same)."""
         return TrialRequest(
-            self.target, config=config.to_dict(), device=job.device, job=job.kind,
-            settings={**self.settings, **self._script_settings(),
-                      "screen_below": job.screen_below,
-                      **({} if job.profile else {"profile_steps": 0}),
-                      **(self._round_window() if job.round_run else {}),
-                      **(CHECK_RUN if job.check_run else {}), **(job.settings or {})},
+            self.target, config=config.to_dict(), device=job.device,
+            settings=job.settings or replace(
+                self.settings, **{"screen_below": job.screen_below,
+                                  **({} if job.profile else {"profile_steps": 0}),
+                                  **(self._round_window() if job.round_run else {}),
+                                  **(CHECK_RUN if job.check_run else {})}),
+            script_baseline=self._script_baseline,
             memory_limit_bytes=self.memory_limit_bytes,
             trace_path=str(job.trace) if job.trace else None,
             inductor_cache_dir=self._inductor_cache(),
             nproc_per_node=self.nproc_per_node, group_devices=self.groups.get(job.device),
             **self._cores(job.slot))
-
-    def _script_settings(self) -> dict[str, Any]:
-        """What a script's run is told besides the knobs and its target: its own settings as
-        its probe read them (none for a model file, or before the probe)."""
-        if self._script_baseline is None:
-            return {}
-        return {"script_baseline": self._script_baseline}
 
     def _inductor_cache(self) -> str:
         """Compiled graphs are cached under the study, so each (mode, shapes) compiles once;
@@ -222,7 +219,7 @@ class ProcessRunner:
         return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(self.directory / "inductor")
 
     def _round_window(self) -> dict[str, Any]:
-        steps = min(ROUND_WINDOW_STEPS, self.settings.get("window_steps", ROUND_WINDOW_STEPS))
+        steps = min(ROUND_WINDOW_STEPS, self.settings.window_steps)
         return {"screen_steps": 0, "window_steps": steps, "window_max_steps": steps}
 
     def _cores(self, slot: int | None) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from autotune.search.budget import (
     forecast,
     grow_budget,
     plan_time,
+    search_compile_s,
     search_trial_seconds,
     startup_note,
     trial_seconds,
@@ -95,7 +96,7 @@ class Tuner:
         self._new_folder = opts.storage is None and not self.directory.exists()
         self._new_parent = self._new_folder and not self.directory.parent.exists()
         self.runner = runner or ProcessRunner(
-            target, self.directory, vars(opts.settings),
+            target, self.directory, opts.settings,
             memory_limit_bytes=opts.memory_limit_bytes, core_shares=self.core_shares,
             on_phase=lambda text, number: self.view.phase(text, number), stop=self.stop,
             nproc_per_node=opts.nproc_per_node, groups=groups,
@@ -318,7 +319,9 @@ class Tuner:
             trial_s=trial_s, price=price, workers=len(self.devices),
             candidates=min(top, max(1, measured)) + 1,
             rounds=opts.confirm_repeats, max_rounds=opts.confirm_max_rounds,
-            share=opts.confirm_share, ends_by=self._budget_ends(), searched_s=self._searched_s())
+            share=opts.confirm_share, ends_by=self._budget_ends(), searched_s=self._searched_s(),
+            compile_s=search_compile_s(study, "default" in self.space.domains.get(
+                "compile_mode", ())))
 
     def _searched_s(self) -> float:
         """The study's wall time so far: this run's, or all its runs' trials where more."""

@@ -143,7 +143,7 @@ def verify_study(study: optuna.Study, options: VerifyOptions, directory: Path,
         device = parse_device(options.device or identity.device_type)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    runner = ProcessRunner(identity.target, directory, vars(options.settings),
+    runner = ProcessRunner(identity.target, directory, options.settings,
                            memory_limit_bytes=None, core_shares=None,
                            on_phase=lambda text, number: view.phase(text, number),
                            nproc_per_node=identity.nproc_per_node)

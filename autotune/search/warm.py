@@ -28,8 +28,13 @@ import torch
 
 from autotune.config import TrainConfig
 from autotune.errors import RunFailed
-from autotune.hardware import describe, host_available_memory, trial_device
-from autotune.search.isolation import absolute_path
+from autotune.hardware import describe, host_available_memory
+from autotune.search.isolation import (
+    absolute_path,
+    group_command,
+    group_environment,
+    launch_device,
+)
 from autotune.search.runner import MeasureJob, ProcessRunner
 from autotune.study.confirmation import WARM_TURNS, Run
 from autotune.study.records import config_key
@@ -119,12 +124,13 @@ def device_capacity(device: str, memory_limit_bytes: int | None) -> int | None:
 
 
 class _WarmProcess:
-    """One warm process and its two pipes."""
+    """One warm process and its two pipes: a process, or a process group's ranks started by
+    torchrun, whose rank 0 reads and answers the pipes (`trial.warm`)."""
 
     def __init__(self, request: TrialRequest, log: Path, time_limit_s: float,
                  ends_by: float | None = None) -> None:
         wait_s = _wait_s(time_limit_s, ends_by)
-        device, device_env = trial_device(request.device, os.environ)
+        device, device_env = launch_device(request)
         handle, name = tempfile.mkstemp(prefix="autotune-warm-", suffix=".json")
         os.close(handle)
         self.request_file = Path(name)
@@ -137,11 +143,15 @@ class _WarmProcess:
                           inductor_cache_dir=absolute_path(request.inductor_cache_dir))
         self.request_file.write_text(json.dumps({**request.to_json(), "parent_pid": os.getpid()}))
         log.parent.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-c", "from autotune.trial.warm import warm_main; warm_main()",
+                   str(self.request_file)]
+        if request.nproc_per_node > 1:
+            command = group_command(request, "autotune.trial.warm", str(self.request_file))
+            device_env = {**group_environment(request), **device_env}
         with open(log, "ab") as log_file:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", "from autotune.trial.warm import warm_main; warm_main()",
-                 str(self.request_file)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=log_file, start_new_session=True, text=True,
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file,
+                start_new_session=True, text=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1", **device_env})
         self.log = log
         try:
@@ -229,7 +239,7 @@ class WarmRounds:
             return None
         return Run(status=TrialStatus.OK.value, samples_per_sec=turn.samples_per_sec,
                    objective=turn.samples_per_sec, peak_memory_bytes=turn.peak_memory_bytes,
-                   disturbed=turn.disturbed)
+                   disturbed=turn.disturbed, load=turn.load)
 
     def trace(self, index: int, path: Path) -> str:
         """Configuration i's profiler trace, written to `path` (a fresh round's first run
@@ -258,12 +268,12 @@ class WarmStart:
     capacity: int | None
 
 
-def warm_start(runner: ProcessRunner, device: str, time_limit_s: float) -> WarmStart | None:
+def warm_start(runner: ProcessRunner, device: str, time_limit_s: float) -> WarmStart:
     """Warm processes for `runner`'s model file or training script on `device` (its settings,
-    threads and memory limit; a script's own loop pausing between turns); None where a warm
-    process cannot run: a process group."""
-    if runner.nproc_per_node > 1:
-        return None
+    threads and memory limit; a script's own loop pausing between turns; a process group's
+    ranks pausing together). On CPU a group's ranks share the host's memory, so each group
+    counts as many peaks as it has ranks."""
+    ranks = runner.nproc_per_node
 
     def start(configs: Sequence[TrainConfig], prefix: str, ends_by: float | None) -> WarmRounds:
         jobs = [MeasureJob(f"{prefix}-warm-{i}", time_limit_s, device, profile=False)
@@ -272,7 +282,10 @@ def warm_start(runner: ProcessRunner, device: str, time_limit_s: float) -> WarmS
                           [runner.directory / "logs" / f"{j.name}.log" for j in jobs],
                           time_limit_s, ends_by)
 
-    return WarmStart(start, device_capacity(device, runner.memory_limit_bytes))
+    capacity = device_capacity(device, runner.memory_limit_bytes)
+    if capacity is not None and torch.device(device).type == "cpu":
+        capacity //= ranks
+    return WarmStart(start, capacity)
 
 
 def warm_or_why(warm: WarmStart | None, configs: Sequence[TrainConfig],

@@ -49,6 +49,7 @@ class Run:
     step_time_median_s: float | None = None
     time_to_train_s: float | None = None
     disturbed: bool = False
+    load: float | None = None  # other processes' share of the cores during it, where measured
     trace: str | None = None
 
     @property
@@ -239,6 +240,9 @@ class Confirmation:
     # The paired rounds behind the answer's interval where it was measured in a short race of
     # its own after the race (the recommendation less several changes); else `rounds`.
     answer_rounds: int | None = None
+    # Whether the answer's interval was read at equal load: the load its rounds saw explained
+    # a measurable part of their spread (`stats.load_adjusted_ratio`).
+    load_adjusted: bool = False
     # How the checks of what may be recommended were made (None: a study from before them,
     # or none were asked for).
     checks: CheckSummary | None = None
@@ -250,7 +254,9 @@ class Confirmation:
         rounds = self.answer_rounds if self.answer_rounds is not None else self.rounds
         plural = "s" if rounds != 1 else ""
         warm = " of warm turns" if self.measured == WARM_TURNS else ""
-        return f"{rounds} paired round{plural}{warm}"
+        load = ", read at equal load (other processes' load moved them)" \
+            if self.load_adjusted else ""
+        return f"{rounds} paired round{plural}{warm}{load}"
 
     @property
     def dropped(self) -> tuple[TakenBack, ...]:
@@ -292,6 +298,7 @@ class Confirmation:
                 "disturbed_rounds": self.disturbed_rounds, "measured": self.measured,
                 "taken_back": [t.to_json() for t in self.taken_back],
                 "taken_from": one(self.taken_from), "answer_rounds": self.answer_rounds,
+                "load_adjusted": self.load_adjusted,
                 "checks": self.checks.to_json() if self.checks else None}
 
     @classmethod
@@ -319,6 +326,7 @@ class Confirmation:
                                     for t in data.get("taken_back", ())),
                    taken_from=one(data.get("taken_from")),
                    answer_rounds=data.get("answer_rounds"),
+                   load_adjusted=data.get("load_adjusted", False),
                    checks=CheckSummary.from_json(data["checks"]) if data.get("checks")
                    else None)
 

@@ -49,8 +49,8 @@ OOM_MARKER_PAIRS = (("cublas_status_not_initialized", "cublascreate"),)
 MESSAGE_LIMIT = 4000
 
 # What a child can be asked to do: module and function, each called as
-# fn(workload, config, device, settings, trace_path, progress), and the field of the
-# `TrialResult` its answer goes in.
+# fn(workload, config, device, settings, trace_path, progress) with the request's settings (the
+# job's own type: `protocol.JOB_SETTINGS`), and the field of the `TrialResult` its answer goes in.
 JOBS = {"measure": ("autotune.trial.measure", "measure_job", "measurement"),
         "probe": ("autotune.trial.probe", "probe_job", "probe"),
         "profile": ("autotune.trial.deep_profile", "profile_job", "profile"),
@@ -73,20 +73,14 @@ def run_child(request_file: Path, result_file: Path) -> None:
         print(f"autotune rank {rank} of {ranks}: pid {os.getpid()}, GPUs visible: "
               f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'all')}", flush=True)
         result_file = rank_result_path(result_file, rank)
-        _watch_tuner(raw.pop("parent_pid"))
+        watch_tuner(raw.pop("parent_pid"))
     else:
         watch_parent(raw.pop("parent_pid"))
     phase_file = Path(raw.pop("phase_file"))
     request = TrialRequest.from_json(raw)
     if request.inductor_cache_dir:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = request.inductor_cache_dir
-    cpus = rank_cpus(request.cpus or sorted(os.sched_getaffinity(0)), rank, ranks) \
-        if ranks > 1 else request.cpus
-    if cpus:
-        # Before torch starts its threads: they, DataLoader workers and compile workers inherit it.
-        os.sched_setaffinity(0, cpus)
-        if ranks > 1:
-            request.threads = len(cpus)
+    place_rank(request, rank, ranks)
     note = (lambda phase: _note_phase(phase_file, phase)) if rank == 0 else _say_phase
     try:
         result = _run_job(request, note)
@@ -103,6 +97,18 @@ def run_child(request_file: Path, result_file: Path) -> None:
     # Skip interpreter teardown: DataLoader workers and compile pools can hang it. A rank that
     # failed exits non-zero, so that torchrun stops the others instead of leaving them waiting.
     os._exit(0 if ranks == 1 or result.status == TrialStatus.OK else 1)
+
+
+def place_rank(request: TrialRequest, rank: int, ranks: int) -> None:
+    """This process on the trial's cores, a rank of a group on its own share of them with as
+    many threads; before torch starts its threads: they, DataLoader workers and compile
+    workers inherit it."""
+    cpus = rank_cpus(request.cpus or sorted(os.sched_getaffinity(0)), rank, ranks) \
+        if ranks > 1 else request.cpus
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+        if ranks > 1:
+            request.threads = len(cpus)
 
 
 def rank_cpus(cpus: list[int], rank: int, ranks: int) -> list[int]:
@@ -244,7 +250,7 @@ def watch_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="autotune-parent-watch", daemon=True).start()
 
 
-def _watch_tuner(tuner_pid: int) -> None:
+def watch_tuner(tuner_pid: int) -> None:
     """A rank's parent is torchrun's agent, which outlives a killed tuner: exit as soon as the
     tuner itself is gone (torchrun then ends, as its ranks did), or the agent is."""
     launcher = os.getppid()

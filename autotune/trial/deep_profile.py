@@ -9,7 +9,6 @@ as data for the command to draw and write.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,21 +31,19 @@ from autotune.trial.profiling import (
     profile_steps,
     trace_file,
 )
-from autotune.trial.protocol import ProfileReport
+from autotune.trial.protocol import ProfileReport, ProfileSettings
 from autotune.trial.window import synchronize
 from autotune.trial.workload import Workload
 
 
 def profile_job(workload: Workload, config: TrainConfig, device: torch.device,
-                settings: Mapping[str, Any], trace_path: str | None,
+                settings: ProfileSettings, trace_path: str | None,
                 progress: Progress) -> ProfileReport:
-    """A child process's job (`child.JOBS`): profile, write the trace under `settings["out"]`,
+    """A child process's job (`child.JOBS`): profile, write the trace under `settings.out`,
     and return the report, its memory timeline included (the tuner's side draws it)."""
-    return profile_config(workload, config, device, Path(settings["out"]),
-                            steps=settings["steps"],
-                            settings=MeasureSettings(
-                                warmup_max_seconds=settings["warmup_max_seconds"]),
-                            top=settings["top"], progress=progress)
+    return profile_config(workload, config, device, Path(settings.out), steps=settings.steps,
+                          settings=MeasureSettings(warmup_max_seconds=settings.warmup_max_seconds),
+                          top=settings.top, progress=progress)
 
 
 def profile_config(workload: Workload, config: TrainConfig, device: torch.device, out_dir: Path,

@@ -2,8 +2,9 @@
 code it comes from.
 
 Two sources of "where": the profiler's Python-function events name the user's function around
-each expensive operator, and a short traced step with the tensor methods that force a host sync
-(`.item()`, `.tolist()`, `print(tensor)`, ...) wrapped names the exact line of each call.
+each expensive operator, and a traced step (of autotune's loop, or of a script's own) with the
+tensor methods that force a host sync (`.item()`, `.tolist()`, `print(tensor)`, ...) wrapped
+names the exact line of each call.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sysconfig
 import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -201,29 +202,61 @@ def _in_data_loading(frame: Any) -> bool:
     return False
 
 
-def trace_host_syncs(run_step: Callable[[], object], steps: int = 1,
-                     device_type: str = "cpu") -> list[SyncSite]:
-    """Run `steps` steps and return the user's lines that read tensors back to the host.
+class HostSyncTrace:
+    """The user's lines that read tensors back to the host, from `start` to `stop`: around a
+    step autotune's loop runs (`trace_host_syncs`), or from one step boundary of a script's own
+    loop to the next (`trial/script/measuring`).
 
-    On CUDA only reads of device tensors count. On CPU every read in the model's code counts
+    On CUDA only reads of device tensors count. On CPU every read in the user's code counts
     (there, the tensor would be on the GPU), but not the data loading's. Not for compiled
-    models: the wrappers would be traced by dynamo and force recompiles.
+    code: the wrappers would be traced by dynamo and force recompiles.
     """
-    counts: Counter[tuple[str, str, int, str]] = Counter()
 
-    def record(call: str, frame: Any, tensor: torch.Tensor) -> None:
+    def __init__(self, device_type: str = "cpu") -> None:
+        self.device_type = device_type
+        self._counts: Counter[tuple[str, str, int, str]] = Counter()
+        self._wrapped = ExitStack()
+        # a DataLoader worker forked while the methods are wrapped keeps the wrappers: it
+        # records nothing
+        self._pid = os.getpid()
+
+    def start(self) -> None:
+        self._wrapped.enter_context(_wrapped_sync_methods(self._record))
+
+    def stop(self) -> None:
+        """The tensor methods as they were."""
+        self._wrapped.close()
+
+    def sites(self, steps: int = 1) -> list[SyncSite]:
+        """The lines recorded, the most calls first, over the `steps` steps traced."""
+        sites = [SyncSite(call, file, line, func, linecache.getline(file, line).strip(),
+                          n / steps)
+                 for (call, file, line, func), n in self._counts.items()]
+        return sorted(sites, key=lambda s: s.calls_per_step, reverse=True)
+
+    def _record(self, call: str, frame: Any, tensor: torch.Tensor) -> None:
+        if os.getpid() != self._pid:
+            return
         if not is_user_file(frame.f_code.co_filename):  # torch's own reads are not the user's
             return
-        if device_type != "cpu" and tensor.device.type == "cpu" or _in_data_loading(frame):
+        if self.device_type != "cpu" and tensor.device.type == "cpu" or \
+                _in_data_loading(frame):
             return
-        counts[(call, frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)] += 1
+        self._counts[(call, frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)] += 1
 
-    with _wrapped_sync_methods(record):
+
+def trace_host_syncs(run_step: Callable[[], object], steps: int = 1,
+                     device_type: str = "cpu") -> list[SyncSite]:
+    """Run `steps` steps and return the user's lines that read tensors back to the host
+    (`HostSyncTrace`)."""
+    trace = HostSyncTrace(device_type)
+    trace.start()
+    try:
         for _ in range(steps):
             run_step()
-    sites = [SyncSite(call, file, line, func, linecache.getline(file, line).strip(), n / steps)
-             for (call, file, line, func), n in counts.items()]
-    return sorted(sites, key=lambda s: s.calls_per_step, reverse=True)
+    finally:
+        trace.stop()
+    return trace.sites(steps)
 
 
 # -- the findings ---------------------------------------------------------------------------

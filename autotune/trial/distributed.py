@@ -50,6 +50,13 @@ class World:
         return out
 
 
+def decided(flag: bool) -> bool:
+    """`flag` as every rank of the group this process joined takes it (rank 0's), or as it is
+    where it joined none."""
+    world = current()
+    return flag if world is None else world.decide(flag)
+
+
 def launched_world_size() -> int:
     """How many ranks torchrun started this process among (1 when it did not)."""
     return int(os.environ.get("WORLD_SIZE", "1"))

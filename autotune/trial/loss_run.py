@@ -22,14 +22,14 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
 from autotune.config import TrainConfig
-from autotune.trial.protocol import LossRun
+from autotune.trial.protocol import LossRun, LossRunSettings
 from autotune.trial.training import TrainingSetup, setup_from_workload
 from autotune.trial.workload import Workload
 
@@ -43,12 +43,12 @@ TAIL = 0.1
 
 
 def loss_run_job(workload: Workload, config: TrainConfig, device: torch.device,
-                 settings: Mapping[str, Any], trace_path: str | None,
+                 settings: LossRunSettings, trace_path: str | None,
                  progress: Callable[[str], None]) -> LossRun:
-    """A child process's job: `settings["steps"]` optimizer steps of `config` from the
-    weights and batches of `settings["seed"]`, and the losses (`LossRun`)."""
+    """A child process's job: `settings.steps` optimizer steps of `config` from the weights and
+    batches of `settings.seed`, and the losses (`LossRun`)."""
     start = time.perf_counter()
-    seed, steps = int(settings["seed"]), int(settings["steps"])
+    seed, steps = settings.seed, settings.steps
     seed_everything(HELD_SEED)  # a dataset drawn from the global generator: one for every run
     dataset = workload.build_dataset()
     seed_everything(seed)

@@ -32,18 +32,18 @@ import itertools
 import resource
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from autotune.config import TrainConfig
 from autotune.hardware import (
     DeviceInfo,
+    PeakFlops,
     cuda_total_memory,
     describe,
     nvml_memory_used,
@@ -54,6 +54,8 @@ from autotune.stats import median_precision
 from autotune.trial.compile_events import compile_count
 from autotune.trial.contention import Contention, ContentionProbe
 from autotune.trial.diagnosis import SyncSite, diagnose, trace_host_syncs
+from autotune.trial.distributed import World
+from autotune.trial.flops import ModelFlopCounter, SampleFlops
 from autotune.trial.profiling import ProfileSummary, collection_paused, profile_steps
 from autotune.trial.protocol import FIRST_STEP, Finding, Measurement, PhaseTimes, WarmTurn
 from autotune.trial.training import TrainingSetup, move_to_device, setup_from_workload
@@ -85,22 +87,13 @@ def measure_config(workload: Workload, config: TrainConfig, device: torch.device
 
 
 def measure_job(workload: Workload, config: TrainConfig, device: torch.device,
-                settings: Mapping[str, Any], trace_path: str | None,
+                settings: MeasureSettings, trace_path: str | None,
                 progress: Progress) -> Measurement:
     """A trial process's job (`child.JOBS`): every figure of one measurement, and how long
     it took (the rest of the trial's wall time is process start, imports, loading the file)."""
     start = time.perf_counter()
-    figures = measure_config(workload, config, device, MeasureSettings(**settings), trace_path,
-                             progress)
+    figures = measure_config(workload, config, device, settings, trace_path, progress)
     return replace(figures, measure_wall_s=time.perf_counter() - start)
-
-
-class SampleFlops(NamedTuple):
-    """Model FLOPs of one sample's forward and backward, and whether the model file gave the
-    figure or it was counted."""
-
-    per_sample: float
-    source: str  # "given" (the file's flops_per_sample) or "counted"
 
 
 def build_setup(workload: Workload, config: TrainConfig, device: torch.device,
@@ -201,11 +194,6 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
         findings = findings_of(captured[0], setup.config, profile, median,
                              window.data_wait_s / window.seconds, sites)
         profile_s = time.perf_counter() - phase_start
-    samples_per_sec = window.samples / window.seconds
-    mfu = None
-    peak = peak_flops(info, setup.config.precision)
-    if flops and peak:
-        mfu = flops.per_sample * samples_per_sec / peak.flops
     # the kept window's own: not the screening's, nor a disturbed window measured again
     compiled, in_window = compiled_after - compiled_before, window.compiled
     figures = window_measurement(
@@ -218,11 +206,7 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
                           sync_tracing_s=sync_tracing_s, profile_s=profile_s),
         time_to_first_step_s=time_to_first, setup_s=setup_s, warmup_steps=warmup_steps,
         steady=steady, warmup_s=warmup_s,
-        flops_per_sample=flops.per_sample if flops else None,
-        flops_source=flops.source if flops else None,
-        peak_flops=peak.flops if peak else None,
-        peak_flops_source=peak.source if peak else None,
-        mfu=mfu, findings=tuple(findings),
+        flops=flops, peak=peak_flops(info, setup.config.precision), findings=tuple(findings),
         screen_samples_per_sec=screen_rate, screen_done_s=screen_done, screened=screened,
         graphs_compiled=compiled.graphs, graphs_compiled_in_window=in_window.graphs,
         cudagraph_recordings=compiled.cudagraph_recordings,
@@ -236,15 +220,20 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
 def window_measurement(*, times: list[float], samples: int, seconds: float, wait_s: float,
                        final_loss: float | None, loss_finite: bool, contention: Contention,
                        memory: MemoryPeaks, profile: ProfileSummary | None,
-                       phases: PhaseTimes, **rest: Any) -> Measurement:
+                       phases: PhaseTimes, flops: SampleFlops | None,
+                       peak: PeakFlops | None, **rest: Any) -> Measurement:
     """The one place a `Measurement` is made, for autotune's own loop and a script's alike:
     the figures every measurement takes from its kept window (`times` of its steps, its
     `samples` in `seconds`, its data wait and losses, what else ran meanwhile), the training's
-    memory peaks and the profiler's window; `rest`, what only one of them knows (FLOPs and
-    compiles in autotune's loop, say)."""
+    memory peaks and the profiler's window, and its MFU: the model's FLOPs a sample times the
+    window's samples/sec over the device's `peak` (CUDA only: elsewhere there is none); `rest`,
+    what each gathers its own way (autotune's loop's findings, say: a script's job adds its
+    own)."""
     median, mean = statistics.median(times), statistics.fmean(times)
+    samples_per_sec = samples / seconds
+    per_sample = flops.per_sample if flops else None
     return Measurement(
-        samples_per_sec=samples / seconds, window_s=seconds, window_steps=len(times),
+        samples_per_sec=samples_per_sec, window_s=seconds, window_steps=len(times),
         window_samples=samples, step_time_median_s=median,
         step_time_p90_s=percentile(times, 0.9),
         step_time_cv=statistics.pstdev(times) / mean if mean > 0 else 0.0,
@@ -263,6 +252,10 @@ def window_measurement(*, times: list[float], samples: int, seconds: float, wait
         device_idle_fraction=profile.device_idle_fraction if profile else None,
         top_operators=profile.top_operators if profile else (),
         trace_path=profile.trace_path if profile else None,
+        flops_per_sample=per_sample, flops_source=flops.source if flops else None,
+        peak_flops=peak.flops if peak else None,
+        peak_flops_source=peak.source if peak else None,
+        mfu=per_sample * samples_per_sec / peak.flops if per_sample and peak else None,
         phases=phases, **rest)
 
 
@@ -346,12 +339,33 @@ def timed_turn(setup: TrainingSetup, batches: Iterator[Any], settings: MeasureSe
                steps: int, seconds: float, tuner_pid: int | None = None) -> WarmTurn:
     """At least `steps` optimizer steps and `seconds`, timed as a window is (data loading
     included, synchronised only at its edges, bracketed by the contention probe, to which the
-    other warm processes of `tuner_pid` are not a load): one turn of a warm process."""
+    other warm processes of `tuner_pid` are not a load): one turn of a warm process. Of a
+    process group, the group's turn (`group_turn`), on every rank."""
     probe = ContentionProbe(settings.contention_threshold, setup.device, family=tuner_pid)
     window = _timed_window(setup, batches, turn_settings(settings, steps, seconds), probe)
-    return WarmTurn(samples=window.samples, seconds=window.seconds,
+    turn = WarmTurn(samples=window.samples, seconds=window.seconds,
                     peak_memory_bytes=peak_memory(setup.device).peak,
-                    disturbed=window.contention.disturbed, loss_finite=window.loss_finite)
+                    disturbed=window.contention.disturbed, loss_finite=window.loss_finite,
+                    load=window.contention.other_cpu_share)
+    return group_turn(turn, setup.world)
+
+
+def group_turn(turn: WarmTurn, world: World | None) -> WarmTurn:
+    """A process group's turn from its ranks' (this rank's `turn` gathered from each), as a
+    trial's window is (`group_figures`): all their samples over the slowest rank's seconds,
+    the largest peak, disturbed and loaded as the most disturbed rank, the loss finite only if
+    every rank's was; a process of its own keeps its turn."""
+    if world is None:
+        return turn
+    turns = [WarmTurn.from_json(t) for t in world.gather(turn.to_json())]
+    peaks = [t.peak_memory_bytes for t in turns if t.peak_memory_bytes is not None]
+    loads = [t.load for t in turns if t.load is not None]
+    return WarmTurn(samples=sum(t.samples for t in turns),
+                    seconds=max(t.seconds for t in turns),
+                    peak_memory_bytes=max(peaks, default=None),
+                    disturbed=any(t.disturbed for t in turns),
+                    loss_finite=all(t.loss_finite for t in turns),
+                    load=max(loads, default=None))
 
 
 def traced_turn(setup: TrainingSetup, batches: Iterator[Any], steps: int,
@@ -359,8 +373,9 @@ def traced_turn(setup: TrainingSetup, batches: Iterator[Any], steps: int,
     """`steps` optimizer steps under the profiler, their trace written to `trace_path`: what a
     trial's profiler window leaves for the report, asked of a warm process after its turns."""
     profiled = prefetched(setup, batches, steps)
-    profile_steps(lambda: setup.step(profiled), steps, setup.device, trace_path=trace_path,
-                  with_stack=python_stacks(setup))
+    rank0 = setup.world is None or setup.world.rank == 0
+    profile_steps(lambda: setup.step(profiled), steps, setup.device,
+                  trace_path=trace_path if rank0 else None, with_stack=python_stacks(setup))
 
 
 def _undisturbed_window(setup: TrainingSetup, batches: Iterator[Any], settings: MeasureSettings,
@@ -393,9 +408,10 @@ def count_flops_per_sample(workload: Workload, config: TrainConfig, model: nn.Mo
                            device: torch.device) -> float | None:
     """FLOPs of one forward and backward per sample, counted by `torch.utils.flop_counter`.
 
-    Model FLOPs, as MFU defines them: the plain model in fp32, no checkpointing recompute, no
-    compile. Counted on the meta device, where tensors have shapes but no memory and ops do no
-    work, with a whole micro-batch, so a batch padded to its largest sample counts as it runs.
+    Model FLOPs, as MFU defines them: the plain model in fp32, no compile, no checkpointing
+    recompute (`flops.ModelFlopCounter` leaves out any the model's own forward does). Counted
+    on the meta device, where tensors have shapes but no memory and ops do no work, with a
+    whole micro-batch, so a batch padded to its largest sample counts as it runs.
     A model that cannot run on meta (an op that reads values, a tensor made on a fixed device)
     is counted on `device` with two samples: little memory, and before the trial's peak is
     reset.
@@ -417,7 +433,7 @@ def count_flops_per_sample(workload: Workload, config: TrainConfig, model: nn.Mo
 
 
 def _flops(model: nn.Module, workload: Workload, batch: Any) -> int:
-    counter = FlopCounterMode(display=False)
+    counter = ModelFlopCounter()
     with counter:
         workload.loss_fn()(model, batch).backward()
     return counter.get_total_flops()

@@ -4,7 +4,7 @@ baseline, so that the search only ever proposes what works here and is worth try
 The probe (`probe_job`, run in a child process like a trial) reads the workload's facts (the
 file's BASELINE, the dataset's size, the model's training state) and tries, on the user's model
 and this machine, each knob value that can fail or be pointless, of those the search would offer
-on this device (the tuner's side sends them in the request's settings, `candidates`):
+on this device (the tuner's side sends them in the request's `ProbeSettings`, `candidates`):
 
 - precision: bf16 (and fp16 on CUDA) for one short timed run against the baseline's precision;
   a value that fails is left out, and on CPU one more than `SLOWER` times slower than fp32 too
@@ -48,7 +48,7 @@ from autotune.trial.child import is_oom
 from autotune.trial.float8 import MIN_FEATURES, large_linears
 from autotune.trial.loader_rates import measure_loader_rates, waiting_worker_counts
 from autotune.trial.optimizers import make_optimizer
-from autotune.trial.protocol import LeftOut, ProbeReport, SampleSizes
+from autotune.trial.protocol import LeftOut, ProbeReport, ProbeSettings, SampleSizes
 from autotune.trial.sample_sizes import size_samples
 from autotune.trial.training import (
     CHECK_SAMPLES,
@@ -75,7 +75,7 @@ Progress = Callable[[str], None]
 
 
 def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
-              settings: Mapping[str, Any], trace_path: str | None,
+              settings: ProbeSettings, trace_path: str | None,
               progress: Progress) -> ProbeReport:
     """A child process's job (`child.JOBS`): the ProbeReport of `workload` on `device`,
     `config` being its baseline."""
@@ -93,7 +93,7 @@ def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
                                 "grad_accum_steps": config.grad_accum_steps}, device.type)
     trials = _Trials(workload, dataset, device, progress)
     report.attention = trials.calls_attention()
-    offered = _offered(settings["candidates"], config, report)
+    offered = _offered(settings.candidates, config, report)
     progress("one baseline step (the reference)")
     try:
         reference = trials.run(config, timed=True)
@@ -144,7 +144,7 @@ def _sizes(dataset: Any, collate: Callable[[list[Any]], Any] | None,
 
 def _offered(candidates: Mapping[str, Sequence[Any]], config: TrainConfig,
              report: ProbeReport) -> dict[str, tuple]:
-    """The values worth a try here: those the search sent (`settings["candidates"]`: what it
+    """The values worth a try here: those the search sent (`ProbeSettings.candidates`: what it
     offers on this device besides a baseline's own, every optimizer among them), memory formats
     only for a model with convolutions, attention kernels only for one that calls them, and the
     baseline's own DataLoader setting among the others (every space holds its baseline)."""

@@ -1,16 +1,18 @@
 """What crosses a boundary, as typed records with their JSON: the process boundary between the
 tuner and a trial, and the storage's between the run that wrote a study and whoever reads it.
 
-The tuner's side (`autotune.search.isolation`) writes a `TrialRequest` (its job, and what it
-runs: a `target.Target`) to a file, the trial's side (`autotune.trial.child`) runs it and
-writes a `TrialResult` back; `TrialStatus` names how a trial ended, in the result and in the
-study storage alike. A result carries what its job answered: a `Measurement` (with its
-`Finding`s and `OperatorStat`s), the capability probe's `ProbeReport` (its `LeftOut` values,
-`LoaderRate`s and `SampleSizes`, which the study caches), a `ProfileReport`, a `WorstBatch` (a
-configuration's peak on a micro-batch of the dataset's largest samples) or a `LossRun` (its loss
-after N steps from fixed weights and batches). The study stores its `StudyIdentity` and each
-trial's `Measurement`. Each record is turned back into its type the moment it is read
-(`from_json`), never read by string key. Nothing here imports torch.
+The tuner's side (`autotune.search.isolation`) writes a `TrialRequest` (what it runs: a
+`target.Target`; and its job's own settings, whose type names the job: `MeasureSettings`,
+`ProbeSettings`, `ProfileSettings`, `WorstBatchSettings` or `LossRunSettings`) to a file, the
+trial's side (`autotune.trial.child`) runs it and writes a `TrialResult` back; `TrialStatus`
+names how a trial ended, in the result and in the study storage alike. A result carries what its
+job answered: a `Measurement` (with its `Finding`s and `OperatorStat`s), the capability probe's
+`ProbeReport` (its `LeftOut` values, `LoaderRate`s and `SampleSizes`, which the study caches), a
+`ProfileReport`, a `WorstBatch` (a configuration's peak on a micro-batch of the dataset's
+largest samples) or a `LossRun` (its loss after N steps from fixed weights and batches). The
+study stores its `StudyIdentity` and each trial's `Measurement`. Each record is turned back into
+its type the moment it is read (`from_json`), never read by string key. Nothing here imports
+torch.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import TrainConfig
+from autotune.options import MeasureSettings
 from autotune.target import ModelFile, Script, Target, target_from_json
 
 
@@ -59,20 +62,92 @@ FIRST_STEP = "first step (compile and loader start-up included)"
 SCRIPT_STARTUP = "the script's own start-up, until its training starts"
 
 
+@dataclass(frozen=True)
+class ProbeSettings:
+    """The capability probe's job: the values the search offers on this device, which the
+    probe tries (`trial/probe`), knob by knob."""
+
+    candidates: dict[str, tuple[Any, ...]]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "candidates",
+                           {knob: tuple(values) for knob, values in self.candidates.items()})
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    """`autotune profile`'s job: the folder its files go to, the optimizer steps it profiles,
+    the rows of its operator tables, and how long it waits for steady steps first."""
+
+    out: str
+    steps: int
+    top: int
+    warmup_max_seconds: float
+
+
+@dataclass(frozen=True)
+class WorstBatchSettings:
+    """The worst batch's job (`trial/worst_batch`): the samples every micro-batch is made of
+    (the dataset's largest), and how long it trains: at least `steps` optimizer steps, then until
+    `steady` steps in a row raise the peak by under 1%, at most `max_steps`."""
+
+    indices: tuple[int, ...]
+    steps: int
+    steady: int
+    max_steps: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "indices", tuple(int(i) for i in self.indices))
+
+
+@dataclass(frozen=True)
+class LossRunSettings:
+    """A loss run's job (`trial/loss_run`): the seed of its initial weights and batches, and its
+    optimizer steps."""
+
+    seed: int
+    steps: int
+
+
+# What a request's settings are: a measurement's (`options.MeasureSettings`, the measure job's
+# own), the probe's, the profile's, a worst batch's or a loss run's. Their type names the job the
+# child runs (`child.JOBS`).
+JobSettings = (MeasureSettings | ProbeSettings | ProfileSettings | WorstBatchSettings
+               | LossRunSettings)
+JOB_SETTINGS: dict[str, type[JobSettings]] = {
+    "measure": MeasureSettings, "probe": ProbeSettings, "profile": ProfileSettings,
+    "worst_batch": WorstBatchSettings, "loss_run": LossRunSettings}
+
+
+def _job_settings_from_json(job: str, data: Mapping[str, Any]) -> JobSettings:
+    """The settings of a `job` request from their plain data; a job or a field this autotune
+    does not know is refused (ValueError), never passed on unread."""
+    kind = JOB_SETTINGS.get(job)
+    if kind is None:
+        raise ValueError(f"a request for the job {job!r}; this autotune runs "
+                         f"{', '.join(JOB_SETTINGS)}")
+    known = [f.name for f in fields(kind)]
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ValueError(f"the {job} job's settings have no {', '.join(unknown)} "
+                         f"(they are {', '.join(known)})")
+    return kind(**data)
+
+
 @dataclass
 class TrialRequest:
-    """Everything a child needs for one job; plain JSON data but its `target`. Knobs `config`
-    leaves out come from the model file's BASELINE (a script's own settings)."""
+    """Everything a child needs for one job; plain JSON data but its `target` and `settings`,
+    whose type names the job. Knobs `config` leaves out come from the model file's BASELINE (a
+    script's own settings)."""
 
     target: Target
     config: dict[str, Any]
     device: str
-    settings: dict[str, Any] = field(default_factory=dict)
+    settings: JobSettings = field(default_factory=MeasureSettings)
     memory_limit_bytes: int | None = None
     trace_path: str | None = None
     threads: int | None = None
     inductor_cache_dir: str | None = None
-    job: str = "measure"
     # The CPU cores this trial may use (its share when trials run in parallel), or all.
     cpus: list[int] | None = None
     # Ranks of the process group the trial runs as (torchrun's --nproc-per-node); 1: a process.
@@ -82,15 +157,28 @@ class TrialRequest:
     # Where a script's run works (its current directory, its library's outputs): a folder the
     # tuner made and removes however the trial ends, so nothing is left in the temp directory.
     scratch_dir: str | None = None
+    # A script's own settings as its probe read them (`ProbeReport.script_baseline`: where each
+    # is said), which every later run of it is told; None for a model file, or before its probe.
+    script_baseline: dict[str, Any] | None = None
+
+    @property
+    def job(self) -> str:
+        """What the child runs (`child.JOBS`): the job whose settings these are."""
+        return next(job for job, kind in JOB_SETTINGS.items() if type(self.settings) is kind)
 
     def to_json(self) -> dict[str, Any]:
-        """Plain data for the request file (or the warm process's), its target tagged."""
+        """Plain data for the request file (or the warm process's): its target tagged, its
+        settings under the job they are for."""
         return {**{f.name: getattr(self, f.name) for f in fields(self)},
-                "target": self.target.to_json()}
+                "target": self.target.to_json(), "job": self.job,
+                "settings": asdict(self.settings)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TrialRequest:
-        return cls(**{**data, "target": target_from_json(data["target"])})
+        """From `to_json`'s data: the target and the job's settings typed as they are read."""
+        given = {name: value for name, value in data.items() if name != "job"}
+        return cls(**{**given, "target": target_from_json(data["target"]),
+                      "settings": _job_settings_from_json(data["job"], data["settings"])})
 
 
 def rank_result_path(result_file: Path, rank: int) -> Path:
@@ -347,8 +435,9 @@ class Measurement:
     device_idle_fraction: float | None = None
     # Share of a profiled step (its batches fetched ahead) in the optimizer's step.
     optimizer_fraction: float | None = None
-    # MFU (CUDA only): model FLOPs a sample ("given" by the model file or "counted") times
-    # samples/sec over the precision's peak FLOP/s, which says where it came from.
+    # MFU (CUDA only): model FLOPs a sample ("given" by the model file or "counted": a model
+    # file's model, a script's own step; else "not counted: why") times samples/sec over the
+    # precision's peak FLOP/s, which says where it came from.
     flops_per_sample: float | None = None
     flops_source: str | None = None
     peak_flops: float | None = None
@@ -651,13 +740,14 @@ class TrialResult:
 class WarmTurn:
     """One turn of a warm process (`autotune.trial.warm`): N optimizer steps timed with data
     loading included, the process's peak memory so far, and whether another process took a
-    share of the cores during it."""
+    share of the cores during it (`load`: that share, where measured)."""
 
     samples: int
     seconds: float
     peak_memory_bytes: int | None = None
     disturbed: bool = False
     loss_finite: bool = True
+    load: float | None = None
 
     @property
     def samples_per_sec(self) -> float:

@@ -13,74 +13,108 @@ stdin, or the tuner that started it is gone. The answer channel
 is the process's original stdout; whatever the model file prints goes to stderr (the log).
 A training script's request runs the script itself, its own loop taking the turns
 (`autotune.trial.script.turns`).
+
+A process group's warm process is torchrun's ranks of this module (`-m autotune.trial.warm`):
+they join the group as a trial's ranks do, rank 0 alone reads the commands and tells the
+others (`_commands`), every rank takes every turn, and rank 0 answers with the group's figures
+(`measure.timed_turn`).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from autotune.target import Script
-from autotune.trial.child import limit_memory, watch_parent
+from autotune.trial.child import limit_memory, place_rank, watch_parent, watch_tuner
 from autotune.trial.protocol import TrialRequest
 
 STOP = "stop"
+# How long a group's ranks wait for the tuner's next command: the tuner starts the other warm
+# processes, and races, between them; a tuner that is gone ends the ranks (`watch_tuner`).
+COMMAND_WAIT = datetime.timedelta(days=1)
 
 
 def warm_main() -> None:
-    """Entry point of a warm process started as a new interpreter."""
-    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    """Entry point of a warm process started as a new interpreter, or of each rank of a warm
+    process group (torchrun's)."""
+    rank, ranks = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    answers = os.fdopen(os.dup(1), "w", buffering=1) if rank == 0 else None
     os.dup2(2, 1)  # the model file's prints go to the log, never into the answers
     request_file = Path(sys.argv[1])
     raw = json.loads(request_file.read_text())
-    request_file.unlink(missing_ok=True)  # read once: nothing left if the tuner is killed
+    if ranks == 1:
+        request_file.unlink(missing_ok=True)  # read once: nothing left if the tuner is killed
     tuner_pid = raw.pop("parent_pid")
-    watch_parent(tuner_pid)
+    # A rank's parent is torchrun's agent, which outlives a killed tuner.
+    (watch_tuner if ranks > 1 else watch_parent)(tuner_pid)
     raw.pop("phase_file", None)
+    request = TrialRequest.from_json(raw)
+    place_rank(request, rank, ranks)
+    failed = False
     try:
-        serve(TrialRequest.from_json(raw), sys.stdin, answers, tuner_pid)
+        serve(request, sys.stdin, answers, tuner_pid, request_file if rank == 0 else None)
     except BaseException as exc:  # the tuner falls back to fresh rounds, and the log says why
+        failed = True
         traceback.print_exception(exc)
         _say(answers, {"error": f"{type(exc).__name__}: {exc}"[:2000]})
     sys.stderr.flush()
-    os._exit(0)  # no teardown: DataLoader workers and compile pools can hang it
+    # No teardown (DataLoader workers and compile pools can hang it); a failed rank exits
+    # non-zero, so that torchrun stops the others instead of leaving them waiting.
+    os._exit(1 if failed and ranks > 1 else 0)
 
 
-def serve(request: TrialRequest, commands: IO[str], answers: IO[str],
-          tuner_pid: int | None = None) -> None:
+def serve(request: TrialRequest, commands: IO[str], answers: IO[str] | None,
+          tuner_pid: int | None = None, request_file: Path | None = None) -> None:
     """Build and warm up the configuration, say it is ready, then answer turns until `stop`
-    (timed with the tuner's other warm processes as its own, not a load)."""
+    (timed with the tuner's other warm processes as its own, not a load). Of a process group,
+    every rank serves, rank 0 alone reads `commands`, answers, and removes the group's
+    `request_file` once every rank has joined."""
     import torch
+    import torch.distributed as dist
 
     from autotune.options import MeasureSettings
+    from autotune.trial.distributed import join, rank_device
     from autotune.trial.measure import build_setup, timed_turn, traced_turn, warm_up
     from autotune.trial.workload import load_workload
 
+    settings = request.settings
+    if not isinstance(settings, MeasureSettings):
+        raise ValueError(f"a warm process times a measurement, not a {request.job}")
     if request.inductor_cache_dir:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = request.inductor_cache_dir
-    if request.cpus:
-        os.sched_setaffinity(0, request.cpus)
-    device = torch.device(request.device)
+    world = join(torch.device(request.device).type)
+    group = None
+    if world is not None:
+        world.gather(None)  # every rank has read the request
+        if request_file is not None:
+            request_file.unlink(missing_ok=True)
+        group = dist.new_group(backend="gloo", timeout=COMMAND_WAIT)
+    told = _commands(commands, group)
+    device = rank_device(torch.device(request.device), world)
     if request.threads:
         torch.set_num_threads(request.threads)
     if request.memory_limit_bytes:
         limit_memory(device, request.memory_limit_bytes)
     if isinstance(request.target, Script):  # the script's own loop takes the turns
-        from autotune.trial.script.job import run_under, script_settings
+        from autotune.trial.script.job import run_under
         from autotune.trial.script.turns import TurnObserver
 
-        observer = TurnObserver(script_settings(request), device, commands, answers, tuner_pid)
-        run_under(request, request.target, device, 1, observer, lambda phase: None)
+        observer = TurnObserver(settings, device, told,
+                                lambda message: _say(answers, message), tuner_pid)
+        run_under(request, request.target, device, world.size if world else 1, observer,
+                  lambda phase: None)
         if not observer.ready:
             raise RuntimeError("the script's training ended before its steps were steady")
         return
-    settings = MeasureSettings(**request.settings)
     workload = load_workload(request.target.path, request.target.args)
-    config = workload.train_config(request.config, device.type, 1)
+    config = workload.train_config(request.config, device.type, world.size if world else 1)
     setup, _, _ = build_setup(workload, config, device, lambda phase: None)
     batches = setup.batches()
     setup.step(batches)
@@ -88,8 +122,7 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str],
     print(f"autotune warm: {config.to_dict()} on {device}, steady={steady} after "
           f"{warmup_steps} steps", flush=True)
     _say(answers, {"ready": True})
-    for line in commands:
-        command = json.loads(line)
+    for command in told:
         if command == STOP:
             return
         if "trace" in command:
@@ -101,7 +134,26 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str],
         _say(answers, turn.to_json())
 
 
-def _say(answers: IO[str], message: Any) -> None:
+def _commands(lines: IO[str], group: Any | None) -> Iterator[Any]:
+    """The tuner's commands in order, the end of its pipe as `STOP`; of a process group, on
+    every rank: rank 0 reads them and tells the others over `group`, a gloo group that waits
+    as long as the tuner may (`COMMAND_WAIT`)."""
+    import torch.distributed as dist
+
+    while True:
+        box: list[Any] = [STOP]
+        if group is None or dist.get_rank() == 0:
+            line = lines.readline()
+            box[0] = json.loads(line) if line else STOP
+        if group is not None:
+            dist.broadcast_object_list(box, src=0, group=group)
+        yield box[0]
+
+
+def _say(answers: IO[str] | None, message: Any) -> None:
+    """One line to the tuner (a group's rank 0 alone has the pipe)."""
+    if answers is None:
+        return
     answers.write(json.dumps(message) + "\n")
     answers.flush()
 

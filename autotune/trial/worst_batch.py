@@ -14,15 +14,14 @@ as such.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 import torch
 from torch.utils.data import Subset
 
 from autotune.config import TrainConfig
 from autotune.trial.measure import peak_memory
-from autotune.trial.protocol import WorstBatch
+from autotune.trial.protocol import WorstBatch, WorstBatchSettings
 from autotune.trial.training import setup_from_workload
 from autotune.trial.window import synchronize
 from autotune.trial.workload import Workload
@@ -32,17 +31,17 @@ STEADY_GROWTH = 0.01
 
 
 def worst_batch_job(workload: Workload, config: TrainConfig, device: torch.device,
-                    settings: Mapping[str, Any], trace_path: str | None,
+                    settings: WorstBatchSettings, trace_path: str | None,
                     progress: Callable[[str], None]) -> WorstBatch:
     """A child process's job: `config` trained with every micro-batch made of the samples
-    `settings["indices"]` (the largest, one per sample of the micro-batch) until its peak
-    memory is steady, and that peak. Steady: at least `settings["steps"]` optimizer steps,
-    then until `settings["steady"]` steps in a row raise it by under `STEADY_GROWTH` (at most
-    `settings["max_steps"]`): on CPU the heap a step leaves fragmented can raise the next
+    `settings.indices` (the largest, one per sample of the micro-batch) until its peak
+    memory is steady, and that peak. Steady: at least `settings.steps` optimizer steps,
+    then until `settings.steady` steps in a row raise it by under `STEADY_GROWTH` (at most
+    `settings.max_steps`): on CPU the heap a step leaves fragmented can raise the next
     step's peak for several steps, most under accumulation."""
     start = time.perf_counter()
-    indices = [int(i) for i in settings["indices"]]
-    least, steady, most = (int(settings[k]) for k in ("steps", "steady", "max_steps"))
+    indices = list(settings.indices)
+    least, steady, most = settings.steps, settings.steady, settings.max_steps
     progress("building the model")
     model = workload.build_model()
     if device.type == "cuda":

@@ -56,6 +56,8 @@ def test_a_two_rank_study_measures_ddp_and_fsdp_and_exports_both(write_model, tm
     group = shown["process_group"]
     assert group["world_size"] == 2 and len(group["rank_samples_per_sec"]) == 2
     assert shown["confirmed"]
+    # the confirmation's groups kept warm, their ranks pausing between turns together
+    assert "measuring in warm paired turns" in said, said
     hf = run_cli("export", model.stem, "--studies-dir", str(tmp_path), "--format", "hf")
     lightning = run_cli("export", model.stem, "--studies-dir", str(tmp_path), "--format",
                         "lightning")

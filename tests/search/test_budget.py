@@ -12,6 +12,7 @@ import pytest
 from autotune.config import TrainConfig
 from autotune.options import MeasureSettings
 from autotune.search.budget import (
+    FIRST_COMPILE_PRIOR_S,
     MAX_GROWTH,
     ConfirmationPrice,
     answer_budget_s,
@@ -24,6 +25,7 @@ from autotune.search.budget import (
     plan_time,
     round_run_seconds,
     run_price_s,
+    search_compile_s,
     search_trial_seconds,
     startup_note,
 )
@@ -311,6 +313,39 @@ def test_the_price_counts_the_best_less_each_change_and_the_short_race_after() -
     slow = ConfirmationPrice(60, taken_back=4)
     assert candidates_that_fit(3000, slow, 0.3, 3) == 1
     assert candidates_that_fit(3000, ConfirmationPrice(60), 0.3, 3) == 3
+
+
+def test_a_first_compile_still_to_come_is_priced_in_the_search(tmp_path) -> None:
+    """The RoBERTa script study (results/issue39_accum_rerun) said "about 3.0 min left" after
+    its baseline and ended 4.9 min later: its last search trial, the best so far compiled, took
+    109 s where 14 s was priced. Where the space offers compiling and nothing compiled has run,
+    one search trial left pays a first compile; once one has run, or with no trial left,
+    nothing more."""
+    study = optuna.create_study(storage=open_storage(None, tmp_path), study_name="s",
+                                direction="maximize")
+    base = TrainConfig(micro_batch_size=2, grad_accum_steps=8)
+    assert search_compile_s(study, offers_compile=True) == FIRST_COMPILE_PRIOR_S
+    assert search_compile_s(study, offers_compile=False) == 0.0
+    left = forecast(now=100, deadline=float("inf"), trials_left=4, trial_s=14,
+                    price=ConfirmationPrice(10), workers=1, candidates=2, rounds=3,
+                    max_rounds=3, share=0.3, searched_s=100,
+                    compile_s=FIRST_COMPILE_PRIOR_S)
+    assert left.search_s == 4 * 14 + FIRST_COMPILE_PRIOR_S
+    assert left.describe().startswith(
+        "about 3.0 min left: 4 more search trials (116.00 s, a first compile priced at "
+        "60.00 s among them), then")
+    done = forecast(now=100, deadline=float("inf"), trials_left=0, trial_s=14,
+                    price=ConfirmationPrice(10), workers=1, candidates=2, rounds=3,
+                    max_rounds=3, share=0.3, searched_s=100, compile_s=FIRST_COMPILE_PRIOR_S)
+    assert done.search_s == 0 and "compile" not in done.describe()
+    trial = study.ask()
+    for key, value in {TrialKey.STATUS: "ok", TrialKey.ROLE: "compiled-best",
+                       TrialKey.WALL_S: 109.0,
+                       TrialKey.CONFIG: base.replace(compile_mode="default").to_dict(),
+                       TrialKey.MEASUREMENT: Measurement(samples_per_sec=56.3).to_json()}.items():
+        trial.set_user_attr(key, value)
+    study.tell(trial, 56.3)
+    assert search_compile_s(study, offers_compile=True) == 0.0
 
 
 def test_a_compiled_best_prices_each_process_that_compiles(tmp_path) -> None:

@@ -6,6 +6,7 @@ tests)."""
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 
 import pytest
 
@@ -29,10 +30,12 @@ from autotune.study.checks import FAILED, FITS, NO_TIME, OOM, OVER
 from autotune.trial.protocol import (
     SCANNED,
     LossRun,
+    LossRunSettings,
     SampleSizes,
     TrialResult,
     TrialStatus,
     WorstBatch,
+    WorstBatchSettings,
 )
 
 BASE = TrainConfig(micro_batch_size=8, grad_accum_steps=4)
@@ -124,19 +127,22 @@ class Scripted:
         self.jobs: list[tuple[str, TrainConfig, dict]] = []
 
     def __call__(self, config: TrainConfig, job: MeasureJob) -> TrialResult:
-        self.jobs.append((job.kind, config, dict(job.settings or {})))
+        settings = job.settings
+        assert settings is not None
+        kind = "worst_batch" if isinstance(settings, WorstBatchSettings) else "loss_run"
+        self.jobs.append((kind, config, asdict(settings)))
         time.sleep(self.delay_s)
-        if job.kind == "worst_batch":
-            assert job.fresh and job.settings["indices"][:1] == [42]
-            assert len(job.settings["indices"]) == config.micro_batch_size
+        if isinstance(settings, WorstBatchSettings):
+            assert job.fresh and settings.indices[:1] == (42,)
+            assert len(settings.indices) == config.micro_batch_size
             peak = self.peaks[config.micro_batch_size]
             if peak is None:
                 return TrialResult(TrialStatus.OOM, "out of memory")
             return TrialResult(TrialStatus.OK, worst_batch=WorstBatch(
                 config.micro_batch_size, peak, 3))
-        assert job.kind == "loss_run" and job.settings["steps"] == 120
-        final = self.losses[(config.precision, job.settings["seed"])]
-        return TrialResult(TrialStatus.OK, loss_run=loss(final, job.settings["seed"]))
+        assert isinstance(settings, LossRunSettings) and settings.steps == 120
+        final = self.losses[(config.precision, settings.seed)]
+        return TrialResult(TrialStatus.OK, loss_run=loss(final, settings.seed))
 
 
 def checks(measure: Scripted, sizes: SampleSizes | None = SIZES, loss_check: bool = True,
@@ -198,7 +204,7 @@ def test_a_loss_run_that_does_not_finish_rules_its_configuration_out() -> None:
     measure = Scripted({8: 300 * MiB}, {("fp32", 0): 1.0, ("fp32", 1): 1.0})
 
     def crashing(config: TrainConfig, job: MeasureJob) -> TrialResult:
-        if job.kind == "loss_run" and config.precision == "bf16":
+        if isinstance(job.settings, LossRunSettings) and config.precision == "bf16":
             return TrialResult(TrialStatus.CRASH, "killed by SIGSEGV")
         return measure(config, job)
 

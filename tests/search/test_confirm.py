@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
+from dataclasses import replace
 
 import optuna
 import pytest
@@ -24,12 +25,18 @@ from autotune.search.outcome import Scoring
 from autotune.search.runner import MeasureJob
 from autotune.search.verify import verify
 from autotune.show.report import result_rows, speedup_text
-from autotune.study.confirmation import Run
+from autotune.study.confirmation import NO_TIME, Confirmation, Run
 from autotune.study.records import MEMORY_CONSTRAINT, StudyKey, TrialKey, config_key
 from autotune.study.results import study_summary
 from autotune.study.storage import open_storage
 from autotune.study.verdict import confirmed_verdict
-from autotune.trial.protocol import Measurement, TrialResult, TrialStatus
+from autotune.trial.protocol import (
+    LossRunSettings,
+    Measurement,
+    TrialResult,
+    TrialStatus,
+    WorstBatchSettings,
+)
 
 BASE = TrainConfig(micro_batch_size=64)
 
@@ -57,6 +64,33 @@ def test_a_clear_speedup_is_recommended_with_its_interval() -> None:
     low, high = result.speedup_ci
     assert low < result.speedup < high and low > 1.4
     assert result.no_measurable_difference is False
+
+
+def test_beside_a_load_the_speedup_is_read_at_equal_load() -> None:
+    """Twelve rounds beside a load: each run seeing its own share of the cores (0.3 to 0.7), a
+    run's speed falling with it. The verdict's interval is read at equal load (narrower, still
+    holding the true 1.5x) and says so; the same rounds whose runs' loads were not measured
+    (a study from before) keep the plain interval."""
+    rng = random.Random(5)
+    faster_runs, baseline_runs = [], []
+    for _ in range(12):
+        mine, theirs = rng.uniform(0.3, 0.7), rng.uniform(0.3, 0.7)
+        for runs, share, rate in ((faster_runs, mine, 150), (baseline_runs, theirs, 100)):
+            speed = rate * (1 - 0.6 * share) * rng.gauss(1, 0.005)
+            runs.append(Run("ok", samples_per_sec=speed, objective=speed, disturbed=True,
+                            load=share))
+    loaded = conclusion([Candidate(BASE.replace(precision="bf16"), 1, True, None, faster_runs),
+                         baseline := Candidate(BASE, 0, True, None, baseline_runs)], baseline)
+    plain = conclusion(
+        [Candidate(BASE.replace(precision="bf16"), 1, True, None,
+                   [replace(r, load=None) for r in faster_runs]),
+         unknown := Candidate(BASE, 0, True, None,
+                              [replace(r, load=None) for r in baseline_runs])], unknown)
+    assert loaded.load_adjusted and not plain.load_adjusted
+    (low, high), (plain_low, plain_high) = loaded.speedup_ci, plain.speedup_ci
+    assert low < 1.5 < high and high - low < (plain_high - plain_low) / 2
+    assert "read at equal load" in loaded.in_rounds and "equal load" not in plain.in_rounds
+    assert Confirmation.from_json(loaded.to_json()).load_adjusted
 
 
 def test_a_difference_inside_the_noise_keeps_the_simpler_configuration() -> None:
@@ -445,20 +479,28 @@ def test_every_change_that_pays_is_kept(tmp_path) -> None:
     assert "dropped" not in study_summary(study).verdict
 
 
-def test_a_compile_that_does_not_measurably_pay_is_dropped_with_the_rest(tmp_path) -> None:
-    """The issue's run: loader workers do the work; foreach AdamW, torch.compile and
-    channels-last ride along inside the noise. Three changes dropped: the configuration
-    without all of them races the best and the baseline in a short race of its own, and is the
-    answer; the verdict names the three."""
+def _loader_with_riders(tmp_path, plan: Plan):
+    """The confirmation of a best whose loader workers do the work (3.4x) while foreach AdamW,
+    torch.compile and channels-last ride along inside the noise: the study, the result, the
+    notes said and the configurations measured."""
     best = BASE.replace(num_workers=2, prefetch_factor=4, persistent_workers=True,
                         optimizer_impl="foreach", compile_mode="max-autotune-no-cudagraphs",
                         memory_format="channels_last")
     measure, calls = _scripted(lambda c: 340.0 if c.num_workers else 100.0)
     study = _minimal_study(tmp_path, best, 346.0)
     view = _Notes()
-    result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), measure, view,
-                     Plan(top=1, rounds=3, max_rounds=6, target=0.03), time_limit_s=60,
-                     device="cpu", directory=tmp_path)
+    result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), measure, view, plan,
+                     time_limit_s=60, device="cpu", directory=tmp_path)
+    return study, result, view, calls
+
+
+def test_a_compile_that_does_not_measurably_pay_is_dropped_with_the_rest(tmp_path) -> None:
+    """The issue's run: loader workers do the work; foreach AdamW, torch.compile and
+    channels-last ride along inside the noise. Three changes dropped: the configuration
+    without all of them races the best and the baseline in a short race of its own, and is the
+    answer; the verdict names the three."""
+    study, result, view, calls = _loader_with_riders(tmp_path, Plan(top=1, rounds=3,
+                                                                     max_rounds=6, target=0.03))
     loader = BASE.replace(num_workers=2, prefetch_factor=4, persistent_workers=True)
     assert result.winner.config == loader and result.answer_rounds >= 3
     dropped = {t.change for t in result.dropped}
@@ -473,6 +515,19 @@ def test_a_compile_that_does_not_measurably_pay_is_dropped_with_the_rest(tmp_pat
     assert verdict.endswith("; dropped as inside the noise: foreach AdamW, torch.compile "
                             "max-autotune-no-cudagraphs, channels-last tensors")
     assert f"{result.answer_rounds} paired rounds" in verdict
+
+
+def test_a_short_race_after_the_race_starts_only_within_the_confirmations_share(
+        tmp_path) -> None:
+    """--trials, no time budget: the confirmation's share of the study (`ends_by`) has passed
+    when the race ends. The short race of the answer less the three changes inside the noise
+    would end after it, so it does not start: the best single drop is the answer, the other
+    two are kept for lack of time, and the run keeps the time it announced."""
+    _, result, view, _ = _loader_with_riders(tmp_path, Plan(
+        top=1, rounds=3, max_rounds=6, target=0.03, ends_by=time.monotonic()))
+    assert not any("in a short race" in line for line in view.lines)
+    assert len(result.dropped) == 1
+    assert {t.why for t in result.taken_back if t.kept and t.outcome != "pays"} == {NO_TIME}
 
 
 def test_changes_that_each_do_the_same_work_keep_one(tmp_path) -> None:
@@ -548,15 +603,15 @@ def test_what_the_checks_rule_out_never_races_and_the_next_best_takes_its_place(
     raced: list[TrainConfig] = []
 
     def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
-        if job.kind == "worst_batch":
+        if isinstance(job.settings, WorstBatchSettings):
             if config.micro_batch_size == 128:
                 return TrialResult(TrialStatus.OOM, "out of memory")
             return TrialResult(TrialStatus.OK, worst_batch=WorstBatch(
                 config.micro_batch_size, config.micro_batch_size * 10 * 2**20, 3))
-        if job.kind == "loss_run":
-            final = 2.0 if config.precision == "bf16" else 1.0 + job.settings["seed"] / 100
+        if isinstance(job.settings, LossRunSettings):
+            final = 2.0 if config.precision == "bf16" else 1.0 + job.settings.seed / 100
             return TrialResult(TrialStatus.OK, loss_run=LossRun(
-                job.settings["seed"], 50, 3.0, final, final))
+                job.settings.seed, 50, 3.0, final, final))
         raced.append(config)
         return TrialResult(TrialStatus.OK, measurement=Measurement(
             samples_per_sec=rates[config_key(config)] * next(noise),

@@ -151,6 +151,20 @@ def test_the_winners_wait_for_every_single_to_settle() -> None:
     assert next_expert_trial(trials, SPACE) is None
 
 
+def test_a_corner_is_judged_against_the_bottleneck_fix_it_was_measured_from() -> None:
+    """Fused AdamW alone, the bottleneck's fix, runs at 500 against the baseline's 100; the
+    corner (which bundles it) at 130 beats the baseline but loses to the fix: its changes are
+    split alone from the baseline, not taken back from a corner that lost."""
+    fused = SPACE.with_changes({"optimizer_impl": "fused"})
+    trials = [record(0, BASELINE, 100.0, Role.BASELINE),
+              record(1, fused, 500.0, Role.BOTTLENECK, ("optimizer_impl",)),
+              record(2, CORNER, 130.0, Role.FAST_CORNER)]
+    queued = next_expert_trial(trials, SPACE)
+    assert (queued.role, queued.changed) == (Role.ONE_CHANGE, ("optimizer_impl",))
+    trials[1] = record(1, fused, 120.0, Role.BOTTLENECK, ("optimizer_impl",))
+    assert next_expert_trial(trials, SPACE).role == Role.TAKEN_BACK
+
+
 def test_a_corner_inside_the_noise_is_split() -> None:
     assert next_expert_trial(started(corner=104.0), SPACE) is not None
     # Medians known within ±4% each: 8% apart is still noise.

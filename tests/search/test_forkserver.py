@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from autotune.options import MeasureSettings
 from autotune.search.forkserver import ForkServer, ForkServerUnavailable
 from autotune.target import ModelFile
 from autotune.trial.protocol import TrialRequest
@@ -20,10 +21,9 @@ def _job(tmp_path, name: str, parent_pid: int, **settings) -> tuple:
     """A request file for a short trial of model.py, and where its result will go."""
     request, result = tmp_path / f"{name}.json", tmp_path / f"{name}.result.json"
     asked = TrialRequest(ModelFile(str(tmp_path / "model.py")), config={"micro_batch_size": 8},
-                         device="cpu", settings={"window_steps": 2, "window_seconds": 0.1,
-                                                 "window_max_seconds": 0.5,
-                                                 "warmup_max_seconds": 2, "profile_steps": 0,
-                                                 **settings})
+                         device="cpu", settings=MeasureSettings(**{
+                             "window_steps": 2, "window_seconds": 0.1, "window_max_seconds": 0.5,
+                             "warmup_max_seconds": 2, "profile_steps": 0, **settings}))
     request.write_text(json.dumps({**asked.to_json(), "parent_pid": parent_pid,
                                    "phase_file": str(tmp_path / f"{name}.phase")}))
     return request, result

@@ -19,17 +19,24 @@ import pytest
 
 from autotune.cli import main
 from autotune.config import TrainConfig
+from autotune.options import MeasureSettings
 from autotune.search.forkserver import ForkServer
 from autotune.search.isolation import run_isolated
 from autotune.target import ModelFile, Script
-from autotune.trial.protocol import FIRST_STEP, SCRIPT_STARTUP, TrialRequest, TrialResult
+from autotune.trial.protocol import (
+    FIRST_STEP,
+    SCRIPT_STARTUP,
+    ProbeSettings,
+    TrialRequest,
+    TrialResult,
+)
 
 from ..conftest import FAST, ROOT, TINY_SOURCE
 
 LAUNCHERS = ["fresh", "forked"]
 
-SETTINGS = {"window_steps": 3, "window_seconds": 0.2, "window_max_seconds": 1,
-            "warmup_max_seconds": 5, "profile_steps": 0}
+SETTINGS = MeasureSettings(window_steps=3, window_seconds=0.2, window_max_seconds=1,
+                           warmup_max_seconds=5, profile_steps=0)
 
 
 def request(path: Path, **overrides) -> TrialRequest:
@@ -293,8 +300,9 @@ def test_cpu_thread_share_reaches_the_trial(tmp_path) -> None:
         "    return nn.functional.mse_loss(model(batch[0]), batch[1])\n")
     cpu = sorted(os.sched_getaffinity(0))[-1]
     request = TrialRequest(ModelFile(str(model)), config={"micro_batch_size": 8},
-                           device="cpu", settings={"window_steps": 1, "window_seconds": 0,
-                                                   "profile_steps": 0}, threads=1, cpus=[cpu])
+                           device="cpu", threads=1, cpus=[cpu],
+                           settings=MeasureSettings(window_steps=1, window_seconds=0,
+                                                    profile_steps=0))
     result = run_isolated(request, 120, tmp_path / "trial.log")
     assert result.status == "ok", result.message
     assert "threads 1" in Path(result.log_path).read_text()
@@ -413,8 +421,7 @@ def test_a_scripts_scratch_folder_and_the_trials_files_go_however_it_ends(
             stop.set()
         return ending == "watch" and started()
 
-    given = request(script, target=Script(str(script)), job="probe",
-                    settings={"candidates": {}})
+    given = request(script, target=Script(str(script)), settings=ProbeSettings(candidates={}))
     if ending == "watch":
         result = run_isolated(given, 120, tmp_path / "probe.log", watch=watch)
         assert result.status == "timeout" and result.phase == SCRIPT_STARTUP

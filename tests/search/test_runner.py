@@ -4,23 +4,25 @@ server, a file that hangs or breaks ends within the limit with one message."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from autotune.config import TrainConfig
 from autotune.errors import ContractError
+from autotune.options import MeasureSettings
 from autotune.search.runner import MeasureJob, ProbeFailed, ProcessRunner, StartupWatch
 from autotune.target import ModelFile, Script
 from autotune.trial.protocol import FIRST_STEP, SCRIPT_STARTUP
 
 from ..conftest import TINY_SOURCE
 
-SETTINGS = {"window_steps": 2, "window_seconds": 0.1, "warmup_max_seconds": 2,
-            "profile_steps": 0}
+SETTINGS = MeasureSettings(window_steps=2, window_seconds=0.1, warmup_max_seconds=2,
+                           profile_steps=0)
 
 
-def runner(path: Path, directory: Path, settings: dict = SETTINGS) -> ProcessRunner:
+def runner(path: Path, directory: Path, settings: MeasureSettings = SETTINGS) -> ProcessRunner:
     phases: list[str] = []
     made = ProcessRunner(ModelFile(str(path)), directory, settings, memory_limit_bytes=None,
                          core_shares=None, on_phase=lambda text, number: phases.append(text))
@@ -33,7 +35,7 @@ def test_the_model_file_is_imported_once_for_the_probe_and_every_trial(write_mod
     imports = tmp_path / "imports.txt"
     path = write_model(f"import os\nopen({str(imports)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
                        + TINY_SOURCE)
-    made = runner(path, tmp_path / "study", {**SETTINGS, "profile_steps": 1})
+    made = runner(path, tmp_path / "study", replace(SETTINGS, profile_steps=1))
     try:
         report = made.probe("cpu", 120)
         results = [made.measure(TrainConfig(micro_batch_size=8),

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 import pytest
 
@@ -22,9 +23,9 @@ from autotune.trial.protocol import Measurement, TrialRequest
 
 from ..conftest import TINY_SOURCE
 
-SETTINGS = {"window_steps": 5, "window_seconds": 0.5, "window_max_seconds": 1.0,
-            "warmup_max_seconds": 5, "profile_steps": 0, "screen_steps": 0,
-            "contention_retries": 2, "contention_backoff_s": 1.0}
+SETTINGS = MeasureSettings(window_steps=5, window_seconds=0.5, window_max_seconds=1.0,
+                           warmup_max_seconds=5, profile_steps=0, screen_steps=0,
+                           contention_retries=2, contention_backoff_s=1.0)
 BUSY_LOOP = "while True: pass"
 
 
@@ -82,7 +83,7 @@ def test_a_load_there_all_along_is_flagged_not_measured_again(write_model, tmp_p
     the load and the timed window the same, about half the CPUs, so it is the machine's state:
     no wait for a quiet moment, no window measured again, the load recorded and flagged."""
     with cpu_burners(os.cpu_count() or 1):
-        metrics = trial(write_model, tmp_path, settings={**SETTINGS, "screen_steps": 20})
+        metrics = trial(write_model, tmp_path, settings=replace(SETTINGS, screen_steps=20))
     assert metrics.disturbed and metrics.steady_load
     assert metrics.windows_remeasured == 0 and metrics.phases.remeasure_s < 0.5
     assert metrics.other_cpu_share > 0.25 and metrics.machine_load > 0.25
@@ -118,8 +119,8 @@ def test_a_window_disturbed_for_a_while_is_measured_again_once_it_is_quiet(
 
     try:
         metrics = trial(write_model, tmp_path, on_phase=load_comes_and_goes,
-                        settings={**SETTINGS, "window_seconds": 3.0, "window_max_seconds": 4.0,
-                                  "contention_retries": 4, "contention_remeasures": 4})
+                        settings=replace(SETTINGS, window_seconds=3.0, window_max_seconds=4.0,
+                                         contention_retries=4, contention_remeasures=4))
     finally:
         stop(burners)
     assert metrics.windows_remeasured >= 1

@@ -7,6 +7,7 @@ import torch
 
 from autotune.config import TrainConfig
 from autotune.trial.loss_run import held_indices, loss_run_job, step_order
+from autotune.trial.protocol import LossRunSettings, WorstBatchSettings
 from autotune.trial.workload import load_workload
 from autotune.trial.worst_batch import worst_batch_job
 
@@ -35,11 +36,11 @@ def test_the_loss_is_read_on_the_same_samples_in_every_run_of_one_effective_batc
 def test_a_loss_run_is_the_same_for_the_same_seed_and_split_and_learns(write_model) -> None:
     workload = load_workload(write_model(TINY_SOURCE))
     config = TrainConfig(micro_batch_size=8, grad_accum_steps=2)
-    first = loss_run_job(workload, config, CPU, {"seed": 0, "steps": 30}, None, lambda p: None)
-    again = loss_run_job(workload, config, CPU, {"seed": 0, "steps": 30}, None, lambda p: None)
+    first = loss_run_job(workload, config, CPU, LossRunSettings(0, 30), None, lambda p: None)
+    again = loss_run_job(workload, config, CPU, LossRunSettings(0, 30), None, lambda p: None)
     split = loss_run_job(workload, config.replace(micro_batch_size=16, grad_accum_steps=1), CPU,
-                         {"seed": 0, "steps": 30}, None, lambda p: None)
-    other = loss_run_job(workload, config, CPU, {"seed": 1, "steps": 30}, None, lambda p: None)
+                         LossRunSettings(0, 30), None, lambda p: None)
+    other = loss_run_job(workload, config, CPU, LossRunSettings(1, 30), None, lambda p: None)
     assert first.finite and first.steps == 30
     assert first.final_loss < first.initial_loss
     assert again.final_loss == first.final_loss and again.initial_loss == first.initial_loss
@@ -50,7 +51,7 @@ def test_a_loss_run_is_the_same_for_the_same_seed_and_split_and_learns(write_mod
 def test_the_worst_batch_trains_on_the_largest_samples_only(write_model) -> None:
     workload = load_workload(write_model(TINY_SOURCE))
     found = worst_batch_job(workload, TrainConfig(micro_batch_size=4, grad_accum_steps=2), CPU,
-                            {"indices": [7, 3, 3, 1], "steps": 2, "steady": 3, "max_steps": 12},
+                            WorstBatchSettings((7, 3, 3, 1), steps=2, steady=3, max_steps=12),
                             None, lambda p: None)
     assert found.samples == 4 and 4 <= found.steps <= 12 and found.loss_finite
     assert found.peak_memory_bytes > 0

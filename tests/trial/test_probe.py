@@ -12,7 +12,7 @@ from autotune.config import TrainConfig, loader_settings
 from autotune.hardware import describe
 from autotune.search.domains import device_domains, probe_candidates
 from autotune.trial.probe import probe_job
-from autotune.trial.protocol import ProbeReport
+from autotune.trial.protocol import ProbeReport, ProbeSettings
 from autotune.trial.workload import load_workload
 
 from ..conftest import TINY_SOURCE
@@ -111,7 +111,7 @@ def probe(write_model, source: str, **overrides) -> ProbeReport:
     """The probe's job as the tuner asks for it: the values a search offers here, sent as JSON."""
     workload = load_workload(str(write_model(source)), {})
     config = workload.train_config(overrides, "cpu")
-    settings = json.loads(json.dumps({"candidates": probe_candidates(describe(CPU), True)}))
+    settings = ProbeSettings(json.loads(json.dumps(probe_candidates(describe(CPU), True))))
     report = probe_job(workload, config, CPU, settings, None, lambda p: None)
     return ProbeReport.from_dict(json.loads(json.dumps(report.to_dict())))  # as the pipe does
 
@@ -290,7 +290,7 @@ RESHAPE = True''')
 def _probe_steps(write_model, source: str) -> tuple[ProbeReport, list[str]]:
     said: list[str] = []
     workload = load_workload(str(write_model(source)), {})
-    settings = {"candidates": probe_candidates(describe(CPU), True)}
+    settings = ProbeSettings(probe_candidates(describe(CPU), True))
     report = probe_job(workload, workload.train_config({}, "cpu"), CPU, settings, None,
                        said.append)
     return report, [line.removeprefix("trying ") for line in said

@@ -8,21 +8,26 @@ import json
 import pytest
 
 from autotune.config import TrainConfig
+from autotune.options import MeasureSettings
 from autotune.target import ModelFile, Script
 from autotune.trial.protocol import (
     MEASUREMENT_VERSION,
     Finding,
     LeftOut,
     LoaderRate,
+    LossRunSettings,
     Measurement,
     OperatorStat,
     ProbeReport,
+    ProbeSettings,
+    ProfileSettings,
     StudyIdentity,
     TrialRequest,
     TrialResult,
     TrialStatus,
     UnsupportedSetting,
     WarmTurn,
+    WorstBatchSettings,
 )
 
 
@@ -60,14 +65,48 @@ def test_a_request_for_a_script_crosses_the_pipe_as_a_script() -> None:
     a `Script`, with its arguments and the flags named for its knobs."""
     request = TrialRequest(Script("/w/train.py", ("--output_dir", "out", "--bf16"),
                                   {"micro_batch_size": "--batch"}),
-                           config={"micro_batch_size": 8}, device="cpu", job="probe",
-                           settings={"candidates": {}}, scratch_dir="/tmp/s")
+                           config={"micro_batch_size": 8}, device="cpu",
+                           settings=ProbeSettings(candidates={}), scratch_dir="/tmp/s",
+                           script_baseline={"library": "transformers"})
     read = TrialRequest.from_json(json.loads(json.dumps(request.to_json())))
     assert read == request and isinstance(read.target, Script)
     assert read.target.args == ("--output_dir", "out", "--bf16")
     assert read.target.flags == {"micro_batch_size": "--batch"}
     model = TrialRequest(ModelFile("/w/train.py"), config={}, device="cpu")
     assert TrialRequest.from_json(json.loads(json.dumps(model.to_json()))) != request
+
+
+@pytest.mark.parametrize("settings", [
+    MeasureSettings(window_steps=3, screen_below=12.5, profile_steps=0),
+    ProbeSettings(candidates={"precision": ("fp32", "bf16"), "num_workers": (0, 2)}),
+    ProfileSettings(out="/tmp/profile", steps=5, top=15, warmup_max_seconds=60.0),
+    WorstBatchSettings((42, 7, 7), steps=2, steady=3, max_steps=12),
+    LossRunSettings(seed=1, steps=120)],
+    ids=["measure", "probe", "profile", "worst_batch", "loss_run"])
+def test_a_request_of_each_job_reads_back_with_its_settings_typed(settings) -> None:
+    """The request file carries the job's name and its settings as plain data; read back, the
+    settings are the job's own type again, and the job is the one they name."""
+    request = TrialRequest(ModelFile("m.py"), config={}, device="cpu", settings=settings)
+    data = json.loads(json.dumps(request.to_json()))
+    assert isinstance(data["settings"], dict) and data["job"] == request.job
+    read = TrialRequest.from_json(data)
+    assert read == request and type(read.settings) is type(settings)
+    assert read.job == {MeasureSettings: "measure", ProbeSettings: "probe",
+                        ProfileSettings: "profile", WorstBatchSettings: "worst_batch",
+                        LossRunSettings: "loss_run"}[type(settings)]
+
+
+def test_a_request_whose_settings_have_an_unknown_field_or_job_is_refused() -> None:
+    """A field the job does not take is refused by name, never passed on unread."""
+    data = TrialRequest(ModelFile("m.py"), config={}, device="cpu").to_json()
+    with pytest.raises(ValueError, match="the measure job's settings have no windw_steps"):
+        TrialRequest.from_json({**data, "settings": {**data["settings"], "windw_steps": 3}})
+    # a measurement's settings sent as the probe's: each field it does not take is named
+    with pytest.raises(ValueError, match=r"probe job's settings have no .*window_steps.* "
+                                         r"\(they are candidates\)"):
+        TrialRequest.from_json({**data, "job": "probe"})
+    with pytest.raises(ValueError, match="job 'train'; this autotune runs measure, probe"):
+        TrialRequest.from_json({**data, "job": "train"})
 
 
 def test_a_result_of_another_format_is_refused_with_a_reason() -> None:

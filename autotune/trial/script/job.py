@@ -1,14 +1,15 @@
 """A trial's job (`child`) for a user's training script: run it (`runner`) under a measuring
 observer and answer as a model file's trial does: the probe's `ProbeReport` (the script's own
 settings as the baseline, the knob values its library cannot be told left out), or a
-`Measurement` with the configuration in the script's own terms (`ScriptAnswer`), or for
-`autotune profile --script` the `ProfileReport` of a few of the library's steps. A trial is
+`Measurement` with the configuration in the script's own terms (`ScriptAnswer`) and the
+findings of its profiler's window, or for `autotune profile --script` the `ProfileReport` of a
+few of the library's steps. Both findings name the script's lines that read tensors back, as
+its observer traced them in a step of the warm-up. A trial is
 told the script's own settings as its probe read them: the answer's baseline, and where each
 setting is said, so the trial sets the script's own flags as the answer would."""
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 import time
 from collections.abc import Callable
@@ -19,7 +20,6 @@ from typing import Any
 import torch
 
 from autotune.config import TrainConfig
-from autotune.errors import ContractError
 from autotune.options import MeasureSettings
 from autotune.target import Script
 from autotune.trial import distributed
@@ -32,9 +32,12 @@ from autotune.trial.profiling import (
 )
 from autotune.trial.protocol import (
     SCRIPT_STARTUP,
+    Finding,
     Measurement,
     ProbeReport,
+    ProbeSettings,
     ProfileReport,
+    ProfileSettings,
     TrialRequest,
 )
 from autotune.trial.script import terms
@@ -60,29 +63,28 @@ Progress = Callable[[str], None]
 def script_job(request: TrialRequest, script: Script, device: torch.device, world_size: int,
                progress: Progress,
                ) -> tuple[TrainConfig, Measurement | ProbeReport | ProfileReport]:
-    """Run `script` (the request's target) for `request.job` (measure, probe or profile); the
-    configuration it ran, and the job's answer."""
-    if request.job not in ("measure", "probe", "profile"):
-        raise ContractError(f"autotune {request.job} does not take --script")
-    probing, profiling = request.job == "probe", request.job == "profile"
-    extra = PROBE_SETTINGS if probing else PROFILE_SETTINGS if profiling else {}
-    settings = _settings({**request.settings, **extra})
+    """Run `script` (the request's target) for the request's job (measure, probe or profile);
+    the configuration it ran, and the job's answer."""
+    settings = _measure_settings(request)
+    # FLOPs counted where a model file's trial counts them: a measurement on CUDA, for MFU
     observer = MeasuringObserver(settings, device, progress,
-                                 profiler=_profiler(request, settings, device))
+                                 profiler=_profiler(request, settings, device),
+                                 count_flops=request.job == "measure" and device.type == "cuda")
     config, own = _asked(request), _own(request)
     start = time.perf_counter()
     run = run_under(request, script, device, world_size, observer, progress)
-    figures = replace(observer.measurement(run.startup_s),
-                      measure_wall_s=time.perf_counter() - start)
     baseline = own or run.baseline
     ran = config or baseline.config(device.type, world_size)
-    if probing:
-        return ran, _probe_report(run, observer, request.settings.get("candidates", {}),
-                                  device.type, world_size)
-    if profiling:
-        return ran, _profile_report(ran, observer, device, request.settings.get("top", 15))
+    figures = replace(observer.measurement(run.startup_s, ran.precision),
+                      measure_wall_s=time.perf_counter() - start)
+    job = request.settings
+    if isinstance(job, ProbeSettings):
+        return ran, _probe_report(run, observer, job.candidates, device.type, world_size)
+    if isinstance(job, ProfileSettings):
+        return ran, _profile_report(ran, observer, device, job.top)
     answer = terms.answer(ran, baseline, device.type, world_size)
-    return ran, replace(figures, script_answer=answer)
+    return ran, replace(figures, script_answer=answer,
+                        findings=_window_findings(observer, ran, figures))
 
 
 def run_under(request: TrialRequest, script: Script, device: torch.device, world_size: int,
@@ -97,23 +99,30 @@ def run_under(request: TrialRequest, script: Script, device: torch.device, world
     if parent is not None:
         parent.mkdir(parents=True, exist_ok=True)
     argv, flags_set = script_arguments(list(script.args), config, own, device.type, world_size)
+    job = request.settings
+    profile_out = job.out if isinstance(job, ProfileSettings) else None
     with tempfile.TemporaryDirectory(prefix="autotune-script-", dir=parent) as scratch:
         trial = ScriptTrial(device, observer, Path(scratch), config=config,
                             kind=own.library if own is not None else None, own=own,
-                            candidates=request.settings.get("candidates", {}),
+                            candidates=job.candidates if isinstance(job, ProbeSettings) else {},
                             flag_map=dict(script.flags),
                             flags_set=flags_set,
                             own_paths=[p for p in (
                                 request.trace_path and str(Path(request.trace_path).parent),
-                                request.settings.get("out")) if p])
+                                profile_out) if p])
         progress(SCRIPT_STARTUP)
         return run_script(script.path, argv, trial)
 
 
-def script_settings(request: TrialRequest) -> MeasureSettings:
-    """The measurement's settings of a script's request (which also carries the script's own
-    settings as its probe read them)."""
-    return _settings(request.settings)
+def _measure_settings(request: TrialRequest) -> MeasureSettings:
+    """How a script's run of the request's job is measured: a measurement's own settings, the
+    probe's few steps, or the steps that bring `autotune profile` to its window."""
+    job = request.settings
+    if isinstance(job, ProbeSettings):
+        return MeasureSettings(**PROBE_SETTINGS)
+    if isinstance(job, ProfileSettings):
+        return MeasureSettings(warmup_max_seconds=job.warmup_max_seconds, **PROFILE_SETTINGS)
+    return job
 
 
 def _asked(request: TrialRequest) -> TrainConfig | None:
@@ -125,7 +134,7 @@ def _asked(request: TrialRequest) -> TrainConfig | None:
 
 def _own(request: TrialRequest) -> ScriptBaseline | None:
     """The script's own settings as its probe read them (None: the probe itself)."""
-    own = request.settings.get("script_baseline")
+    own = request.script_baseline
     return ScriptBaseline.from_dict(own) if own else None
 
 
@@ -144,12 +153,11 @@ def _profiler(request: TrialRequest, settings: MeasureSettings,
               device: torch.device) -> ProfilerWindow | None:
     """The profiler's window after the measurement's: a trial's short one (its trace on rank 0
     where one is asked for), or `autotune profile`'s, with Python stacks and memory."""
-    if request.job == "profile":
-        return ProfilerWindow(request.settings["steps"], device,
-                              trace_file(Path(request.settings["out"])),
-                              top=request.settings.get("top", 15), with_stack=True,
-                              profile_memory=True)
-    if request.job == "probe" or settings.profile_steps <= 0:
+    job = request.settings
+    if isinstance(job, ProfileSettings):
+        return ProfilerWindow(job.steps, device, trace_file(Path(job.out)), top=job.top,
+                              with_stack=True, profile_memory=True)
+    if isinstance(job, ProbeSettings) or settings.profile_steps <= 0:
         return None
     world = distributed.current()
     rank0 = world is None or world.rank == 0
@@ -157,18 +165,30 @@ def _profiler(request: TrialRequest, settings: MeasureSettings,
                           request.trace_path if rank0 else None)
 
 
+def _window_findings(observer: MeasuringObserver, ran: TrainConfig,
+                     figures: Measurement) -> tuple[Finding, ...]:
+    """A trial's findings, as a model file's trial has them: of its profiler's window, its
+    timed window's median step and data wait, and the lines its observer traced; none where
+    the trial did not profile (screened out, or no profiler's window asked for)."""
+    if observer.profile is None:
+        return ()
+    return tuple(findings_of(observer.profiled[0], ran, observer.profile,
+                             figures.step_time_median_s, figures.data_wait_fraction,
+                             observer.sync_sites))
+
+
 def _profile_report(ran: TrainConfig, observer: MeasuringObserver, device: torch.device,
                     top: int) -> ProfileReport:
-    """`autotune profile`'s report of the library's steps under the profiler, with the
-    findings that need no trace of the lines that read tensors back (autotune's own loop
-    traces them; a library's loop is not autotune's to trace)."""
+    """`autotune profile`'s report of the library's steps under the profiler, with their
+    findings (the lines that read tensors back as the observer traced them in the warm-up)."""
     summary = observer.profile
     if summary is None or not observer.profiled:
         raise RuntimeError("the script's training ended before the profiler's window: give it "
                            "more data or steps, or lower --steps")
     profile, window = observer.profiled[0], summary.window_s
     data_wait = min(1.0, observer.profile_wait_s / window)
-    findings = findings_of(profile, ran, summary, window / summary.steps, data_wait, [])
+    findings = findings_of(profile, ran, summary, window / summary.steps, data_wait,
+                           observer.sync_sites)
     return ProfileReport(
         config=ran, device=str(device), steps=summary.steps,
         samples_per_sec=observer.profile_samples / window, window_s=window,
@@ -180,11 +200,6 @@ def _profile_report(ran: TrainConfig, observer: MeasuringObserver, device: torch
         findings=tuple(findings),
         memory_timeline=memory_categories(profile, device),
         files={"trace": str(summary.trace_path)})
-
-
-def _settings(given: dict[str, Any]) -> MeasureSettings:
-    known = {f.name for f in dataclasses.fields(MeasureSettings)}
-    return MeasureSettings(**{k: v for k, v in given.items() if k in known})
 
 
 def _probe_report(run: ScriptRun, observer: MeasuringObserver, candidates: dict[str, Any],

@@ -5,18 +5,21 @@ steps and S seconds timed as a model file's turn is (`window.WindowTimer`: data 
 included, the contention probe around it, the tuner's other warm processes its own),
 answered as a `WarmTurn`; or a profiler trace of a few steps; or `stop`, which ends the loop
 as a trial's end does. So a script's candidates take paired turns seconds apart, as a model
-file's do, instead of a fresh run of the script each round."""
+file's do, instead of a fresh run of the script each round. In a process group every rank's
+loop pauses at the same step: each is told the same commands (`trial.warm` reads them on rank
+0), every decision to end a turn is rank 0's, and the turn is the group's (`group_turn`)."""
 
 from __future__ import annotations
 
-import json
-from typing import IO, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
 from autotune.options import MeasureSettings
+from autotune.trial import distributed
 from autotune.trial.contention import ContentionProbe
-from autotune.trial.measure import peak_memory
+from autotune.trial.measure import group_turn, peak_memory
 from autotune.trial.profiling import ProfilerWindow
 from autotune.trial.protocol import WarmTurn
 from autotune.trial.script.measuring import FIRST, WARMUP, MeasuringObserver
@@ -30,10 +33,11 @@ class TurnObserver:
     """The `StepObserver` of a script's warm process: warm-up as a trial's, then turns on
     request, each step boundary between them a pause in the script's own loop."""
 
-    def __init__(self, settings: MeasureSettings, device: torch.device, commands: IO[str],
-                 answers: IO[str], tuner_pid: int | None = None) -> None:
+    def __init__(self, settings: MeasureSettings, device: torch.device,
+                 commands: Iterator[Any], say: Callable[[Any], None],
+                 tuner_pid: int | None = None) -> None:
         self.settings, self.device = settings, device
-        self.commands, self.answers = commands, answers
+        self.commands, self._say = commands, say
         self.warming = MeasuringObserver(settings, device)
         self.tuner_pid = tuner_pid
         self.ready = False
@@ -57,13 +61,14 @@ class TurnObserver:
             return self._traced()
         turn = self._turn
         assert turn is not None
-        if not turn.step(samples, loss, data_wait_s):
+        if not distributed.decided(turn.step(samples, loss, data_wait_s)):
             return False
         window = turn.finish()
-        self._say(WarmTurn(samples=window.samples, seconds=window.seconds,
-                           peak_memory_bytes=peak_memory(self.device).peak,
-                           disturbed=window.contention.disturbed,
-                           loss_finite=window.loss_finite).to_json())
+        mine = WarmTurn(samples=window.samples, seconds=window.seconds,
+                        peak_memory_bytes=peak_memory(self.device).peak,
+                        disturbed=window.contention.disturbed, loss_finite=window.loss_finite,
+                        load=window.contention.other_cpu_share)
+        self._say(group_turn(mine, distributed.current()).to_json())
         return self._next()
 
     def on_train_end(self) -> None:
@@ -72,13 +77,14 @@ class TurnObserver:
     def _next(self) -> bool:
         """Wait, paused at this step boundary, for the tuner's next request; True (stop the
         loop) on `stop` or when the tuner is gone."""
-        line = self.commands.readline()
-        command = json.loads(line) if line.strip() else STOP
+        command = next(self.commands, STOP)
         if command == STOP:
             return True
         if "trace" in command:
+            world = distributed.current()
             window = ProfilerWindow(max(1, self.settings.profile_steps), self.device,
-                                    command["trace"])
+                                    command["trace"] if world is None or world.rank == 0
+                                    else None)
             window.start()
             self._trace = (window, command["trace"])
             return False
@@ -98,7 +104,3 @@ class TurnObserver:
         self._trace = None
         self._say({"trace": path})
         return self._next()
-
-    def _say(self, message: Any) -> None:
-        self.answers.write(json.dumps(message) + "\n")
-        self.answers.flush()

@@ -3,16 +3,22 @@ baseline, and a measurement answers with the configuration in the script's own t
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from autotune.config import TrainConfig
+from autotune.options import MeasureSettings
 from autotune.target import Script
 from autotune.trial.protocol import (
+    JobSettings,
     Measurement,
     ProbeReport,
+    ProbeSettings,
     ProfileReport,
+    ProfileSettings,
     TrialRequest,
     TrialStatus,
 )
@@ -20,21 +26,20 @@ from autotune.trial.script.job import script_job
 from tests.conftest import need
 from tests.trial.script.steps import SCRIPTS
 
-FAST = {"window_steps": 2, "window_seconds": 0.0, "window_max_seconds": 1.0,
-        "warmup_max_seconds": 1.0, "screen_steps": 0, "profile_steps": 0}
+FAST = MeasureSettings(window_steps=2, window_seconds=0.0, window_max_seconds=1.0,
+                       warmup_max_seconds=1.0, screen_steps=0, profile_steps=0)
 
 
-def _request(out: Path, job: str, config: dict | None = None) -> TrialRequest:
+def _request(out: Path, settings: JobSettings, config: dict | None = None) -> TrialRequest:
     return TrialRequest(Script(str(SCRIPTS / "hf_argparser.py"),
                                ("--output_dir", str(out), "--per_device_train_batch_size", "4")),
-                        config=config or {}, device="cpu", job=job, settings=FAST)
+                        config=config or {}, device="cpu", settings=settings)
 
 
 def test_the_probe_reads_the_scripts_own_settings(tmp_path: Path) -> None:
     need("transformers", "examples")
     candidates = {"memory_format": ["channels_last"], "precision": ["bf16"]}
-    request = _request(tmp_path / "out", "probe")
-    request.settings = {**FAST, "candidates": candidates}
+    request = _request(tmp_path / "out", ProbeSettings(candidates))
     config, report = script_job(request, request.target, torch.device("cpu"), 1,
                                 lambda phase: None)
     assert isinstance(report, ProbeReport)
@@ -48,7 +53,7 @@ def test_the_probe_reads_the_scripts_own_settings(tmp_path: Path) -> None:
 def test_a_measurement_answers_in_the_scripts_flags(tmp_path: Path) -> None:
     need("transformers", "examples")
     config = TrainConfig(micro_batch_size=8, precision="bf16", optimizer_impl="fused")
-    request = _request(tmp_path / "out", "measure", config.to_dict())
+    request = _request(tmp_path / "out", FAST, config.to_dict())
     ran, figures = script_job(request, request.target, torch.device("cpu"), 1,
                               lambda phase: None)
     assert isinstance(figures, Measurement) and ran == config
@@ -68,9 +73,9 @@ def test_profile_looks_at_the_scripts_own_steps(tmp_path: Path) -> None:
     """`autotune profile --script`: a few of the Trainer's own steps under the profiler, with
     the operator tables, the memory timeline and the trace; the user's output_dir untouched."""
     need("transformers", "examples")
-    request = _request(tmp_path / "out", "profile")
-    request.settings = {"out": str(tmp_path / "profile"), "steps": 2, "top": 5,
-                        "warmup_max_seconds": 1.0}
+    request = _request(tmp_path / "out", ProfileSettings(out=str(tmp_path / "profile"),
+                                                         steps=2, top=5,
+                                                         warmup_max_seconds=1.0))
     ran, report = script_job(request, request.target, torch.device("cpu"), 1,
                              lambda phase: None)
     assert isinstance(report, ProfileReport) and report.steps == 2
@@ -80,7 +85,57 @@ def test_profile_looks_at_the_scripts_own_steps(tmp_path: Path) -> None:
     times, categories = report.memory_timeline
     assert times and categories
     assert Path(report.files["trace"]).is_file()
+    # its warm-up traced for the lines that read tensors back: the Trainer's own (a branch on
+    # a tensor in its epoch loop) are not the user's
+    assert not any("site-packages" in where for f in report.findings for where in f.where)
     assert not (tmp_path / "out").exists()
+
+
+LOGGING_LOOP = """
+import torch
+from torch import nn
+
+from checks import check_finite
+
+model = nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+for step in range(100000):
+    loss = model(torch.randn(16, 8)).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    running_loss = loss.item()
+    check_finite(loss)
+"""
+CHECKS = """
+def check_finite(loss):
+    if not loss.isfinite():
+        raise RuntimeError("the loss diverged")
+"""
+
+
+def test_a_trials_findings_name_the_scripts_own_lines_that_read_tensors_back(
+        tmp_path: Path) -> None:
+    """A hand-written loop's trial traces a step of its warm-up for the lines that read a
+    tensor back to the host: its findings name the script's line and its own module's (the
+    script run from its scratch folder), each once a step; torch's own reads (the optimizer's)
+    are not the user's."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "train.py").write_text(LOGGING_LOOP)
+    (folder / "checks.py").write_text(CHECKS)
+    request = TrialRequest(Script(str(folder / "train.py")), config={"micro_batch_size": 16},
+                           device="cpu", settings=replace(FAST, profile_steps=1))
+    _, figures = script_job(request, request.target, torch.device("cpu"), 1,
+                            lambda phase: None)
+    syncs = [f for f in figures.findings if f.kind == "host_sync"]
+    assert [f.title for f in syncs] == ["2 host syncs per step from your code"]
+    checks, train = (os.path.relpath(folder / name) for name in ("checks.py", "train.py"))
+    assert sorted(syncs[0].where) == [
+        f"{checks}:3 in check_finite: if not loss.isfinite():  "
+        "(bool(tensor) / if tensor, 1 per step)",
+        f"{train}:14 in <module>: running_loss = loss.item()  (.item(), 1 per step)"]
+    assert figures.phases.sync_tracing_s > 0
 
 
 def test_knobs_the_library_refuses_together_end_the_trial_not_the_study(tmp_path: Path) -> None:
@@ -90,6 +145,6 @@ def test_knobs_the_library_refuses_together_end_the_trial_not_the_study(tmp_path
 
     need("transformers", "examples")
     refused = {"micro_batch_size": 4, "num_workers": 0, "prefetch_factor": 4}
-    result = _run_job(_request(tmp_path / "out", "measure", refused), lambda phase: None)
+    result = _run_job(_request(tmp_path / "out", FAST, refused), lambda phase: None)
     assert result.status == TrialStatus.UNSUPPORTED and not result.bad_input, result
     assert "prefetch_factor" in result.message

@@ -194,6 +194,7 @@ def test_the_probe_refuses_checkpointing_that_changes_what_the_loop_learns(
 
 
 def test_a_loop_whose_loss_goes_non_finite_is_measured_so(tmp_path: Path) -> None:
+    from autotune.options import MeasureSettings
     from autotune.target import Script
     from autotune.trial.protocol import TrialRequest
     from autotune.trial.script.job import script_job
@@ -201,9 +202,9 @@ def test_a_loop_whose_loss_goes_non_finite_is_measured_so(tmp_path: Path) -> Non
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(STATEFUL).replace("LR", "1e30"))
     request = TrialRequest(Script(str(script)), config={"micro_batch_size": 4}, device="cpu",
-                           settings={"window_steps": 2, "window_seconds": 0.0,
-                                     "screen_steps": 0, "warmup_max_steps": 2,
-                                     "profile_steps": 0})
+                           settings=MeasureSettings(window_steps=2, window_seconds=0.0,
+                                                    screen_steps=0, warmup_max_steps=2,
+                                                    profile_steps=0))
     _, figures = script_job(request, request.target, torch.device("cpu"), 1,
                             lambda phase: None)
     assert figures.loss_finite is False

@@ -4,16 +4,36 @@ warm-up until steady, screening, a timed window, then it stops the loop."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
 from torch import nn
+from torch._dynamo.utils import counters
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from autotune.config import TrainConfig
+from autotune.hardware import PeakFlops
 from autotune.options import MeasureSettings
 from autotune.trial.contention import Contention
+from autotune.trial.flops import COMPILED
+from autotune.trial.measure import count_flops_per_sample
 from autotune.trial.profiling import ProfilerWindow
-from autotune.trial.script.measuring import MeasuringObserver
+from autotune.trial.script import measuring
+from autotune.trial.script.hf_terms import checkpointing_field
+from autotune.trial.script.measuring import COUNT, FIRST, TRACE, WARMUP, MeasuringObserver
 from autotune.trial.script.observer import TrainInfo
+from autotune.trial.script.runner import run_script
+from autotune.trial.script.session import ScriptTrial
+from autotune.trial.workload import load_workload
+from tests.conftest import ROOT, need
+from tests.trial.script.steps import SCRIPTS
+
+
+def _line_of(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
 
 SETTINGS = MeasureSettings(window_steps=4, window_seconds=0.0, window_max_seconds=5.0,
                            warmup_max_seconds=5.0, screen_steps=2)
@@ -93,7 +113,8 @@ def test_after_the_window_the_profiler_sees_the_loops_next_steps(tmp_path) -> No
         if observer.on_step_end(8, loss.detach(), 0.0):
             break
     figures = observer.measurement(startup_s=1.5)
-    assert steps == 1 + figures.warmup_steps + 2 + figures.window_steps + 3
+    # the first step, the step traced for host syncs, the warm-up, screening, the window
+    assert steps == 1 + 1 + figures.warmup_steps + 2 + figures.window_steps + 3
     assert observer.profile_samples == 3 * 8
     assert "aten::addmm" in {op.name for op in figures.top_operators}
     assert figures.trace_path == str(trace) and trace.is_file()
@@ -170,9 +191,9 @@ def test_a_load_the_warm_up_saw_too_is_the_machines_state_and_not_waited_out() -
 
 
 def test_every_figure_a_model_files_trial_has_is_filled_in() -> None:
-    """What only autotune's own loop can know (FLOPs, so MFU; the lines that sync, traced by
-    re-running a step) aside, a script trial's measurement has the figures a model file's
-    has: the load beside it, the compiles, the cores, when screening ended."""
+    """A script trial's measurement has the figures a model file's has: the load beside it,
+    the compiles, the cores, when screening ended (and FLOPs and the lines that sync,
+    below)."""
     observer = _started()
     _steps(observer, [1.0] * 100)
     figures = observer.measurement(startup_s=1.5)
@@ -180,3 +201,140 @@ def test_every_figure_a_model_files_trial_has_is_filled_in() -> None:
     assert figures.graphs_compiled == 0 and figures.graphs_compiled_in_window == 0
     assert figures.cpu_affinity == (0, 1)
     assert figures.screen_done_s is not None and figures.screen_done_s > 1.5
+
+
+class _Ran(NamedTuple):
+    """A step of a loop: the observer's phase, and whether it ran under a dispatch mode (the
+    FLOP counter's) and with the tensor methods that read back wrapped (the sync trace's)."""
+
+    phase: str
+    counted: bool
+    traced: bool
+
+
+_ITEM = torch.Tensor.item
+
+
+def _counting_run(model: nn.Module, observer: MeasuringObserver) -> list[_Ran]:
+    """A loop's own steps until the observer stops it, each reading its loss back on a line of
+    its own, as loops that log do."""
+    observer.on_train_start(TrainInfo("loop", torch.device("cpu"), model, None, 8, 1,
+                                      startup_s=0.0))
+    ran, logged = [], []
+    while True:
+        ran.append(_Ran(observer.phase, torch._C._len_torch_dispatch_stack() > 0,
+                        torch.Tensor.item is not _ITEM))
+        loss = model(torch.randn(8, 64)).pow(2).mean()
+        loss.backward()
+        logged.append(loss.item())
+        if observer.on_step_end(8, loss.detach(), 0.0):
+            return ran
+
+
+def test_flops_are_counted_in_a_step_of_the_warm_up_never_in_the_window(monkeypatch) -> None:
+    """With `count_flops` (a measurement on CUDA), the step after the first runs under the FLOP
+    counter: a step more of warm-up, not one of its steady steps, nor the window's. Its MFU
+    is a model file's: FLOPs a sample x the window's samples/sec over the precision's peak (a
+    stand-in peak here: a CPU has none)."""
+    monkeypatch.setattr(measuring, "peak_flops", lambda info, precision: PeakFlops(
+        1e12, f"the {precision} data-sheet peak"))
+    observer = MeasuringObserver(SETTINGS, torch.device("cpu"), probe=_Probe([]),
+                                 beside=_Probe([]), count_flops=True)
+    ran = _counting_run(nn.Linear(64, 64), observer)
+    figures = observer.measurement(startup_s=0.0, precision="bf16")
+    assert [step.phase for step in ran if step.counted] == [COUNT]
+    assert len(ran) == 1 + 1 + figures.warmup_steps + 2 + figures.window_steps
+    # forward 2 x 64 x 64 a sample, backward the weight's gradient alone (the input needs none)
+    assert (figures.flops_per_sample, figures.flops_source) == (4 * 64 * 64, "counted")
+    assert figures.peak_flops_source == "the bf16 data-sheet peak"
+    assert figures.mfu == pytest.approx(figures.flops_per_sample * figures.samples_per_sec / 1e12)
+
+
+def _compiling(model: nn.Module, monkeypatch: pytest.MonkeyPatch) -> nn.Module:
+    """`model` whose first step leaves dynamo's counter as a compile does (a real compile takes
+    CPU tens of seconds)."""
+    stats = counters["stats"]
+    monkeypatch.setitem(stats, "unique_graphs", 0)
+    model.register_forward_hook(lambda *args: stats.__setitem__("unique_graphs", 1))
+    return model
+
+
+def test_a_loop_that_runs_compiled_code_is_not_counted_and_says_why(monkeypatch) -> None:
+    """A compiled step under the counter would run eagerly, or raise with fullgraph=True: the
+    figures keep why there is no count instead."""
+    observer = MeasuringObserver(SETTINGS, torch.device("cpu"), probe=_Probe([]),
+                                 beside=_Probe([]), count_flops=True)
+    ran = _counting_run(_compiling(nn.Linear(64, 64), monkeypatch), observer)
+    figures = observer.measurement(startup_s=0.0, precision="bf16")
+    assert not any(step.counted for step in ran) and figures.graphs_compiled == 1
+    assert (figures.flops_per_sample, figures.flops_source, figures.mfu) == (None, COMPILED, None)
+
+
+def test_host_syncs_are_traced_in_a_step_of_the_warm_up_never_in_the_window() -> None:
+    """Where the trial profiles, the step after the counted one runs with the tensor methods
+    that read back wrapped: a step more of warm-up, never a steady one nor the window's. It
+    names the loop's own line that reads its loss back, once a step, for the findings."""
+    observer = MeasuringObserver(SETTINGS, torch.device("cpu"), probe=_Probe([]),
+                                 beside=_Probe([]), profiler=ProfilerWindow(1, "cpu"),
+                                 count_flops=True)
+    ran = _counting_run(nn.Linear(64, 64), observer)
+    figures = observer.measurement(startup_s=0.0)
+    assert [step.phase for step in ran if step.traced] == [TRACE]
+    assert [step.phase for step in ran[:4]] == [FIRST, COUNT, TRACE, WARMUP]
+    assert len(ran) == 1 + 1 + 1 + figures.warmup_steps + 2 + figures.window_steps + 1
+    here = Path(__file__)
+    assert [(s.call, s.file, s.line, s.calls_per_step) for s in observer.sync_sites] == [
+        (".item()", str(here), _line_of(here, "logged.append(loss.item())"), 1.0)]
+    assert figures.phases.sync_tracing_s > 0
+    assert torch.Tensor.item is _ITEM  # torch's own methods back
+
+
+@pytest.mark.parametrize("why", ["compiled", "no profiler's window"])
+def test_a_loop_that_compiled_or_is_not_profiled_is_not_traced(
+        why: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dynamo would trace the wrappers and compile again; and without the profiler's window
+    there are no findings to name the lines in (a probe, --profile-steps 0)."""
+    model = nn.Linear(64, 64)
+    if why == "compiled":
+        model = _compiling(model, monkeypatch)
+    profiler = ProfilerWindow(1, "cpu") if why == "compiled" else None
+    observer = MeasuringObserver(SETTINGS, torch.device("cpu"), probe=_Probe([]),
+                                 beside=_Probe([]), profiler=profiler)
+    ran = _counting_run(model, observer)
+    figures = observer.measurement(startup_s=0.0)
+    assert not any(step.traced or step.phase == TRACE for step in ran)
+    assert len(ran) == 1 + figures.warmup_steps + 2 + figures.window_steps + (profiler is not None)
+    assert observer.sync_sites == [] and figures.phases.sync_tracing_s == 0.0
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_hugging_face_scripts_counted_flops_are_a_model_files_for_the_same_model(
+        tmp_path: Path, checkpointing: bool) -> None:
+    """A real script trial (its own Trainer, accumulation 2) counts the FLOPs a sample the
+    model-file path counts on the meta device for the same GPT-2, exactly; and so they are 6 x
+    its matmuls' weights x tokens plus attention's 12 x tokens^2 x width a layer. Under the
+    script's activation checkpointing too: the recompute is not model FLOPs. (Attention runs
+    its plain math, whose FLOPs the counter sees on CPU too.)"""
+    need("transformers", "examples")
+    layers, width, vocab, tokens = 2, 32, 128, 16  # the script's GPT-2 at --block_size 16
+    # one window, however busy this machine is
+    settings = MeasureSettings(window_steps=3, window_seconds=0.0, warmup_max_steps=2,
+                               screen_steps=0, profile_steps=0, contention_retries=0)
+    observer = MeasuringObserver(settings, torch.device("cpu"), count_flops=True)
+    with sdpa_kernel(SDPBackend.MATH):
+        run = run_script(SCRIPTS / "hf_argparser.py", [
+            "--output_dir", str(tmp_path / "out"), "--per_device_train_batch_size", "4",
+            "--gradient_accumulation_steps", "2",
+            *([f"--{checkpointing_field()}"] if checkpointing else [])],
+            ScriptTrial(torch.device("cpu"), observer, tmp_path / "scratch"))
+    figures = observer.measurement(run.startup_s)
+    assert run.steps == 1 + 1 + figures.warmup_steps + figures.window_steps
+    workload = load_workload(ROOT / "models/hf_gpt2.py", {
+        "n_layer": layers, "n_embd": width, "n_head": 2, "block_size": tokens,
+        "vocab_size": vocab})
+    model_file = count_flops_per_sample(workload, TrainConfig(micro_batch_size=4),
+                                        workload.build_model(), torch.device("cpu"))
+    assert figures.flops_source == "counted" and figures.flops_per_sample == model_file
+    analytic = 6 * (layers * 12 * width**2 + width * vocab) * tokens + \
+        12 * tokens**2 * width * layers
+    assert figures.flops_per_sample == analytic

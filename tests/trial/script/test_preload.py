@@ -13,7 +13,7 @@ import pytest
 
 from autotune.search.isolation import run_isolated
 from autotune.target import Script
-from autotune.trial.protocol import TrialRequest, TrialStatus
+from autotune.trial.protocol import ProbeSettings, TrialRequest, TrialStatus
 from autotune.trial.script.preload import import_modules, recording_imports
 from tests.conftest import need
 
@@ -88,7 +88,7 @@ def test_a_scripts_probe_says_which_modules_its_trials_may_import_ahead(
         script.write_text(first_lines + f"OUT = {str(tmp_path / 'out')!r}\n" +
                           textwrap.dedent(body))
         result = run_isolated(TrialRequest(Script(str(script)), config={}, device="cpu",
-                                           job="probe"),
+                                           settings=ProbeSettings(candidates={})),
                               300, tmp_path / f"{name}.log")
         assert result.status == TrialStatus.OK, (tmp_path / f"{name}.log").read_text()[-3000:]
         probes[name] = result.probe

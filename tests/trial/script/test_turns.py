@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotune.config import TrainConfig
+from autotune.options import MeasureSettings
 from autotune.search.warm import WarmRounds
 from autotune.target import Script
 from autotune.trial.protocol import TrialRequest
@@ -16,8 +17,8 @@ from autotune.trial.protocol import TrialRequest
 from ...conftest import ROOT
 
 LOOP = str(ROOT / "tests/models/scripts/loop_nanogpt.py")
-SETTINGS = {"window_steps": 3, "window_seconds": 0.2, "warmup_max_seconds": 10,
-            "profile_steps": 1, "screen_steps": 0}
+SETTINGS = MeasureSettings(window_steps=3, window_seconds=0.2, warmup_max_seconds=10,
+                           profile_steps=1, screen_steps=0)
 
 
 @pytest.mark.slow
@@ -46,3 +47,4 @@ def test_a_scripts_own_loop_takes_warm_turns_and_is_stopped_between_them(tmp_pat
     assert all("the script's loop steady after" in log for log in logs), logs
     assert not out.exists()
     assert all(folder is not None and not folder.exists() for folder in scratch)
+
