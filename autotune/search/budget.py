@@ -215,7 +215,7 @@ class ConfirmationPrice:
     Before the rounds, the checks (`search.checks`): each configuration's worst batch
     (`worst_s` a run; 0: none), and the loss runs: the baseline's two and one for each
     configuration that changes the numerics, `loss_changes` the numerics changes the space can
-    make (`loss_s` a run)."""
+    make (`loss_s` a run); each run of a configuration that compiles compiles too."""
 
     run_s: float
     turn_s: float | None = None
@@ -252,10 +252,14 @@ class ConfirmationPrice:
         """The checks of `candidates` configurations and the best less each change: a worst
         batch each; the baseline's two loss runs and one for each configuration that changes
         the numerics (priced at two for each numerics change the space can make, at most one a
-        configuration besides the baseline)."""
+        configuration besides the baseline). Where the best compiles, each check of a
+        configuration that compiles pays its compile: every process of a check is new."""
         racing = candidates + self.taken_back
-        loss = 2 + min(2 * self.loss_changes, racing - 1) if self.loss_changes else 0
-        return racing * self.worst_s + loss * self.loss_s
+        changed = min(2 * self.loss_changes, racing - 1) if self.loss_changes else 0
+        loss = 2 + changed if self.loss_changes else 0
+        compiles = (self.compiling(racing) if self.worst_s else 0) + \
+            (min(changed, self.compiling(racing)) if self.loss_s else 0)
+        return racing * self.worst_s + loss * self.loss_s + compiles * self.compile_s
 
     def compiling(self, racing: int) -> int:
         """Of `racing` configurations (the baseline among them), those that compile."""
