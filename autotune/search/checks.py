@@ -153,6 +153,15 @@ class CheckPrices:
 
 
 @dataclass(frozen=True)
+class NotMade:
+    """Why a study makes no worst-batch check, and why no loss check, where it makes none (a
+    kind of training autotune does not check yet); empty: it makes it."""
+
+    worst: str = ""
+    loss: str = ""
+
+
+@dataclass(frozen=True)
 class Checked:
     """What the checks found of one configuration (None where a check was not made), and why
     it is ruled out, where it is (empty: it may race)."""
@@ -170,7 +179,7 @@ class AnswerChecks:
     def __init__(self, measure: Measure, baseline: TrainConfig, scoring: Scoring, *,
                  sizes: SampleSizes | None, capacity_bytes: int | None, loss_check: bool,
                  prices: CheckPrices, time_limit_s: float, device: str, view: StudyView,
-                 not_here: str = "") -> None:
+                 not_made: NotMade = NotMade()) -> None:
         self.measure, self.baseline, self.scoring = measure, baseline, scoring
         self.sizes, self.capacity_bytes = sizes, capacity_bytes
         self.prices, self.time_limit_s, self.device, self.view = \
@@ -178,8 +187,8 @@ class AnswerChecks:
         self._worst: dict[str, WorstBatchCheck | None] = {}
         self._loss: dict[str, LossCheck | None] = {}
         self._base: tuple[LossRun, LossRun] | None = None
-        self.worst_note = not_here or self._sizes_note(sizes)
-        self.loss_note = not_here or ("off (--no-loss-check)" if not loss_check else "")
+        self.worst_note = not_made.worst or self._sizes_note(sizes)
+        self.loss_note = not_made.loss or ("off (--no-loss-check)" if not loss_check else "")
         self._worst_skipped = self._loss_skipped = False
         self._runs = 0
 

@@ -40,7 +40,13 @@ from autotune.search.budget import (
     startup_note,
     trial_seconds,
 )
-from autotune.search.checks import AnswerChecks, CheckPrices, loss_steps, numerics_offered
+from autotune.search.checks import (
+    AnswerChecks,
+    CheckPrices,
+    NotMade,
+    loss_steps,
+    numerics_offered,
+)
 from autotune.search.confirm import Plan, confirm, should_confirm, warm_expected
 from autotune.search.events import SilentView, StudyView
 from autotune.search.heartbeat import recover_orphans, tuner_name
@@ -244,19 +250,29 @@ class Tuner:
                                  [peak] * (opts.confirm_top + 1 + taken_back))
 
         return confirmation_price(self.study, opts.settings, fallback_s, holds, taken_back,
-                                  self._check_prices() if not self._not_checked() else None,
-                                  numerics_offered(self.space.domains))
+                                  self._check_prices(), numerics_offered(self.space.domains))
 
     def _check_prices(self) -> CheckPrices | None:
-        return check_prices(self.study, self.probe.sizes, not self.options.no_loss_check)
+        """What one run of each check this study makes costs (none where it makes neither)."""
+        not_made = self._not_made()
+        if not_made.worst and not_made.loss:
+            return None
+        return check_prices(self.study, None if not_made.worst else self.probe.sizes,
+                            not not_made.loss and not self.options.no_loss_check)
 
-    def _not_checked(self) -> str:
-        """Why the answer's checks (`search.checks`) are not made in this study, or empty."""
-        if isinstance(self.options.target, Script):
-            return "not made for training scripts yet"
+    def _not_made(self) -> NotMade:
+        """Which of the answer's checks (`search.checks`) this study cannot make, and why: a
+        process group neither; a training script no loss run (its weights and batches are its
+        own), and a worst batch only through the Hugging Face Trainer, whose training data its
+        hook cuts to the largest samples."""
         if self.options.nproc_per_node > 1:
-            return "not made for process groups yet"
-        return ""
+            return NotMade("not made for process groups yet", "not made for process groups yet")
+        if isinstance(self.options.target, Script):
+            library = (self.probe.script_baseline or {}).get("library")
+            return NotMade("" if library == "transformers" else
+                           "made for Hugging Face Trainer scripts only, so far",
+                           "not made for training scripts yet")
+        return NotMade()
 
     def _checks(self) -> AnswerChecks:
         """The checks of what the confirmation may recommend: its worst batch, its loss."""
@@ -266,7 +282,7 @@ class Tuner:
                             sizes=self.probe.sizes, capacity_bytes=self.capacity_bytes,
                             loss_check=not opts.no_loss_check, prices=prices,
                             time_limit_s=opts.trial_time_limit_s, device=str(self.device),
-                            view=self.view, not_here=self._not_checked())
+                            view=self.view, not_made=self._not_made())
 
     def _warm_start(self) -> WarmStart | None:
         return warm_start(self.runner, str(self.device), self.options.trial_time_limit_s) \

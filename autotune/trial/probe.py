@@ -48,8 +48,8 @@ from autotune.trial.child import is_oom
 from autotune.trial.float8 import MIN_FEATURES, large_linears
 from autotune.trial.loader_rates import measure_loader_rates, waiting_worker_counts
 from autotune.trial.optimizers import make_optimizer
-from autotune.trial.protocol import LeftOut, ProbeReport, ProbeSettings, SampleSizes
-from autotune.trial.sample_sizes import size_samples
+from autotune.trial.protocol import LeftOut, ProbeReport, ProbeSettings
+from autotune.trial.sample_sizes import sizes_or_none
 from autotune.trial.training import (
     CHECK_SAMPLES,
     Unsupported,
@@ -126,20 +126,8 @@ def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
         prefetch = sorted({p for w, p in usable if w > 0}, key=lambda v: v or 0)
         report.loader_rates += measure_loader_rates(
             dataset, collate, config.micro_batch_size, [(w, p) for w in more for p in prefetch])
-    report.sizes = _sizes(dataset, collate, progress)
+    report.sizes = sizes_or_none(dataset, collate, progress)
     return report
-
-
-def _sizes(dataset: Any, collate: Callable[[list[Any]], Any] | None,
-           progress: Progress) -> SampleSizes | None:
-    """The samples' sizes, or None where the dataset cannot be read by index (a stream) or the
-    collate function cannot take one sample alone (the worst batch then goes unchecked, and
-    the study says so)."""
-    progress("sizing the samples: which are the largest")
-    try:
-        return size_samples(dataset, collate)
-    except Exception:  # noqa: BLE001 - a stream, or a collate that needs more than one sample
-        return None
 
 
 def _offered(candidates: Mapping[str, Sequence[Any]], config: TrainConfig,

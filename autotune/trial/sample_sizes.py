@@ -34,6 +34,18 @@ CHUNK = 4096
 KEPT = 1024
 
 
+def sizes_or_none(dataset: Any, collate_fn: Callable[[list[Any]], Any] | None,
+                  progress: Callable[[str], None]) -> SampleSizes | None:
+    """The samples' sizes (`size_samples`), or None where the dataset cannot be read by index
+    (a stream) or the collate function cannot take one sample alone (the worst batch then goes
+    unchecked, and the study says so)."""
+    progress("sizing the samples: which are the largest")
+    try:
+        return size_samples(dataset, collate_fn)
+    except Exception:  # noqa: BLE001 - a stream, or a collate that needs more than one sample
+        return None
+
+
 def size_samples(dataset: Any, collate_fn: Callable[[list[Any]], Any] | None = None,
                  budget_s: float = SCAN_BUDGET_S, seed: int = 0) -> SampleSizes:
     """Each sample's size (`sample_bytes`), read in a random order (`seed`) until all are

@@ -56,7 +56,7 @@ def worst_batch_job(workload: Workload, config: TrainConfig, device: torch.devic
              "peak memory is steady")
     finite = torch.ones((), dtype=torch.bool, device=device)
     peaks: list[int] = []
-    while len(peaks) < most and not _steady(peaks, least, steady):
+    while len(peaks) < most and not steady_peak(peaks, least, steady):
         finite &= torch.isfinite(setup.step(batches).loss)
         synchronize(device)
         peaks.append(peak_memory(device).peak)
@@ -64,7 +64,7 @@ def worst_batch_job(workload: Workload, config: TrainConfig, device: torch.devic
                       loss_finite=bool(finite), seconds=time.perf_counter() - start)
 
 
-def _steady(peaks: list[int], least: int, steady: int) -> bool:
+def steady_peak(peaks: list[int], least: int, steady: int) -> bool:
     """At least `least` steps, and the last `steady` of them raised the peak by under
     `STEADY_GROWTH` in all."""
     return len(peaks) >= max(least, steady + 1) and \

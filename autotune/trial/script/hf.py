@@ -79,9 +79,12 @@ def patch_trainer(module: ModuleType) -> None:
         for knob, flag in trial.flag_map.items():
             trial.baseline.said("TrainingArguments", FIELDS[knob],
                                 named_flag(flag, trial.flags, knob))
+        if trial.only_samples is not None:
+            self.train_dataset = only(self.train_dataset, trial.only_samples)
         tally = StepTally()
         self.add_callback(callback_cls(trial, self, tally, startup_s))
         _tally_micro_steps(self, tally)
+        _keep_train_loader(self)
         bound = train_signature.bind(self, *args, **kwargs)
         bound.arguments.pop("resume_from_checkpoint", None)  # never the user's checkpoint
         train(*bound.args, **bound.kwargs)
@@ -190,6 +193,29 @@ def _tally_micro_steps(trainer: Any, tally: StepTally) -> None:
     trainer.get_batch_samples, trainer.training_step = get_batch_samples, training_step
 
 
+def only(dataset: Any, indices: tuple[int, ...]) -> Any:
+    """The samples of `dataset` at `indices`, in that order: a `datasets.Dataset` selects its
+    rows (so the Trainer still drops the columns the model does not take), any other is a
+    `Subset`."""
+    if callable(getattr(dataset, "select", None)):
+        return dataset.select(list(indices))
+    from torch.utils.data import Subset
+
+    return Subset(dataset, list(indices))
+
+
+def _keep_train_loader(trainer: Any) -> None:
+    """Keep the training DataLoader the Trainer builds (`_autotune_loader`): its dataset, the
+    columns the model takes, and its collate function are what its batches are made of."""
+    build = trainer.get_train_dataloader
+
+    def get_train_dataloader(*args: Any, **kwargs: Any) -> Any:
+        trainer._autotune_loader = build(*args, **kwargs)
+        return trainer._autotune_loader
+
+    trainer.get_train_dataloader = get_train_dataloader
+
+
 @functools.cache
 def _callback_class(base: type) -> type:
     """The observer's TrainerCallback (made from transformers' own class, imported by then)."""
@@ -202,11 +228,14 @@ def _callback_class(base: type) -> type:
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             optimizer = self.trainer.optimizer
+            loader = getattr(self.trainer, "_autotune_loader", None)
             self.trial.observer.on_train_start(TrainInfo(
                 LIBRARY, args.device, self.trainer.model,
                 getattr(optimizer, "optimizer", optimizer), args.per_device_train_batch_size,
                 args.gradient_accumulation_steps, self.startup_s, self.trial.settings,
-                dataset_size(self.trainer.train_dataset)))
+                dataset_size(self.trainer.train_dataset),
+                dataset=getattr(loader, "dataset", None),
+                collate=getattr(loader, "collate_fn", None)))
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.trial.steps += 1

@@ -39,13 +39,17 @@ from autotune.trial.protocol import (
     ProfileReport,
     ProfileSettings,
     TrialRequest,
+    WorstBatch,
+    WorstBatchSettings,
 )
+from autotune.trial.sample_sizes import sizes_or_none
 from autotune.trial.script import terms
 from autotune.trial.script.measuring import MeasuringObserver
 from autotune.trial.script.observer import StepObserver
 from autotune.trial.script.runner import ScriptRun, run_script
 from autotune.trial.script.session import ScriptBaseline, ScriptTrial
 from autotune.trial.script.sources import with_flags
+from autotune.trial.script.worst_batch import WorstBatchObserver
 from autotune.trial.training import training_state_bytes
 
 # The probe times the script's own settings for a few steps only: it reads, it does not rank.
@@ -62,9 +66,11 @@ Progress = Callable[[str], None]
 
 def script_job(request: TrialRequest, script: Script, device: torch.device, world_size: int,
                progress: Progress,
-               ) -> tuple[TrainConfig, Measurement | ProbeReport | ProfileReport]:
-    """Run `script` (the request's target) for the request's job (measure, probe or profile);
-    the configuration it ran, and the job's answer."""
+               ) -> tuple[TrainConfig, Measurement | ProbeReport | ProfileReport | WorstBatch]:
+    """Run `script` (the request's target) for the request's job (measure, probe, profile or
+    worst batch); the configuration it ran, and the job's answer."""
+    if isinstance(request.settings, WorstBatchSettings):
+        return _worst_batch(request, script, device, world_size, progress)
     settings = _measure_settings(request)
     # FLOPs counted where a model file's trial counts them: a measurement on CUDA, for MFU
     observer = MeasuringObserver(settings, device, progress,
@@ -79,12 +85,26 @@ def script_job(request: TrialRequest, script: Script, device: torch.device, worl
                       measure_wall_s=time.perf_counter() - start)
     job = request.settings
     if isinstance(job, ProbeSettings):
-        return ran, _probe_report(run, observer, job.candidates, device.type, world_size)
+        return ran, _probe_report(run, observer, job.candidates, device.type, world_size,
+                                  progress)
     if isinstance(job, ProfileSettings):
         return ran, _profile_report(ran, observer, device, job.top)
     answer = terms.answer(ran, baseline, device.type, world_size)
     return ran, replace(figures, script_answer=answer,
                         findings=_window_findings(observer, ran, figures))
+
+
+def _worst_batch(request: TrialRequest, script: Script, device: torch.device, world_size: int,
+                 progress: Progress) -> tuple[TrainConfig, WorstBatch]:
+    """The script run with every micro-batch made of the training data's largest samples
+    (`request.settings.indices`) until its peak memory is steady, and that peak."""
+    settings = request.settings
+    assert isinstance(settings, WorstBatchSettings)
+    observer = WorstBatchObserver(settings, device)
+    run = run_under(request, script, device, world_size, observer, progress)
+    own = _own(request)
+    ran = _asked(request) or (own or run.baseline).config(device.type, world_size)
+    return ran, observer.result()
 
 
 def run_under(request: TrialRequest, script: Script, device: torch.device, world_size: int,
@@ -109,7 +129,9 @@ def run_under(request: TrialRequest, script: Script, device: torch.device, world
                             flags_set=flags_set,
                             own_paths=[p for p in (
                                 request.trace_path and str(Path(request.trace_path).parent),
-                                profile_out) if p])
+                                profile_out) if p],
+                            only_samples=job.indices if isinstance(job, WorstBatchSettings)
+                            else None)
         progress(SCRIPT_STARTUP)
         return run_script(script.path, argv, trial)
 
@@ -203,11 +225,14 @@ def _profile_report(ran: TrainConfig, observer: MeasuringObserver, device: torch
 
 
 def _probe_report(run: ScriptRun, observer: MeasuringObserver, candidates: dict[str, Any],
-                  device_type: str, world_size: int) -> ProbeReport:
+                  device_type: str, world_size: int, progress: Progress) -> ProbeReport:
     """What the search needs of the script: its own settings, its data and model's size, the
-    values its library cannot be told (and the knobs the script keeps to itself)."""
+    values its library cannot be told (and the knobs the script keeps to itself), and its
+    samples' sizes where its library's hook showed its training data."""
     info = observer.info
     assert info is not None
+    sizes = sizes_or_none(info.dataset, info.collate, progress) \
+        if info.dataset is not None else None
     parameters = sum(p.numel() for p in info.model.parameters())
     return ProbeReport(
         baseline=run.baseline.knobs, dataset_size=info.dataset_size or UNSIZED_DATASET,
@@ -216,4 +241,4 @@ def _probe_report(run: ScriptRun, observer: MeasuringObserver, candidates: dict[
         script_imports=run.imports.modules(),
         script_environment_changed=run.imports.changed,
         script_run_steps=run.baseline.run_steps, script_baseline=run.baseline.to_dict(),
-        kept=terms.kept(run.baseline))
+        kept=terms.kept(run.baseline), sizes=sizes)

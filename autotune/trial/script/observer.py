@@ -5,7 +5,7 @@ which the adapters fill from the library's callbacks between two optimizer steps
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -32,6 +32,11 @@ class TrainInfo:
     startup_s: float                # the script's own start-up: start to Trainer.train/fit
     settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     dataset_size: int | None = None  # samples in the training data, where it has a length
+    # The training data as the library's loader reads it, and the function that collates its
+    # batches: what the probe sizes (`sample_sizes`), for the worst batch. None: not known for
+    # this library yet.
+    dataset: Any = None
+    collate: Callable[[list[Any]], Any] | None = None
 
 
 class StepObserver(Protocol):

@@ -120,6 +120,9 @@ class ScriptTrial:
     loop: Any = None  # the watch on a script's own loop (`trial/script/loop.LoopWatch`)
     own_paths: list[str] = field(default_factory=list)  # autotune's files the trial writes
     printed_help: bool = False  # its parser printed its help (`-- --help`)
+    # The worst batch's: the samples every micro-batch is made of (the training data's
+    # largest, by their index in it); None: all of them.
+    only_samples: tuple[int, ...] | None = None
     output: OutputTail = field(default_factory=OutputTail)
 
     def training_called(self) -> float:

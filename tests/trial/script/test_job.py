@@ -13,6 +13,7 @@ from autotune.config import TrainConfig
 from autotune.options import MeasureSettings
 from autotune.target import Script
 from autotune.trial.protocol import (
+    SCANNED,
     JobSettings,
     Measurement,
     ProbeReport,
@@ -21,6 +22,8 @@ from autotune.trial.protocol import (
     ProfileSettings,
     TrialRequest,
     TrialStatus,
+    WorstBatch,
+    WorstBatchSettings,
 )
 from autotune.trial.script.job import script_job
 from tests.conftest import need
@@ -48,6 +51,39 @@ def test_the_probe_reads_the_scripts_own_settings(tmp_path: Path) -> None:
     assert [item.describe().split(":")[0] for item in report.left_out] == \
         ["memory_format=channels_last"]
     assert not (tmp_path / "out").exists()
+
+
+def _rare_long(out: Path, settings: JobSettings, config: dict | None = None) -> TrialRequest:
+    return TrialRequest(Script(str(SCRIPTS / "hf_rare_long.py"), ("--out", str(out))),
+                        config=config or {}, device="cpu", settings=settings)
+
+
+def test_the_probe_sizes_a_hugging_face_scripts_samples_through_its_own_collator(
+        tmp_path: Path) -> None:
+    """8,000 sequences of 16 to 48 tokens and one of 1,536, padded by the script's own
+    collator: the probe reads them all and finds the long one first."""
+    need("transformers", "examples")
+    request = _rare_long(tmp_path / "out", ProbeSettings({}))
+    _, report = script_job(request, request.target, torch.device("cpu"), 1, lambda phase: None)
+    assert isinstance(report, ProbeReport) and report.sizes is not None
+    sizes = report.sizes
+    assert sizes.how == SCANNED and sizes.seen == sizes.total == 8_000
+    assert sizes.largest[0] == 5_311  # the script's LONG_AT
+    assert sizes.largest_bytes[0] > 20 * sizes.median_bytes
+
+
+def test_a_hugging_face_scripts_worst_batch_trains_on_its_largest_samples_only(
+        tmp_path: Path) -> None:
+    """The worst batch's job runs the script with its training data cut to the samples asked
+    for (the observer refuses a run whose data was not cut), until its peak is steady."""
+    need("transformers", "examples")
+    settings = WorstBatchSettings((5_311, 0, 1, 2), steps=2, steady=1, max_steps=4)
+    config = TrainConfig(micro_batch_size=4, grad_accum_steps=2)
+    request = _rare_long(tmp_path / "out", settings, config.to_dict())
+    ran, found = script_job(request, request.target, torch.device("cpu"), 1, lambda phase: None)
+    assert ran == config and isinstance(found, WorstBatch)
+    assert found.samples == 4 and 2 <= found.steps <= 4 and found.loss_finite
+    assert found.peak_memory_bytes > 0
 
 
 def test_a_measurement_answers_in_the_scripts_flags(tmp_path: Path) -> None:

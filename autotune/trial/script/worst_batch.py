@@ -1,0 +1,58 @@
+"""A training script's worst batch (`trial/worst_batch`'s, through the library's own loop): the
+script run with the trial's knobs and its training data cut to the dataset's largest samples
+(`ScriptTrial.only_samples`, which the library's hook applies as it starts training), so every
+micro-batch is made of them; stopped once its peak memory is steady, and that peak read as a
+model file's worst batch reads it (on CPU the process's peak RSS, the tuner starting the job as
+a fresh interpreter; on CUDA the allocator's peak from the start of training)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from autotune.trial.measure import peak_memory
+from autotune.trial.protocol import WorstBatch, WorstBatchSettings
+from autotune.trial.script.observer import TrainInfo
+from autotune.trial.window import synchronize
+from autotune.trial.worst_batch import steady_peak
+
+
+class WorstBatchObserver:
+    """The library's loop told of each optimizer step: the peak memory read after it, the loop
+    stopped once the peak is steady (`steady_peak`: at least `settings.steps` steps, then until
+    `settings.steady` in a row raise it by under 1%, at most `settings.max_steps`)."""
+
+    def __init__(self, settings: WorstBatchSettings, device: torch.device) -> None:
+        self.settings, self.device = settings, device
+        self.peaks: list[int] = []
+        self._finite = torch.ones((), dtype=torch.bool, device=device)
+        self._start = time.perf_counter()
+
+    def on_train_start(self, info: TrainInfo) -> None:
+        kept = len(self.settings.indices)
+        if info.dataset_size != kept:
+            raise RuntimeError(f"the worst batch of a {info.library} script is not checked yet: "
+                               f"its training data holds {info.dataset_size} samples, not the "
+                               f"{kept} largest")
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def on_step_end(self, samples: int, loss: torch.Tensor | None, data_wait_s: float) -> bool:
+        if loss is not None:
+            self._finite &= torch.isfinite(loss.to(self.device)).all()
+        synchronize(self.device)
+        self.peaks.append(peak_memory(self.device).peak)
+        s = self.settings
+        return len(self.peaks) >= s.max_steps or steady_peak(self.peaks, s.steps, s.steady)
+
+    def on_train_end(self) -> None:
+        pass
+
+    def result(self) -> WorstBatch:
+        if not self.peaks:
+            raise RuntimeError("the script's training ended before its first optimizer step on "
+                               "the worst batch")
+        return WorstBatch(samples=len(self.settings.indices), peak_memory_bytes=self.peaks[-1],
+                          steps=len(self.peaks), loss_finite=bool(self._finite),
+                          seconds=time.perf_counter() - self._start)
