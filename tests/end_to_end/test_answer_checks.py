@@ -13,7 +13,7 @@ from autotune.study.confirmation import stored_confirmation
 from autotune.study.records import StudyKey, trial_records
 from autotune.study.results import load_study
 
-from ..conftest import CONFIRM_ONCE, FAST, TEST_MODELS, run_cli
+from ..conftest import CONFIRM_ONCE, FAST, TEST_MODELS, need, run_cli
 from .test_run import NO_COMPILE
 
 MiB = 2**20
@@ -134,3 +134,25 @@ def test_a_bf16_that_learns_as_fp32_does_is_recommended_with_its_figure(tmp_path
     assert unchecked["checks"]["loss_note"] == "off (--no-loss-check)"
     if unchecked["best_config"]["precision"] == "bf16":
         assert "loss was not checked: off (--no-loss-check)" in unchecked["verdict"]
+
+
+@pytest.mark.slow
+def test_a_hugging_face_scripts_answer_is_checked_on_its_longest_samples(tmp_path) -> None:
+    """A Trainer script whose own collator pads 8,000 sequences of 16 to 48 tokens and one of
+    1,536: its probe sizes them through that collator, and the answer's worst batch is a run of
+    the script on the longest samples. Its peak is the answer's, above what its rounds' random
+    batches reached. No loss run: a script's is not made yet, and the study says so."""
+    need("transformers", "examples")
+    done = run_cli("run", "--script", "tests/models/scripts/hf_rare_long.py", "--device",
+                   "cpu", *NO_COMPILE, *FAST, "--studies-dir", str(tmp_path), "--trials", "3",
+                   "--seed", "0", *CONFIRM_ONCE, "--json", "--", "--out", "out")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["checks"]["sizes"].endswith("(a scan of all 8,000 samples)")
+    assert summary["checks"]["loss_note"] == "not made for training scripts yet"
+    best, worst = summary["best_config"], summary["worst_batch"]
+    assert worst["outcome"] == "fits" and worst["samples"] == best["micro_batch_size"]
+    assert summary["best_peak_memory_bytes"] == worst["peak_memory_bytes"]
+    study = load_study("hf_rare_long", tmp_path)
+    winner = stored_confirmation(study.user_attrs[StudyKey.CONFIRMATION]).winner
+    assert max(r.peak_memory_bytes for r in winner.ok_runs()) < worst["peak_memory_bytes"]
