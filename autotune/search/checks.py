@@ -260,8 +260,8 @@ class AnswerChecks:
         self.view.note(f"checking {self._named(config)} on the worst batch: "
                        f"{largest_samples(samples)}")
         result = self._job(config, WorstBatchSettings(
-            self.sizes.worst_indices(samples), steps=WORST_LEAST_STEPS, steady=WORST_STEADY,
-            max_steps=WORST_MAX_STEPS), fresh=True)
+            self.sizes.worst_indices(samples), self.sizes.total, steps=WORST_LEAST_STEPS,
+            steady=WORST_STEADY, max_steps=WORST_MAX_STEPS), fresh=True)
         found = worst_batch_check(result, samples, self.scoring.memory_limit_bytes,
                                   self.capacity_bytes)
         self._worst[key] = found

@@ -263,15 +263,14 @@ class Tuner:
     def _not_made(self) -> NotMade:
         """Which of the answer's checks (`search.checks`) this study cannot make, and why: a
         process group neither; a training script no loss run (its weights and batches are its
-        own), and a worst batch only through the Hugging Face Trainer, whose training data its
-        hook cuts to the largest samples."""
+        own), and a Lightning script no worst batch (its hook does not cut the training data
+        to the largest samples yet)."""
         if self.options.nproc_per_node > 1:
             return NotMade("not made for process groups yet", "not made for process groups yet")
         if isinstance(self.options.target, Script):
             library = (self.probe.script_baseline or {}).get("library")
-            return NotMade("" if library == "transformers" else
-                           "made for Hugging Face Trainer scripts only, so far",
-                           "not made for training scripts yet")
+            return NotMade("not made for Lightning scripts yet" if library == "lightning"
+                           else "", "not made for training scripts yet")
         return NotMade()
 
     def _checks(self) -> AnswerChecks:

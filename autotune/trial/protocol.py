@@ -88,10 +88,12 @@ class ProfileSettings:
 @dataclass(frozen=True)
 class WorstBatchSettings:
     """The worst batch's job (`trial/worst_batch`): the samples every micro-batch is made of
-    (the dataset's largest), and how long it trains: at least `steps` optimizer steps, then until
-    `steady` steps in a row raise the peak by under 1%, at most `max_steps`."""
+    (the dataset's largest, by index among its `total`), and how long it trains: at least
+    `steps` optimizer steps, then until `steady` steps in a row raise the peak by under 1%, at
+    most `max_steps`."""
 
     indices: tuple[int, ...]
+    total: int
     steps: int
     steady: int
     max_steps: int

@@ -49,7 +49,11 @@ def worst_batch_job(workload: Workload, config: TrainConfig, device: torch.devic
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     progress("building the dataset: its largest samples only")
-    dataset = Subset(workload.build_dataset(), indices)
+    data = workload.build_dataset()
+    if len(data) != settings.total:
+        raise RuntimeError(f"build_dataset built {len(data)} samples, not the {settings.total} "
+                           "the probe sized: the largest samples' indices mean nothing here")
+    dataset = Subset(data, indices)
     setup = setup_from_workload(workload, config, device, model=model, dataset=dataset)
     batches = setup.batches()
     progress(f"optimizer steps on the worst batch ({len(indices)} largest samples) until its "

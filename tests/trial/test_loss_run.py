@@ -51,7 +51,7 @@ def test_a_loss_run_is_the_same_for_the_same_seed_and_split_and_learns(write_mod
 def test_the_worst_batch_trains_on_the_largest_samples_only(write_model) -> None:
     workload = load_workload(write_model(TINY_SOURCE))
     found = worst_batch_job(workload, TrainConfig(micro_batch_size=4, grad_accum_steps=2), CPU,
-                            WorstBatchSettings((7, 3, 3, 1), steps=2, steady=3, max_steps=12),
+                            WorstBatchSettings((7, 3, 3, 1), 256, steps=2, steady=3, max_steps=12),
                             None, lambda p: None)
     assert found.samples == 4 and 4 <= found.steps <= 12 and found.loss_finite
     assert found.peak_memory_bytes > 0

@@ -80,7 +80,7 @@ def test_a_request_for_a_script_crosses_the_pipe_as_a_script() -> None:
     MeasureSettings(window_steps=3, screen_below=12.5, profile_steps=0),
     ProbeSettings(candidates={"precision": ("fp32", "bf16"), "num_workers": (0, 2)}),
     ProfileSettings(out="/tmp/profile", steps=5, top=15, warmup_max_seconds=60.0),
-    WorstBatchSettings((42, 7, 7), steps=2, steady=3, max_steps=12),
+    WorstBatchSettings((42, 7, 7), 50, steps=2, steady=3, max_steps=12),
     LossRunSettings(seed=1, steps=120)],
     ids=["measure", "probe", "profile", "worst_batch", "loss_run"])
 def test_a_request_of_each_job_reads_back_with_its_settings_typed(settings) -> None:

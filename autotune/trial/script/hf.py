@@ -29,6 +29,7 @@ from autotune.trial.script.hf_terms import (
 from autotune.trial.script.observer import StepTally, TrainInfo, TrainingDone, dataset_size
 from autotune.trial.script.session import ScriptBaseline, ScriptTrial, current
 from autotune.trial.script.sources import call_site, named_flag
+from autotune.trial.script.worst_batch import only
 from autotune.trial.training import Unsupported
 
 # Nothing the script's own run would write or send: no output, checkpoints, evaluation, hub
@@ -79,8 +80,8 @@ def patch_trainer(module: ModuleType) -> None:
         for knob, flag in trial.flag_map.items():
             trial.baseline.said("TrainingArguments", FIELDS[knob],
                                 named_flag(flag, trial.flags, knob))
-        if trial.only_samples is not None:
-            self.train_dataset = only(self.train_dataset, trial.only_samples)
+        if trial.worst is not None:
+            self.train_dataset = only(self.train_dataset, trial.worst.indices)
         tally = StepTally()
         self.add_callback(callback_cls(trial, self, tally, startup_s))
         _tally_micro_steps(self, tally)
@@ -191,17 +192,6 @@ def _tally_micro_steps(trainer: Any, tally: StepTally) -> None:
         return loss
 
     trainer.get_batch_samples, trainer.training_step = get_batch_samples, training_step
-
-
-def only(dataset: Any, indices: tuple[int, ...]) -> Any:
-    """The samples of `dataset` at `indices`, in that order: a `datasets.Dataset` selects its
-    rows (so the Trainer still drops the columns the model does not take), any other is a
-    `Subset`."""
-    if callable(getattr(dataset, "select", None)):
-        return dataset.select(list(indices))
-    from torch.utils.data import Subset
-
-    return Subset(dataset, list(indices))
 
 
 def _keep_train_loader(trainer: Any) -> None:

@@ -130,8 +130,7 @@ def run_under(request: TrialRequest, script: Script, device: torch.device, world
                             own_paths=[p for p in (
                                 request.trace_path and str(Path(request.trace_path).parent),
                                 profile_out) if p],
-                            only_samples=job.indices if isinstance(job, WorstBatchSettings)
-                            else None)
+                            worst=job if isinstance(job, WorstBatchSettings) else None)
         progress(SCRIPT_STARTUP)
         return run_script(script.path, argv, trial)
 

@@ -55,6 +55,7 @@ from autotune.trial.script.sources import (
     shown_path,
     user_frames,
 )
+from autotune.trial.script.worst_batch import only
 from autotune.trial.training import (
     Unsupported,
     apply_activation_checkpointing,
@@ -83,6 +84,9 @@ class LoaderRecord:
     site: Source
     iterable: bool
     dataset_size: int | None = None
+    # What its batches are made of: its dataset and collate function (what the probe sizes).
+    dataset: Any = None
+    collate: Callable[[list[Any]], Any] | None = None
 
 
 @dataclass
@@ -266,7 +270,9 @@ class LoopWatch:
         info = TrainInfo(trial.kind or LIBRARY, trial.device, model, optimizer,
                          trial.baseline.knobs.get("micro_batch_size", 0),
                          trial.baseline.knobs.get("grad_accum_steps", 1), self.startup_s,
-                         trial.settings, _dataset_size(loader))
+                         trial.settings, _dataset_size(loader),
+                         dataset=loader.dataset if loader is not None else None,
+                         collate=loader.collate if loader is not None else None)
         trial.observer.on_train_start(info)
 
     def _precision_flags(self) -> None:
@@ -539,6 +545,9 @@ def watching_loop(trial: ScriptTrial, where: Path,
         bound.apply_defaults()
         changed = watch.loader_built(self, dict(bound.arguments), site)
         bound.arguments.update(changed)
+        worst = trial.worst
+        if worst is not None and _length(bound.arguments["dataset"]) == worst.total:
+            bound.arguments["dataset"] = only(bound.arguments["dataset"], worst.indices)
         try:
             loader_init(*bound.args, **bound.kwargs)
         except Exception as exc:
@@ -547,7 +556,9 @@ def watching_loop(trial: ScriptTrial, where: Path,
             knob = next(iter(changed))
             raise Unsupported(f"{knob}={changed[knob]}: the script's DataLoader refuses it: "
                               f"{exc}", knob, changed[knob]) from None
-        self._autotune_loader.dataset_size = _length(self.dataset)  # type: ignore[attr-defined]
+        record = self._autotune_loader  # type: ignore[attr-defined]
+        record.dataset_size, record.dataset, record.collate = \
+            _length(self.dataset), self.dataset, self.collate_fn
 
     @functools.wraps(loader_iter)
     def patched_iter(self: DataLoader) -> Any:

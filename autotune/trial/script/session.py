@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from autotune.config import TrainConfig, from_baseline
+from autotune.trial.protocol import WorstBatchSettings
 from autotune.trial.script.observer import StepObserver
 
 # Where a library setting is said: TrainingArguments' fields, Trainer's keyword arguments, an
@@ -120,9 +121,9 @@ class ScriptTrial:
     loop: Any = None  # the watch on a script's own loop (`trial/script/loop.LoopWatch`)
     own_paths: list[str] = field(default_factory=list)  # autotune's files the trial writes
     printed_help: bool = False  # its parser printed its help (`-- --help`)
-    # The worst batch's: the samples every micro-batch is made of (the training data's
-    # largest, by their index in it); None: all of them.
-    only_samples: tuple[int, ...] | None = None
+    # A worst batch's job: the training data's largest samples, which every micro-batch is made
+    # of (`script.worst_batch.only`); None: the training data as the script builds it.
+    worst: WorstBatchSettings | None = None
     output: OutputTail = field(default_factory=OutputTail)
 
     def training_called(self) -> float:

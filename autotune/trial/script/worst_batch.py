@@ -8,14 +8,25 @@ a fresh interpreter; on CUDA the allocator's peak from the start of training).""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
+from torch.utils.data import Subset
 
 from autotune.trial.measure import peak_memory
 from autotune.trial.protocol import WorstBatch, WorstBatchSettings
 from autotune.trial.script.observer import TrainInfo
 from autotune.trial.window import synchronize
 from autotune.trial.worst_batch import steady_peak
+
+
+def only(dataset: Any, indices: tuple[int, ...]) -> Any:
+    """The samples of `dataset` at `indices`, in that order: a `datasets.Dataset` selects its
+    rows (so the Hugging Face Trainer still drops the columns the model does not take), any
+    other is a `Subset`."""
+    if callable(getattr(dataset, "select", None)):
+        return dataset.select(list(indices))
+    return Subset(dataset, list(indices))
 
 
 class WorstBatchObserver:

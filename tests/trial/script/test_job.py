@@ -77,7 +77,7 @@ def test_a_hugging_face_scripts_worst_batch_trains_on_its_largest_samples_only(
     """The worst batch's job runs the script with its training data cut to the samples asked
     for (the observer refuses a run whose data was not cut), until its peak is steady."""
     need("transformers", "examples")
-    settings = WorstBatchSettings((5_311, 0, 1, 2), steps=2, steady=1, max_steps=4)
+    settings = WorstBatchSettings((5_311, 0, 1, 2), 8_000, steps=2, steady=1, max_steps=4)
     config = TrainConfig(micro_batch_size=4, grad_accum_steps=2)
     request = _rare_long(tmp_path / "out", settings, config.to_dict())
     ran, found = script_job(request, request.target, torch.device("cpu"), 1, lambda phase: None)
