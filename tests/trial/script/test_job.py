@@ -86,6 +86,25 @@ def test_a_hugging_face_scripts_worst_batch_trains_on_its_largest_samples_only(
     assert found.peak_memory_bytes > 0
 
 
+def test_a_hand_written_loops_worst_batch_is_sized_and_cut_at_its_training_loader(
+        tmp_path: Path) -> None:
+    """A loop's training DataLoader (4,000 sequences, one of 2,048 tokens, padded by its own
+    collate function) is sized by the probe; its worst batch cuts that loader's dataset to the
+    largest samples as the script builds it, and leaves its held-out loader (200) alone."""
+    probe = TrialRequest(Script(str(SCRIPTS / "loop_rare_long.py"), ()), config={},
+                         device="cpu", settings=ProbeSettings({}))
+    _, report = script_job(probe, probe.target, torch.device("cpu"), 1, lambda phase: None)
+    assert isinstance(report, ProbeReport) and report.sizes is not None
+    assert report.sizes.total == 4_000 and report.sizes.largest[0] == 2_903
+    settings = WorstBatchSettings(report.sizes.worst_indices(8), 4_000, steps=2, steady=1,
+                                  max_steps=3)
+    worst = TrialRequest(Script(str(SCRIPTS / "loop_rare_long.py"), ()),
+                         config=TrainConfig(micro_batch_size=8).to_dict(), device="cpu",
+                         settings=settings, script_baseline=report.script_baseline)
+    _, found = script_job(worst, worst.target, torch.device("cpu"), 1, lambda phase: None)
+    assert isinstance(found, WorstBatch) and found.samples == 8 and 2 <= found.steps <= 3
+
+
 def test_a_measurement_answers_in_the_scripts_flags(tmp_path: Path) -> None:
     need("transformers", "examples")
     config = TrainConfig(micro_batch_size=8, precision="bf16", optimizer_impl="fused")
