@@ -294,8 +294,9 @@ class ConfirmationPrice:
     def describe_rounds(self, rounds: int, candidates: int) -> str:
         backs = ", the best less each of its changes among them" if self.taken_back else ""
         checks = self.checks_s(candidates)
-        checked = (f" (after about {format_seconds(checks)} of checks: worst batches, loss)"
-                   if checks else "")
+        kinds = " and ".join(kind for kind, price in (("worst batches", self.worst_s),
+                                                      ("loss runs", self.loss_s)) if price)
+        checked = f" (after about {format_seconds(checks)} of checks: {kinds})" if checks else ""
         if self.warm:
             return (f"{rounds} paired round{'s' if rounds != 1 else ''} of warm turns, after "
                     f"{candidates + self.taken_back} processes warm up{backs}{checked}")

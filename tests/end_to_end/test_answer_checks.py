@@ -139,9 +139,10 @@ def test_a_bf16_that_learns_as_fp32_does_is_recommended_with_its_figure(tmp_path
 @pytest.mark.slow
 def test_a_hugging_face_scripts_answer_is_checked_on_its_longest_samples(tmp_path) -> None:
     """A Trainer script whose own collator pads 8,000 sequences of 16 to 48 tokens and one of
-    1,536: its probe sizes them through that collator, and the answer's worst batch is a run of
-    the script on the longest samples. Its peak is the answer's, above what its rounds' random
-    batches reached. No loss run: a script's is not made yet, and the study says so."""
+    1,536: its probe sizes them through that collator, and the answer's worst batch (the
+    script's own settings, or a larger micro-batch) is a run of the script on the longest
+    samples. Its peak is the answer's, above what any trial's random batches reached. No loss
+    run: a script's is not made yet, and the study says so."""
     need("transformers", "examples")
     done = run_cli("run", "--script", "tests/models/scripts/hf_rare_long.py", "--device",
                    "cpu", *NO_COMPILE, *FAST, "--studies-dir", str(tmp_path), "--trials", "3",
@@ -153,6 +154,6 @@ def test_a_hugging_face_scripts_answer_is_checked_on_its_longest_samples(tmp_pat
     best, worst = summary["best_config"], summary["worst_batch"]
     assert worst["outcome"] == "fits" and worst["samples"] == best["micro_batch_size"]
     assert summary["best_peak_memory_bytes"] == worst["peak_memory_bytes"]
-    study = load_study("hf_rare_long", tmp_path)
-    winner = stored_confirmation(study.user_attrs[StudyKey.CONFIRMATION]).winner
-    assert max(r.peak_memory_bytes for r in winner.ok_runs()) < worst["peak_memory_bytes"]
+    trials = [r.measurement.peak_memory_bytes for r in trial_records(
+        load_study("hf_rare_long", tmp_path)) if r.measurement is not None]
+    assert trials and max(trials) < worst["peak_memory_bytes"]

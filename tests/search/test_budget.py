@@ -415,7 +415,7 @@ def test_the_answers_checks_are_priced_before_the_rounds_and_the_search_leaves_t
     assert price.checks_s(3) == pytest.approx(checks_s)
     bare = confirmation_price(study, MeasureSettings(), 99.0, lambda peak: False)
     assert price.seconds(3, 3) == pytest.approx(bare.seconds(3, 3) + checks_s)
-    assert "of checks: worst batches, loss" in price.describe_rounds(3, 3)
+    assert "of checks: worst batches and loss runs)" in price.describe_rounds(3, 3)
     # where the best compiles (20 s), the two configurations besides the baseline compile in
     # their worst batches and in their loss runs: every check is a new process
     compiled = replace(price, compile_s=20.0)

@@ -1,7 +1,8 @@
 """A Hugging Face script whose token sequences vary in length, padded per batch by its own
 collator: 8,000 sequences of 16 to 48 tokens and one of 1,536 (a long document left in the
 data), rare enough that a trial's random batches seldom draw it, long enough that the batch
-holding it needs far more memory than any other. A tiny GPT-2 built from a config."""
+holding it needs far more memory than any other. A tiny GPT-2 built from a config, its own
+settings one sequence a micro-batch, eight accumulated."""
 
 import argparse
 
@@ -39,12 +40,14 @@ def pad(samples: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="out")
-    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--accum", type=int, default=8)
     args = parser.parse_args()
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=128,
                                        n_positions=2048))
     training = TrainingArguments(output_dir=args.out, per_device_train_batch_size=args.batch,
-                                 max_steps=200, report_to="none")
+                                 gradient_accumulation_steps=args.accum, max_steps=200,
+                                 report_to="none")
     Trainer(model=model, args=training, train_dataset=Documents(8_000),
             data_collator=pad).train()
 
