@@ -190,6 +190,7 @@ class AnswerChecks:
         self.worst_note = not_made.worst or self._sizes_note(sizes)
         self.loss_note = not_made.loss or ("off (--no-loss-check)" if not loss_check else "")
         self._worst_skipped = self._loss_skipped = False
+        self._said: set[str] = set()  # the configurations whose ruling out was said
         self._runs = 0
 
     @staticmethod
@@ -205,7 +206,18 @@ class AnswerChecks:
     def check(self, config: TrainConfig, reference: bool = False,
               deadline: float | None = None) -> Checked:
         """The worst batch of `config`, then (unless that rules it out, or it is the user's
-        settings, `reference`) its loss against theirs; what rules it out, in words."""
+        settings, `reference`) its loss against theirs; what rules it out, in words (said
+        once a configuration, however many races it is asked for)."""
+        found = self._checked(config, reference, deadline)
+        key = config_key(config)
+        if found.why_out and key not in self._said:
+            self._said.add(key)
+            self.view.note(f"confirmation: {self._named(config)} is ruled out: "
+                           f"{found.why_out}")
+        return found
+
+    def _checked(self, config: TrainConfig, reference: bool,
+                 deadline: float | None) -> Checked:
         worst = self._worst_batch(config, deadline)
         if reference:
             return Checked(worst)

@@ -359,9 +359,6 @@ def _check(entry: Candidate, how: Measuring, plan: Plan) -> None:
     if found.worst is not None and found.worst.peak_memory_bytes:
         entry.search_peak_bytes = max(entry.search_peak_bytes or 0.0,
                                       found.worst.peak_memory_bytes)
-    if entry.excluded:
-        named = describe_changes(entry.config, how.checks.baseline)
-        how.view.note(f"confirmation: {named} is ruled out: {entry.excluded}")
 
 
 def warm_expected(warm: WarmStart | None, scoring: Scoring, max_rounds: int,

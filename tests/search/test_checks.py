@@ -146,19 +146,30 @@ class Scripted:
         return TrialResult(TrialStatus.OK, loss_run=loss(final, settings.seed))
 
 
+class Notes(SilentView):
+    """The notes a study would print."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def note(self, text: str) -> None:
+        self.lines.append(text)
+
+
 def checks(measure: Scripted, sizes: SampleSizes | None = SIZES, loss_check: bool = True,
-           not_made: NotMade | None = None) -> AnswerChecks:
+           not_made: NotMade | None = None, view: SilentView | None = None) -> AnswerChecks:
     return AnswerChecks(measure, BASE, Scoring("cpu", 600 * MiB, 0.1, 0.0), sizes=sizes,
                         capacity_bytes=700 * MiB, loss_check=loss_check,
                         prices=CheckPrices(worst_s=1.0, loss_s=1.0, loss_steps=120),
-                        time_limit_s=60, device="cpu", view=SilentView(),
+                        time_limit_s=60, device="cpu", view=view or SilentView(),
                         not_made=not_made or NotMade())
 
 
 def test_what_runs_out_of_memory_on_its_worst_batch_or_learns_worse_is_ruled_out() -> None:
     measure = Scripted({8: 300 * MiB, 32: None, 16: 500 * MiB},
                        {("fp32", 0): 1.0, ("fp32", 1): 1.02, ("bf16", 0): 1.5})
-    answer = checks(measure)
+    view = Notes()
+    answer = checks(measure, view=view)
     own = answer.check(BASE, reference=True)
     assert own.worst.outcome == FITS and own.loss is None and not own.why_out
     big = answer.check(BASE.replace(micro_batch_size=32, grad_accum_steps=1))
@@ -173,6 +184,9 @@ def test_what_runs_out_of_memory_on_its_worst_batch_or_learns_worse_is_ruled_out
                      ("loss_run", 8, "fp32", 1), ("loss_run", 16, "bf16", 0)]
     again = answer.check(BASE.replace(micro_batch_size=16, grad_accum_steps=2, precision="bf16"))
     assert again == bf16 and len(measure.jobs) == 6  # each run once
+    ruled = [line for line in view.lines if "is ruled out" in line]
+    assert len(ruled) == 2 and ruled[1].startswith(  # said once each, asked twice
+        "confirmation: micro-batch 16 x 2 + bf16 is ruled out: it learns worse: ")
     summary = answer.summary()
     assert summary.baseline_losses == (1.0, 1.02) and summary.loss_steps == 120
     assert summary.spread == pytest.approx(0.02)

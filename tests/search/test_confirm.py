@@ -622,10 +622,10 @@ def test_what_the_checks_rule_out_never_races_and_the_next_best_takes_its_place(
     study.set_user_attr(StudyKey.BASELINE_CONFIG, base.to_dict())
     scoring = Scoring("cpu", 2**30, 0.1, 0.0)
     sizes = SampleSizes(SCANNED, 1000, 1000, (5, 9), (9000, 100), 90, 80)
+    view = _Notes()
     checks = AnswerChecks(measure, base, scoring, sizes=sizes, capacity_bytes=2**30,
                           loss_check=True, prices=CheckPrices(1.0, 1.0, 50), time_limit_s=60,
-                          device="cpu", view=SilentView())
-    view = _Notes()
+                          device="cpu", view=view)
     result = confirm(study, base, scoring, measure, view,
                      Plan(top=2, rounds=3, max_rounds=3, target=0.01), time_limit_s=60,
                      device="cpu", directory=tmp_path, checks=checks)
