@@ -191,6 +191,9 @@ class AnswerChecks:
         self.loss_note = not_made.loss or ("off (--no-loss-check)" if not loss_check else "")
         self._worst_skipped = self._loss_skipped = False
         self._said: set[str] = set()  # the configurations whose ruling out was said
+        # Numerics that learned worse (at one split of the effective batch): at another split
+        # they are ruled out without a run of their own.
+        self._worse: dict[tuple[Any, ...], LossCheck] = {}
         self._runs = 0
 
     @staticmethod
@@ -229,6 +232,11 @@ class AnswerChecks:
                 f"it learns worse: {loss.describe('its')}"
             return Checked(worst, loss, why)
         return Checked(worst, loss)
+
+    @property
+    def runs(self) -> int:
+        """The check runs made so far (a check whose findings were known makes none)."""
+        return self._runs
 
     def _same_failure(self, worst: WorstBatchCheck) -> bool:
         """A worst batch that fails as the user's settings' own does: the data's failure (a
@@ -286,6 +294,9 @@ class AnswerChecks:
         key = config_key(target)
         if key in self._loss:
             return self._loss[key]
+        numerics = tuple(getattr(target, knob) for knob in NUMERICS)
+        if numerics in self._worse:  # the same numerics learned worse at another split
+            return self._worse[numerics]
         runs = 1 if self._base is not None else 1 + len(LOSS_SEEDS)
         if not self._in_time(runs * self.prices.loss_s, deadline):
             self._loss_skipped = True
@@ -307,6 +318,8 @@ class AnswerChecks:
             LossCheck(changes, self.prices.loss_steps, None, self._base[0].final_loss,
                       0.0, 0.0, worse=True, failed=run)
         self._loss[key] = found
+        if found.worse and not found.failed:
+            self._worse[numerics] = found
         return found
 
     def _loss_run(self, config: TrainConfig, seed: int) -> LossRun | str:

@@ -99,6 +99,9 @@ from autotune.trial.protocol import TrialResult, TrialStatus
 
 # Tuners ending together each claim the confirmation; the claim standing after this wins.
 CLAIM_SETTLE_S = 1.0
+# Checks that ran something, at most, for each place of the race (`Plan.top`): past them, the
+# configurations left unchecked do not race.
+CHECKED_PER_PLACE = 2
 # The short race after the race, of the recommendation less several changes dropped: that
 # configuration, the recommendation and the baseline.
 SHORT_RACE = 3
@@ -294,7 +297,7 @@ def confirm(study: optuna.Study, baseline: TrainConfig, scoring: Scoring, measur
     With `checks`, every configuration that may be recommended is checked before it races
     (`search.checks`: its worst batch, its loss against the user's settings'); one they rule
     out never races, and the next best of the search takes its place (`_admitted`)."""
-    ranked = candidates(study, baseline, plan.top * (2 if checks is not None else 1))
+    ranked = candidates(study, baseline, len(study.trials) if checks is not None else plan.top)
     if len(ranked) == 1:
         view.note("no configuration besides your settings was measured in full (the others "
                   "were stopped at screening or failed): nothing to confirm")
@@ -329,18 +332,23 @@ def _admitted(ranked: list[Candidate], plan: Plan, how: Measuring,
               ) -> tuple[list[Candidate], list[Candidate]]:
     """The best `plan.top` of `ranked` (the baseline last) that the checks do not rule out,
     in order, then the baseline (checked too: its worst batch is what the answer is when it
-    keeps the user's settings); and those ruled out on the way. Without checks, the first
-    `plan.top`."""
+    keeps the user's settings); and those ruled out on the way. A check whose findings were
+    known (a loss check of the same numerics) costs nothing, so the search goes on past
+    configurations ruled out for one reason (every bf16 one, say) until `CHECKED_PER_PLACE`
+    checks a place have run. Without checks, the first `plan.top`."""
     reference = ranked[-1]
     if how.checks is None:
         return ranked[:-1][:plan.top] + [reference], []
     _check(reference, how, plan)
     admitted: list[Candidate] = []
     out: list[Candidate] = []
+    paid = 0
     for entry in ranked[:-1]:
-        if len(admitted) == plan.top:
+        if len(admitted) == plan.top or paid >= CHECKED_PER_PLACE * plan.top:
             break
+        runs = how.checks.runs
         _check(entry, how, plan)
+        paid += how.checks.runs > runs
         (out if entry.excluded else admitted).append(entry)
     return admitted + [reference], out
 

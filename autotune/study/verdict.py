@@ -79,8 +79,10 @@ def checks_verdict(confirmation: Confirmation, baseline: TrainConfig) -> str:
     return " ".join(f"{text[0].upper()}{text[1:]}." for text in said)
 
 
-def _listed(names: list[str]) -> str:
-    """`a`, `a and b`, `a, b and c`."""
+def _listed(names: list[str], most: int = 3) -> str:
+    """`a`, `a and b`, `a, b and c`; beyond `most`, `a, b, c and 4 more`."""
+    if len(names) > most:
+        return f"{', '.join(names[:most])} and {len(names) - most} more"
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 

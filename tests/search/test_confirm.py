@@ -654,6 +654,53 @@ def test_what_the_checks_rule_out_never_races_and_the_next_best_takes_its_place(
     assert rows["loss (your settings)"][0] == "1 | 1.01"
 
 
+def test_configurations_ruled_out_for_a_reason_already_known_cost_nothing_and_the_rest_race(
+        tmp_path) -> None:
+    """Five bf16 configurations lead the search and bf16 learns worse (the samples are one size:
+    no worst batch to run). One loss run of bf16 rules them all out; the search's next two, in
+    fp32, race the baseline, and the answer is one of them, not 'your settings kept'."""
+    from autotune.search.checks import AnswerChecks, CheckPrices
+    from autotune.trial.protocol import SCANNED, LossRun, SampleSizes
+
+    base = TrainConfig(micro_batch_size=8, grad_accum_steps=8)
+    bf16s = [base.replace(micro_batch_size=m, grad_accum_steps=64 // m, precision="bf16")
+             for m in (2, 4, 8, 16, 32)]
+    mid = base.replace(micro_batch_size=16, grad_accum_steps=4)
+    fused = base.replace(optimizer_impl="fused")
+    rates = {config_key(c): r for c, r in ((base, 100.0), (mid, 130.0), (fused, 120.0),
+                                           *((c, 200.0 + i) for i, c in enumerate(bf16s)))}
+    noise = itertools.cycle([1.0, 1.01, 0.99])
+    losses: list[TrainConfig] = []
+
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        if isinstance(job.settings, LossRunSettings):
+            losses.append(config)
+            final = 2.0 if config.precision == "bf16" else 1.0 + job.settings.seed / 100
+            return TrialResult(TrialStatus.OK, loss_run=LossRun(
+                job.settings.seed, 50, 3.0, final, final))
+        assert not isinstance(job.settings, WorstBatchSettings)
+        return TrialResult(TrialStatus.OK, measurement=Measurement(
+            samples_per_sec=rates[config_key(config)] * next(noise),
+            peak_memory_bytes=100 * 2**20))
+
+    study = _study_of(tmp_path, [(base, 100.0, "ok"), (mid, 130.0, "ok"), (fused, 120.0, "ok"),
+                                 *((c, rates[config_key(c)], "ok") for c in bf16s)])
+    study.set_user_attr(StudyKey.BASELINE_CONFIG, base.to_dict())
+    scoring = Scoring("cpu", 2**30, 0.1, 0.0)
+    uniform = SampleSizes(SCANNED, 100, 100, (0, 1), (64, 64), 64, 64)
+    view = _Notes()
+    checks = AnswerChecks(measure, base, scoring, sizes=uniform, capacity_bytes=2**30,
+                          loss_check=True, prices=CheckPrices(1.0, 1.0, 50), time_limit_s=60,
+                          device="cpu", view=view)
+    result = confirm(study, base, scoring, measure, view,
+                     Plan(top=2, rounds=3, max_rounds=3, target=0.01), time_limit_s=60,
+                     device="cpu", directory=tmp_path, checks=checks)
+    assert len(losses) == 3  # the baseline's two seeds and bf16's one: each numerics once
+    assert {config_key(c.config) for c in result.ruled_out} == {config_key(c) for c in bf16s}
+    assert result.winner.config in (mid, fused)
+    assert sum("is ruled out" in line for line in view.lines) == len(bf16s)
+
+
 def test_drops_that_leave_an_answer_inside_the_noise_are_kept_together(tmp_path) -> None:
     """The loader does the work in the race, and foreach AdamW, compile and channels-last each
     ride along inside the noise; but in the short race of the best less all three, the machine
