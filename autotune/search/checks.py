@@ -53,6 +53,7 @@ from autotune.trial.protocol import (
     TrialResult,
     TrialStatus,
     WorstBatchSettings,
+    job_of,
 )
 
 # Optimizer steps of a worst-batch run: at least 2 (the first allocates the optimizer's state,
@@ -263,8 +264,7 @@ class AnswerChecks:
     def _job(self, config: TrainConfig, settings: WorstBatchSettings | LossRunSettings,
              fresh: bool = False) -> TrialResult:
         self._runs += 1
-        kind = "worst_batch" if isinstance(settings, WorstBatchSettings) else "loss_run"
-        job = MeasureJob(f"check-{kind}-{self._runs}", self.time_limit_s, self.device,
+        job = MeasureJob(f"check-{job_of(settings)}-{self._runs}", self.time_limit_s, self.device,
                          profile=False, settings=settings, fresh=fresh)
         return self.measure(config, job)
 

@@ -121,6 +121,11 @@ JOB_SETTINGS: dict[str, type[JobSettings]] = {
     "worst_batch": WorstBatchSettings, "loss_run": LossRunSettings}
 
 
+def job_of(settings: JobSettings) -> str:
+    """The job `settings` are for (`child.JOBS`): their type names it."""
+    return next(job for job, kind in JOB_SETTINGS.items() if type(settings) is kind)
+
+
 def _job_settings_from_json(job: str, data: Mapping[str, Any]) -> JobSettings:
     """The settings of a `job` request from their plain data; a job or a field this autotune
     does not know is refused (ValueError), never passed on unread."""
@@ -166,7 +171,7 @@ class TrialRequest:
     @property
     def job(self) -> str:
         """What the child runs (`child.JOBS`): the job whose settings these are."""
-        return next(job for job, kind in JOB_SETTINGS.items() if type(self.settings) is kind)
+        return job_of(self.settings)
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for the request file (or the warm process's): its target tagged, its

@@ -37,6 +37,7 @@ from autotune.trial.protocol import (
     TrialStatus,
     WorstBatch,
     WorstBatchSettings,
+    job_of,
 )
 
 BASE = TrainConfig(micro_batch_size=8, grad_accum_steps=4)
@@ -130,8 +131,7 @@ class Scripted:
     def __call__(self, config: TrainConfig, job: MeasureJob) -> TrialResult:
         settings = job.settings
         assert settings is not None
-        kind = "worst_batch" if isinstance(settings, WorstBatchSettings) else "loss_run"
-        self.jobs.append((kind, config, asdict(settings)))
+        self.jobs.append((job_of(settings), config, asdict(settings)))
         time.sleep(self.delay_s)
         if isinstance(settings, WorstBatchSettings):
             assert job.fresh and settings.indices[:1] == (42,)
