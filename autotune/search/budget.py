@@ -13,7 +13,12 @@ import optuna
 
 from autotune.formatting import format_seconds
 from autotune.options import MeasureSettings
-from autotune.search.checks import WORST_PRICED_STEPS, CheckPrices, loss_steps
+from autotune.search.checks import (
+    MAX_LOSS_STEPS,
+    WORST_PRICED_STEPS,
+    CheckPrices,
+    loss_steps,
+)
 from autotune.search.confirm import CLAIM_SETTLE_S, SHORT_RACE
 from autotune.search.runner import ROUND_WINDOW_STEPS
 from autotune.search.warm import WARM_MAX_ROUNDS, WARM_ROUNDS_PER_ROUND, turn_seconds
@@ -155,13 +160,14 @@ def run_price_s(wall_s: float, measurement: Measurement, settings: MeasureSettin
     return process_start + phases.build_s + phases.first_step_s + phases.warmup_s + window
 
 
-def check_prices(study: optuna.Study, sizes: SampleSizes | None,
-                 loss_check: bool) -> CheckPrices | None:
+def check_prices(study: optuna.Study, sizes: SampleSizes | None, loss_check: bool,
+                 run_steps: int | None = None) -> CheckPrices | None:
     """What one run of each check of the answer takes (`search.checks`), priced at the
     baseline's trial: its process start, build and first step, then a worst batch's steps (at
     its step time, scaled by the largest sample over the median, in a fresh interpreter; none
     where the samples are one size or were not sized) or a loss run's (`checks.loss_steps` at
-    its step time; none where the loss check is off). None before the baseline has run."""
+    its step time, at most `run_steps`: a script's own run; none where the loss check is off).
+    None before the baseline has run."""
     baseline = _baseline(study)
     if baseline is None or not baseline.measurement.step_time_median_s:
         return None
@@ -169,7 +175,7 @@ def check_prices(study: optuna.Study, sizes: SampleSizes | None,
     step = m.step_time_median_s
     start = (max(0.0, (baseline.wall_s or 0.0) - m.measure_wall_s) if m.measure_wall_s
              is not None else 0.0) + m.setup_s + (m.time_to_first_step_s or step)
-    steps = loss_steps(step)
+    steps = min(loss_steps(step), run_steps or MAX_LOSS_STEPS)
     worst = 0.0
     if sizes is not None and not sizes.uniform:
         slower = min(WORST_SLOWER, sizes.largest_bytes[0] / max(1, sizes.median_bytes))

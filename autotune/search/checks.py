@@ -12,7 +12,8 @@ answer holds for the whole training run, not only for the few hundred steps a st
   kernel, compile) can step faster and learn worse without going NaN. The user's settings with the
   configuration's numerics (`loss_config`: the micro-batch and loader do not change what is
   computed, so the steps align) is trained `steps` optimizer steps from the weights and
-  batches of one seed (`trial.loss_run`), the user's settings for two seeds; its loss after
+  batches of one seed (`trial.loss_run`; a training script from its seed, at the baseline's
+  split, `trial.script.loss_run`), the user's settings for two seeds; its loss after
   them more than the larger of their seed-to-seed spread and `LOSS_FLOOR` above theirs
   (`judge_loss`) rules it out.
 
@@ -77,16 +78,19 @@ MAX_LOSS_STEPS = 300
 Measure = Callable[[TrainConfig, MeasureJob], TrialResult]
 
 
-def loss_config(config: TrainConfig, baseline: TrainConfig) -> TrainConfig | None:
+def loss_config(config: TrainConfig, baseline: TrainConfig,
+                with_split: bool = True) -> TrainConfig | None:
     """What a loss run of `config` trains: the baseline with `config`'s numerics and, where its
-    optimizer step takes as many samples, its micro-batch and accumulation (a loss run's steps
-    take the same samples however they are split: the answer is checked as it will run); not
-    its loader, which changes nothing a step computes. None where it changes no numerics."""
+    optimizer step takes as many samples (and `with_split`), its micro-batch and accumulation (a
+    model file's loss run takes the same samples however a step is split: the answer is checked
+    as it will run; a script's training loss is summed by its own loop, comparable at one split
+    only); not its loader, which changes nothing a step computes. None where it changes no
+    numerics."""
     changed = numerics_changes(config, baseline)
     if not changed:
         return None
     out = baseline
-    if config.effective_batch_size == baseline.effective_batch_size:
+    if with_split and config.effective_batch_size == baseline.effective_batch_size:
         out = out.replace(micro_batch_size=config.micro_batch_size,
                           grad_accum_steps=config.grad_accum_steps)
     for knob in changed:
@@ -180,11 +184,12 @@ class AnswerChecks:
     def __init__(self, measure: Measure, baseline: TrainConfig, scoring: Scoring, *,
                  sizes: SampleSizes | None, capacity_bytes: int | None, loss_check: bool,
                  prices: CheckPrices, time_limit_s: float, device: str, view: StudyView,
-                 not_made: NotMade = NotMade()) -> None:
+                 not_made: NotMade = NotMade(), loss_with_split: bool = True) -> None:
         self.measure, self.baseline, self.scoring = measure, baseline, scoring
         self.sizes, self.capacity_bytes = sizes, capacity_bytes
         self.prices, self.time_limit_s, self.device, self.view = \
             prices, time_limit_s, device, view
+        self.loss_with_split = loss_with_split  # `loss_config`'s: False for a script
         self._worst: dict[str, WorstBatchCheck | None] = {}
         self._loss: dict[str, LossCheck | None] = {}
         self._base: tuple[LossRun, LossRun] | None = None
@@ -288,7 +293,7 @@ class AnswerChecks:
         return found
 
     def _loss_check(self, config: TrainConfig, deadline: float | None) -> LossCheck | None:
-        target = loss_config(config, self.baseline)
+        target = loss_config(config, self.baseline, self.loss_with_split)
         if target is None or self.loss_note:
             return None
         key = config_key(target)

@@ -109,13 +109,14 @@ class StudyOpener:
 
     def _recorded(self, name: str) -> optuna.Study | None:
         """The study of that name, or None. A study another tuner has just created is read
-        once that tuner has recorded what it is for (its identity is written last), waiting
-        at most `RECORD_WAIT_S`."""
+        once that tuner has recorded what it is for (its identity is written last, before any
+        trial), waiting at most `RECORD_WAIT_S`; one with trials and no identity was made
+        outside autotune and is read at once."""
         deadline = time.monotonic() + RECORD_WAIT_S
         while True:
             study = _existing(name, self.storage)
             if study is None or StudyKey.IDENTITY in study.user_attrs or \
-                    time.monotonic() > deadline:
+                    study.get_trials(deepcopy=False) or time.monotonic() > deadline:
                 return study
             time.sleep(0.2)
 

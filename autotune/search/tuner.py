@@ -258,19 +258,14 @@ class Tuner:
         if not_made.worst and not_made.loss:
             return None
         return check_prices(self.study, None if not_made.worst else self.probe.sizes,
-                            not not_made.loss and not self.options.no_loss_check)
+                            not not_made.loss and not self.options.no_loss_check,
+                            self.probe.script_run_steps)
 
     def _not_made(self) -> NotMade:
         """Which of the answer's checks (`search.checks`) this study cannot make, and why: a
-        process group neither; a training script no loss run (its weights and batches are its
-        own), and a Lightning script no worst batch (its hook does not cut the training data
-        to the largest samples yet)."""
+        process group neither."""
         if self.options.nproc_per_node > 1:
             return NotMade("not made for process groups yet", "not made for process groups yet")
-        if isinstance(self.options.target, Script):
-            library = (self.probe.script_baseline or {}).get("library")
-            return NotMade("not made for Lightning scripts yet" if library == "lightning"
-                           else "", "not made for training scripts yet")
         return NotMade()
 
     def _checks(self) -> AnswerChecks:
@@ -281,7 +276,8 @@ class Tuner:
                             sizes=self.probe.sizes, capacity_bytes=self.capacity_bytes,
                             loss_check=not opts.no_loss_check, prices=prices,
                             time_limit_s=opts.trial_time_limit_s, device=str(self.device),
-                            view=self.view, not_made=self._not_made())
+                            view=self.view, not_made=self._not_made(),
+                            loss_with_split=not isinstance(opts.target, Script))
 
     def _warm_start(self) -> WarmStart | None:
         return warm_start(self.runner, str(self.device), self.options.trial_time_limit_s) \

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from autotune.config import TrainConfig
 from autotune.study.confirmation import stored_confirmation
 from autotune.study.records import StudyKey, trial_records
 from autotune.study.results import load_study
@@ -137,23 +138,38 @@ def test_a_bf16_that_learns_as_fp32_does_is_recommended_with_its_figure(tmp_path
 
 
 @pytest.mark.slow
-def test_a_hugging_face_scripts_answer_is_checked_on_its_longest_samples(tmp_path) -> None:
+def test_a_hugging_face_scripts_answer_is_checked_on_its_longest_samples_and_its_loss(
+        tmp_path) -> None:
     """A Trainer script whose own collator pads 8,000 sequences of 16 to 48 tokens and one of
     1,536: its probe sizes them through that collator, and the answer's worst batch (the
     script's own settings, or a larger micro-batch) is a run of the script on the longest
-    samples. Its peak is the answer's, above what any trial's random batches reached. No loss
-    run: a script's is not made yet, and the study says so."""
+    samples. Its peak is the answer's, above what its trials' random batches reached. Every
+    configuration tried is bf16 (--fix): before one is recommended, the script's own training
+    loss in bf16 is compared with its settings' from two seeds, over the steps the study
+    priced (at most the script's own 200)."""
     need("transformers", "examples")
     done = run_cli("run", "--script", "tests/models/scripts/hf_rare_long.py", "--device",
                    "cpu", *NO_COMPILE, *FAST, "--studies-dir", str(tmp_path), "--trials", "3",
-                   "--seed", "0", *CONFIRM_ONCE, "--json", "--", "--out", "out")
+                   "--seed", "0", "--fix", "precision=bf16",
+                   *[a for a in CONFIRM_ONCE if a != "--no-loss-check"], "--json", "--",
+                   "--out", "out", timeout=600)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
-    assert summary["checks"]["sizes"].endswith("(a scan of all 8,000 samples)")
-    assert summary["checks"]["loss_note"] == "not made for training scripts yet"
+    checks = summary["checks"]
+    assert checks["sizes"].endswith("(a scan of all 8,000 samples)")
+    assert checks["loss_note"] == "" and 10 <= checks["loss_steps"] <= 200
+    assert len(checks["baseline_losses"]) == 2 and \
+        checks["baseline_losses"][0] != checks["baseline_losses"][1]
     best, worst = summary["best_config"], summary["worst_batch"]
     assert worst["outcome"] == "fits" and worst["samples"] == best["micro_batch_size"]
     assert summary["best_peak_memory_bytes"] == worst["peak_memory_bytes"]
+    answer = TrainConfig.from_dict(best)
     trials = [r.measurement.peak_memory_bytes for r in trial_records(
-        load_study("hf_rare_long", tmp_path)) if r.measurement is not None]
+        load_study("hf_rare_long", tmp_path)) if r.measurement is not None and
+        r.config == answer]
     assert trials and max(trials) < worst["peak_memory_bytes"]
+    confirmation = stored_confirmation(
+        load_study("hf_rare_long", tmp_path).user_attrs["confirmation"])
+    loss = [c.loss_check for c in confirmation.candidates if c.loss_check is not None]
+    assert loss and all(c.changes == "bf16" and c.steps == checks["loss_steps"] and
+                        c.loss is not None for c in loss)

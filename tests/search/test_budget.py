@@ -407,6 +407,8 @@ def test_the_answers_checks_are_priced_before_the_rounds_and_the_search_leaves_t
     assert prices.loss_steps == 50
     assert prices.worst_s == pytest.approx(3.0 + 6.0 + 6 * 0.1 * 50)
     assert prices.loss_s == pytest.approx(6.0 + 50 * 0.1)
+    script = check_prices(study, sizes, loss_check=True, run_steps=30)  # its own run: 30 steps
+    assert script.loss_steps == 30 and script.loss_s == pytest.approx(6.0 + 30 * 0.1)
     uniform = check_prices(study, SampleSizes(SCANNED, 9, 9, (1,), (8,), 8, 8), loss_check=False)
     assert uniform.worst_s == 0.0 == uniform.loss_s
     price = confirmation_price(study, MeasureSettings(), 99.0, lambda peak: False,

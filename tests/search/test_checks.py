@@ -59,6 +59,8 @@ def test_a_loss_run_trains_the_numerics_at_the_same_effective_batch_on_your_load
     assert loss_config(other_batch, BASE) == BASE.replace(compile_mode="default")
     adafactor = loss_config(BASE.setting("optimizer", "adafactor"), BASE)
     assert adafactor.optimizer == "adafactor" and adafactor.optimizer_impl == "for_loop"
+    # a script's loop sums its own loss over a step's micro-batches: at the baseline's split
+    assert loss_config(config, BASE, with_split=False) == BASE.replace(precision="bf16")
 
 
 def test_a_loss_run_is_a_few_seconds_of_steps_within_bounds() -> None:
@@ -216,11 +218,10 @@ def test_checks_that_are_not_needed_off_or_out_of_time_say_why() -> None:
                                                       "not made for process groups yet"))
     assert group.summary().worst_batch_note == group.summary().loss_note == \
         "not made for process groups yet"
-    script = checks(Scripted({8: 300 * MiB}, {}),
-                    not_made=NotMade(loss="not made for training scripts yet"))
-    assert script.check(BASE.replace(precision="bf16")).loss is None
-    assert script.summary().loss_note == "not made for training scripts yet"
-    assert script.summary().worst_batch_note == ""
+    loss_only = checks(Scripted({8: 300 * MiB}, {}), not_made=NotMade(loss="not made here"))
+    assert loss_only.check(BASE.replace(precision="bf16")).loss is None
+    assert loss_only.summary().loss_note == "not made here"
+    assert loss_only.summary().worst_batch_note == ""
 
 
 def test_a_loss_run_that_does_not_finish_rules_its_configuration_out() -> None:

@@ -166,6 +166,8 @@ def _trial_arguments(trial: ScriptTrial, args: Any, baseline: ScriptBaseline,
         fields = training_arguments(trial.config, script, baseline.fixed)
     quiet = {**_QUIET, "output_dir": str(trial.scratch_dir / "transformers"),
              "max_steps": max(args.max_steps, trial.max_steps)}
+    if trial.seed is not None:  # a loss run's: the Trainer seeds its sampler and dropout with it
+        quiet["seed"] = quiet["data_seed"] = trial.seed
     if trial.device.type == "cpu":
         quiet["use_cpu"] = True  # TrainingArguments' own way to train on the CPU (bf16 there)
     known = {f.name for f in dataclasses.fields(args)}

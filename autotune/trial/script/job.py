@@ -1,10 +1,10 @@
-"""A trial's job (`child`) for a user's training script: run it (`runner`) under a measuring
-observer and answer as a model file's trial does: the probe's `ProbeReport` (the script's own
-settings as the baseline, the knob values its library cannot be told left out), or a
-`Measurement` with the configuration in the script's own terms (`ScriptAnswer`) and the
-findings of its profiler's window, or for `autotune profile --script` the `ProfileReport` of a
-few of the library's steps. Both findings name the script's lines that read tensors back, as
-its observer traced them in a step of the warm-up. A trial is
+"""A trial's job (`child`) for a user's training script: run it (`runner`) under an observer
+and answer as a model file's trial does: the probe's `ProbeReport` (the script's own settings
+as the baseline, the knob values its library cannot be told left out), a `Measurement` with the
+configuration in the script's own terms (`ScriptAnswer`) and the findings of its profiler's
+window, for `autotune profile --script` the `ProfileReport` of a few of the library's steps, or
+a check's run of the answer (its `WorstBatch` or `LossRun`). The findings name the script's
+lines that read tensors back, as its observer traced them in a step of the warm-up. A trial is
 told the script's own settings as its probe read them: the answer's baseline, and where each
 setting is said, so the trial sets the script's own flags as the answer would."""
 
@@ -23,6 +23,7 @@ from autotune.config import TrainConfig
 from autotune.options import MeasureSettings
 from autotune.target import Script
 from autotune.trial import distributed
+from autotune.trial.loss_run import seed_everything
 from autotune.trial.measure import findings_of
 from autotune.trial.profiling import (
     ProfilerWindow,
@@ -33,6 +34,8 @@ from autotune.trial.profiling import (
 from autotune.trial.protocol import (
     SCRIPT_STARTUP,
     Finding,
+    LossRun,
+    LossRunSettings,
     Measurement,
     ProbeReport,
     ProbeSettings,
@@ -44,6 +47,7 @@ from autotune.trial.protocol import (
 )
 from autotune.trial.sample_sizes import sizes_or_none
 from autotune.trial.script import terms
+from autotune.trial.script.loss_run import LossRunObserver
 from autotune.trial.script.measuring import MeasuringObserver
 from autotune.trial.script.observer import StepObserver
 from autotune.trial.script.runner import ScriptRun, run_script
@@ -66,11 +70,12 @@ Progress = Callable[[str], None]
 
 def script_job(request: TrialRequest, script: Script, device: torch.device, world_size: int,
                progress: Progress,
-               ) -> tuple[TrainConfig, Measurement | ProbeReport | ProfileReport | WorstBatch]:
-    """Run `script` (the request's target) for the request's job (measure, probe, profile or
-    worst batch); the configuration it ran, and the job's answer."""
-    if isinstance(request.settings, WorstBatchSettings):
-        return _worst_batch(request, script, device, world_size, progress)
+               ) -> tuple[TrainConfig,
+                          Measurement | ProbeReport | ProfileReport | WorstBatch | LossRun]:
+    """Run `script` (the request's target) for the request's job (measure, probe, profile,
+    worst batch or loss run); the configuration it ran, and the job's answer."""
+    if isinstance(request.settings, WorstBatchSettings | LossRunSettings):
+        return _check_run(request, script, device, world_size, progress)
     settings = _measure_settings(request)
     # FLOPs counted where a model file's trial counts them: a measurement on CUDA, for MFU
     observer = MeasuringObserver(settings, device, progress,
@@ -94,13 +99,19 @@ def script_job(request: TrialRequest, script: Script, device: torch.device, worl
                         findings=_window_findings(observer, ran, figures))
 
 
-def _worst_batch(request: TrialRequest, script: Script, device: torch.device, world_size: int,
-                 progress: Progress) -> tuple[TrainConfig, WorstBatch]:
-    """The script run with every micro-batch made of the training data's largest samples
-    (`request.settings.indices`) until its peak memory is steady, and that peak."""
+def _check_run(request: TrialRequest, script: Script, device: torch.device, world_size: int,
+               progress: Progress) -> tuple[TrainConfig, WorstBatch | LossRun]:
+    """A check's run of the script: its worst batch (every micro-batch made of the training
+    data's largest samples until its peak memory is steady, and that peak) or its loss run
+    (from the settings' seed, for their steps, and its losses)."""
     settings = request.settings
-    assert isinstance(settings, WorstBatchSettings)
-    observer = WorstBatchObserver(settings, device)
+    observer: WorstBatchObserver | LossRunObserver
+    if isinstance(settings, LossRunSettings):
+        seed_everything(settings.seed)
+        observer = LossRunObserver(settings, device)
+    else:
+        assert isinstance(settings, WorstBatchSettings)
+        observer = WorstBatchObserver(settings, device)
     run = run_under(request, script, device, world_size, observer, progress)
     own = _own(request)
     ran = _asked(request) or (own or run.baseline).config(device.type, world_size)
@@ -130,7 +141,8 @@ def run_under(request: TrialRequest, script: Script, device: torch.device, world
                             own_paths=[p for p in (
                                 request.trace_path and str(Path(request.trace_path).parent),
                                 profile_out) if p],
-                            worst=job if isinstance(job, WorstBatchSettings) else None)
+                            worst=job if isinstance(job, WorstBatchSettings) else None,
+                            seed=job.seed if isinstance(job, LossRunSettings) else None)
         progress(SCRIPT_STARTUP)
         return run_script(script.path, argv, trial)
 

@@ -57,7 +57,9 @@ def callback_class(base: type) -> type:
             trial.observer.on_train_start(TrainInfo(
                 LIBRARY, device, pl_module, optimizer, micro or 0,
                 trainer.accumulate_grad_batches, self.startup_s, trial.settings,
-                dataset_size(loader.dataset) if loader is not None else None))
+                dataset_size(loader.dataset) if loader is not None else None,
+                dataset=getattr(loader, "dataset", None),
+                collate=getattr(loader, "collate_fn", None)))
             self.stopwatch.mark()
 
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,

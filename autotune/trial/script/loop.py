@@ -55,7 +55,6 @@ from autotune.trial.script.sources import (
     shown_path,
     user_frames,
 )
-from autotune.trial.script.worst_batch import only
 from autotune.trial.training import (
     Unsupported,
     apply_activation_checkpointing,
@@ -545,9 +544,6 @@ def watching_loop(trial: ScriptTrial, where: Path,
         bound.apply_defaults()
         changed = watch.loader_built(self, dict(bound.arguments), site)
         bound.arguments.update(changed)
-        worst = trial.worst
-        if worst is not None and _length(bound.arguments["dataset"]) == worst.total:
-            bound.arguments["dataset"] = only(bound.arguments["dataset"], worst.indices)
         try:
             loader_init(*bound.args, **bound.kwargs)
         except Exception as exc:

@@ -46,6 +46,7 @@ from autotune.trial.script.session import (
 )
 from autotune.trial.script.sources import caller_site, record_flags
 from autotune.trial.script.terms import read_loop_baseline
+from autotune.trial.script.worst_batch import loaders_cut
 from autotune.trial.script.writes import (
     KeptWrites,
     autotunes_paths,
@@ -106,7 +107,7 @@ def run_script(path: str | Path, argv: Sequence[str], trial: ScriptTrial) -> Scr
                 patched_on_import(PATCHES), _parser_exits_recorded(), \
                 _output_kept(trial), kept_in_scratch(writes), \
                 watching_loop(trial, path.parent, read_loop_baseline), \
-                recording_imports() as imports:
+                loaders_cut(trial.worst), recording_imports() as imports:
             runpy.run_path(str(path), run_name="__main__")
         if trial.training and trial.steps:  # its own loop ended before its measurement did
             trial.observer.on_train_end()

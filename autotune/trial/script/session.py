@@ -124,6 +124,9 @@ class ScriptTrial:
     # A worst batch's job: the training data's largest samples, which every micro-batch is made
     # of (`script.worst_batch.only`); None: the training data as the script builds it.
     worst: WorstBatchSettings | None = None
+    # A loss run's seed, for a library that seeds the run itself (a Trainer's
+    # `TrainingArguments.seed`); None: the script's own.
+    seed: int | None = None
     output: OutputTail = field(default_factory=OutputTail)
 
     def training_called(self) -> float:

@@ -1,21 +1,27 @@
 """A training script's worst batch (`trial/worst_batch`'s, through the library's own loop): the
-script run with the trial's knobs and its training data cut to the dataset's largest samples
-(`ScriptTrial.only_samples`, which the library's hook applies as it starts training), so every
-micro-batch is made of them; stopped once its peak memory is steady, and that peak read as a
-model file's worst batch reads it (on CPU the process's peak RSS, the tuner starting the job as
-a fresh interpreter; on CUDA the allocator's peak from the start of training)."""
+script run with the trial's knobs and its training data cut to the dataset's largest samples,
+so every micro-batch is made of them (a Trainer's `train_dataset` as it starts training; any
+other script's DataLoader on a dataset of the sized length as it is built, `loaders_cut`: a
+hand-written loop's, Accelerate's, the one a Lightning module's `train_dataloader()` builds);
+stopped once its peak memory is steady, and that peak read as a model file's worst batch reads
+it (on CPU the process's peak RSS, the tuner starting the job as a fresh interpreter; on CUDA
+the allocator's peak from the start of training)."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import Subset
+from torch.utils.data import DataLoader, Subset
 
 from autotune.trial.measure import peak_memory
 from autotune.trial.protocol import WorstBatch, WorstBatchSettings
-from autotune.trial.script.observer import TrainInfo
+from autotune.trial.script.observer import TrainInfo, dataset_size
 from autotune.trial.window import synchronize
 from autotune.trial.worst_batch import steady_peak
 
@@ -27,6 +33,31 @@ def only(dataset: Any, indices: tuple[int, ...]) -> Any:
     if callable(getattr(dataset, "select", None)):
         return dataset.select(list(indices))
     return Subset(dataset, list(indices))
+
+
+@contextlib.contextmanager
+def loaders_cut(worst: WorstBatchSettings | None) -> Iterator[None]:
+    """While inside, a DataLoader built on a dataset of the length the probe sized
+    (`worst.total`: the training data) is built on its largest samples only (`worst.indices`);
+    nothing changes where `worst` is None."""
+    if worst is None:
+        yield
+        return
+    init = DataLoader.__init__
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def cut_init(self: DataLoader, *args: Any, **kwargs: Any) -> None:
+        bound = signature.bind(self, *args, **kwargs)
+        if dataset_size(bound.arguments["dataset"]) == worst.total:
+            bound.arguments["dataset"] = only(bound.arguments["dataset"], worst.indices)
+        init(*bound.args, **bound.kwargs)
+
+    DataLoader.__init__ = cut_init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        DataLoader.__init__ = init  # type: ignore[method-assign]
 
 
 class WorstBatchObserver:

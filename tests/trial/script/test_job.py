@@ -15,6 +15,8 @@ from autotune.target import Script
 from autotune.trial.protocol import (
     SCANNED,
     JobSettings,
+    LossRun,
+    LossRunSettings,
     Measurement,
     ProbeReport,
     ProbeSettings,
@@ -203,3 +205,47 @@ def test_knobs_the_library_refuses_together_end_the_trial_not_the_study(tmp_path
     result = _run_job(_request(tmp_path / "out", FAST, refused), lambda phase: None)
     assert result.status == TrialStatus.UNSUPPORTED and not result.bad_input, result
     assert "prefetch_factor" in result.message
+
+
+def _loss_run(out: Path, seed: int, config: TrainConfig) -> LossRun:
+    request = _request(out, LossRunSettings(seed, steps=12), config.to_dict())
+    ran, found = script_job(request, request.target, torch.device("cpu"), 1, lambda phase: None)
+    assert ran == config and isinstance(found, LossRun)
+    return found
+
+
+def test_a_scripts_loss_runs_of_one_seed_take_the_same_batches_and_another_seed_others(
+        tmp_path: Path) -> None:
+    """A loss run of a Trainer script stops after the steps asked for and reads its training
+    loss: two runs of one seed learn alike to the last bit (the Trainer seeded with it: the
+    same batches and dropout), another seed does not, and bf16 lands close by."""
+    need("transformers", "examples")
+    fp32 = TrainConfig(micro_batch_size=4)
+    first, again = _loss_run(tmp_path / "a", 0, fp32), _loss_run(tmp_path / "b", 0, fp32)
+    other = _loss_run(tmp_path / "c", 1, fp32)
+    bf16 = _loss_run(tmp_path / "d", 0, fp32.replace(precision="bf16"))
+    assert first.steps == again.steps == other.steps == bf16.steps == 12
+    assert first.final_loss == again.final_loss and first.initial_loss == again.initial_loss
+    assert other.final_loss != first.final_loss
+    assert bf16.finite and abs(bf16.final_loss - first.final_loss) < 0.1 * first.final_loss
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_lightning_scripts_samples_are_sized_and_its_worst_batch_cut_in_its_datamodule(
+        tmp_path: Path) -> None:
+    """A Lightning DataModule's training DataLoader (4,000 sequences, one of 2,048 tokens,
+    padded by its own collate function) is sized by the probe; the worst batch cuts the dataset
+    of the DataLoader its train_dataloader() builds inside fit to the largest samples."""
+    need("lightning", "examples")
+    target = Script(str(SCRIPTS / "lightning_rare_long.py"), ("--root", str(tmp_path / "r")))
+    probe = TrialRequest(target, config={}, device="cpu", settings=ProbeSettings({}))
+    _, report = script_job(probe, target, torch.device("cpu"), 1, lambda phase: None)
+    assert isinstance(report, ProbeReport) and report.sizes is not None
+    assert report.sizes.total == 4_000 and report.sizes.largest[0] == 1_207
+    settings = WorstBatchSettings(report.sizes.worst_indices(8), 4_000, steps=2, steady=1,
+                                  max_steps=3)
+    worst = TrialRequest(target, config=TrainConfig(micro_batch_size=8).to_dict(),
+                         device="cpu", settings=settings, script_baseline=report.script_baseline)
+    _, found = script_job(worst, target, torch.device("cpu"), 1, lambda phase: None)
+    assert isinstance(found, WorstBatch) and found.samples == 8 and 2 <= found.steps <= 3
+    assert not (tmp_path / "r").exists()
