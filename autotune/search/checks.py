@@ -158,15 +158,6 @@ class CheckPrices:
 
 
 @dataclass(frozen=True)
-class NotMade:
-    """Why a study makes no worst-batch check, and why no loss check, where it makes none (a
-    kind of training autotune does not check yet); empty: it makes it."""
-
-    worst: str = ""
-    loss: str = ""
-
-
-@dataclass(frozen=True)
 class Checked:
     """What the checks found of one configuration (None where a check was not made), and why
     it is ruled out, where it is (empty: it may race)."""
@@ -184,7 +175,7 @@ class AnswerChecks:
     def __init__(self, measure: Measure, baseline: TrainConfig, scoring: Scoring, *,
                  sizes: SampleSizes | None, capacity_bytes: int | None, loss_check: bool,
                  prices: CheckPrices, time_limit_s: float, device: str, view: StudyView,
-                 not_made: NotMade = NotMade(), loss_with_split: bool = True) -> None:
+                 loss_with_split: bool = True) -> None:
         self.measure, self.baseline, self.scoring = measure, baseline, scoring
         self.sizes, self.capacity_bytes = sizes, capacity_bytes
         self.prices, self.time_limit_s, self.device, self.view = \
@@ -193,8 +184,8 @@ class AnswerChecks:
         self._worst: dict[str, WorstBatchCheck | None] = {}
         self._loss: dict[str, LossCheck | None] = {}
         self._base: tuple[LossRun, LossRun] | None = None
-        self.worst_note = not_made.worst or self._sizes_note(sizes)
-        self.loss_note = not_made.loss or ("off (--no-loss-check)" if not loss_check else "")
+        self.worst_note = self._sizes_note(sizes)
+        self.loss_note = "off (--no-loss-check)" if not loss_check else ""
         self._worst_skipped = self._loss_skipped = False
         self._said: set[str] = set()  # the configurations whose ruling out was said
         # Numerics that learned worse (at one split of the effective batch): at another split

@@ -43,7 +43,6 @@ from autotune.search.budget import (
 from autotune.search.checks import (
     AnswerChecks,
     CheckPrices,
-    NotMade,
     loss_steps,
     numerics_offered,
 )
@@ -253,20 +252,9 @@ class Tuner:
                                   self._check_prices(), numerics_offered(self.space.domains))
 
     def _check_prices(self) -> CheckPrices | None:
-        """What one run of each check this study makes costs (none where it makes neither)."""
-        not_made = self._not_made()
-        if not_made.worst and not_made.loss:
-            return None
-        return check_prices(self.study, None if not_made.worst else self.probe.sizes,
-                            not not_made.loss and not self.options.no_loss_check,
+        """What one run of each check of the answer costs here (None before the baseline)."""
+        return check_prices(self.study, self.probe.sizes, not self.options.no_loss_check,
                             self.probe.script_run_steps)
-
-    def _not_made(self) -> NotMade:
-        """Which of the answer's checks (`search.checks`) this study cannot make, and why: a
-        process group neither."""
-        if self.options.nproc_per_node > 1:
-            return NotMade("not made for process groups yet", "not made for process groups yet")
-        return NotMade()
 
     def _checks(self) -> AnswerChecks:
         """The checks of what the confirmation may recommend: its worst batch, its loss."""
@@ -276,8 +264,7 @@ class Tuner:
                             sizes=self.probe.sizes, capacity_bytes=self.capacity_bytes,
                             loss_check=not opts.no_loss_check, prices=prices,
                             time_limit_s=opts.trial_time_limit_s, device=str(self.device),
-                            view=self.view, not_made=self._not_made(),
-                            loss_with_split=not isinstance(opts.target, Script))
+                            view=self.view, loss_with_split=not isinstance(opts.target, Script))
 
     def _warm_start(self) -> WarmStart | None:
         return warm_start(self.runner, str(self.device), self.options.trial_time_limit_s) \

@@ -10,7 +10,8 @@ configuration's run with the user's settings' runs (`search/checks`); this job i
   generator is the same in every run);
 - the batches: optimizer step k takes the same `effective_batch_size` samples in every run of
   a seed, whatever the micro-batch and accumulation (each epoch a permutation drawn from the
-  seed, cut into steps, the last partial step of an epoch dropped), loaded in the process;
+  seed, cut into steps, the last partial step of an epoch dropped), loaded in the process; in a
+  process group each rank its own share of the group's step (`rank_order`);
 - the loss: on a fixed set of samples (`HELD_SEED`: the same for every run and seed of one
   effective batch), through the configuration's own forward (its precision, kernels,
   compile), before training and after `steps` optimizer steps; and the mean training loss of
@@ -29,6 +30,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from autotune.config import TrainConfig
+from autotune.trial import distributed
 from autotune.trial.protocol import LossRun, LossRunSettings
 from autotune.trial.training import TrainingSetup, setup_from_workload
 from autotune.trial.workload import Workload
@@ -56,7 +58,10 @@ def loss_run_job(workload: Workload, config: TrainConfig, device: torch.device,
     model = workload.build_model()
     setup = setup_from_workload(workload, config, device, model=model, dataset=dataset, seed=seed)
     collate, micro = workload.hook("collate_fn"), config.micro_batch_size
-    order = step_order(len(dataset), config.effective_batch_size, steps, seed)
+    world = distributed.current()
+    order = rank_order(len(dataset), config.effective_batch_size, steps, seed,
+                       world.rank if world is not None else 0,
+                       world.size if world is not None else 1)
     train = iter(DataLoader(dataset, batch_sampler=list(chunks(order, micro)),
                             collate_fn=collate))
     held = DataLoader(dataset, batch_sampler=list(chunks(held_indices(
@@ -101,6 +106,17 @@ def step_order(size: int, effective_batch: int, steps: int, seed: int) -> list[i
         epoch = torch.randperm(size, generator=generator).tolist()
         order += epoch[:per_epoch * effective_batch]
     return order[:steps * effective_batch]
+
+
+def rank_order(size: int, effective_batch: int, steps: int, seed: int, rank: int,
+               ranks: int) -> list[int]:
+    """This rank's share of `step_order` for a group of `ranks`: each optimizer step takes
+    `effective_batch` samples on every rank, the group's step `ranks` times that, so a step's
+    samples are the same whatever the split of each rank's share into micro-batches."""
+    order = step_order(size, effective_batch * ranks, steps, seed)
+    group = effective_batch * ranks
+    return [i for start in range(0, len(order), group)
+            for i in order[start + rank * effective_batch:start + (rank + 1) * effective_batch]]
 
 
 def held_indices(size: int, effective_batch: int) -> list[int]:

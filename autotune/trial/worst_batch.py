@@ -8,7 +8,9 @@ user's own run is one: on CPU the peak is the process's peak RSS, the build incl
 trial's (and, unlike a trial forked from the fork server, with the libraries' pages it maps
 counted, as in a run of the user's); on CUDA the allocator's peak from the end of the build, as
 a trial's. A micro-batch that does not fit ends the job out of memory, which the tuner reads
-as such.
+as such. In a process group every rank's micro-batch is made of the largest samples (the rank
+that draws them in the user's run is the one that must fit), and the group's peak is its
+largest rank's.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import time
 from collections.abc import Callable
 
 import torch
-from torch.utils.data import Subset
+from torch.utils.data import DataLoader, Subset
 
 from autotune.config import TrainConfig
+from autotune.trial import distributed
 from autotune.trial.measure import peak_memory
 from autotune.trial.protocol import WorstBatch, WorstBatchSettings
 from autotune.trial.training import setup_from_workload
@@ -53,19 +56,30 @@ def worst_batch_job(workload: Workload, config: TrainConfig, device: torch.devic
     if len(data) != settings.total:
         raise RuntimeError(f"build_dataset built {len(data)} samples, not the {settings.total} "
                            "the probe sized: the largest samples' indices mean nothing here")
-    dataset = Subset(data, indices)
-    setup = setup_from_workload(workload, config, device, model=model, dataset=dataset)
+    world = distributed.current()
+    ranks = world.size if world is not None else 1
+    # (a group's sampler shards what it is given: as many samples as it needs, for the setup)
+    setup = setup_from_workload(workload, config, device, model=model,
+                                dataset=Subset(data, indices * ranks))
+    if world is not None:  # every rank's micro-batch the largest: the rank that draws them
+        setup.loader = DataLoader(Subset(data, indices), batch_size=len(indices),
+                                  collate_fn=setup.loader.collate_fn)
     batches = setup.batches()
     progress(f"optimizer steps on the worst batch ({len(indices)} largest samples) until its "
              "peak memory is steady")
     finite = torch.ones((), dtype=torch.bool, device=device)
     peaks: list[int] = []
-    while len(peaks) < most and not steady_peak(peaks, least, steady):
+    # a group's ranks step together: rank 0 decides when the peak is steady
+    while not setup.decide(len(peaks) >= most or steady_peak(peaks, least, steady)):
         finite &= torch.isfinite(setup.step(batches).loss)
         synchronize(device)
         peaks.append(peak_memory(device).peak)
-    return WorstBatch(samples=len(indices), peak_memory_bytes=peaks[-1], steps=len(peaks),
-                      loss_finite=bool(finite), seconds=time.perf_counter() - start)
+    peak, all_finite = peaks[-1], bool(finite)
+    if world is not None:  # the group's: the largest rank's peak, finite on every rank
+        gathered = world.gather((peak, all_finite))
+        peak, all_finite = max(p for p, _ in gathered), all(f for _, f in gathered)
+    return WorstBatch(samples=len(indices), peak_memory_bytes=peak, steps=len(peaks),
+                      loss_finite=all_finite, seconds=time.perf_counter() - start)
 
 
 def steady_peak(peaks: list[int], least: int, steady: int) -> bool:

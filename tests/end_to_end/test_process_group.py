@@ -48,6 +48,9 @@ def test_a_two_rank_study_measures_ddp_and_fsdp_and_exports_both(write_model, tm
     assert "left out: ddp_static_graph=True: fails with gradient accumulation" in said
     summary = json.loads(done.stdout)
     assert summary["nproc_per_node"] == 2
+    # the answer's checks are made for a group too: here none is needed
+    assert summary["checks"]["worst_batch_note"].startswith("not needed: every sample")
+    assert summary["checks"]["loss_note"].startswith("not needed: nothing it may recommend")
     shown = json.loads(run_cli("show", model.stem, "--studies-dir", str(tmp_path),
                                "--json").stdout)
     measured = {r.config.parallelism for r in _trials(tmp_path, model.stem)

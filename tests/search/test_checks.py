@@ -17,7 +17,6 @@ from autotune.search.checks import (
     MIN_LOSS_STEPS,
     AnswerChecks,
     CheckPrices,
-    NotMade,
     judge_loss,
     loss_config,
     loss_steps,
@@ -159,12 +158,11 @@ class Notes(SilentView):
 
 
 def checks(measure: Scripted, sizes: SampleSizes | None = SIZES, loss_check: bool = True,
-           not_made: NotMade | None = None, view: SilentView | None = None) -> AnswerChecks:
+           view: SilentView | None = None) -> AnswerChecks:
     return AnswerChecks(measure, BASE, Scoring("cpu", 600 * MiB, 0.1, 0.0), sizes=sizes,
                         capacity_bytes=700 * MiB, loss_check=loss_check,
                         prices=CheckPrices(worst_s=1.0, loss_s=1.0, loss_steps=120),
-                        time_limit_s=60, device="cpu", view=view or SilentView(),
-                        not_made=not_made or NotMade())
+                        time_limit_s=60, device="cpu", view=view or SilentView())
 
 
 def test_what_runs_out_of_memory_on_its_worst_batch_or_learns_worse_is_ruled_out() -> None:
@@ -214,14 +212,6 @@ def test_checks_that_are_not_needed_off_or_out_of_time_say_why() -> None:
     assert "did not size the samples" in unsized.worst_batch_note
     nothing = checks(Scripted({8: 1}, {})).summary()
     assert nothing.loss_note == "not needed: nothing it may recommend changes the numerics"
-    group = checks(Scripted({}, {}), not_made=NotMade("not made for process groups yet",
-                                                      "not made for process groups yet"))
-    assert group.summary().worst_batch_note == group.summary().loss_note == \
-        "not made for process groups yet"
-    loss_only = checks(Scripted({8: 300 * MiB}, {}), not_made=NotMade(loss="not made here"))
-    assert loss_only.check(BASE.replace(precision="bf16")).loss is None
-    assert loss_only.summary().loss_note == "not made here"
-    assert loss_only.summary().worst_batch_note == ""
 
 
 def test_a_loss_run_that_does_not_finish_rules_its_configuration_out() -> None:

@@ -81,7 +81,7 @@ def patch_trainer(module: ModuleType) -> None:
             trial.baseline.said("TrainingArguments", FIELDS[knob],
                                 named_flag(flag, trial.flags, knob))
         if trial.worst is not None:
-            self.train_dataset = only(self.train_dataset, trial.worst.indices)
+            self.train_dataset = only(self.train_dataset, trial.worst)
         tally = StepTally()
         self.add_callback(callback_cls(trial, self, tally, startup_s))
         _tally_micro_steps(self, tally)

@@ -135,8 +135,12 @@ def _quiet(trial: ScriptTrial, kwargs: dict[str, Any], dropped: tuple[type, ...]
            "callbacks": [*(c for c in own if not isinstance(c, dropped)), callback]}
     if kwargs.get("accelerator", "auto") == "auto":
         out["accelerator"] = "gpu" if trial.device.type == "cuda" else trial.device.type
-    if kwargs.get("devices", "auto") == "auto" and int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        out["devices"] = 1  # one process: one device, never every GPU it can see
+    if kwargs.get("devices", "auto") == "auto":
+        # one process: one device, never every GPU it can see; a rank of a process group: the
+        # group's ranks on this node (Lightning's "auto" on CPU is one device, with which each
+        # rank would train alone, unsharded, never syncing its gradients)
+        out["devices"] = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) \
+            if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 1
     return out
 
 

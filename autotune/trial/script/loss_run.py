@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from autotune.trial import distributed
 from autotune.trial.protocol import LossRun, LossRunSettings
 from autotune.trial.script.observer import TrainInfo
 
@@ -42,7 +43,7 @@ class LossRunObserver:
             raise RuntimeError("the script's library gives no loss of its steps: its loss "
                                "cannot be compared")
         self.losses.append(loss.detach().float().reshape(()).to(self.device))
-        return len(self.losses) >= self.settings.steps
+        return distributed.decided(len(self.losses) >= self.settings.steps)
 
     def on_train_end(self) -> None:
         pass

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Subset
 
+from autotune.trial import distributed
 from autotune.trial.measure import peak_memory
 from autotune.trial.protocol import WorstBatch, WorstBatchSettings
 from autotune.trial.script.observer import TrainInfo, dataset_size
@@ -26,13 +27,20 @@ from autotune.trial.window import synchronize
 from autotune.trial.worst_batch import steady_peak
 
 
-def only(dataset: Any, indices: tuple[int, ...]) -> Any:
-    """The samples of `dataset` at `indices`, in that order: a `datasets.Dataset` selects its
-    rows (so the Hugging Face Trainer still drops the columns the model does not take), any
-    other is a `Subset`."""
+def only(dataset: Any, worst: WorstBatchSettings) -> Any:
+    """The samples of `dataset` at `worst.indices`, in that order (once for each rank of a
+    process group: its library's sampler shards them, so each rank's micro-batch is made of the
+    largest samples): a `datasets.Dataset` selects its rows (so the Hugging Face Trainer still
+    drops the columns the model does not take), any other is a `Subset`."""
+    indices = list(worst.indices) * _ranks()
     if callable(getattr(dataset, "select", None)):
-        return dataset.select(list(indices))
-    return Subset(dataset, list(indices))
+        return dataset.select(indices)
+    return Subset(dataset, indices)
+
+
+def _ranks() -> int:
+    world = distributed.current()
+    return world.size if world is not None else 1
 
 
 @contextlib.contextmanager
@@ -50,7 +58,7 @@ def loaders_cut(worst: WorstBatchSettings | None) -> Iterator[None]:
     def cut_init(self: DataLoader, *args: Any, **kwargs: Any) -> None:
         bound = signature.bind(self, *args, **kwargs)
         if dataset_size(bound.arguments["dataset"]) == worst.total:
-            bound.arguments["dataset"] = only(bound.arguments["dataset"], worst.indices)
+            bound.arguments["dataset"] = only(bound.arguments["dataset"], worst)
         init(*bound.args, **bound.kwargs)
 
     DataLoader.__init__ = cut_init  # type: ignore[method-assign]
@@ -72,7 +80,7 @@ class WorstBatchObserver:
         self._start = time.perf_counter()
 
     def on_train_start(self, info: TrainInfo) -> None:
-        kept = len(self.settings.indices)
+        kept = len(self.settings.indices) * _ranks()
         if info.dataset_size != kept:
             raise RuntimeError(f"the worst batch of a {info.library} script is not checked yet: "
                                f"its training data holds {info.dataset_size} samples, not the "
@@ -86,7 +94,9 @@ class WorstBatchObserver:
         synchronize(self.device)
         self.peaks.append(peak_memory(self.device).peak)
         s = self.settings
-        return len(self.peaks) >= s.max_steps or steady_peak(self.peaks, s.steps, s.steady)
+        # a group's ranks step together: rank 0 decides when the peak is steady
+        return distributed.decided(len(self.peaks) >= s.max_steps or
+                                   steady_peak(self.peaks, s.steps, s.steady))
 
     def on_train_end(self) -> None:
         pass
@@ -95,6 +105,11 @@ class WorstBatchObserver:
         if not self.peaks:
             raise RuntimeError("the script's training ended before its first optimizer step on "
                                "the worst batch")
-        return WorstBatch(samples=len(self.settings.indices), peak_memory_bytes=self.peaks[-1],
-                          steps=len(self.peaks), loss_finite=bool(self._finite),
+        peak, finite = self.peaks[-1], bool(self._finite)
+        world = distributed.current()
+        if world is not None:  # the group's: the largest rank's peak, finite on every rank
+            gathered = world.gather((peak, finite))
+            peak, finite = max(p for p, _ in gathered), all(f for _, f in gathered)
+        return WorstBatch(samples=len(self.settings.indices), peak_memory_bytes=peak,
+                          steps=len(self.peaks), loss_finite=finite,
                           seconds=time.perf_counter() - self._start)
