@@ -61,7 +61,7 @@ def loss_run_job(workload: Workload, config: TrainConfig, device: torch.device,
     world = distributed.current()
     order = rank_order(len(dataset), config.effective_batch_size, steps, seed,
                        world.rank if world is not None else 0,
-                       world.size if world is not None else 1)
+                       distributed.launched_world_size())
     train = iter(DataLoader(dataset, batch_sampler=list(chunks(order, micro)),
                             collate_fn=collate))
     held = DataLoader(dataset, batch_sampler=list(chunks(held_indices(

@@ -57,7 +57,7 @@ def worst_batch_job(workload: Workload, config: TrainConfig, device: torch.devic
         raise RuntimeError(f"build_dataset built {len(data)} samples, not the {settings.total} "
                            "the probe sized: the largest samples' indices mean nothing here")
     world = distributed.current()
-    ranks = world.size if world is not None else 1
+    ranks = distributed.launched_world_size()
     # (a group's sampler shards what it is given: as many samples as it needs, for the setup)
     setup = setup_from_workload(workload, config, device, model=model,
                                 dataset=Subset(data, indices * ranks))

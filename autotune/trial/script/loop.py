@@ -44,7 +44,7 @@ from torch.optim.optimizer import (
 from torch.utils.data import DataLoader, IterableDataset
 
 from autotune.config import default_optimizer_impl
-from autotune.trial.script.observer import TrainInfo, TrainingDone, rows
+from autotune.trial.script.observer import TrainInfo, TrainingDone, dataset_size, rows
 from autotune.trial.script.session import ScriptTrial, current
 from autotune.trial.script.sources import (
     CallSite,
@@ -554,7 +554,7 @@ def watching_loop(trial: ScriptTrial, where: Path,
                               f"{exc}", knob, changed[knob]) from None
         record = self._autotune_loader  # type: ignore[attr-defined]
         record.dataset_size, record.dataset, record.collate = \
-            _length(self.dataset), self.dataset, self.collate_fn
+            dataset_size(self.dataset), self.dataset, self.collate_fn
 
     @functools.wraps(loader_iter)
     def patched_iter(self: DataLoader) -> Any:
@@ -655,9 +655,3 @@ def watching_loop(trial: ScriptTrial, where: Path,
             hook.remove()
         watch.finish()
 
-
-def _length(dataset: Any) -> int | None:
-    try:
-        return len(dataset)
-    except TypeError:
-        return None

@@ -32,15 +32,11 @@ def only(dataset: Any, worst: WorstBatchSettings) -> Any:
     process group: its library's sampler shards them, so each rank's micro-batch is made of the
     largest samples): a `datasets.Dataset` selects its rows (so the Hugging Face Trainer still
     drops the columns the model does not take), any other is a `Subset`."""
-    indices = list(worst.indices) * _ranks()
+    indices = list(worst.indices) * distributed.launched_world_size()
     if callable(getattr(dataset, "select", None)):
         return dataset.select(indices)
     return Subset(dataset, indices)
 
-
-def _ranks() -> int:
-    world = distributed.current()
-    return world.size if world is not None else 1
 
 
 @contextlib.contextmanager
@@ -80,7 +76,7 @@ class WorstBatchObserver:
         self._start = time.perf_counter()
 
     def on_train_start(self, info: TrainInfo) -> None:
-        kept = len(self.settings.indices) * _ranks()
+        kept = len(self.settings.indices) * distributed.launched_world_size()
         if info.dataset_size != kept:
             raise RuntimeError(f"the worst batch of a {info.library} script is not checked yet: "
                                f"its training data holds {info.dataset_size} samples, not the "
