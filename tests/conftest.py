@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.util
+import io
 import os
 import shutil
 import socket
@@ -20,6 +22,13 @@ TEST_MODELS = Path(__file__).resolve().parent / "models"
 # Short windows: the tests check behaviour, not figures.
 FAST = ["--window-steps", "3", "--window-seconds", "0.2", "--window-max-seconds", "1",
         "--warmup-max-seconds", "5", "--profile-steps", "1"]
+
+# torch.compile costs ~30 s a trial on CI's cores: the studies hold it off.
+NO_COMPILE = ["--fix", "compile_mode=none"]
+# The models/ MLP at a size whose trial takes a second or two here.
+TINY_MLP = ["--model", "models/mlp.py", "--device", "cpu", "--model-arg", "feature_dim=32",
+            "--model-arg", "hidden=64", "--model-arg", "layers=2", "--model-arg",
+            "num_samples=4096", "--global-batch-size", "256", *NO_COMPILE]
 
 # One confirmation round (the default adds rounds until the speedup is known within ±3%), and no
 # loss check (three runs of about 3 s more wherever the answer may change the numerics): a test
@@ -58,6 +67,19 @@ def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """`python -m autotune ARGS` as a user would run it."""
     return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True,
                           text=True, timeout=timeout, cwd=ROOT)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    """`autotune ARGS` in this process, for the commands that only read a study (show, export,
+    studies, report) or that end before one starts (bad input): a process of their own would
+    import torch again for each."""
+    from autotune.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return subprocess.CompletedProcess(["autotune", *args], code, out.getvalue(),
+                                       err.getvalue())
 
 
 @pytest.fixture

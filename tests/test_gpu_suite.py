@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from types import ModuleType
 
 import pytest
+
+from autotune.cli import build_parser, split_script_args
 
 from .conftest import ROOT
 
@@ -34,44 +37,44 @@ def test_the_dry_run_prints_the_plan_and_runs_a_cpu_bench(tmp_path) -> None:
     assert (tmp_path / "logs" / "dry-run-cpu-bench.log").exists()
 
 
-@pytest.mark.slow
+def gpu_suite() -> ModuleType:
+    """benchmarks/gpu_suite.py as a module: its plans are read here, not run."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_suite
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return gpu_suite
+
+
 def test_the_quick_plan_starts_with_a_default_gpt2_small_study_and_fits_540_s(tmp_path) -> None:
     """A short lease's plan: the machine, then a default study of models/gpt.py at its own
     GPT-2-small size under a whole-run --budget, the benches, an HF script study; every
     step's worst case together within 540 s, and each command one the CLI accepts."""
-    done = subprocess.run([sys.executable, "benchmarks/gpu_suite.py", "--quick", "--out",
-                           str(tmp_path), "--dry-run"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    steps = [line for line in done.stdout.splitlines() if line.startswith("todo ")]
-    assert steps[0].startswith("todo env ")
-    study = steps[1]
+    suite = gpu_suite()
+    steps = suite.quick_plan()
+    assert steps[0].name == "env" and not steps[0].args
+    study = " ".join(suite.command(steps[1], tmp_path))
     assert "run --model models/gpt.py" in study and "--budget" in study
     assert "--model-arg" not in study and "--set" not in study  # the file's own size, defaults
-    names = [line.split()[1] for line in steps]
+    names = [step.name for step in steps]
     assert names[2:7] == [f"quick-bench-gpt2-{p}" for p in (
         "fp32-none", "tf32-none", "bf16-none", "bf16-default", "bf16-reduce-overhead")]
-    assert names[7] == "quick-script-hf" and steps[7].rstrip().endswith("--report_to none")
-    assert "worst case 540 s: fits the budget of 540 s" in done.stdout
-    for line in steps[1:]:  # every command parses: --help after its own arguments
-        argv = line.split(": ", 1)[1].split()[2:]
-        own = argv[:argv.index("--")] if "--" in argv else argv
-        parsed = subprocess.run([sys.executable, "-m", "autotune", *own, "--help"], cwd=ROOT,
-                                capture_output=True, text=True, timeout=60)
-        assert parsed.returncode == 0, (line, parsed.stderr)
+    assert names[7] == "quick-script-hf" and \
+        suite.command(steps[7], tmp_path)[-2:] == ["--report_to", "none"]
+    assert sum(step.max_s for step in steps) <= suite.QUICK_BUDGET_S == 540
+    parser = build_parser()
+    for step in steps[1:]:  # every command parses, each of its flags known
+        own, _ = split_script_args(suite.command(step, tmp_path)[3:])
+        assert parser.parse_args(own).command == step.args[0], step
 
 
 def test_the_follow_up_plan_fits_540_s_and_holds_what_the_quick_one_left_unproven() -> None:
     """The second lease's plan: a default study of a GPT small enough that its warm processes
     fit together, a loader-bound default study, then fp16 and the flash and cuDNN kernels in
     bf16; its worst cases within the short lease's 540 s, each command one `run` or `bench`."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import gpu_suite
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    steps = gpu_suite.followup_plan()
-    assert sum(step.max_s for step in steps) <= gpu_suite.QUICK_BUDGET_S
+    steps = gpu_suite().followup_plan()
+    assert sum(step.max_s for step in steps) <= gpu_suite().QUICK_BUDGET_S
     names = [step.name for step in steps]
     assert names == ["env", "followup-study-gpt-warm", "followup-study-loader",
                      "followup-bench-gpt-fp16", "followup-bench-gpt-bf16-flash",

@@ -29,7 +29,7 @@ from autotune.search.domains import device_refusals
 from autotune.search.events import StudyView
 from autotune.search.group_checks import group_left_out
 from autotune.search.runner import Runner
-from autotune.search.space import SearchSpace, build_space
+from autotune.search.space import SearchSpace, build_space, user_values
 from autotune.study.records import StudyKey, study_machines
 from autotune.study.results import shorter_than_measured, study_identity
 from autotune.study.storage import open_storage
@@ -82,6 +82,7 @@ class StudyOpener:
         sampler = optuna.samplers.TPESampler(
             seed=opts.seed, multivariate=True, group=True,
             n_startup_trials=min(10, max(3, (opts.trials or TYPICAL_TRIALS) // 3)))
+        user_values(info, opts.fixes, opts.space_file)  # bad input refused before the probe
         probed: ProbeReport | None = None
         while True:
             existing = self._recorded(name)

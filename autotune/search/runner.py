@@ -147,7 +147,8 @@ class ProcessRunner:
         server = self._fork_server(time_limit_s)
         candidates = probe_candidates(describe(torch.device(device)), optimizer_change)
         request = TrialRequest(self.target, config={}, device=device,
-                               settings=ProbeSettings(candidates),
+                               settings=ProbeSettings.for_window(
+                                   candidates, self.settings.window_seconds),
                                inductor_cache_dir=self._inductor_cache(),
                                script_baseline=self._script_baseline)
         script = Path(self.target.path).name

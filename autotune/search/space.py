@@ -269,24 +269,12 @@ def build_space(baseline: TrainConfig, info: DeviceInfo, dataset_size: int, *,
     if not _positive_int(dataset_size):
         raise SpaceError(f"the dataset must hold at least one sample, got {dataset_size!r}")
 
-    narrowed: dict[str, tuple] = {}
-    if space_file is not None:
-        for knob, values in load_space_file(space_file).items():
-            narrowed[knob] = _supported(knob, values, info, f"{space_file}: ")
+    narrowed = user_values(info, fixes, space_file)
     for knob, value in (fixes or {}).items():
-        source = f"--fix {knob}={value}"
-        if knob not in knob_names():
-            raise SpaceError(f"{source}: {_unknown(knob)}")
-        fixed = _typed_value(knob, value, source)
-        # a fix picks one of the values the space file lists; any other value contradicts it
-        if knob in narrowed and fixed not in narrowed[knob]:
-            raise SpaceError(f"{source} contradicts {space_file}, which lists {knob}: "
-                             f"{list(narrowed[knob])}; fix one of those values or drop one of "
-                             "the two")
-        narrowed[knob] = _supported(knob, [fixed], info, "--fix ")
-        reason = (left_out or {}).get(knob, {}).get(fixed)
-        if reason is not None and fixed != getattr(baseline, knob):
-            raise SpaceError(f"{source}: left out on this model and machine: {reason}")
+        reason = (left_out or {}).get(knob, {}).get(narrowed[knob][0])
+        if reason is not None and narrowed[knob][0] != getattr(baseline, knob):
+            raise SpaceError(f"--fix {knob}={value}: left out on this model and machine: "
+                             f"{reason}")
 
     offered = device_domains(baseline, info, world_size, convolutional, attention,
                              optimizer_change)
@@ -347,6 +335,29 @@ def build_space(baseline: TrainConfig, info: DeviceInfo, dataset_size: int, *,
     return SearchSpace(domains={k: domains[k] for k in _CATEGORICAL}, baseline=baseline,
                        global_batch=target, batch_range=free_batch, fixed_grad_accum=fixed_accum,
                        max_grad_accum=max_grad_accum if free_batch else None)
+
+
+def user_values(info: DeviceInfo, fixes: Mapping[str, Any] | None,
+                space_file: str | Path | None) -> dict[str, tuple]:
+    """The values the user narrowed the space to (`--space`, then `--fix`: a fix must be one of
+    the values the file lists for its knob), typed, each one `info`'s device runs. Nothing here
+    needs the probe, so `opening` asks it first: bad input costs no probe."""
+    narrowed: dict[str, tuple] = {}
+    if space_file is not None:
+        for knob, values in load_space_file(space_file).items():
+            narrowed[knob] = _supported(knob, values, info, f"{space_file}: ")
+    for knob, value in (fixes or {}).items():
+        source = f"--fix {knob}={value}"
+        if knob not in knob_names():
+            raise SpaceError(f"{source}: {_unknown(knob)}")
+        fixed = _typed_value(knob, value, source)
+        # a fix picks one of the values the space file lists; any other value contradicts it
+        if knob in narrowed and fixed not in narrowed[knob]:
+            raise SpaceError(f"{source} contradicts {space_file}, which lists {knob}: "
+                             f"{list(narrowed[knob])}; fix one of those values or drop one of "
+                             "the two")
+        narrowed[knob] = _supported(knob, [fixed], info, "--fix ")
+    return narrowed
 
 
 def load_space_file(path: str | Path) -> dict[str, list[Any]]:

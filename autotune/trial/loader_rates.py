@@ -22,25 +22,29 @@ from autotune.config import TrainConfig
 from autotune.trial.protocol import LoaderRate
 from autotune.trial.training import make_loader
 
-PROBE_BATCHES = 20
-PROBE_SECONDS = 1.0
+# Batches timed at least, besides the seconds asked for: a slow loader's rate is still a rate.
+TIMED_BATCHES = 5
 # The most workers a waiting loader is timed with: each is a process with a copy of the dataset.
 MAX_WAITING_WORKERS = 32
 
 
 def measure_loader_rates(dataset: Dataset, collate: Callable[[list[Any]], Any] | None,
                          micro_batch_size: int,
-                         settings: Iterable[tuple[int, int | None]]) -> list[LoaderRate]:
-    """Each setting's rate over at least PROBE_BATCHES batches and PROBE_SECONDS seconds."""
+                         settings: Iterable[tuple[int, int | None]],
+                         seconds: float) -> list[LoaderRate]:
+    """Each setting's rate over at least TIMED_BATCHES batches and `seconds` seconds."""
     rates = []
     for workers, prefetch in settings:
         # Not persistent: the workers must end with the probe, not live on in the tuner.
         config = TrainConfig(micro_batch_size=micro_batch_size, num_workers=workers,
                              prefetch_factor=prefetch)
         batches = _forever(make_loader(dataset, config, torch.device("cpu"), collate))
-        next(batches)  # worker start-up is paid once per run, not per batch
+        # Worker start-up is paid once per run, not per batch; by the first batch each worker
+        # has one almost ready, loaded while nothing was timed: those are not timed either.
+        for _ in range(max(1, workers)):
+            next(batches)
         count, start, cpu = 0, time.perf_counter(), time.process_time()
-        while count < PROBE_BATCHES or time.perf_counter() - start < PROBE_SECONDS:
+        while count < TIMED_BATCHES or time.perf_counter() - start < seconds:
             next(batches)
             count += 1
         wall = time.perf_counter() - start

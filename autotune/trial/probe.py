@@ -116,7 +116,7 @@ def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
     progress("timing the DataLoader alone")
     collate = workload.hook("collate_fn")
     report.loader_rates = measure_loader_rates(dataset, collate, config.micro_batch_size,
-                                               sorted(usable, key=str))
+                                               sorted(usable, key=str), settings.loader_seconds)
     # a loader that waits is timed with more workers than cores, where workers can load at all
     more = waiting_worker_counts(report.loader_rates, usable_cpus()) \
         if any(w > 0 for w, _ in usable) else []
@@ -125,7 +125,8 @@ def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
                  " workers too")
         prefetch = sorted({p for w, p in usable if w > 0}, key=lambda v: v or 0)
         report.loader_rates += measure_loader_rates(
-            dataset, collate, config.micro_batch_size, [(w, p) for w in more for p in prefetch])
+            dataset, collate, config.micro_batch_size, [(w, p) for w in more for p in prefetch],
+            settings.loader_seconds)
     report.sizes = sizes_or_none(dataset, collate, progress)
     return report
 

@@ -65,9 +65,18 @@ SCRIPT_STARTUP = "the script's own start-up, until its training starts"
 @dataclass(frozen=True)
 class ProbeSettings:
     """The capability probe's job: the values the search offers on this device, which the
-    probe tries (`trial/probe`), knob by knob."""
+    probe tries (`trial/probe`), knob by knob, and how long it times each DataLoader setting
+    (after its first batches): a second, or the measurement's own shorter window
+    (`for_window`), since a loader's rate is a window's figure like any other."""
 
     candidates: dict[str, tuple[Any, ...]]
+    loader_seconds: float = 1.0
+
+    @classmethod
+    def for_window(cls, candidates: Mapping[str, Sequence[Any]],
+                   window_seconds: float) -> ProbeSettings:
+        """The probe's settings for a study whose timed windows last `window_seconds`."""
+        return cls(dict(candidates), loader_seconds=min(cls.loader_seconds, window_seconds))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "candidates",

@@ -14,13 +14,13 @@ from autotune.study.confirmation import stored_confirmation
 from autotune.study.records import StudyKey, trial_records
 from autotune.study.results import load_study
 
-from ..conftest import CONFIRM_ONCE, FAST, TEST_MODELS, need, run_cli
-from .test_run import NO_COMPILE
+from ..conftest import CONFIRM_ONCE, FAST, NO_COMPILE, TEST_MODELS, cli, need, run_cli
+
+pytestmark = pytest.mark.slow
 
 MiB = 2**20
 
 
-@pytest.mark.slow
 def test_under_a_memory_limit_the_answer_fits_the_batch_of_the_longest_samples(
         tmp_path) -> None:
     """One sample of 6,144 tokens among 20,000 of 16 to 64, padded per batch: a random window
@@ -62,7 +62,7 @@ def test_under_a_memory_limit_the_answer_fits_the_batch_of_the_longest_samples(
     assert bench.returncode == 0, bench.stderr
     assert summary["best_peak_memory_bytes"] >= 0.9 * json.loads(bench.stdout)[
         "peak_memory_bytes"]
-    shown = run_cli("show", "rare_long", "--studies-dir", str(tmp_path))
+    shown = cli("show", "rare_long", "--studies-dir", str(tmp_path))
     assert "worst batch (best)" in shown.stdout
 
 
@@ -74,7 +74,6 @@ def _regression(tmp_path, offset: float, *extra: str):
                    "--confirm-repeats", "2", "--confirm-max-rounds", "2", *extra, "--json")
 
 
-@pytest.mark.slow
 def test_a_bf16_that_steps_faster_but_learns_worse_is_never_recommended(tmp_path) -> None:
     """Targets on an offset of 256, where bf16's step is 2: its loss plateaus far above fp32's,
     never NaN, while it steps faster. The search measures it faster; the loss check rules it
@@ -97,23 +96,22 @@ def test_a_bf16_that_steps_faster_but_learns_worse_is_never_recommended(tmp_path
     assert "(it learns worse: its loss after " in summary["verdict"]
     assert len(summary["checks"]["baseline_losses"]) == 2
     assert "statuses" in summary and "diverged" not in summary["statuses"]
-    shown = run_cli("show", "precise_regression", "--studies-dir", str(tmp_path))
+    shown = cli("show", "precise_regression", "--studies-dir", str(tmp_path))
     assert "ruled out" in shown.stdout and "loss (your settings)" in shown.stdout
     assert "- ruled out: mb=" in (tmp_path / "precise_regression" / "summary.md").read_text()
     page = tmp_path / "report.html"
-    made = run_cli("report", "precise_regression", "--studies-dir", str(tmp_path), "-o",
+    made = cli("report", "precise_regression", "--studies-dir", str(tmp_path), "-o",
                    str(page))
     assert made.returncode == 0, made.stderr
     assert "checked beyond speed" in page.read_text()
     assert "it learns worse: its loss after " in page.read_text()
 
 
-@pytest.mark.slow
 def test_a_bf16_that_learns_as_fp32_does_is_recommended_with_its_figure(tmp_path) -> None:
     """No offset: bf16 fits the targets as fp32 does, and steps faster; it is the answer, and
-    the verdict gives its loss against fp32's with their seed-to-seed spread. The same study
-    with --no-loss-check checks nothing and says so. Three rounds (warm turns): two fresh ones
-    on a busy machine can leave bf16's speedup unknown."""
+    the verdict gives its loss against fp32's with their seed-to-seed spread. Three rounds
+    (warm turns): two fresh ones on a busy machine can leave bf16's speedup unknown. (What
+    --no-loss-check says: tests/end_to_end/test_run.)"""
     done = _regression(tmp_path, 0.0, "--confirm-repeats", "3", "--confirm-max-rounds", "3")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
@@ -124,20 +122,12 @@ def test_a_bf16_that_learns_as_fp32_does_is_recommended_with_its_figure(tmp_path
     assert "The answer's loss after " in summary["verdict"]
     assert "your settings', inside " in summary["verdict"]
     assert summary["ruled_out"] == []
-    exported = run_cli("export", "precise_regression", "--studies-dir", str(tmp_path),
+    exported = cli("export", "precise_regression", "--studies-dir", str(tmp_path),
                        "--format", "yaml")
     assert "# Checked beyond its speed by the study's confirmation:" in exported.stdout
     assert "its loss after " in exported.stdout
-    off = _regression(tmp_path / "off", 0.0, "--no-loss-check", "--trials", "3", *CONFIRM_ONCE)
-    assert off.returncode == 0, off.stderr
-    unchecked = json.loads(off.stdout)
-    assert unchecked["loss_check"] is None
-    assert unchecked["checks"]["loss_note"] == "off (--no-loss-check)"
-    if unchecked["best_config"]["precision"] == "bf16":
-        assert "loss was not checked: off (--no-loss-check)" in unchecked["verdict"]
 
 
-@pytest.mark.slow
 def test_a_hugging_face_scripts_answer_is_checked_on_its_longest_samples_and_its_loss(
         tmp_path) -> None:
     """A Trainer script whose own collator pads 8,000 sequences of 16 to 48 tokens and one of

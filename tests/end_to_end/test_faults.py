@@ -49,7 +49,7 @@ def test_a_study_survives_crashing_hanging_and_killed_trials(write_model, tmp_pa
     done = run_cli("run", "--model", str(write_model(FAULTY_SOURCE, "faulty.py")), "--device",
                    "cpu", "--studies-dir", str(tmp_path), "--space", str(space),
                    "--free-batch-size", "1:64", *[a for k in fixed for a in ("--fix", k)],
-                   *FAST, "--trials", "4", "--trial-time-limit", "15", *CONFIRM_ONCE,
+                   *FAST, "--trials", "4", "--trial-time-limit", "8", *CONFIRM_ONCE,
                    "--seed", "0", timeout=600)
     assert done.returncode == 0, done.stderr
     trials = load_study("faulty", tmp_path).get_trials(deepcopy=False)

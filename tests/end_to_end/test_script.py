@@ -1,5 +1,6 @@
-"""`autotune run --script`: a study of a user's own Hugging Face training script, unchanged, as
-a new user would run it; the answer in the script's own arguments, its output untouched."""
+"""`autotune run --script`: studies of users' own training scripts, unchanged, as a new user
+would run them (a Hugging Face Trainer's, Lightning's, Accelerate's, a hand-written loop); the
+answer in each script's own terms, its output untouched."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,32 +16,68 @@ from autotune.study.records import trial_records
 from autotune.study.results import load_study
 from autotune.trial.protocol import TrialStatus
 
-from ..conftest import CONFIRM_ONCE, FAST, ROOT, need, run_cli
+from ..conftest import CONFIRM_ONCE, FAST, NO_COMPILE, ROOT, cli, need, run_cli
 
 SCRIPT = "tests/models/scripts/hf_argparser.py"
 LOOP = "tests/models/scripts/loop_nanogpt.py"
 ACCELERATE = "tests/models/scripts/accelerate_clm.py"
-# Compile costs ~30 s a trial on CI's cores: held off, as in the model-file studies.
-NO_COMPILE = ["--fix", "compile_mode=none"]
+
+pytestmark = pytest.mark.slow
 
 
-@pytest.mark.slow
-def test_a_hugging_face_script_study_answers_in_its_own_arguments(tmp_path: Path) -> None:
+class HuggingFaceStudy:
+    """A study of tests/models/scripts/hf_argparser.py, unchanged but for a first few lines
+    that act as a user's script may (a file written at import into its current directory, a
+    file of the user's read by a relative path) and that note each run of it: its current
+    directory, whether it found transformers' Trainer imported, and its parent."""
+
+    def __init__(self, root: Path) -> None:
+        self.home, self.temp, self.studies = root / "home", root / "tmp", root / "studies"
+        self.runs_log = root / "runs.txt"
+
+    def runs(self) -> list[tuple[str, bool, int]]:
+        """Each run of the script so far: (its directory, Trainer imported, its parent)."""
+        return [(cwd, preloaded == "True", int(parent)) for cwd, preloaded, parent in
+                (line.split() for line in self.runs_log.read_text().splitlines())]
+
+
+SCRIPT_ARGS = ["--output_dir", "out", "--per_device_train_batch_size", "4",
+               "--gradient_accumulation_steps", "2", "--num_samples", "256", "--max_steps", "2"]
+
+
+@pytest.fixture(scope="module")
+def hf_study(tmp_path_factory) -> tuple[HuggingFaceStudy, subprocess.CompletedProcess]:
+    """Tuned from the user's folder, as a new user runs it, with its own temp directory: three
+    trials, one confirmation round. Its own run is 2 optimizer steps, fewer than a trial
+    measures."""
     need("transformers", "examples")
-    out = tmp_path / "script-output"
-    script_args = ["--output_dir", str(out), "--per_device_train_batch_size", "4",
-                   "--gradient_accumulation_steps", "2", "--num_samples", "256"]
-    done = run_cli("run", "--script", SCRIPT, "--device", "cpu", "--trials", "3",
-                   "--studies-dir", str(tmp_path), *NO_COMPILE, *FAST, *CONFIRM_ONCE, "--json",
-                   "--", *script_args, timeout=300)
+    made = HuggingFaceStudy(tmp_path_factory.mktemp("hf"))
+    made.home.mkdir()
+    made.temp.mkdir()
+    (made.home / "data.txt").write_text("16\n")
+    (made.home / "train.py").write_text(
+        "import os, sys\nfrom pathlib import Path\n"
+        "Path(f'written-at-import-{os.getpid()}.txt').write_text('x')\n"
+        "assert Path('data.txt').read_text() == '16\\n'\n"
+        f"with open({str(made.runs_log)!r}, 'a') as f:\n"
+        "    f.write(f\"{os.getcwd()} {'transformers.trainer' in sys.modules} "
+        "{os.getppid()}\\n\")\n" + (ROOT / SCRIPT).read_text())
+    done = _run_in(made.home, made.temp, "run", "--script", "train.py", "--device", "cpu",
+                   "--trials", "3", "--studies-dir", str(made.studies), *NO_COMPILE, *FAST,
+                   *CONFIRM_ONCE, "--json", "--", *SCRIPT_ARGS, timeout=600)
     assert done.returncode == 0, done.stderr
+    return made, done
+
+
+def test_a_hugging_face_script_study_answers_in_its_own_arguments(hf_study) -> None:
+    made, done = hf_study
     summary = json.loads(done.stdout)
-    assert summary["script_args"] == script_args
+    assert summary["script_args"] == SCRIPT_ARGS
     # the baseline is the script's own settings, read from the TrainingArguments it parsed
     assert summary["baseline_config"]["micro_batch_size"] == 4
     assert summary["baseline_config"]["grad_accum_steps"] == 2
     # measured: in full, or stopped at screening with the screen's figure (a slow one)
-    measured = [r for r in trial_records(load_study("hf_argparser", tmp_path))
+    measured = [r for r in trial_records(load_study("train", made.studies))
                 if r.status in (TrialStatus.OK, TrialStatus.SCREENED) and r.measurement]
     assert len(measured) >= 3 and summary["trials"]["COMPLETE"] >= 3
     assert all(r.measurement.script_answer is not None for r in measured)
@@ -56,17 +92,67 @@ def test_a_hugging_face_script_study_answers_in_its_own_arguments(tmp_path: Path
     if best["micro_batch_size"] != base["micro_batch_size"]:
         i = flags.index("--per_device_train_batch_size")
         assert flags[i + 1] == str(best["micro_batch_size"])
-    exported = run_cli("export", "hf_argparser", "--studies-dir", str(tmp_path), "--format",
-                       "args")
+    exported = cli("export", "train", "--studies-dir", str(made.studies), "--format", "args")
     assert exported.returncode == 0, exported.stderr
     assert exported.stdout.splitlines()[0] == (
         " ".join(flags) if flags else "# keep the script's own settings")
-    _verified_or_nothing_to_verify("hf_argparser", tmp_path)
-    # nothing the script's own run would write: no output directory, no saved model
-    assert not out.exists()
+    refused = cli("export", "train", "--studies-dir", str(made.studies), "--format",
+                  "lightning")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert " ".join(refused.stderr.split()) == (
+        "autotune: error: study 'train' tuned a Hugging Face Trainer script: --format "
+        "lightning writes another library's code; --format args gives its answer in the "
+        "script's own terms")
 
 
-@pytest.mark.slow
+def test_every_run_of_a_script_works_in_a_scratch_folder_and_says_what_its_run_is(
+        hf_study) -> None:
+    """The probe, every trial and the confirmation run the script, and none writes in the
+    user's folder; nothing is left in the temp directory. The run says at its start that the
+    script's own run is shorter than a trial measures, and the summary keeps it."""
+    made, done = hf_study
+    ran_in = [cwd for cwd, _, _ in made.runs()]
+    confirmed = "confirmation" in load_study("train", made.studies).user_attrs
+    # the probe and three trials; a confirmation round too where a trial raced the baseline
+    assert len(ran_in) >= (5 if confirmed else 4), ran_in
+    assert len(set(ran_in)) == len(ran_in) and str(made.home) not in ran_in
+    assert sorted(p.name for p in made.home.iterdir()) == ["data.txt", "train.py"]
+    assert [p.name for p in made.temp.iterdir() if p.name.startswith("autotune")] == []
+    short = ("the script's own run is 2 optimizer steps at its settings, fewer than a trial "
+             "measures")
+    assert f"warning: {short}" in " ".join(done.stderr.split())
+    shown = cli("show", "train", "--studies-dir", str(made.studies), "--json")
+    assert any(w.startswith(short) for w in json.loads(shown.stdout)["warnings"])
+
+
+def test_a_scripts_trials_fork_with_its_libraries_imported_and_run_it_from_its_first_line(
+        hf_study) -> None:
+    """The probe is a fresh interpreter; every later run of the script forks from one process
+    that imported transformers' Trainer, never the script: each run's first line finds the
+    Trainer imported, and runs once per trial. `verify` re-runs the script the same way, with
+    the answer and with its own settings, and says whether the claim holds."""
+    made, done = hf_study
+    assert "trials fork from a process that has imported torch and the" in \
+        " ".join(done.stderr.split())
+    runs = made.runs()
+    trials = trial_records(load_study("train", made.studies))
+    assert runs[0][1] is False  # the probe: a fresh interpreter
+    assert len(runs) >= 1 + len(trials)
+    assert {preloaded for _, preloaded, _ in runs[1:]} == {True}
+    assert len({parent for _, _, parent in runs[1:]}) == 1  # all forks of one process
+    verified = _run_in(made.home, made.temp, "verify", "train", "--studies-dir",
+                       str(made.studies), "--rounds", "2", *FAST, timeout=600)
+    if verified.returncode == 2:
+        assert "nothing to verify" in verified.stderr
+        return
+    assert verified.returncode in (0, 1), verified.stderr
+    assert verified.stdout.startswith("verified ") and "2 fresh paired rounds" in \
+        verified.stdout
+    again = made.runs()[len(runs):]
+    assert len(again) == 4 and {preloaded for _, preloaded, _ in again} == {True}
+    assert sorted(p.name for p in made.home.iterdir()) == ["data.txt", "train.py"]
+
+
 def test_a_scripts_trial_as_a_process_group_of_two_ranks(tmp_path: Path) -> None:
     """Every rank runs the script; they stop the Trainer at the same step (else its
     collectives hang), and the group's rate is every rank's samples over the slowest window."""
@@ -82,7 +168,6 @@ def test_a_scripts_trial_as_a_process_group_of_two_ranks(tmp_path: Path) -> None
     assert not out.exists()
 
 
-@pytest.mark.slow
 def test_bench_sets_knobs_over_the_scripts_own_settings(tmp_path: Path) -> None:
     """`bench --script --set`: the script is read once for its own settings (micro-batch 4,
     accumulation 2, the for-loop AdamW), and the measured run changes only what was asked;
@@ -101,7 +186,6 @@ def test_bench_sets_knobs_over_the_scripts_own_settings(tmp_path: Path) -> None:
     assert not out.exists()
 
 
-@pytest.mark.slow
 def test_a_lightning_script_study_in_process_groups_of_two_ranks(tmp_path: Path) -> None:
     """`run --script --nproc-per-node 2` of a Lightning script with a DataModule: each trial is
     two ranks under torchrun, Lightning's own DDP between them; the study measures, confirms
@@ -121,7 +205,7 @@ def test_a_lightning_script_study_in_process_groups_of_two_ranks(tmp_path: Path)
                             len(r.measurement.rank_samples_per_sec) == 2 for r in measured)
     answer = summary["answer_in_script_terms"]
     assert answer
-    exported = run_cli("export", "lightning_datamodule", "--studies-dir", str(tmp_path),
+    exported = cli("export", "lightning_datamodule", "--studies-dir", str(tmp_path),
                        "--format", "args")
     assert exported.returncode == 0, exported.stderr
     if summary["best_config"] == summary["baseline_config"]:
@@ -137,7 +221,6 @@ def test_a_lightning_script_study_in_process_groups_of_two_ranks(tmp_path: Path)
     assert not root.exists()
 
 
-@pytest.mark.slow
 def test_a_hand_written_loop_study_answers_at_its_own_flags_and_lines(tmp_path: Path) -> None:
     """A nanoGPT-style loop (hand-written accumulation, clipping and schedule, checkpoints
     every 5 steps into its --out_dir), its batch flags named: a study end to end, its baseline
@@ -159,7 +242,6 @@ def test_a_hand_written_loop_study_answers_at_its_own_flags_and_lines(tmp_path: 
     assert not out.exists()
 
 
-@pytest.mark.slow
 def test_an_accelerate_script_study_answers_at_its_own_flags_and_accelerate_launchs(
         tmp_path: Path) -> None:
     """An Accelerate script in the examples' style (accumulate, backward, clipping when the
@@ -194,12 +276,12 @@ def _own_terms(summary: dict, study: str, tmp_path: Path, library: str, lines: s
         assert answer == ["keep the script's own settings: nothing to change"]
     else:
         assert all(line.startswith(("--", "accelerate launch --", lines)) for line in answer)
-    exported = run_cli("export", study, "--studies-dir", str(tmp_path), "--format", "args")
+    exported = cli("export", study, "--studies-dir", str(tmp_path), "--format", "args")
     assert exported.returncode == 0, exported.stderr
     flags = summary["script_flags"]
     if flags:
         assert exported.stdout.splitlines()[0] == " ".join(flags)
-    refused = run_cli("export", study, "--studies-dir", str(tmp_path), "--format", "hf")
+    refused = cli("export", study, "--studies-dir", str(tmp_path), "--format", "hf")
     assert refused.returncode == 2 and "--format args gives its answer" in refused.stderr
     _verified_or_nothing_to_verify(study, tmp_path)
 
@@ -218,45 +300,6 @@ def _verified_or_nothing_to_verify(study: str, tmp_path: Path) -> subprocess.Com
     return verified
 
 
-@pytest.mark.slow
-def test_a_scripts_trials_fork_with_its_libraries_imported_and_run_it_from_its_first_line(
-        tmp_path: Path) -> None:
-    """The probe is a fresh interpreter; every later run of the script forks from one process
-    that imported transformers' Trainer, never the script: each run's first line finds the
-    Trainer imported, and runs once per trial. `verify` re-runs the script the same way, with
-    the answer and with its own settings."""
-    need("transformers", "examples")
-    runs = tmp_path / "runs.txt"
-    script = tmp_path / "train_in_code.py"
-    script.write_text(
-        "import os, sys\n"
-        f"with open({str(runs)!r}, 'a') as f:\n"
-        "    f.write(f\"{'transformers.trainer' in sys.modules} {os.getppid()}\\n\")\n" +
-        Path("tests/models/scripts/hf_in_code.py").read_text())
-    out = tmp_path / "script-output"
-    done = run_cli("run", "--script", str(script), "--device", "cpu", "--trials", "2",
-                   "--studies-dir", str(tmp_path), *NO_COMPILE, *FAST, *CONFIRM_ONCE,
-                   "--", "--output-dir", str(out), timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert "trials fork from a process that has imported torch and the" in \
-        done.stdout + done.stderr
-    lines = [line.split() for line in runs.read_text().splitlines()]
-    trials = trial_records(load_study("train_in_code", tmp_path))
-    assert lines[0][0] == "False"  # the probe: a fresh interpreter
-    assert len(lines) >= 1 + len(trials) >= 3
-    assert {preloaded for preloaded, _ in lines[1:]} == {"True"}
-    assert len({server for _, server in lines[1:]}) == 1  # all forks of one process
-    exported = run_cli("export", "train_in_code", "--studies-dir", str(tmp_path), "--format",
-                       "args")
-    assert exported.returncode == 0, exported.stderr
-    assert exported.stdout.startswith(("# keep the script's own settings",
-                                       "# change in the code: train_in_code.py:"))
-    if _verified_or_nothing_to_verify("train_in_code", tmp_path).returncode != 2:
-        again = [line.split() for line in runs.read_text().splitlines()][len(lines):]
-        assert len(again) == 4 and {preloaded for preloaded, _ in again} == {"True"}
-    assert not out.exists()
-
-
 def _run_in(home: Path, temp: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
     """`autotune ARGS` run from the user's folder `home`, with its own temp directory."""
     return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True,
@@ -264,80 +307,6 @@ def _run_in(home: Path, temp: Path, *args: str, timeout: float) -> subprocess.Co
                           env={**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(ROOT)})
 
 
-@pytest.mark.slow
-def test_every_run_of_a_script_works_in_a_scratch_folder_and_says_what_its_run_is(
-        tmp_path: Path) -> None:
-    """A script that writes a file at import (into its current directory) and reads one of the
-    user's by a relative path, tuned from the user's folder: the probe, every trial and the
-    confirmation run it, and none writes there; nothing is left in the temp directory. Its own
-    run is 2 optimizer steps, fewer than a trial measures: the run says so at its start and
-    the summary keeps it. The study is a Hugging Face script's: Lightning code is refused."""
-    need("transformers", "examples")
-    home, temp = tmp_path / "home", tmp_path / "tmp"
-    home.mkdir()
-    temp.mkdir()
-    runs = tmp_path / "runs.txt"
-    (home / "data.txt").write_text("16\n")
-    (home / "train.py").write_text(
-        "import os\nfrom pathlib import Path\n"
-        "Path(f'written-at-import-{os.getpid()}.txt').write_text('x')\n"
-        "assert Path('data.txt').read_text() == '16\\n'\n"
-        f"with open({str(runs)!r}, 'a') as f:\n    f.write(os.getcwd() + '\\n')\n" +
-        (ROOT / SCRIPT).read_text())
-    studies = tmp_path / "studies"
-    done = _run_in(home, temp, "run", "--script", "train.py", "--device", "cpu", "--trials",
-                   "2", "--studies-dir", str(studies), *NO_COMPILE, *FAST, *CONFIRM_ONCE,
-                   "--", "--output_dir", "out", "--max_steps", "2", timeout=600)
-    assert done.returncode == 0, done.stderr
-    ran_in = runs.read_text().split()
-    confirmed = "confirmation" in load_study("train", studies).user_attrs
-    # the probe and two trials; a confirmation round too where a trial raced the baseline
-    assert len(ran_in) >= (4 if confirmed else 3), ran_in
-    assert len(set(ran_in)) == len(ran_in) and str(home) not in ran_in
-    assert sorted(p.name for p in home.iterdir()) == ["data.txt", "train.py"]
-    assert [p.name for p in temp.iterdir() if p.name.startswith("autotune")] == []
-    short = ("the script's own run is 2 optimizer steps at its settings, fewer than a trial "
-             "measures")
-    assert f"warning: {short}" in " ".join(done.stdout.split())
-    shown = run_cli("show", "train", "--studies-dir", str(studies), "--json")
-    assert any(w.startswith(short) for w in json.loads(shown.stdout)["warnings"])
-    refused = run_cli("export", "train", "--studies-dir", str(studies), "--format",
-                      "lightning")
-    assert refused.returncode == 2 and refused.stdout == ""
-    assert " ".join(refused.stderr.split()) == (
-        "autotune: error: study 'train' tuned a Hugging Face Trainer script: --format "
-        "lightning writes another library's code; --format args gives its answer in the "
-        "script's own terms")
-
-
-@pytest.mark.slow
-def test_a_script_that_never_reaches_its_trainer_ends_at_the_probes_limit(
-        tmp_path: Path) -> None:
-    """The probe waits for the script's trainer (120 s unless --startup-limit says otherwise:
-    35 s here, to keep the test short), telling the wait every 30 s, then ends the run with one
-    line (the default trial limit is 900 s)."""
-    home, temp = tmp_path / "home", tmp_path / "tmp"
-    home.mkdir()
-    temp.mkdir()
-    (home / "train.py").write_text("import time\ntime.sleep(3600)\n")
-    start = time.monotonic()
-    done = _run_in(home, temp, "run", "--script", "train.py", "--device", "cpu",
-                   "--startup-limit", "35", "--studies-dir", str(tmp_path / "studies"),
-                   timeout=400)
-    assert time.monotonic() - start < 120
-    assert done.returncode == 2
-    assert done.stderr.splitlines() == [
-        "autotune: error: train.py ran 35 s and never reached Trainer.train, Trainer.fit or a "
-        "torch.optim optimizer's first step; a loop without a torch.optim optimizer: write a "
-        "model file (README); a start-up longer than 35 s: --startup-limit 10m"]
-    assert [line for line in done.stdout.splitlines() if line.startswith("probing:")] == [
-        f"probing: train.py has run {s} s, not yet at its Trainer.train, Trainer.fit or a "
-        "torch.optim optimizer's first step (the probe stops it at 35 s: --startup-limit)"
-        for s in (30,)]
-    assert not (tmp_path / "studies").exists()
-
-
-@pytest.mark.slow
 def test_a_script_whose_own_settings_diverge_is_named_as_the_scripts(tmp_path: Path) -> None:
     need("transformers", "examples")
     script = tmp_path / "train.py"

@@ -1,5 +1,6 @@
 """The search's shortcuts in real studies: the DataLoader plan, screening, the fast corner, the
-time-to-train objective, plain TPE without them, and the study's compile cache."""
+time-to-train objective, plain TPE without them, and the study's compile cache. (The bottleneck
+first and a win hidden behind a losing corner: test_bottleneck_first.)"""
 
 from __future__ import annotations
 
@@ -14,15 +15,13 @@ from autotune.search.tuner import Tuner
 from autotune.study.records import FEASIBLE, trial_records
 from autotune.study.results import load_study
 
-from ..conftest import CONFIRM_ONCE, FAST, TINY_SOURCE, run_cli
+from ..conftest import CONFIRM_ONCE, FAST, TINY_MLP, TINY_SOURCE, run_cli
 
-TINY_MLP = ["--model", "models/mlp.py", "--device", "cpu", "--model-arg", "feature_dim=32",
-            "--model-arg", "hidden=64", "--model-arg", "layers=2", "--model-arg",
-            "num_samples=4096", "--global-batch-size", "256", "--fix", "compile_mode=none"]
+pytestmark = pytest.mark.slow
 
 
 def test_a_study_plans_the_loader_screens_and_optimizes_time_to_train(tmp_path) -> None:
-    done = run_cli("run", *TINY_MLP, *FAST, "--studies-dir", str(tmp_path), "--trials", "6",
+    done = run_cli("run", *TINY_MLP, *FAST, "--studies-dir", str(tmp_path), "--trials", "4",
                    "--seed", "2", "--confirm-top", "1", *CONFIRM_ONCE,
                    "--train-steps", "300", "--stall-penalty", "0", "--json", timeout=600)
     assert done.returncode == 0, done.stderr
@@ -60,7 +59,7 @@ def summary_text(studies: Path) -> str:
 
 
 def test_plain_tpe_searches_without_the_shortcuts(tmp_path) -> None:
-    done = run_cli("run", *TINY_MLP, *FAST, "--studies-dir", str(tmp_path), "--trials", "4",
+    done = run_cli("run", *TINY_MLP, *FAST, "--studies-dir", str(tmp_path), "--trials", "3",
                    "--seed", "2", "--confirm-repeats", "0", "--plain-tpe", "--json",
                    timeout=600)
     assert done.returncode == 0, done.stderr
@@ -91,31 +90,3 @@ def test_trials_compile_into_a_cache_under_the_study(tmp_path, write_model,
     assert result.status == "ok"
     assert seen.read_text() == str(tuner.directory / "inductor")
 
-
-
-
-@pytest.mark.slow
-def test_a_win_hidden_behind_a_losing_corner_is_found_alone(tmp_path) -> None:
-    """Fused AdamW alone is a large win on a model of many tiny tensors: the baseline's step is
-    the optimizer's, so it is the first move. The fast corner bundles it with channels_last,
-    which this model runs slowly, and loses: each change is measured alone next (fused AdamW's
-    is the first move again, a repeat that costs nothing), and fused AdamW is the best."""
-    done = run_cli("run", "--model", "tests/models/many_small_params.py", "--device", "cpu",
-                   *FAST, "--studies-dir", str(tmp_path), "--trials", "4", "--seed", "0",
-                   "--fix", "compile_mode=none", "--fix", "num_workers=0",
-                   "--fix", "precision=fp32", "--confirm-repeats", "0", "--json", timeout=600)
-    assert done.returncode == 0, done.stderr
-    every = trial_records(load_study("many_small_params", tmp_path))
-    trials = [t for t in every if not t.duplicate]
-    assert [(t.role, t.changed) for t in trials] == [
-        ("baseline", ()), ("bottleneck", ("optimizer_impl",)), ("fast-corner", ()),
-        ("one-change", ("memory_format",))], done.stderr
-    baseline, fused, corner, layout = trials
-    assert any(t.duplicate and t.changed == ("optimizer_impl",) for t in every)
-    assert (corner.config.memory_format, corner.config.optimizer_impl) == \
-        ("channels_last", "fused")
-    assert fused.config == baseline.config.replace(optimizer_impl="fused")
-    assert layout.config == baseline.config.replace(memory_format="channels_last")
-    assert fused.score > corner.score and fused.score > baseline.score
-    assert json.loads(done.stdout)["best_config"]["optimizer_impl"] == "fused"
-    assert max(trials, key=lambda t: t.score or 0) is fused

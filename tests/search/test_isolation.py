@@ -88,13 +88,17 @@ def test_segfault_is_crash(launcher, write_model) -> None:
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_hang_is_timeout_and_its_workers_die_too(launcher, write_model) -> None:
+def test_hang_is_timeout_that_says_where_it_struck_and_its_workers_die_too(launcher,
+                                                                          write_model) -> None:
+    """A compile in the first step that outlasts the limit is worth a second try, so the
+    timeout says it struck there (the limit leaves a loaded machine time to get there)."""
     path = write_model(with_loss("import time\ntime.sleep(600)"))
     config = TrainConfig(micro_batch_size=8, num_workers=1).to_dict()
     start = time.monotonic()
-    result = isolated(launcher, request(path, config=config), 6)
+    result = isolated(launcher, request(path, config=config), 12)
     assert result.status == "timeout"
-    assert time.monotonic() - start < 20
+    assert result.phase == FIRST_STEP and FIRST_STEP in result.message
+    assert time.monotonic() - start < 30
     leftovers = subprocess.run(["pgrep", "-f", str(path.parent)], capture_output=True,
                                text=True).stdout.split()
     assert leftovers == []
@@ -103,17 +107,6 @@ def test_hang_is_timeout_and_its_workers_die_too(launcher, write_model) -> None:
 def test_the_result_says_in_which_phase_the_trial_ended(write_model) -> None:
     result = run_isolated(request(write_model(with_loss("raise ValueError('boom')"))), 120)
     assert result.status == "error" and result.phase == FIRST_STEP
-
-
-@pytest.mark.slow
-def test_a_timeout_says_where_it_struck(write_model) -> None:
-    """A compile in the first step that outlasts the limit is worth a second try, so the
-    timeout says it struck there (the limit leaves a loaded machine time to get there)."""
-    path = write_model(with_loss("import time\ntime.sleep(600)"))
-    result = run_isolated(request(path), 40)
-    assert result.status == "timeout"
-    assert result.phase == FIRST_STEP
-    assert FIRST_STEP in result.message
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import autotune.search.runner
 from autotune.config import TrainConfig
 from autotune.errors import ContractError
 from autotune.options import MeasureSettings
@@ -58,7 +59,7 @@ def test_a_build_dataset_that_never_returns_ends_within_the_limit(write_model, t
     start = time.monotonic()
     try:
         with pytest.raises(ProbeFailed, match=r"timeout.*in: building the dataset"):
-            made.probe("cpu", 20)
+            made.probe("cpu", 8)
     finally:
         made.close()
     assert time.monotonic() - start < 60  # the limit, and importing torch in the fork server
@@ -100,12 +101,16 @@ def test_a_scripts_probe_tells_its_wait_and_stops_at_the_start_up_limit() -> Non
 
 
 def test_a_script_that_never_reaches_its_trainer_is_stopped_at_the_start_up_limit(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch) -> None:
+    """The wait told to whoever watches (every 30 s: here every second), then the end."""
+    monkeypatch.setattr(autotune.search.runner, "STARTUP_PROGRESS_S", 1.0)
     script = tmp_path / "train.py"
     script.write_text("import time\ntime.sleep(600)\n")
+    told: list[str] = []
     made = ProcessRunner(Script(str(script)), tmp_path / "study", SETTINGS,
                          memory_limit_bytes=None, core_shares=None,
-                         on_phase=lambda text, number: None, startup_limit_s=4)
+                         on_phase=lambda text, number: None, startup_limit_s=4,
+                         on_note=told.append)
     start = time.monotonic()
     try:
         with pytest.raises(ContractError, match=r"^train.py ran [45] s and never reached "
@@ -118,3 +123,4 @@ def test_a_script_that_never_reaches_its_trainer_is_stopped_at_the_start_up_limi
     finally:
         made.close()
     assert time.monotonic() - start < 30
+    assert told and told[0].startswith("probing: train.py has run 1 s, not yet at its ")

@@ -394,6 +394,13 @@ def test_space_file_narrows(tmp_path):
         assert config.compile_mode == "none"
 
 
+def test_micro_batches_of_which_none_keeps_the_effective_batch_are_refused(tmp_path):
+    path = tmp_path / "space.yaml"
+    path.write_text("micro_batch_size: [2, 4]\n")
+    with pytest.raises(SpaceError, match="no micro_batch_size keeps the effective batch at 7"):
+        build_space(BASELINE, CPU6, 1000, global_batch=7, space_file=path)
+
+
 def test_fix_picks_one_of_the_space_files_values(tmp_path):
     path = tmp_path / "space.yaml"
     path.write_text("precision: [fp32, bf16]\n")

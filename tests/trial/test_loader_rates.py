@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import time
+
 from autotune.trial.loader_rates import measure_loader_rates
+from autotune.trial.protocol import ProbeSettings
 from autotune.trial.workload import load_workload
 
 from ..conftest import ROOT
 
 
-def test_loader_rates_are_measured_on_the_real_dataloader() -> None:
+def test_loader_rates_are_measured_on_the_real_dataloader_for_the_seconds_asked() -> None:
     workload = load_workload(str(ROOT / "models" / "mlp.py"),
                              {"feature_dim": 32, "num_samples": 2048})
-    rates = measure_loader_rates(workload.build_dataset(), None, 64, [(0, None), (1, 2)])
+    start = time.perf_counter()
+    rates = measure_loader_rates(workload.build_dataset(), None, 64, [(0, None), (1, 2)], 0.3)
+    assert time.perf_counter() - start >= 2 * 0.3
     assert [(r.num_workers, r.prefetch_factor) for r in rates] == [(0, None), (1, 2)]
     assert all(r.samples_per_sec > 100 for r in rates)
+
+
+def test_a_study_of_short_windows_times_its_loaders_as_briefly() -> None:
+    assert ProbeSettings.for_window({}, 0.2).loader_seconds == 0.2
+    assert ProbeSettings.for_window({}, 3.0).loader_seconds == ProbeSettings({}).loader_seconds

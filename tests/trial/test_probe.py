@@ -18,6 +18,8 @@ from autotune.trial.workload import load_workload
 from ..conftest import TINY_SOURCE
 
 CPU = torch.device("cpu")
+# The tests' measurement windows (conftest.FAST), which time each DataLoader setting as briefly
+WINDOW_S = 0.2
 
 NO_BLOCKS = TINY_SOURCE.replace(
     "self.blocks = nn.ModuleList(nn.Linear(dim, dim) for _ in range(2))",
@@ -108,10 +110,12 @@ class View(nn.Module):
 
 
 def probe(write_model, source: str, **overrides) -> ProbeReport:
-    """The probe's job as the tuner asks for it: the values a search offers here, sent as JSON."""
+    """The probe's job as the tuner asks for it in a study of short windows: the values a search
+    offers here, sent as JSON."""
     workload = load_workload(str(write_model(source)), {})
     config = workload.train_config(overrides, "cpu")
-    settings = ProbeSettings(json.loads(json.dumps(probe_candidates(describe(CPU), True))))
+    settings = ProbeSettings.for_window(
+        json.loads(json.dumps(probe_candidates(describe(CPU), True))), WINDOW_S)
     report = probe_job(workload, config, CPU, settings, None, lambda p: None)
     return ProbeReport.from_dict(json.loads(json.dumps(report.to_dict())))  # as the pipe does
 
@@ -290,7 +294,7 @@ RESHAPE = True''')
 def _probe_steps(write_model, source: str) -> tuple[ProbeReport, list[str]]:
     said: list[str] = []
     workload = load_workload(str(write_model(source)), {})
-    settings = ProbeSettings(probe_candidates(describe(CPU), True))
+    settings = ProbeSettings.for_window(probe_candidates(describe(CPU), True), WINDOW_S)
     report = probe_job(workload, workload.train_config({}, "cpu"), CPU, settings, None,
                        said.append)
     return report, [line.removeprefix("trying ") for line in said

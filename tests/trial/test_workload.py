@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import math
 import re
 
 import pytest
@@ -10,9 +10,12 @@ import torch
 
 from autotune.cli import main
 from autotune.errors import ContractError
-from autotune.trial.workload import check_loss, load_workload
+from autotune.trial.training import setup_from_workload
+from autotune.trial.workload import Workload, check_loss, load_workload
 
 from ..conftest import FAST, TEST_MODELS, TINY_SOURCE, run_cli
+
+CPU = torch.device("cpu")
 
 
 def test_model_args_reach_both_builders(write_model) -> None:
@@ -34,13 +37,19 @@ LOAD_TIME = {
 
 
 @pytest.mark.parametrize("case", sorted(LOAD_TIME))
-def test_load_time_violations_exit_2_without_traceback(case: str, write_model, capsys) -> None:
+def test_load_time_violations_say_what_is_wrong(case: str, write_model) -> None:
     source, pattern = LOAD_TIME[case]
-    path = write_model(source)
+    with pytest.raises(ContractError) as raised:
+        load_workload(str(write_model(source)), {}).train_config({}, "cpu")
+    assert re.search(pattern, " ".join(str(raised.value).split())), raised.value
+
+
+def test_a_load_time_violation_exits_2_without_traceback(write_model, capsys) -> None:
+    path = write_model(LOAD_TIME["import_raises"][0])
     assert main(["bench", "--model", str(path), "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert re.search(pattern, " ".join(err.split())), err
+    assert re.search(LOAD_TIME["import_raises"][1], " ".join(err.split())), err
 
 
 def test_missing_file_and_unknown_model_arg(write_model, capsys) -> None:
@@ -86,21 +95,36 @@ TRIAL_TIME = {
 
 
 @pytest.mark.parametrize("case", sorted(TRIAL_TIME))
-def test_trial_time_violations_exit_2_with_their_message(case: str, write_model) -> None:
+def test_trial_time_violations_say_what_is_wrong(case: str, write_model) -> None:
+    """Found by the first step of a trial's training, as a trial's process takes it."""
     source, message = TRIAL_TIME[case]
-    path = write_model(source)
-    done = run_cli("bench", "--model", str(path), "--device", "cpu", *FAST)
+    workload = load_workload(str(write_model(source)), {})
+    with pytest.raises(ContractError) as raised:
+        setup = setup_from_workload(workload, workload.train_config({}, "cpu"), CPU)
+        setup.step(setup.batches())
+    assert message in " ".join(str(raised.value).split())
+
+
+def test_a_trial_time_violation_exits_2_with_its_message(write_model) -> None:
+    source, message = TRIAL_TIME["loss_without_grad"]
+    done = run_cli("bench", "--model", str(write_model(source)), "--device", "cpu", *FAST)
     assert done.returncode == 2, done.stdout + done.stderr
     assert message in " ".join(done.stderr.split()), done.stderr
     assert "Traceback" not in done.stderr
 
 
+def trained_losses(workload: Workload, steps: int = 3, **knobs: object) -> list[float]:
+    """Each optimizer step's loss when a trial trains the workload at its baseline and knobs."""
+    setup = setup_from_workload(workload, workload.train_config(knobs, "cpu"), CPU)
+    batches = setup.batches()
+    return [setup.step(batches).loss.item() for _ in range(steps)]
+
+
 @pytest.mark.parametrize("model", ["tiny_dict.py", "tiny_tuple.py"])
 def test_users_own_files_run_unchanged(model: str) -> None:
     """Dict batches with an output `.loss`, and tuple batches with a `loss_fn`."""
-    done = run_cli("bench", "--model", str(TEST_MODELS / model), "--device", "cpu", *FAST)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "samples/sec" in done.stdout
+    losses = trained_losses(load_workload(str(TEST_MODELS / model), {}))
+    assert all(math.isfinite(loss) and loss > 0 for loss in losses)
 
 
 @pytest.mark.parametrize("shape", [(1,), (1, 1)])
@@ -117,9 +141,5 @@ def test_a_trial_trains_on_a_loss_of_shape_1(write_model) -> None:
                                      "    loss = model(*batch).reshape(1)\n"
                                      "    assert loss.shape == (1,)\n"
                                      "    return loss\n")
-    done = run_cli("bench", "--model", str(path), "--device", "cpu", "--set",
-                   "grad_accum_steps=2", "--json", *FAST)
-    assert done.returncode == 0, done.stdout + done.stderr
-    record = json.loads(done.stdout)
-    assert record["status"] == "ok"
-    assert record["samples_per_sec"] > 0 and record["final_loss"] > 0
+    losses = trained_losses(load_workload(str(path), {}), grad_accum_steps=2)
+    assert all(math.isfinite(loss) and loss > 0 for loss in losses)
