@@ -75,10 +75,10 @@ def test_a_script_that_is_not_there(command: str, tmp_path: Path, capsys) -> Non
 
 
 @pytest.mark.parametrize(("source", "message"), [
-    ("import time\ntime.sleep(120)\n", "train.py ran 4 s and never reached Trainer.train, "
+    ("import time\ntime.sleep(120)\n", "train.py ran 6 s and never reached Trainer.train, "
                                        "Trainer.fit or a torch.optim optimizer's first step; a "
                                        "loop without a torch.optim optimizer: write a model "
-                                       "file (README); a start-up longer than 4 s: "
+                                       "file (README); a start-up longer than 6 s: "
                                        "--startup-limit 10m"),
     ("print('no training here')\n", "ended without Trainer.train, Trainer.fit or a "
                                      "torch.optim optimizer's first step"),
@@ -87,11 +87,13 @@ def test_a_script_that_is_not_there(command: str, tmp_path: Path, capsys) -> Non
 ])
 def test_a_script_that_never_trains_is_one_message(source: str, message: str, tmp_path: Path,
                                                    capsys) -> None:
+    """One that never gets there is stopped at its start-up limit (120 s unless
+    --startup-limit says otherwise)."""
     script = tmp_path / "train.py"
     script.write_text(source)
     studies = tmp_path / "studies"
     assert main(["run", "--script", str(script), "--device", "cpu", "--trials", "3",
-                 "--startup-limit", "4", "--studies-dir", str(studies)]) == 2
+                 "--startup-limit", "6", "--studies-dir", str(studies)]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert message in err and err.count("autotune: error:") == 1
     assert not studies.exists(), "bad input leaves no study behind, nor an empty studies/"

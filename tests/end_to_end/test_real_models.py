@@ -19,7 +19,7 @@ from autotune.trial.protocol import TrialStatus
 from autotune.trial.training import setup_from_workload
 from autotune.trial.workload import load_workload
 
-from ..conftest import FAST, need, run_cli
+from ..conftest import CONFIRM_ONCE, FAST, NO_COMPILE, need, run_cli
 
 
 def model_args(**kw: int) -> list[str]:
@@ -43,9 +43,9 @@ def test_real_library_model_tunes_to_a_confirmed_result(name: str, tmp_path: Pat
     space = tmp_path / "space.yaml"
     space.write_text("activation_checkpointing: [selective, full]\n")
     done = run_cli("run", "--model", f"models/{name}.py", "--device", "cpu", *args,
-                   "--trials", "4", "--confirm-top", "1", "--confirm-repeats", "1",
-                   "--fix", "compile_mode=none", "--space", str(space),
-                   "--studies-dir", str(tmp_path), "--json", *FAST, timeout=900)
+                   "--trials", "3", "--confirm-top", "1", *CONFIRM_ONCE, *NO_COMPILE,
+                   "--space", str(space), "--studies-dir", str(tmp_path), "--json", *FAST,
+                   timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads(done.stdout)
     # Unconfirmed only where every checkpointed trial was stopped at screening (slower than

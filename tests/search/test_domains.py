@@ -14,9 +14,9 @@ from autotune.options import TuneOptions
 from autotune.search.domains import device_domains, device_refusals, probe_candidates
 from autotune.search.events import SilentView
 from autotune.search.space import SpaceError, build_space
-from autotune.search.tuner import Tuner
 
 from ..conftest import TINY_SOURCE
+from .scripted import scripted
 
 CPU6 = DeviceInfo(type="cpu", index=None, name="test CPU", total_memory_bytes=2**34,
                   cpu_count=6, bf16=True, tf32=False, fused_adamw=True, cuda_graphs=False)
@@ -91,8 +91,8 @@ def test_a_run_on_this_cpu_says_float8_needs_a_gpu_not_torchao(write_model, tmp_
     reason, and no install hint where installing would not make the value run."""
     monkeypatch.setitem(sys.modules, "torchao", None)  # the tuner's process lacks torchao
     view = _Notes()
-    tuner = Tuner(TuneOptions(model_path=str(write_model(TINY_SOURCE)), device="cpu",
-                              studies_dir=str(tmp_path / "studies")), view=view)
+    tuner = scripted(TuneOptions(model_path=str(write_model(TINY_SOURCE)), device="cpu",
+                                 studies_dir=str(tmp_path / "studies")), view=view)
     tuner.close()
     lines = [n for n in view.notes if n.startswith("not on this device: precision=fp8")]
     assert lines == [f"not on this device: precision=fp8_tensorwise, fp8_rowwise: float8 "

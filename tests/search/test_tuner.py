@@ -8,6 +8,7 @@ import os
 import time
 
 import optuna
+import pytest
 import torch
 
 from autotune.options import MeasureSettings, TuneOptions
@@ -19,8 +20,10 @@ from autotune.study.storage import open_storage, study_dir
 from autotune.target import ModelFile, Script
 
 from ..conftest import TINY_SOURCE
+from .scripted import scripted
 
 
+@pytest.mark.slow
 def test_parallel_trials_run_on_their_own_share_of_the_cores(write_model, tmp_path) -> None:
     """Each parallel worker's trial (threads and DataLoader workers alike) keeps to its own
     cores; a trial that runs alone, as confirmation does, has them all."""
@@ -62,7 +65,7 @@ def test_a_study_whose_creator_died_before_recording_it_is_recorded_by_the_next(
     studies = tmp_path / "studies"
     optuna.create_study(study_name="model", storage=open_storage(None, study_dir(studies,
                                                                                 "model")))
-    tuner = Tuner(TuneOptions(model_path=str(model), device="cpu", studies_dir=str(studies)))
+    tuner = scripted(TuneOptions(model_path=str(model), device="cpu", studies_dir=str(studies)))
     try:
         attrs = tuner.study.user_attrs
     finally:

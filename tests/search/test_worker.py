@@ -1,9 +1,9 @@
-"""`worker`: the search loop decides, measures and records trials; here with a measurement
-that answers from a script, so the loop's own decisions are what is tested."""
+"""`worker`: the search loop decides, measures and records trials; here with a probe and
+measurements that answer from a script (recorded figures, no process), so the loop's own
+decisions are what is tested."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,13 +15,16 @@ from autotune.study.records import trial_records
 from autotune.study.results import load_study
 from autotune.trial.protocol import (
     FIRST_STEP,
+    LeftOut,
     Measurement,
+    ProbeReport,
     TrialResult,
     TrialStatus,
     UnsupportedSetting,
 )
 
 from ..conftest import TINY_SOURCE
+from .scripted import scripted
 
 METRICS = Measurement(samples_per_sec=1000.0, window_samples=800, window_steps=10,
                       window_s=0.8, setup_s=1.0, time_to_first_step_s=0.5, warmup_steps=3,
@@ -39,10 +42,10 @@ def test_a_compile_that_ran_out_of_time_runs_once_more(write_model, tmp_path) ->
             return TrialResult(TrialStatus.OK, "measured", measurement=METRICS)
         return TrialResult("timeout", "still running", phase=FIRST_STEP)
 
-    tuner = Tuner(TuneOptions(model_path=str(model), device="cpu", trials=3,
-                              studies_dir=str(tmp_path), fixes={"compile_mode": "default"},
-                              plain_tpe=True, confirm_repeats=0, seed=0))
-    _run_scripted(tuner, measure)
+    tuner = scripted(TuneOptions(model_path=str(model), device="cpu", trials=3,
+                                 studies_dir=str(tmp_path), fixes={"compile_mode": "default"},
+                                 plain_tpe=True, confirm_repeats=0, seed=0), measure)
+    run(tuner)
     trials = load_study(tuner.study.study_name, tmp_path).get_trials(deepcopy=False)
     statuses = [t.user_attrs["status"] for t in trials]
     assert statuses == ["ok", "compile_timeout", "timeout"]
@@ -61,7 +64,7 @@ def test_under_the_time_budget_the_last_search_trial_gets_a_trials_time_to_finis
 
     import autotune.search.tuner
 
-    monkeypatch.setattr(autotune.search.tuner, "DEFAULT_TIME_BUDGET_S", 40.0)
+    monkeypatch.setattr(autotune.search.tuner, "DEFAULT_TIME_BUDGET_S", 12.0)
     model = write_model(TINY_SOURCE)
     jobs: list[MeasureJob] = []
 
@@ -72,9 +75,9 @@ def test_under_the_time_budget_the_last_search_trial_gets_a_trials_time_to_finis
         # wall_s: what each trial is priced at
         return TrialResult(TrialStatus.OK, "measured", measurement=figures, wall_s=5.0)
 
-    tuner = Tuner(TuneOptions(model_path=str(model), device="cpu", studies_dir=str(tmp_path),
-                              confirm_repeats=0, seed=0))
-    _run_scripted(tuner, measure)
+    tuner = scripted(TuneOptions(model_path=str(model), device="cpu", studies_dir=str(tmp_path),
+                                 confirm_repeats=0, seed=0), measure)
+    run(tuner)
     searched = [job for job in jobs if job.name.startswith("trial-") and job.number]
     assert searched, "the plan left time for search trials"
     assert min(job.time_limit_s for job in searched) >= 5.0 * 0.95
@@ -94,12 +97,19 @@ def test_a_knob_that_lost_alone_is_kept_at_the_baselines_value_by_the_sampler(
         return TrialResult(TrialStatus.OK, "measured",
                            measurement=replace(METRICS, samples_per_sec=rate))
 
-    tuner = Tuner(TuneOptions(model_path=str(model), device="cpu", trials=8,
-                              model_args={"tensors": 8}, studies_dir=str(tmp_path),
-                              confirm_repeats=0, seed=0,
-                              fixes={"compile_mode": "none", "num_workers": 0,
-                                     "micro_batch_size": 8, "precision": "fp32"}))
-    _run_scripted(tuner, measure)
+    no_blocks = "activation checkpointing is not applicable: the model has no nn.ModuleList"
+    probe = ProbeReport(baseline={"micro_batch_size": 8, "optimizer_impl": "for_loop"},
+                        dataset_size=512, state_bytes=4 * 4 * 93, parameters=93,
+                        convolutional=True,
+                        left_out=[LeftOut("activation_checkpointing", mode, no_blocks)
+                                  for mode in ("selective", "full")])
+    tuner = scripted(TuneOptions(model_path=str(model), device="cpu", trials=8,
+                                 model_args={"tensors": 8}, studies_dir=str(tmp_path),
+                                 confirm_repeats=0, seed=0,
+                                 fixes={"compile_mode": "none", "num_workers": 0,
+                                        "micro_batch_size": 8, "precision": "fp32"}),
+                     measure, probe)
+    run(tuner)
     trials = trial_records(load_study(tuner.study.study_name, tmp_path))
     measured = [t for t in trials if not t.duplicate]
     assert [(t.role, t.changed) for t in measured[:4]] == [
@@ -136,10 +146,10 @@ def test_a_value_pair_found_unsupported_is_never_run_again_and_each_value_alone_
         figures = replace(METRICS, samples_per_sec=1000.0 + len(jobs))
         return TrialResult(TrialStatus.OK, "measured", measurement=figures)
 
-    tuner = Tuner(TuneOptions(model_path=str(model), device="cpu", trials=5,
-                              studies_dir=str(tmp_path), plain_tpe=True, confirm_repeats=0,
-                              seed=0, fixes={"precision": "fp32"}))
-    _run_scripted(tuner, measure)
+    tuner = scripted(TuneOptions(model_path=str(model), device="cpu", trials=5,
+                                 studies_dir=str(tmp_path), plain_tpe=True, confirm_repeats=0,
+                                 seed=0, fixes={"precision": "fp32"}), measure)
+    run(tuner)
     records = trial_records(load_study(tuner.study.study_name, tmp_path))
     by_number = {r.number: r for r in records}
     assert [(c.activation_checkpointing, c.optimizer_impl) for c in jobs[1:4]] == [
@@ -151,10 +161,7 @@ def test_a_value_pair_found_unsupported_is_never_run_again_and_each_value_alone_
     assert by_number[3].status == by_number[4].status == TrialStatus.OK
 
 
-def _run_scripted(tuner: Tuner, measure: Callable[[TrainConfig, MeasureJob], TrialResult],
-                  ) -> None:
-    """The tuner's run with its probe real and its trials answered by `measure`."""
-    tuner.runner.measure = measure
+def run(tuner: Tuner) -> None:
     try:
         tuner.run()
     finally:
