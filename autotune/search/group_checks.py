@@ -9,7 +9,7 @@ bite: with gradient accumulation, whose non-final micro-steps skip the gradient 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,15 +45,20 @@ CHECKS = (
 
 
 def group_left_out(runner: Runner, baseline: TrainConfig, device: str, time_limit_s: float,
-                   bf16: bool, on_check: Callable[[str], None] | None = None) -> list[LeftOut]:
-    """The process-group values that fail on this model, each with its reason."""
+                   bf16: bool, on_check: Callable[[str], None] | None = None,
+                   allowed: Mapping[str, Sequence[Any]] | None = None) -> list[LeftOut]:
+    """The process-group values that fail on this model, each with its reason. A value the
+    user's narrowing leaves out (`allowed`: knob -> the values `--fix`/`--space` allow) is
+    never searched, so it is not tried: each check is a group's run."""
     left_out: list[LeftOut] = []
     accumulating = baseline.replace(grad_accum_steps=max(2, baseline.grad_accum_steps),
                                     compile_mode="none")
+    allowed = allowed or {}
     for check in CHECKS:
         fsdp_fails = any(x.knob == "parallelism" and x.value == "fsdp" for x in left_out)
         if (check.needs_fsdp and fsdp_fails) or \
-                (check.changes.get("precision") == "bf16" and not bf16):
+                (check.changes.get("precision") == "bf16" and not bf16) or \
+                any(k in allowed and v not in allowed[k] for k, v in check.changes.items()):
             continue
         if on_check is not None:
             on_check(f"{check.knob}={check.value}")

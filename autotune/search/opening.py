@@ -183,11 +183,12 @@ class StudyOpener:
         if ranks > 1:
             self.view.note(f"checking DDP and FSDP on the model in process groups of {ranks} "
                            "ranks")
+            info = describe(self.device)
             report.left_out += group_left_out(
                 self.runner, from_baseline(report.baseline, self.device.type, ranks),
                 str(self.device), min(self.options.trial_time_limit_s, GROUP_CHECK_LIMIT_S),
-                describe(self.device).bf16,
-                on_check=lambda what: self.view.phase(f"checking {what}", None))
+                info.bf16, on_check=lambda what: self.view.phase(f"checking {what}", None),
+                allowed=user_values(info, self.options.fixes, self.options.space_file))
         for item in report.left_out:
             self.view.note(f"left out: {item.describe()}")
         for knob, reason in report.kept.items():

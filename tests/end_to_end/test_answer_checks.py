@@ -131,7 +131,7 @@ def test_a_bf16_that_learns_as_fp32_does_is_recommended_with_its_figure(tmp_path
 def test_a_hugging_face_scripts_answer_is_checked_on_its_longest_samples_and_its_loss(
         tmp_path) -> None:
     """A Trainer script whose own collator pads 8,000 sequences of 16 to 48 tokens and one of
-    1,536: its probe sizes them through that collator, and the answer's worst batch (the
+    768: its probe sizes them through that collator, and the answer's worst batch (the
     script's own settings, or a larger micro-batch) is a run of the script on the longest
     samples. Its peak is the answer's, above what its trials' random batches reached. Every
     configuration tried is bf16 (--fix): before one is recommended, the script's own training

@@ -142,7 +142,7 @@ def shared_on_postgres(postgres, tmp_path_factory) -> SharedStudy:
     studies = tmp_path_factory.mktemp("shared") / "studies"
     tuners = []
     for _ in range(3):
-        tuners.append(TunerProcess(studies, "--trials", "8", "--storage", postgres.url))
+        tuners.append(TunerProcess(studies, "--trials", "6", "--storage", postgres.url))
         time.sleep(1.0)
     victim = tuners[1]
     trial = wait_for(lambda: running_trial_of(studies, postgres.url, victim.pid, after=2),
@@ -159,7 +159,7 @@ def shared_on_postgres(postgres, tmp_path_factory) -> SharedStudy:
 def test_tuners_share_a_study_and_rerun_a_killed_ones_trial(
         shared_on_postgres: SharedStudy) -> None:
     shared = shared_on_postgres
-    check_accounted(study_of(shared.studies, shared.url), 8, shared.lost)
+    check_accounted(study_of(shared.studies, shared.url), 6, shared.lost)
     shown = cli("show", "mlp", "--studies-dir", str(shared.studies), "--storage", shared.url)
     assert "retried" in shown.stdout
 

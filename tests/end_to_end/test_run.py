@@ -337,6 +337,7 @@ def test_a_burner_started_halfway_is_flagged_and_the_speedup_keeps_its_interval(
                               "--studies-dir", str(studies), *FAST,
                               "--trials", "4", "--seed", "0", "--confirm-top", "2",
                               "--confirm-repeats", "2", "--confirm-max-rounds", "2",
+                              "--no-loss-check",
                               # rounds measured again while disturbed need more than 30%
                               "--confirm-share", "0.9",
                               # trials slowed by the burner are measured in full, not

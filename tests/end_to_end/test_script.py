@@ -192,8 +192,11 @@ def test_a_lightning_script_study_in_process_groups_of_two_ranks(tmp_path: Path)
     and answers in the script's terms, the group's rate every rank's samples."""
     need("lightning", "export-check")
     root = tmp_path / "user_root"
+    # DDP's own knobs held (they are the model file's group study's): the group checks try
+    # FSDP alone, which Lightning refuses here
     done = run_cli("run", "--script", "tests/models/scripts/lightning_datamodule.py",
                    "--device", "cpu", "--nproc-per-node", "2", "--trials", "2",
+                   "--fix", "ddp_static_graph=false", "--fix", "ddp_gradient_as_bucket_view=false",
                    "--studies-dir", str(tmp_path), *NO_COMPILE, *FAST, *CONFIRM_ONCE, "--json",
                    "--", "--root", str(root), timeout=900)
     assert done.returncode == 0, done.stderr
@@ -217,7 +220,6 @@ def test_a_lightning_script_study_in_process_groups_of_two_ranks(tmp_path: Path)
         flags = " ".join(line for line in said if not line.startswith("#"))
         assert code == [line for line in answer if not line.startswith("--")]
         assert all(line in flags for line in answer if line.startswith("--"))
-    _verified_or_nothing_to_verify("lightning_datamodule", tmp_path)
     assert not root.exists()
 
 
@@ -239,6 +241,7 @@ def test_a_hand_written_loop_study_answers_at_its_own_flags_and_lines(tmp_path: 
     assert (base["micro_batch_size"], base["grad_accum_steps"]) == (8, 2)
     assert summary["verdict"]
     _own_terms(summary, "loop_nanogpt", tmp_path, "loop", "loop_nanogpt.py:")
+    _verified_or_nothing_to_verify("loop_nanogpt", tmp_path)
     assert not out.exists()
 
 
@@ -247,7 +250,8 @@ def test_an_accelerate_script_study_answers_at_its_own_flags_and_accelerate_laun
     """An Accelerate script in the examples' style (accumulate, backward, clipping when the
     gradients sync, trackers asked for, its state saved every 2 steps, its output_dir made at
     start): a study end to end, the answer at its own flags, accelerate launch's and its
-    lines, verified; its output directory untouched."""
+    lines; its output directory untouched. (`verify` of a script: the loop's and the Hugging
+    Face script's.)"""
     need("accelerate", "examples")
     need("transformers", "examples")
     out = tmp_path / "accelerate-out"
@@ -266,7 +270,7 @@ def test_an_accelerate_script_study_answers_at_its_own_flags_and_accelerate_laun
 
 def _own_terms(summary: dict, study: str, tmp_path: Path, library: str, lines: str) -> None:
     """A study of a script's own loop: its trials measured with the answer in the script's
-    terms (its flags, accelerate launch's, or its lines), exported and verified."""
+    terms (its flags, accelerate launch's, or its lines), exported."""
     measured = [r for r in trial_records(load_study(study, tmp_path))
                 if r.status in (TrialStatus.OK, TrialStatus.SCREENED) and r.measurement]
     assert len(measured) >= 3 and summary["trials"]["COMPLETE"] >= 3
@@ -283,7 +287,6 @@ def _own_terms(summary: dict, study: str, tmp_path: Path, library: str, lines: s
         assert exported.stdout.splitlines()[0] == " ".join(flags)
     refused = cli("export", study, "--studies-dir", str(tmp_path), "--format", "hf")
     assert refused.returncode == 2 and "--format args gives its answer" in refused.stderr
-    _verified_or_nothing_to_verify(study, tmp_path)
 
 
 def _verified_or_nothing_to_verify(study: str, tmp_path: Path) -> subprocess.CompletedProcess:

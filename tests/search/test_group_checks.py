@@ -60,3 +60,12 @@ def test_no_bf16_reduction_is_tried_where_the_device_has_no_bf16():
     runner = Answers({})
     group_left_out(runner, BASELINE, "cpu", 60, bf16=False)
     assert all(c.precision != "bf16" for c, _ in runner.asked)
+
+
+def test_a_value_the_user_left_out_of_the_space_is_not_tried():
+    runner = Answers({})
+    group_left_out(runner, BASELINE, "cpu", 60, bf16=True,
+                   allowed={"ddp_static_graph": (False,), "precision": ("fp32",)})
+    tried = [(c.parallelism, c.ddp_static_graph, c.fsdp_reduce_dtype) for c, _ in runner.asked]
+    assert ("ddp", True, "fp32") not in tried and ("fsdp", False, "bf16") not in tried
+    assert len(tried) == 3

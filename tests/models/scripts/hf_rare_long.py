@@ -1,5 +1,5 @@
 """A Hugging Face script whose token sequences vary in length, padded per batch by its own
-collator: 8,000 sequences of 16 to 48 tokens and one of 1,536 (a long document left in the
+collator: 8,000 sequences of 16 to 48 tokens and one of 768 (a long document left in the
 data), rare enough that a trial's random batches seldom draw it, long enough that the batch
 holding it needs far more memory than any other. A tiny GPT-2 built from a config, its own
 settings one sequence a micro-batch, eight accumulated."""
@@ -9,7 +9,7 @@ import argparse
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
-LONG_AT, LONG_LENGTH = 5_311, 1_536
+LONG_AT, LONG_LENGTH = 5_311, 768
 
 
 class Documents(torch.utils.data.Dataset):

@@ -62,7 +62,7 @@ def _rare_long(out: Path, settings: JobSettings, config: dict | None = None) -> 
 
 def test_the_probe_sizes_a_hugging_face_scripts_samples_through_its_own_collator(
         tmp_path: Path) -> None:
-    """8,000 sequences of 16 to 48 tokens and one of 1,536, padded by the script's own
+    """8,000 sequences of 16 to 48 tokens and one of 768, padded by the script's own
     collator: the probe reads them all and finds the long one first."""
     need("transformers", "examples")
     request = _rare_long(tmp_path / "out", ProbeSettings({}))
