@@ -30,6 +30,7 @@ TINY_RGAT = ["--model-arg", "hidden=32", "--model-arg", "heads=2", "--model-arg"
              "--model-arg", "num_samples=512"]
 
 
+@pytest.mark.slow
 def test_bench_json_has_every_figure_and_knob(tmp_path) -> None:
     done = run_cli("bench", "--model", str(TEST_MODELS / "tiny_dict.py"), "--device", "cpu",
                    "--json", "--set", "precision=bf16", "--set", "micro_batch_size=4",
@@ -46,6 +47,7 @@ def test_bench_json_has_every_figure_and_knob(tmp_path) -> None:
     assert any(e.get("name", "").startswith("ProfilerStep#") for e in trace["traceEvents"])
 
 
+@pytest.mark.slow
 def test_bench_rgat_prints_the_full_table() -> None:
     done = run_cli("bench", "--model", "models/rgat.py", "--device", "cpu", *TINY_RGAT, *FAST)
     assert done.returncode == 0, done.stderr
@@ -54,6 +56,7 @@ def test_bench_rgat_prints_the_full_table() -> None:
         assert row in done.stdout
 
 
+@pytest.mark.slow
 def test_config_file_then_set_override(tmp_path) -> None:
     config = tmp_path / "cfg.yaml"
     config.write_text("micro_batch_size: 32\nnum_workers: 1\nprefetch_factor: 2\n")

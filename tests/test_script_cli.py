@@ -75,11 +75,11 @@ def test_a_script_that_is_not_there(command: str, tmp_path: Path, capsys) -> Non
 
 
 @pytest.mark.parametrize(("source", "message"), [
-    ("import time\ntime.sleep(120)\n", "train.py ran 6 s and never reached Trainer.train, "
-                                       "Trainer.fit or a torch.optim optimizer's first step; a "
-                                       "loop without a torch.optim optimizer: write a model "
-                                       "file (README); a start-up longer than 6 s: "
-                                       "--startup-limit 10m"),
+    pytest.param("import time\ntime.sleep(120)\n",
+                 "train.py ran 6 s and never reached Trainer.train, Trainer.fit or a "
+                 "torch.optim optimizer's first step; a loop without a torch.optim optimizer: "
+                 "write a model file (README); a start-up longer than 6 s: --startup-limit 10m",
+                 marks=pytest.mark.slow),
     ("print('no training here')\n", "ended without Trainer.train, Trainer.fit or a "
                                      "torch.optim optimizer's first step"),
     ("import json\njson.loads('{')\n", 'train.py failed before its training started: '
@@ -170,6 +170,7 @@ def test_a_failed_probe_keeps_the_log_its_message_names(tmp_path: Path, capsys) 
     assert [p.name for p in (studies / "train").iterdir()] == ["logs"]
 
 
+@pytest.mark.slow
 def test_sigterm_exits_143_and_leaves_no_temporary_folder_nor_study(tmp_path: Path) -> None:
     """A scheduler's stop while the probe runs the script: the exit code a shell gives a
     process SIGTERM ended, the probe's scratch folder and the trial's files gone from the temp

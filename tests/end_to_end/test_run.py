@@ -335,9 +335,11 @@ def test_a_burner_started_halfway_is_flagged_and_the_speedup_keeps_its_interval(
     studies = copy_of(mlp_template, tmp_path)
     tuner = subprocess.Popen([sys.executable, "-m", "autotune", "run", *TINY_MLP,
                               "--studies-dir", str(studies), *FAST,
-                              "--trials", "4", "--seed", "0", "--confirm-top", "2",
+                              "--trials", "3", "--seed", "0", "--confirm-top", "2",
                               "--confirm-repeats", "2", "--confirm-max-rounds", "2",
                               "--no-loss-check",
+                              # a disturbed window is flagged at once: the burner never stops
+                              "--contention-retries", "0",
                               # rounds measured again while disturbed need more than 30%
                               "--confirm-share", "0.9",
                               # trials slowed by the burner are measured in full, not

@@ -87,6 +87,7 @@ def test_segfault_is_crash(launcher, write_model) -> None:
     assert "SIGSEGV" in result.message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_hang_is_timeout_that_says_where_it_struck_and_its_workers_die_too(launcher,
                                                                           write_model) -> None:
@@ -162,6 +163,7 @@ def imported_data_bytes() -> int:
     return int(done.stdout.split()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_memory_limit_makes_large_batches_oom(launcher, write_model,
                                               imported_data_bytes) -> None:

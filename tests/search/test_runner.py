@@ -51,6 +51,7 @@ def test_the_model_file_is_imported_once_for_the_probe_and_every_trial(write_mod
     assert (tmp_path / "study" / "logs" / "trial-1.log").exists()
 
 
+@pytest.mark.slow
 def test_a_build_dataset_that_never_returns_ends_within_the_limit(write_model, tmp_path) -> None:
     path = write_model(TINY_SOURCE.replace(
         "def build_dataset(dim=8, size=256):", "def build_dataset(dim=8, size=256):\n"
@@ -65,6 +66,7 @@ def test_a_build_dataset_that_never_returns_ends_within_the_limit(write_model, t
     assert time.monotonic() - start < 60  # the limit, and importing torch in the fork server
 
 
+@pytest.mark.slow
 def test_a_model_file_whose_import_hangs_is_named(write_model, tmp_path) -> None:
     path = write_model("import time\ntime.sleep(3600)\n" + TINY_SOURCE)
     made = runner(path, tmp_path)

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from autotune.config import TrainConfig
 from autotune.options import TuneOptions
 from autotune.search.runner import MeasureJob
@@ -55,6 +57,7 @@ def test_a_compile_that_ran_out_of_time_runs_once_more(write_model, tmp_path) ->
     assert len(jobs) == 3  # the retry was measured; nothing else
 
 
+@pytest.mark.slow
 def test_under_the_time_budget_the_last_search_trial_gets_a_trials_time_to_finish(
         write_model, tmp_path, monkeypatch) -> None:
     """The plan stops starting trials early enough for the last one to end; that one must be

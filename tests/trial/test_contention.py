@@ -78,6 +78,7 @@ def trial(write_model, tmp_path, on_phase=None, settings=SETTINGS, **config) -> 
     return result.measurement
 
 
+@pytest.mark.slow
 def test_a_load_there_all_along_is_flagged_not_measured_again(write_model, tmp_path) -> None:
     """Busy loops on every core from before the trial to its end: the warm-up and screening saw
     the load and the timed window the same, about half the CPUs, so it is the machine's state:
@@ -103,6 +104,7 @@ def test_the_same_load_in_two_windows_is_the_machines_state_a_passing_one_is_not
     assert not same_load(window(0.30), window(None, 1))
 
 
+@pytest.mark.slow
 def test_a_window_disturbed_for_a_while_is_measured_again_once_it_is_quiet(
         write_model, tmp_path) -> None:
     """The burners start with the timed window (the warm-up was quiet: a load that came) and
@@ -128,6 +130,7 @@ def test_a_window_disturbed_for_a_while_is_measured_again_once_it_is_quiet(
     assert "re-measuring the window" in (tmp_path / "trial.log").read_text()
 
 
+@pytest.mark.slow
 def test_the_same_trial_on_a_quiet_machine_is_not_flagged(write_model, tmp_path) -> None:
     """Its DataLoader worker is its own process, not another's."""
     wait_for_a_quiet_machine()
@@ -179,6 +182,7 @@ print(probe.stop().disturbed)
 """
 
 
+@pytest.mark.slow
 def test_a_warm_processs_siblings_are_the_tuners_own_not_a_load() -> None:
     """The H200's warm confirmations flagged every round disturbed: the other warm processes
     (the tuner's too) counted as a load beside each turn. Timed with the tuner as its family,

@@ -105,6 +105,7 @@ def test_trial_time_violations_say_what_is_wrong(case: str, write_model) -> None
     assert message in " ".join(str(raised.value).split())
 
 
+@pytest.mark.slow
 def test_a_trial_time_violation_exits_2_with_its_message(write_model) -> None:
     source, message = TRIAL_TIME["loss_without_grad"]
     done = run_cli("bench", "--model", str(write_model(source)), "--device", "cpu", *FAST)

@@ -7,6 +7,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import torch
 
 from autotune.config import TrainConfig
@@ -126,6 +127,7 @@ def test_a_measurement_answers_in_the_scripts_flags(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_profile_looks_at_the_scripts_own_steps(tmp_path: Path) -> None:
     """`autotune profile --script`: a few of the Trainer's own steps under the profiler, with
     the operator tables, the memory timeline and the trace; the user's output_dir untouched."""
