@@ -192,11 +192,12 @@ def test_a_lightning_script_study_in_process_groups_of_two_ranks(tmp_path: Path)
     and answers in the script's terms, the group's rate every rank's samples."""
     need("lightning", "export-check")
     root = tmp_path / "user_root"
-    # DDP's own knobs held (they are the model file's group study's): the group checks try
-    # FSDP alone, which Lightning refuses here
+    # DDP and its own knobs held (the group checks and FSDP are the model file's group
+    # study's; Lightning refuses FSDP here): the group checks have nothing left to try
     done = run_cli("run", "--script", "tests/models/scripts/lightning_datamodule.py",
                    "--device", "cpu", "--nproc-per-node", "2", "--trials", "2",
-                   "--fix", "ddp_static_graph=false", "--fix", "ddp_gradient_as_bucket_view=false",
+                   "--fix", "parallelism=ddp", "--fix", "ddp_static_graph=false",
+                   "--fix", "ddp_gradient_as_bucket_view=false",
                    "--studies-dir", str(tmp_path), *NO_COMPILE, *FAST, *CONFIRM_ONCE, "--json",
                    "--", "--root", str(root), timeout=900)
     assert done.returncode == 0, done.stderr
