@@ -138,11 +138,14 @@ class SharedStudy:
 @pytest.fixture(scope="module")
 def shared_on_postgres(postgres, tmp_path_factory) -> SharedStudy:
     """Three tuners on one study on a real PostgreSQL server, started a moment apart as people
-    do; the second SIGKILLed mid-trial once two trials are done, the others finish."""
+    do; the second SIGKILLed mid-trial once two trials are done, the others finish. Its trial
+    is found silent after 3 heartbeats of 2 s, while the others still have trials to start (at
+    the default 10 s, 6 trials could all be done before: CI, 91f83ca)."""
     studies = tmp_path_factory.mktemp("shared") / "studies"
     tuners = []
     for _ in range(3):
-        tuners.append(TunerProcess(studies, "--trials", "6", "--storage", postgres.url))
+        tuners.append(TunerProcess(studies, "--trials", "8", "--heartbeat-interval", "2",
+                                   "--storage", postgres.url))
         time.sleep(1.0)
     victim = tuners[1]
     trial = wait_for(lambda: running_trial_of(studies, postgres.url, victim.pid, after=2),
@@ -159,7 +162,7 @@ def shared_on_postgres(postgres, tmp_path_factory) -> SharedStudy:
 def test_tuners_share_a_study_and_rerun_a_killed_ones_trial(
         shared_on_postgres: SharedStudy) -> None:
     shared = shared_on_postgres
-    check_accounted(study_of(shared.studies, shared.url), 6, shared.lost)
+    check_accounted(study_of(shared.studies, shared.url), 8, shared.lost)
     shown = cli("show", "mlp", "--studies-dir", str(shared.studies), "--storage", shared.url)
     assert "retried" in shown.stdout
 
