@@ -82,7 +82,8 @@ class StudyOpener:
         sampler = optuna.samplers.TPESampler(
             seed=opts.seed, multivariate=True, group=True,
             n_startup_trials=min(10, max(3, (opts.trials or TYPICAL_TRIALS) // 3)))
-        user_values(info, opts.fixes, opts.space_file)  # bad input refused before the probe
+        # bad input refused before the probe; the values it allows spare the group checks
+        self.allowed = user_values(info, opts.fixes, opts.space_file)
         probed: ProbeReport | None = None
         while True:
             existing = self._recorded(name)
@@ -183,12 +184,12 @@ class StudyOpener:
         if ranks > 1:
             self.view.note(f"checking DDP and FSDP on the model in process groups of {ranks} "
                            "ranks")
-            info = describe(self.device)
             report.left_out += group_left_out(
                 self.runner, from_baseline(report.baseline, self.device.type, ranks),
                 str(self.device), min(self.options.trial_time_limit_s, GROUP_CHECK_LIMIT_S),
-                info.bf16, on_check=lambda what: self.view.phase(f"checking {what}", None),
-                allowed=user_values(info, self.options.fixes, self.options.space_file))
+                describe(self.device).bf16,
+                on_check=lambda what: self.view.phase(f"checking {what}", None),
+                allowed=self.allowed)
         for item in report.left_out:
             self.view.note(f"left out: {item.describe()}")
         for knob, reason in report.kept.items():
