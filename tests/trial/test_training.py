@@ -184,14 +184,20 @@ def test_tf32_settings_stay_readable_and_consistent(precision, restore_tf32):
             assert flags["cudnn conv fp32_precision"] == "tf32"
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
-def test_every_precision_but_tf32_runs_pytorchs_own_defaults(precision, restore_tf32):
-    """The baseline must run what the user's own code runs: a fresh process's settings."""
+@pytest.fixture(scope="module")
+def fresh_process_flags() -> dict:
     fresh = subprocess.run([sys.executable, "-c", DEFAULT_FLAGS_SCRIPT], capture_output=True,
                            text=True, check=True, cwd=ROOT)
+    return json.loads(fresh.stdout)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_every_precision_but_tf32_runs_pytorchs_own_defaults(precision, fresh_process_flags,
+                                                             restore_tf32):
+    """The baseline must run what the user's own code runs: a fresh process's settings."""
     set_matmul_precision("tf32", torch.device("cuda"))
     set_matmul_precision(precision, torch.device("cuda"))
-    assert tf32_flags(new_api=False) == json.loads(fresh.stdout)
+    assert tf32_flags(new_api=False) == fresh_process_flags
 
 
 def test_pin_memory_on_cpu_is_unsupported():
