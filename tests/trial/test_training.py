@@ -151,11 +151,11 @@ def tf32_flags(new_api: bool = True) -> dict[str, object]:
     return flags
 
 
-# What a fresh process runs. (The new API says "none", not set, where the old one says what
-# that means; the consistency test above checks both APIs agree.)
-DEFAULT_FLAGS_SCRIPT = """
+# What a fresh process runs, torch its only import. (The new API says "none", not set, where
+# the old one says what that means; the consistency test above checks both APIs agree.)
+DEFAULT_FLAGS_SCRIPT = f"""
 import json, torch
-from tests.trial.test_training import tf32_flags
+{inspect.getsource(tf32_flags)}
 print(json.dumps(tf32_flags(new_api=False)))
 """
 
