@@ -44,6 +44,14 @@ FRESH_START_S = 3.0
 # for the tests' tiny models and 95 s for a small RoBERTa on a 2-core CPU
 # (results/issue39_accum_rerun, whose first forecast left it out and ran 1.6x over).
 FIRST_COMPILE_PRIOR_S = 60.0
+# The expert's first moves: the trials an engineer runs first (the bottleneck's fix, the fast
+# corner, a follow-up). A time plan gives them their time before the confirmation its share:
+# a proof with nothing found to prove is no answer.
+FIRST_MOVES = 3
+# The configurations besides the baseline whose checks a plan prices: the best, and the one it
+# becomes where a change of it is taken back. The others are checked only if they become the
+# answer, within the time the rounds leave.
+ANSWER_CHECKED = 2
 
 
 def trial_seconds(study: optuna.Study) -> float | None:
@@ -255,17 +263,19 @@ class ConfirmationPrice:
         return self.start_s(racing) + turns * self.turn_s + self.short_race_s() + checks
 
     def checks_s(self, candidates: int) -> float:
-        """The checks of `candidates` configurations and the best less each change: a worst
-        batch each; the baseline's two loss runs and one for each configuration that changes
-        the numerics (priced at two for each numerics change the space can make, at most one a
-        configuration besides the baseline). Where the best compiles, each check of a
-        configuration that compiles pays its compile: every process of a check is new."""
-        racing = candidates + self.taken_back
-        changed = min(2 * self.loss_changes, racing - 1) if self.loss_changes else 0
+        """The checks of the configurations that can be the answer: the baseline and, of
+        `candidates` (the baseline among them) and the best less each change, at most
+        `ANSWER_CHECKED`. A worst batch each; the baseline's two loss runs and one for each
+        configuration that changes the numerics (priced at two for each numerics change the
+        space can make, at most one a configuration besides the baseline). Where the best
+        compiles, each check of a configuration that compiles pays its compile: every process
+        of a check is new."""
+        checked = min(candidates + self.taken_back, 1 + ANSWER_CHECKED)
+        changed = min(2 * self.loss_changes, checked - 1) if self.loss_changes else 0
         loss = 2 + changed if self.loss_changes else 0
-        compiles = (self.compiling(racing) if self.worst_s else 0) + \
-            (min(changed, self.compiling(racing)) if self.loss_s else 0)
-        return racing * self.worst_s + loss * self.loss_s + compiles * self.compile_s
+        compiles = (self.compiling(checked) if self.worst_s else 0) + \
+            (min(changed, self.compiling(checked)) if self.loss_s else 0)
+        return checked * self.worst_s + loss * self.loss_s + compiles * self.compile_s
 
     def compiling(self, racing: int) -> int:
         """Of `racing` configurations (the baseline among them), those that compile."""
@@ -340,10 +350,13 @@ def plan_time(budget_s: float, started: float, now: float, trial_s: float,
               max_rounds: int) -> TimePlan:
     """Leave the confirmation its share of the budget (at least the rounds an answer with an
     interval needs; none with no share: no confirmation), and the last search trial room to
-    finish."""
+    finish. The expert's `FIRST_MOVES` come first: where the time left cannot hold them and
+    that share, the confirmation gets what they leave (its first round runs whatever the
+    plan)."""
     ends = started + budget_s
     least_s = price.seconds(candidates, price.least_rounds(MIN_ROUNDS))
     confirm_s = max(share * budget_s, least_s) if share else 0.0
+    confirm_s = max(0.0, min(confirm_s, ends - now - FIRST_MOVES * trial_s))
     rounds = min(price.most_rounds(max_rounds),
                  price.rounds_in(min(confirm_s, ends - now), candidates))
     search_ends = ends - confirm_s - trial_s

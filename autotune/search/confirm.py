@@ -45,7 +45,6 @@ from autotune.search.checks import AnswerChecks
 from autotune.search.events import StudyView
 from autotune.search.memory_model import MemoryModel
 from autotune.search.minimal import (
-    DROP_BOUND,
     JUDGE_ROUNDS,
     TakeBack,
     judge,
@@ -511,10 +510,12 @@ def _race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
 
 def _checked(entries: list[Candidate], plan: Plan, how: Measuring,
              ) -> tuple[list[Candidate], list[Candidate]]:
-    """A race's entries that may race (each checked first, `_check`), and those the checks
-    ruled out; a configuration less one change races only while the one with it does."""
+    """A race's entries that may race (each checked first, `_check`, but the best less one
+    change: checked where it may become the answer, `_minimal`), and those the checks ruled
+    out; a configuration less one change races only while the one with it does."""
     for entry in entries:
-        _check(entry, how, plan)
+        if not entry.variant:
+            _check(entry, how, plan)
     out = [e for e in entries if e.excluded]
     return [e for e in entries if not e.excluded and
             (not e.variant or not e.taken_from.excluded)], out
@@ -661,11 +662,11 @@ def _again(entry: Candidate) -> Candidate:
 def _minimal(result: Confirmation, race: Race, judged: list[tuple[TakeBack, Candidate | None]],
              baseline: TrainConfig, plan: Plan, how: Measuring, space: SearchSpace | None,
              records: Sequence[TrialRecord]) -> Confirmation:
-    """The race's recommendation less every change whose taking back cost less than the noise.
-    Its changes are judged on the configurations without each (`minimal.judge`), raced beside
-    it (the search's best), else in a short race of their own; where several are dropped, the
-    configuration without them all races it and the baseline, and is the answer unless it is
-    measurably slower, else the best of the single drops is."""
+    """The race's recommendation less every change not shown to pay. Its changes are judged on
+    the configurations without each (`minimal.judge`), raced beside it (the search's best),
+    else in a short race of their own; where several are dropped, the configuration without
+    them all races it and the baseline, and is the answer unless it is measurably slower,
+    else the best of the single drops is."""
     if result.winner is None or result.winner.config == baseline:
         return result
     chosen = next(e for e in race.entries if not e.variant and e.config == result.winner.config)
@@ -677,10 +678,7 @@ def _minimal(result: Confirmation, race: Race, judged: list[tuple[TakeBack, Cand
             return result
         pairs, where = _taken_back_race(chosen, backs, plan, how, records, race)
     with_it = where.entries[0] if where is not None else chosen
-    decisions = [judge(back, paired(v, with_it, objective) if v and where else None,
-                       v.ok if v and where else True, where.capped if where else NO_TIME,
-                       failed=v.excluded if v else "")
-                 for back, v in pairs]
+    decisions = [_judged(back, v, with_it, where, plan, how) for back, v in pairs]
     if unjudged := [d for d in decisions if d.outcome == UNJUDGED and d.config]:
         how.view.note(f"confirmation: not taken back ({unjudged[0].why}): "
                       f"{', '.join(d.change for d in unjudged)}")
@@ -701,13 +699,28 @@ def _minimal(result: Confirmation, race: Race, judged: list[tuple[TakeBack, Cand
                          if i in dropped and i != single else d
                          for i, d in enumerate(decisions)]
     if result.no_measurable_difference is False and _inside_the_noise(answer, answer_race):
-        # each drop inside the noise, yet the answer less them no longer measurably beats
+        # no drop shown to pay alone, yet the answer less them no longer measurably beats
         # the baseline that the race's recommendation beat: the drops are kept together
         decisions = [replace(d, outcome=TOGETHER, why=NOT_BEATEN) if not d.kept else d
                      for d in decisions]
         return _with_extra(replace(result, taken_back=tuple(decisions)), follow)
     return _with_extra(_answer(result, race, chosen, answer, answer_race, decisions), follow)
 
+
+
+def _judged(back: TakeBack, without: Candidate | None, with_it: Candidate, where: Race | None,
+            plan: Plan, how: Measuring) -> TakenBack:
+    """What taking `back` back showed (`minimal.judge`); a change it drops makes the
+    configuration without it a possible answer, which is checked first (`_check`): one the
+    checks rule out keeps the change."""
+    raced = without is not None and where is not None
+    decision = judge(back, paired(without, with_it, objective) if raced else None,
+                     without.ok if raced else True, where.capped if where else NO_TIME,
+                     failed=without.excluded if without else "")
+    if decision.kept or without is None:
+        return decision
+    _check(without, how, plan)
+    return judge(back, None, True, failed=without.excluded) if without.excluded else decision
 
 
 def _inside_the_noise(answer: Candidate, answer_race: Race) -> bool:
@@ -736,9 +749,9 @@ def _without_all(config: TrainConfig | None, with_it: Candidate, race: Race,
                  baseline: TrainConfig, plan: Plan, how: Measuring,
                  records: Sequence[TrialRecord]) -> Race | tuple[str, str]:
     """The short race of `config` (the recommendation less every change dropped), it and the
-    baseline, where `config` is not measurably slower than it (and at most `DROP_BOUND` slower
-    for sure); else what becomes of the changes besides the best single drop (kept: their
-    outcome, and why)."""
+    baseline, where `config` is not measurably slower than it: the changes were not shown to
+    pay together either; else what becomes of the changes besides the best single drop (kept:
+    their outcome, and why)."""
     if config is None:
         return TOGETHER, "the search space holds no configuration without all of them"
     if config == baseline:
@@ -746,7 +759,7 @@ def _without_all(config: TrainConfig | None, with_it: Candidate, race: Race,
     if not _time_for(SHORT_RACE, 1, plan, how, race.run_s):
         return UNJUDGED, NO_TIME
     how.view.note(f"confirmation: {describe_changes(config, baseline)} (the answer less every "
-                  "change inside the noise) in a short race")
+                  "change not shown to pay) in a short race")
     answer = _variant(config, records, with_it, race.reference)
     answer.taken_from = None  # a candidate in its own right: it may be the answer
     _check(answer, how, plan)
@@ -761,9 +774,7 @@ def _without_all(config: TrainConfig | None, with_it: Candidate, race: Race,
     if ratio.high is not None and ratio.high < 1.0:
         return TOGETHER, (f"without all of them it was {1 - ratio.value:.1%} slower "
                           f"[{1 - ratio.high:+.1%}, {1 - ratio.low:+.1%}]")
-    if ratio.low is not None and ratio.low >= 1.0 - DROP_BOUND:
-        return short
-    return UNJUDGED, short.capped
+    return short
 
 
 def _time_for(configurations: int, new: int, plan: Plan, how: Measuring, run_s: float) -> bool:

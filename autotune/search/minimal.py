@@ -1,13 +1,14 @@
 """The minimal answer: each change of the race's recommendation taken back in turn, in the same
-paired rounds, so that the answer carries no change whose taking back costs less than the noise.
+paired rounds, so that the answer carries only the changes shown to pay.
 
 A bundle that wins may carry changes that do nothing here (foreach AdamW, channels-last and
 torch.compile riding along with the loader workers that did the work). A change
 (`config.changes`: the micro-batch with its accumulation, the DataLoader's settings, each other
 knob on its own) is judged by the configuration without it against the one with it, paired by
 round (`judge`): measurably slower without it, the change pays and is kept; no measurable
-difference, or faster without it, it is dropped. `search.confirm` measures the configurations
-without each change and decides what the answer keeps.
+difference, faster without it, or too few rounds to show that it pays, it is dropped.
+`search.confirm` measures the configurations without each change and decides what the answer
+keeps.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from autotune.study.confirmation import (
     HURTS,
     NO_TIME,
     NOISE,
+    NOT_SHOWN,
     PAYS,
     UNJUDGED,
     TakenBack,
@@ -102,11 +104,12 @@ def judge(back: TakeBack, ratio: Ratio | None, ran: bool, capped: str = NO_TIME,
           failed: str = "") -> TakenBack:
     """What taking `back` back showed: `ratio` is the configuration without the change over the
     one with it, paired by round (None: not measured); `ran`, whether it ran in every round;
-    `failed`, why a check ruled it out before it raced (`search.checks`: the change is then
-    kept, as where it did not run). Measurably slower without it, on any number of rounds: the
-    change pays. Not, on at least `JUDGE_ROUNDS` and within `DROP_BOUND` for sure: it is
-    dropped. Else it is kept, unjudged, for what `capped` the rounds (`NO_TIME` or
-    `NO_ROUNDS`): more would have told."""
+    `failed`, why a check ruled it out (`search.checks`: the change is then kept, as where it
+    did not run). Measurably slower without it, on any number of rounds: the change pays and
+    is kept; only what pays is. Not, on at least `JUDGE_ROUNDS` and within `DROP_BOUND` for
+    sure: it is dropped as inside the noise (or as faster without it); on fewer rounds, or a
+    wider interval, it is left out as not shown to pay, its measured effect said. Never
+    measured, it is kept unjudged, for what `capped` the rounds (`NO_TIME` or `NO_ROUNDS`)."""
     if back.config is None:
         return TakenBack(back.change, back.knobs, None, UNJUDGED, why=back.why)
     if failed:
@@ -122,5 +125,5 @@ def judge(back: TakeBack, ratio: Ratio | None, ran: bool, capped: str = NO_TIME,
     if interval is not None and interval[1] < 1.0:
         return replace(found, outcome=PAYS, why="")
     if interval is None or ratio.rounds < JUDGE_ROUNDS or interval[0] < 1.0 - DROP_BOUND:
-        return found
+        return replace(found, outcome=NOT_SHOWN, why="")
     return replace(found, outcome=HURTS if interval[0] > 1.0 else NOISE, why="")

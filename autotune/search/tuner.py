@@ -212,7 +212,7 @@ class Tuner:
         study.set_user_attr(StudyKey.TUNING_WALL_S, study.user_attrs.get(
             StudyKey.TUNING_WALL_S, 0.0) + time.monotonic() - started)
         if opts.confirm_repeats >= 1 and should_confirm(study, self.owner, self.view):
-            self._confirm(top)
+            self._confirm(top, proof_takes_the_rest=search.ended_early is not None)
         return study_summary(study)
 
     def _queue_baseline(self) -> None:
@@ -235,7 +235,8 @@ class Tuner:
             heartbeat_s=opts.heartbeat_s, shortcuts=not opts.plain_tpe,
             fast_corner=opts.fast_corner_first, loader_rates=self._planned_loader_rates(),
             state_bytes=lambda: self.probe.state_bytes, stop=self.stop,
-            baseline_name=baseline_name(isinstance(opts.target, Script)))
+            baseline_name=baseline_name(isinstance(opts.target, Script)),
+            ends_when_stale=self.time_budget_s is not None and not opts.plain_tpe)
 
     def _price(self, fallback_s: float) -> ConfirmationPrice:
         """What confirming costs: in warm turns where the confirmation will take them (memory
@@ -288,14 +289,17 @@ class Tuner:
     def _budget_ends(self) -> float:
         return self.started + self.time_budget_s if self.time_budget_s else math.inf
 
-    def _confirm(self, top: int) -> None:
+    def _confirm(self, top: int, proof_takes_the_rest: bool = False) -> None:
         """The paired rounds: beyond the least, within the confirmation's share of the study's
-        wall time (the search so far prices it); all within the time budget."""
+        wall time (the search so far prices it), or, where the search ended as it stopped
+        finding (`proof_takes_the_rest`), the time budget's rest; all within the budget."""
         opts, study, budget_ends = self.options, self.study, self._budget_ends()
         share = opts.confirm_share
+        ends_by = time.monotonic() + self._searched_s() * share / (1 - share)
+        if proof_takes_the_rest and math.isfinite(budget_ends):
+            ends_by = max(ends_by, budget_ends)
         plan = Plan(top=top, rounds=opts.confirm_repeats, max_rounds=opts.confirm_max_rounds,
-                    target=opts.confirm_target,
-                    ends_by=time.monotonic() + self._searched_s() * share / (1 - share),
+                    target=opts.confirm_target, ends_by=ends_by,
                     budget_ends=budget_ends if math.isfinite(budget_ends) else None)
         confirmation = confirm(study, self.baseline, self.scoring, self.runner.measure,
                                self.view, plan, time_limit_s=opts.trial_time_limit_s,

@@ -49,6 +49,7 @@ from autotune.search.shortcuts import (
     screen_below,
 )
 from autotune.search.space import SearchSpace
+from autotune.search.stopping import stopped_finding
 from autotune.study.bottleneck import Diagnosis, diagnose
 from autotune.study.confirmation import worst_batch_peaks
 from autotune.study.records import (
@@ -95,6 +96,9 @@ class Search:
     loader_rates: Sequence[LoaderRate] = ()
     state_bytes: Callable[[], int] = lambda: 0
     after_trial: Callable[[], None] = lambda: None  # tells the time left, say
+    # Under a time budget: the search ends when it stops finding (`stopping`), and says why.
+    ends_when_stale: bool = False
+    ended_early: str | None = None
     baseline_name: str = baseline_name(script=False)  # the baseline in messages
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -165,7 +169,8 @@ def _in_threads(search: Search, heartbeat: Heartbeat, devices: Sequence[Any],
 def _work(search: Search, heartbeat: Heartbeat, device: Any, budget: int | None,
           deadline: float, finish_by: float, slot: int | None) -> None:
     unmeasured = 0
-    while not search.stop.is_set() and time.monotonic() < deadline:
+    while not search.stop.is_set() and search.ended_early is None and \
+            time.monotonic() < deadline:
         recover_orphans(search.study, search.storage, search.owner, search.view.note)
         with search.lock:
             if budget is not None and measured_trials(search.study) >= budget:
@@ -184,6 +189,8 @@ def _work(search: Search, heartbeat: Heartbeat, device: Any, budget: int | None,
             raise Interrupted from None
         finally:
             heartbeat.discard(tid)
+        if measured and search.ends_when_stale and _stale(search):
+            return
         if measured:
             search.after_trial()
         unmeasured = 0 if measured else unmeasured + 1
@@ -191,6 +198,18 @@ def _work(search: Search, heartbeat: Heartbeat, device: Any, budget: int | None,
             search.view.note("every configuration the sampler proposes was already measured "
                              "or failed before: the space is exhausted")
             return
+
+
+def _stale(search: Search) -> bool:
+    """Whether the search has stopped finding (said once, for every worker)."""
+    with search.lock:
+        if search.ended_early is None:
+            why = stopped_finding(trial_records(search.study))
+            if why is None:
+                return False
+            search.ended_early = why
+            search.view.note(why)
+    return True
 
 
 def _ask(search: Search, budget: int | None) -> Trial | None:

@@ -26,13 +26,14 @@ PAYS = "pays"                      # measurably slower without it: kept
 NOISE = "inside the noise"         # no measurable difference without it: dropped
 HURTS = "faster without it"        # measurably faster without it: dropped
 FAILS = "fails without it"         # without it, it did not run within memory: kept
-TOGETHER = "needed together"       # inside the noise alone, not with the others: kept
-UNJUDGED = "not taken back"        # not measured, or too little (`TakenBack.why`): kept
-DROPPED = (NOISE, HURTS)
+TOGETHER = "needed together"       # not shown to pay alone, but with the others: kept
+NOT_SHOWN = "not shown to pay"     # measured, but not measurably slower without it: dropped
+UNJUDGED = "not taken back"        # not measured (`TakenBack.why`): kept
+DROPPED = (NOISE, HURTS, NOT_SHOWN)
 # Why a change measured too little to judge was kept: the confirmation's time, or its rounds.
 NO_TIME = "too few paired rounds before the confirmation's time ran out"
 NO_ROUNDS = "too few paired rounds within --confirm-max-rounds"
-# why a change inside the noise alone was kept (TOGETHER): its drop left the answer no faster
+# why a change not shown to pay alone was kept (TOGETHER): its drop left the answer no faster
 NOT_BEATEN = "without it the answer did not measurably beat your settings"
 
 
@@ -124,7 +125,7 @@ class TakenBack:
     change: str                        # in words: "torch.compile max-autotune"
     knobs: tuple[str, ...]
     config: TrainConfig | None         # the recommendation without it (None: none measured)
-    outcome: str                       # PAYS, NOISE, HURTS, FAILS, TOGETHER or UNJUDGED
+    outcome: str                       # PAYS, NOISE, HURTS, NOT_SHOWN, FAILS, TOGETHER, UNJUDGED
     ratio: float | None = None
     ratio_ci: tuple[float, float] | None = None
     rounds: int = 0
@@ -149,8 +150,9 @@ class TakenBack:
         """What the taking back says, without its figure: "inside the noise: dropped"."""
         return {PAYS: "it pays: kept", NOISE: "inside the noise: dropped",
                 HURTS: "faster without it: dropped",
+                NOT_SHOWN: "not shown to pay here: left out",
                 FAILS: f"without it {self.failed_text()}: kept",
-                TOGETHER: f"inside the noise alone, but {self.why}: kept",
+                TOGETHER: f"not shown to pay alone, but {self.why}: kept",
                 UNJUDGED: f"not taken back ({self.why}): kept"}[self.outcome]
 
     def failed_text(self) -> str:

@@ -13,6 +13,7 @@ from autotune.study.confirmation import (
     NO_ROUNDS,
     NO_TIME,
     NOISE,
+    NOT_SHOWN,
     CandidateSummary,
     Confirmation,
 )
@@ -112,6 +113,9 @@ def _taken_back(confirmation: Confirmation) -> str:
                            (HURTS, "dropped as faster without")):
         if names := [t.change for t in confirmation.dropped if t.outcome == outcome]:
             said.append(f"{words}: {', '.join(names)}")
+    if shown := [f"{t.change} ({t.cost_text()} slower without it)"
+                 for t in confirmation.dropped if t.outcome == NOT_SHOWN]:
+        said.append(f"not shown to pay here, left out: {', '.join(shown)}")
     for why, words in ((NO_TIME, "not taken back for lack of time"),
                        (NO_ROUNDS, "not taken back within --confirm-max-rounds")):
         if names := [t.change for t in confirmation.unjudged if t.why == why]:

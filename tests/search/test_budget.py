@@ -12,7 +12,9 @@ import pytest
 from autotune.config import TrainConfig
 from autotune.options import MeasureSettings
 from autotune.search.budget import (
+    ANSWER_CHECKED,
     FIRST_COMPILE_PRIOR_S,
+    FIRST_MOVES,
     MAX_GROWTH,
     ConfirmationPrice,
     answer_budget_s,
@@ -94,11 +96,35 @@ def test_with_time_to_spare_the_confirmation_gets_its_share() -> None:
     assert candidates_that_fit(600, ConfirmationPrice(6), 0.3, 3) == 3
 
 
-def test_when_not_even_one_trial_fits_no_search_trial_is_planned() -> None:
-    plan = plan_time(600, started=0, now=500, trial_s=94,
-                     price=ConfirmationPrice(60), candidates=2, share=0.3,
-                     max_rounds=10)
-    assert plan.search_trials == 0 and plan.confirm_rounds == 1
+def test_the_experts_first_moves_come_before_the_proof_and_a_run_always_tries_one() -> None:
+    """README command 1 of issue 49: rgat at 110 s a trial, its baseline done 145 s into a 30
+    min budget, its proof (rounds, the best less each change, worst batches and loss runs)
+    priced above the time left. The first moves still get their three trials, the proof the
+    rest; with room for one trial and not the proof's least rounds, one trial is tried (a
+    proof with nothing to prove is no answer); with room for none, none."""
+    costly = ConfirmationPrice(75, turn_s=5.0, taken_back=4, worst_s=100.0, loss_s=120.0,
+                               loss_changes=1)
+    assert costly.seconds(2, costly.least_rounds(3)) > 1800 - 145
+    plan = plan_time(1800, started=0, now=145, trial_s=110, price=costly, candidates=2,
+                     share=0.3, max_rounds=10)
+    assert plan.search_trials == FIRST_MOVES == 3
+    assert plan.search_ends_at == 145 + (FIRST_MOVES - 1) * 110
+    tight = plan_time(600, started=0, now=500, trial_s=94, price=ConfirmationPrice(60),
+                      candidates=2, share=0.3, max_rounds=10)
+    assert tight.search_trials == 1 and tight.confirm_rounds == 1
+    none = plan_time(600, started=0, now=550, trial_s=94, price=ConfirmationPrice(60),
+                     candidates=2, share=0.3, max_rounds=10)
+    assert none.search_trials == 0
+
+
+def test_the_checks_are_priced_for_the_configurations_that_can_be_the_answer() -> None:
+    """Of three candidates and the best less each of four changes, the baseline and
+    `ANSWER_CHECKED` more are checked, whatever the race's size: the others are checked only
+    where they become the answer."""
+    price = ConfirmationPrice(10, taken_back=4, worst_s=100.0, loss_s=10.0, loss_changes=1)
+    assert ANSWER_CHECKED == 2
+    assert price.checks_s(3) == price.checks_s(2) == 3 * 100.0 + (2 + 2) * 10.0
+    assert replace(price, taken_back=0).checks_s(2) == 2 * 100.0 + (2 + 1) * 10.0
 
 
 def test_the_time_left_counts_the_search_and_the_confirmation_within_its_share() -> None:

@@ -549,9 +549,12 @@ def test_changes_that_each_do_the_same_work_keep_one(tmp_path) -> None:
     assert together.kept and "your settings" in together.describe()
 
 
-def test_no_time_for_the_taking_back_keeps_the_changes_and_says_so(tmp_path) -> None:
-    """A time budget that ends after the least rounds of the race: the changes of the
-    recommendation are measured too little to drop, kept, and the verdict says so."""
+def test_no_time_to_show_that_a_change_pays_leaves_it_out_with_its_measured_effect(
+        tmp_path) -> None:
+    """A time budget that ends after the least rounds of the race: fused AdamW, measured too
+    little to be shown to pay, is left out of the answer (bf16 alone, which the race measured
+    beside it), and the verdict says so with its measured effect; "lack of time" keeps
+    nothing."""
     best = BASE.replace(precision="bf16", optimizer_impl="fused")
 
     def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
@@ -563,24 +566,24 @@ def test_no_time_for_the_taking_back_keeps_the_changes_and_says_so(tmp_path) -> 
                      Plan(top=1, rounds=2, max_rounds=6, target=0.03,
                           budget_ends=time.monotonic() + 0.5), time_limit_s=60,
                      device="cpu", directory=tmp_path)
-    assert result.winner.config == best
-    assert [t.change for t in result.unjudged] == ["fused AdamW"]
-    assert study_summary(study).verdict.endswith(
-        "; not taken back for lack of time: fused AdamW")
+    assert result.winner.config == BASE.replace(precision="bf16")
+    assert [(t.change, t.outcome) for t in result.taken_back if not t.kept] == \
+        [("fused AdamW", "not shown to pay")] and not result.unjudged
+    verdict = study_summary(study).verdict
+    assert "; not shown to pay here, left out: fused AdamW (0.0%" in verdict
+    assert "lack of time" not in verdict
 
 
-def test_too_few_rounds_asked_for_keep_the_changes_and_say_so(tmp_path) -> None:
-    """--confirm-max-rounds 2: too few to drop a change on; fused AdamW is kept, and the
-    verdict says the rounds, not the time, left it untaken back."""
+def test_too_few_rounds_asked_for_leave_a_change_out_as_not_shown_to_pay(tmp_path) -> None:
+    """--confirm-max-rounds 2: too few to show that fused AdamW pays; it is left out."""
     best = BASE.replace(precision="bf16", optimizer_impl="fused")
     measure, _ = _scripted(lambda c: 150.0 if c.precision == "bf16" else 100.0)
     study = _minimal_study(tmp_path, best, 150.0)
     result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), measure, SilentView(),
                      Plan(top=1, rounds=2, max_rounds=2, target=0.03), time_limit_s=60,
                      device="cpu", directory=tmp_path)
-    assert result.winner.config == best
-    assert study_summary(study).verdict.endswith(
-        "; not taken back within --confirm-max-rounds: fused AdamW")
+    assert result.winner.config == BASE.replace(precision="bf16")
+    assert "not shown to pay here, left out: fused AdamW" in study_summary(study).verdict
 
 
 def test_what_the_checks_rule_out_never_races_and_the_next_best_takes_its_place(
@@ -726,7 +729,7 @@ def test_drops_that_leave_an_answer_inside_the_noise_are_kept_together(tmp_path)
     assert {t.outcome for c, t in kept.items() if c != "2 loader workers, prefetch 4 + "
             "persistent workers"} == {"needed together"}
     assert kept["foreach AdamW"].describe().endswith(
-        "inside the noise alone, but without it the answer did not measurably beat your "
+        "not shown to pay alone, but without it the answer did not measurably beat your "
         "settings: kept")
     verdict = study_summary(study).verdict
     assert verdict.startswith("foreach AdamW + 2 loader workers, prefetch 4 + persistent "
