@@ -30,7 +30,8 @@ TOGETHER = "needed together"       # not shown to pay alone, but with the others
 NOT_SHOWN = "not shown to pay"     # measured, but not measurably slower without it: dropped
 UNJUDGED = "not taken back"        # not measured (`TakenBack.why`): kept
 DROPPED = (NOISE, HURTS, NOT_SHOWN)
-# Why a change measured too little to judge was kept: the confirmation's time, or its rounds.
+# Why a change never measured without it was kept (UNJUDGED): the confirmation's time, or its
+# rounds.
 NO_TIME = "too few paired rounds before the confirmation's time ran out"
 NO_ROUNDS = "too few paired rounds within --confirm-max-rounds"
 # why a change not shown to pay alone was kept (TOGETHER): its drop left the answer no faster
@@ -267,7 +268,7 @@ class Confirmation:
 
     @property
     def unjudged(self) -> tuple[TakenBack, ...]:
-        """The changes measured too little to judge (the time or the rounds ran out); those the
+        """The changes never measured without them (the time or the rounds ran out); those the
         search space cannot take back (no `config`) are not among them."""
         return tuple(t for t in self.taken_back if t.outcome == UNJUDGED and t.config)
 

@@ -106,8 +106,8 @@ def search_verdict(best: TrainConfig | None, speedup: float | None,
 
 def _taken_back(confirmation: Confirmation) -> str:
     """What the answer left out of the race's recommendation, and why, in a clause each: the
-    changes whose taking back was inside the noise or faster, and those the time left no
-    rounds to take back."""
+    changes whose taking back was inside the noise or faster, those not shown to pay (with
+    their measured effect), and those the time left no rounds to take back."""
     said = []
     for outcome, words in ((NOISE, "dropped as inside the noise"),
                            (HURTS, "dropped as faster without")):
