@@ -111,6 +111,28 @@ def paired_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> 
     return Ratio(math.exp(centre), math.exp(centre - half), math.exp(centre + half), len(logs))
 
 
+def rounds_for(ratio: Ratio, log_margin: float) -> float:
+    """The rounds in all after which `ratio`'s interval would lie within `log_margin` of its
+    value on the log scale, were the spread of its rounds so far to stay: the half-width falls
+    as one over the root of the rounds, its t quantile with them. Infinite where there is no
+    interval yet (one round) or no margin to reach (<= 0)."""
+    if ratio.low is None or ratio.high is None or log_margin <= 0:
+        return math.inf
+    n = ratio.rounds
+    spread = math.log(ratio.high / ratio.low) / 2 / t975(max(1, n - 1))
+
+    def reaches(rounds: int) -> bool:
+        return t975(max(1, rounds - 1)) * spread * math.sqrt(n / rounds) <= log_margin
+
+    low, high = n, n
+    while not reaches(high):  # doubling, then halving the gap: the least rounds that reach it
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if reaches(middle) else (middle, high)
+    return float(high if not reaches(low) else low)
+
+
 def load_adjusted_ratio(numerators: Sequence[float], denominators: Sequence[float],
                         load_differences: Sequence[float]) -> Ratio | None:
     """numerator / denominator per round at equal load: the rounds' log ratios regressed on

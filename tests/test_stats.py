@@ -13,6 +13,7 @@ from autotune.stats import (
     median_interval,
     median_precision,
     paired_ratio,
+    rounds_for,
     t975,
 )
 
@@ -107,3 +108,23 @@ def test_too_few_rounds_or_an_even_load_leave_nothing_to_read_at_equal_load() ->
     assert load_adjusted_ratio([150.0] * 6, [100.0] * 6, [0.1] * 6) is None
     with pytest.raises(ValueError, match="one load difference per round"):
         load_adjusted_ratio([150.0] * 6, [100.0] * 6, [0.1] * 5)
+
+
+def test_the_rounds_a_margin_needs_are_foretold_from_the_first_rounds() -> None:
+    """Log ratios of spread 4% a round: eight rounds foretell about (1.96 * 4% / 1%)^2 = 61
+    rounds for an interval within 1% of the value, and the rounds really drawn that far reach
+    about it; a margin twice as wide needs a quarter of them; one round foretells nothing."""
+    draw = random.Random(3)
+    logs = [draw.gauss(0.05, 0.04) for _ in range(200)]
+    ones = [1.0] * len(logs)
+
+    def ratio(n: int):
+        return paired_ratio([math.exp(v) for v in logs[:n]], ones[:n])
+
+    foretold = rounds_for(ratio(8), 0.01)
+    assert 30 < foretold < 125
+    reached = ratio(math.ceil(foretold))
+    assert math.log(reached.high / reached.value) < 0.015
+    assert foretold / 4 <= rounds_for(ratio(8), 0.02) < foretold / 3  # t's quantile grows
+    assert rounds_for(ratio(1), 0.01) == math.inf and rounds_for(ratio(8), 0.0) == math.inf
+    assert rounds_for(ratio(8), 1.0) == 8  # reached already: no fewer than measured

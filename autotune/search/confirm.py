@@ -24,6 +24,7 @@ study, exactly one confirms.
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import time
@@ -47,7 +48,9 @@ from autotune.search.memory_model import MemoryModel
 from autotune.search.minimal import (
     JUDGE_ROUNDS,
     TakeBack,
+    decided,
     judge,
+    rounds_to_judge,
     take_backs,
     without_all,
 )
@@ -68,7 +71,7 @@ from autotune.search.warm import (
     memory_holds,
 )
 from autotune.search.worker import Measure
-from autotune.stats import Ratio, load_adjusted_ratio, paired_ratio
+from autotune.stats import Ratio, load_adjusted_ratio, paired_ratio, rounds_for
 from autotune.study.checks import LossCheck, WorstBatchCheck
 from autotune.study.confirmation import (
     FAILED,
@@ -153,6 +156,7 @@ class Candidate:
     runs: list[Run | None] = field(default_factory=list)
     search_precision: float | None = None  # the search trial's median known within ±this
     search_peak_bytes: float | None = None  # its peak memory in the search (warm processes')
+    search_disturbed: bool = False  # its search trial's window saw another process's load
     trace: str | None = None  # its profiler trace, where its warm process was asked for one
     # Measured only to judge one change of `taken_from` (that configuration less the change):
     # never the race's answer itself, and out of the race once the change shows it pays.
@@ -216,7 +220,8 @@ def candidates(study: optuna.Study, baseline: TrainConfig, top: int) -> list[Can
         key = config_key(r.config)
         if len(chosen) < top and key not in chosen:
             chosen[key] = Candidate(r.config, r.number, True, r.samples_per_sec,
-                                    search_precision=_precision(r), search_peak_bytes=_peak(r))
+                                    search_precision=_precision(r), search_peak_bytes=_peak(r),
+                                    search_disturbed=r.disturbed)
     baseline_trial = next((r for r in records if r.role == Role.BASELINE
                            and r.state == TrialState.COMPLETE.name), None)
     reference = Candidate(
@@ -224,7 +229,8 @@ def candidates(study: optuna.Study, baseline: TrainConfig, top: int) -> list[Can
         bool(baseline_trial and baseline_trial.feasible),
         baseline_trial.samples_per_sec if baseline_trial else None,
         search_precision=_precision(baseline_trial) if baseline_trial else None,
-        search_peak_bytes=_peak(baseline_trial) if baseline_trial else None)
+        search_peak_bytes=_peak(baseline_trial) if baseline_trial else None,
+        search_disturbed=bool(baseline_trial and baseline_trial.disturbed))
     return [*chosen.values(), reference]  # the baseline last, as the reference
 
 
@@ -486,12 +492,23 @@ def _race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
             view.note(f"confirmation: {_named(entries, i)} is out of the race after round "
                       f"{len(reference.runs)}: {why}")
         leader = _leader(entries, reference)
-        known = leader is None or leader is reference or \
-            (paired(leader, reference, objective).half_width or 1.0) <= plan.target
+        lead = paired(leader, reference, objective) \
+            if leader is not None and leader is not reference else None
+        known = lead is None or (lead.half_width or 1.0) <= plan.target
         one_left = sum(entries[i] is not reference and not entries[i].variant
                        for i in racing) <= 1
-        settled = all(_settled(entries[i], plan.target) for i in racing if entries[i].variant)
-        if len(reference.runs) >= plan.rounds and one_left and known and settled:
+        undecided = {i: ratio for i in racing if entries[i].variant
+                     and not decided(ratio := paired(entries[i], entries[i].taken_from,
+                                                     objective))}
+        least_done = len(reference.runs) >= plan.rounds
+        foretold = len(reference.runs) >= max(plan.rounds, JUDGE_ROUNDS)  # a spread to go by
+        if least_done and one_left and known and not undecided:
+            break
+        if foretold and one_left and (why := _beyond_reach(
+                entries, undecided, None if known else lead, plan, rounds,
+                run_s * len(racing), _reserve_s(reserve, plan, run_s, how, turns))):
+            view.note(f"confirmation: ended after round {len(reference.runs)}: {why}")
+            capped = NO_TIME
             break
         left_s = (plan.max_rounds - rounds) * run_s * len(racing)
         if plan.ends_by is not None:
@@ -591,12 +608,39 @@ def _reserve_s(configurations: int, plan: Plan, run_s: float, how: Measuring,
     return configurations * plan.rounds * run_s + start
 
 
-def _settled(entry: Candidate, target: float) -> bool:
-    """A configuration less one change whose ratio to the one with it is known within the
-    target, on the rounds a change is judged on: more rounds would not change what it says."""
-    ratio = paired(entry, entry.taken_from, objective)
-    return ratio.rounds >= JUDGE_ROUNDS and ratio.half_width is not None and \
-        ratio.half_width <= target
+def _beyond_reach(entries: Sequence[Candidate], undecided: Mapping[int, Ratio],
+                  lead: Ratio | None, plan: Plan, rounds: int, round_s: float,
+                  slack_s: float) -> str:
+    """Why the race's rounds end before its caps, or "": where nothing still open (a change
+    not yet judged, `undecided`; the leader's speedup `lead` where not yet known within the
+    target, or as above 1; a configuration less an open change, which may become the answer,
+    as faster than the baseline or not) would be resolved within the rounds the caps leave,
+    were the spreads so far to stay (`minimal.rounds_to_judge`, `stats.rounds_for`), more rounds
+    would only spend the time: the changes are left out as not shown to pay."""
+    ends = [e for e in (plan.ends_by, plan.budget_ends) if e is not None]
+    fit = plan.max_rounds - rounds
+    if ends and round_s > 0:
+        fit = min(fit, int((min(ends) - time.monotonic() - slack_s) / round_s))
+    needs = {}
+    reference = entries[-1]
+    for i, ratio in undecided.items():
+        change = describe_changes(entries[i].taken_from.config, entries[i].config)
+        needs[f"{change} judged"] = rounds_to_judge(ratio) - ratio.rounds
+        versus = paired(entries[i], reference, objective)  # a possible answer, once dropped
+        if versus.low is not None and versus.includes_one:
+            needs[f"the answer without {change} known against your settings"] = \
+                rounds_for(versus, abs(math.log(versus.value))) - versus.rounds
+    if lead is not None:
+        to_target = rounds_for(lead, math.log1p(plan.target))
+        if lead.includes_one:
+            to_target = min(to_target, rounds_for(lead, abs(math.log(lead.value))))
+        needs["the speedup known"] = to_target - lead.rounds
+    if not needs or any(more <= fit for more in needs.values()):
+        return ""
+    wanted = ", ".join(f"{what} in about {more:.0f}" if math.isfinite(more) else
+                       f"{what} in none" for what, more in needs.items())
+    return (f"no more rounds would resolve what is open ({wanted} more rounds, were the "
+            f"spread to stay; {max(0, fit)} fit in the time left)")
 
 
 def _named(entries: Sequence[Candidate], index: int) -> str:
@@ -648,14 +692,16 @@ def _variant(config: TrainConfig, records: Sequence[TrialRecord], parent: Candid
                      record.feasible if record else True,
                      record.samples_per_sec if record else None,
                      search_precision=_precision(record) if record else None,
-                     search_peak_bytes=peak, taken_from=parent)
+                     search_peak_bytes=peak, search_disturbed=bool(record and record.disturbed),
+                     taken_from=parent)
 
 
 def _again(entry: Candidate) -> Candidate:
     """The same configuration, to be measured afresh in a race of its own."""
     return Candidate(entry.config, entry.trial, entry.feasible, entry.search_samples_per_sec,
                      search_precision=entry.search_precision,
-                     search_peak_bytes=entry.search_peak_bytes, checked=entry.checked,
+                     search_peak_bytes=entry.search_peak_bytes,
+                     search_disturbed=entry.search_disturbed, checked=entry.checked,
                      worst=entry.worst, loss=entry.loss, excluded=entry.excluded)
 
 
@@ -1000,8 +1046,11 @@ def _versus(entry: Candidate, reference: Candidate) -> tuple[
 
 def _search_ratio(entry: Candidate, reference: Candidate) -> tuple[float, float, float] | None:
     """entry / reference as the search measured them, one trial each at its own moment, with
-    the interval their own precisions give (±2% each where unknown)."""
-    if not entry.search_samples_per_sec or not reference.search_samples_per_sec:
+    the interval their own precisions give (±2% each where unknown); None where either trial
+    was disturbed by another process: a busy moment's figure is not evidence of the machine
+    moving, and never widens the rounds' interval."""
+    if not entry.search_samples_per_sec or not reference.search_samples_per_sec or \
+            entry.search_disturbed or reference.search_disturbed:
         return None
     value = entry.search_samples_per_sec / reference.search_samples_per_sec
     spread = (entry.search_precision or 0.02) + (reference.search_precision or 0.02)

@@ -13,13 +13,14 @@ keeps.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from autotune.config import CHANGE_GROUPS, TrainConfig, changes, taken_back
 from autotune.formatting import describe_changes
 from autotune.search.space import SearchSpace
-from autotune.stats import Ratio
+from autotune.stats import Ratio, rounds_for
 from autotune.study.confirmation import (
     FAILS,
     HURTS,
@@ -127,3 +128,26 @@ def judge(back: TakeBack, ratio: Ratio | None, ran: bool, capped: str = NO_TIME,
     if interval is None or ratio.rounds < JUDGE_ROUNDS or interval[0] < 1.0 - DROP_BOUND:
         return replace(found, outcome=NOT_SHOWN, why="")
     return replace(found, outcome=HURTS if interval[0] > 1.0 else NOISE, why="")
+
+
+def decided(ratio: Ratio | None) -> bool:
+    """Whether more rounds could still change what `judge` says of a change measured at
+    `ratio`: shown to pay, or shown not to (on `JUDGE_ROUNDS` and within `DROP_BOUND`)."""
+    if ratio is None or ratio.low is None or ratio.high is None:
+        return False
+    return ratio.high < 1.0 or (ratio.rounds >= JUDGE_ROUNDS and ratio.low >= 1.0 - DROP_BOUND)
+
+
+def rounds_to_judge(ratio: Ratio | None) -> float:
+    """The rounds in all after which the change measured at `ratio` would be `decided`, were
+    its rounds' spread to stay (`stats.rounds_for`): the sooner of shown to pay (a ratio below
+    1) and shown not to (above 1 - `DROP_BOUND`); infinite where neither can be (one round, or
+    a ratio at the bound), so the rounds can stop where the time left holds too few."""
+    if ratio is None:
+        return math.inf
+    if decided(ratio):
+        return float(ratio.rounds)
+    log_value = math.log(ratio.value)
+    pays = rounds_for(ratio, -log_value)
+    not_pays = rounds_for(ratio, log_value - math.log(1.0 - DROP_BOUND))
+    return max(float(JUDGE_ROUNDS), min(pays, not_pays))

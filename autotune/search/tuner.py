@@ -212,7 +212,7 @@ class Tuner:
         study.set_user_attr(StudyKey.TUNING_WALL_S, study.user_attrs.get(
             StudyKey.TUNING_WALL_S, 0.0) + time.monotonic() - started)
         if opts.confirm_repeats >= 1 and should_confirm(study, self.owner, self.view):
-            self._confirm(top, proof_takes_the_rest=search.ended_early is not None)
+            self._confirm(top)
         return study_summary(study)
 
     def _queue_baseline(self) -> None:
@@ -289,14 +289,15 @@ class Tuner:
     def _budget_ends(self) -> float:
         return self.started + self.time_budget_s if self.time_budget_s else math.inf
 
-    def _confirm(self, top: int, proof_takes_the_rest: bool = False) -> None:
-        """The paired rounds: beyond the least, within the confirmation's share of the study's
-        wall time (the search so far prices it), or, where the search ended as it stopped
-        finding (`proof_takes_the_rest`), the time budget's rest; all within the budget."""
+    def _confirm(self, top: int) -> None:
+        """The paired rounds: beyond the least, under a time budget until its end (the proof
+        takes what the search left, and its rounds end once all is judged, `confirm._race`),
+        else within the confirmation's share of the study's wall time (the search so far
+        prices it)."""
         opts, study, budget_ends = self.options, self.study, self._budget_ends()
         share = opts.confirm_share
         ends_by = time.monotonic() + self._searched_s() * share / (1 - share)
-        if proof_takes_the_rest and math.isfinite(budget_ends):
+        if math.isfinite(budget_ends):
             ends_by = max(ends_by, budget_ends)
         plan = Plan(top=top, rounds=opts.confirm_repeats, max_rounds=opts.confirm_max_rounds,
                     target=opts.confirm_target, ends_by=ends_by,

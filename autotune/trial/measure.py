@@ -29,6 +29,7 @@ drives them as a script trial's library loop does (`trial/script/measuring`).
 from __future__ import annotations
 
 import itertools
+import math
 import resource
 import statistics
 import time
@@ -342,12 +343,27 @@ def timed_turn(setup: TrainingSetup, batches: Iterator[Any], settings: MeasureSe
     other warm processes of `tuner_pid` are not a load): one turn of a warm process. Of a
     process group, the group's turn (`group_turn`), on every rank."""
     probe = ContentionProbe(settings.contention_threshold, setup.device, family=tuner_pid)
+    for _ in range(prefetched_steps(setup.config)):
+        setup.step(batches)
+    synchronize(setup.device)
     window = _timed_window(setup, batches, turn_settings(settings, steps, seconds), probe)
     turn = WarmTurn(samples=window.samples, seconds=window.seconds,
                     peak_memory_bytes=peak_memory(setup.device).peak,
                     disturbed=window.contention.disturbed, loss_finite=window.loss_finite,
                     load=window.contention.other_cpu_share)
     return group_turn(turn, setup.world)
+
+
+def prefetched_steps(config: TrainConfig) -> int:
+    """The untimed steps that open a warm turn of a configuration with loader workers: as
+    many as the batches its workers prefetched while the other processes took their turns
+    (`num_workers` x `prefetch_factor`), so the timed window starts from the queue it keeps
+    while training, not from one filled while idle, which made a loader-bound turn look fast
+    by as much as it held."""
+    if not config.num_workers:
+        return 0
+    queued = config.num_workers * (config.prefetch_factor or 2)
+    return math.ceil(queued / config.grad_accum_steps)
 
 
 def group_turn(turn: WarmTurn, world: World | None) -> WarmTurn:

@@ -357,6 +357,9 @@ def test_a_search_that_disagrees_with_the_rounds_widens_the_interval_and_says_so
     assert verdict.endswith("inside the noise; your settings kept")
     agreeing = candidate(BASE.replace(precision="bf16"), [120, 121, 119, 120], search=121)
     assert not conclusion([agreeing, baseline], baseline).widened
+    # a busy moment's search figure is not evidence: it never widens the rounds' interval
+    busy = replace(baseline, search_disturbed=True)
+    assert not conclusion([tight, busy], busy).widened
 
 
 def test_a_busy_machine_keeps_its_round_when_time_allows_no_other(tmp_path) -> None:
@@ -734,3 +737,35 @@ def test_drops_that_leave_an_answer_inside_the_noise_are_kept_together(tmp_path)
     verdict = study_summary(study).verdict
     assert verdict.startswith("foreach AdamW + 2 loader workers, prefetch 4 + persistent "
                               "workers + torch.compile") and "dropped" not in verdict
+
+
+def test_the_rounds_end_once_every_change_is_judged_not_at_the_cap(tmp_path) -> None:
+    """bf16 pays 1.5x and fused AdamW does nothing, in runs of 0.5% noise of their own: a
+    cap of 40 rounds, but a few judge both and know the speedup, and the race ends there."""
+    best = BASE.replace(precision="bf16", optimizer_impl="fused")
+    measure, _ = _scripted(lambda c: 150.0 if c.precision == "bf16" else 100.0)
+    study = _minimal_study(tmp_path, best, 150.0)
+    result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), measure, SilentView(),
+                     Plan(top=1, rounds=3, max_rounds=40, target=0.03), time_limit_s=60,
+                     device="cpu", directory=tmp_path)
+    assert result.rounds <= 6
+    assert {t.change: t.outcome for t in result.taken_back} == {
+        "bf16": "pays", "fused AdamW": "inside the noise"}
+
+
+def test_rounds_that_could_not_resolve_what_is_open_are_not_run(tmp_path) -> None:
+    """Runs of 6% noise of their own and fused AdamW worth 2.5%: judging it would take dozens
+    of rounds, and the cap is 12. The race ends after its least rounds and says why, and fused
+    AdamW is left out as not shown to pay."""
+    best = BASE.replace(precision="bf16", optimizer_impl="fused")
+    measure, _ = _scripted(lambda c: (150.0 if c.precision == "bf16" else 100.0) *
+                           (1.025 if c.optimizer_impl == "fused" else 1.0), own=0.06)
+    study = _minimal_study(tmp_path, best, 150.0)
+    view = _Notes()
+    result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), measure, view,
+                     Plan(top=1, rounds=3, max_rounds=12, target=0.03), time_limit_s=60,
+                     device="cpu", directory=tmp_path)
+    ended = [line for line in view.lines if "no more rounds would resolve" in line]
+    assert result.rounds < 12 and len(ended) == 1
+    assert "fused AdamW judged in about" in ended[0]
+    assert {t.change: t.outcome for t in result.taken_back}["fused AdamW"] == "not shown to pay"

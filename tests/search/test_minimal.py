@@ -9,8 +9,10 @@ from autotune.search.minimal import (
     JUDGE_ROUNDS,
     OUTSIDE,
     PRICED_CHANGES,
+    decided,
     judge,
     priced_changes,
+    rounds_to_judge,
     take_backs,
     without_all,
 )
@@ -76,3 +78,23 @@ def test_a_change_is_kept_only_when_it_is_shown_to_pay() -> None:
     assert judge(back, Ratio(0.97, 1 - DROP_BOUND, 1.01, 12), True).outcome == NOISE
     assert judge(back, None, True).outcome == UNJUDGED
     assert judge(back, Ratio(1.0, 0.9, 1.1, 4), False).outcome == FAILS
+
+
+def test_a_change_is_decided_once_more_rounds_could_not_change_its_judgement() -> None:
+    """Recorded rounds of three changes: one that pays 10% (slower without it, within ±3%),
+    one inside the noise within the drop bound, and one of 10% still measured ±12%: the first
+    two are decided; the third is foretold to be judged within about (12/10)^2 times its
+    rounds, far sooner than a change at 2% as wide; one round decides
+    nothing."""
+    pays = Ratio(0.90, 0.873, 0.927, 6)
+    noise = Ratio(1.00, 0.97, 1.03, 6)
+    open_ten = Ratio(0.90, 0.79, 1.01, 6)
+    open_two = Ratio(0.98, 0.87, 1.10, 6)
+    assert decided(pays) and decided(noise)
+    assert not decided(open_ten) and not decided(open_two) and not decided(None)
+    assert rounds_to_judge(pays) == 6
+    assert 6 < rounds_to_judge(open_ten) < 12
+    assert rounds_to_judge(open_two) > 5 * rounds_to_judge(open_ten)
+    assert rounds_to_judge(Ratio(0.9, None, None, 1)) == float("inf")
+    # fewer than JUDGE_ROUNDS never drops, however narrow
+    assert not decided(Ratio(1.0, 0.99, 1.01, JUDGE_ROUNDS - 1))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import statistics
 import time
 from dataclasses import replace
 
@@ -20,6 +21,7 @@ from autotune.trial.measure import (
     count_flops_per_sample,
     measure_config,
     measure_setup,
+    timed_turn,
     warm_up,
 )
 from autotune.trial.protocol import Measurement
@@ -111,6 +113,29 @@ def test_workers_hide_a_slow_loader() -> None:
 
     assert wait_per_sample(workers) < 0.8 * wait_per_sample(inline)
     assert workers.samples_per_sec > 1.3 * inline.samples_per_sec
+
+
+def test_a_warm_turn_after_an_idle_wait_times_the_loader_it_keeps_while_training() -> None:
+    """A warm process waits while the others take their turns, and its loader workers fill
+    their queue meanwhile (2 workers x prefetch 8 = 16 batches): its next turn must time the
+    rate it keeps while training, not that queue. Turns after a second idle measure within 20%
+    of turns taken back to back."""
+    config = TrainConfig(micro_batch_size=8, num_workers=2, prefetch_factor=8,
+                         persistent_workers=True)
+    setup = setup_training(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)),
+                           SlowDataset(0.002), config, "cpu", loss_fn=loss_fn)
+    batches = setup.batches()
+    warm_up(setup, batches, SETTINGS)
+
+    def rate(turn) -> float:
+        return turn.samples / turn.seconds
+
+    back_to_back, after_idle = [], []
+    for _ in range(3):
+        back_to_back.append(rate(timed_turn(setup, batches, SETTINGS, 5, 0.3)))
+        time.sleep(1.0)
+        after_idle.append(rate(timed_turn(setup, batches, SETTINGS, 5, 0.3)))
+    assert statistics.median(after_idle) < 1.2 * statistics.median(back_to_back)
 
 
 def test_a_new_epochs_sampler_seed_is_not_a_host_sync_of_the_model() -> None:
