@@ -35,7 +35,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from autotune.config import TrainConfig
+from autotune.config import TrainConfig, changes, taken_back
 from autotune.formatting import describe_changes, format_seconds
 from autotune.options import (
     DEFAULT_CONFIRM_MAX_ROUNDS,
@@ -394,28 +394,44 @@ def _warm_rounds(entries: Sequence[Candidate], how: Measuring, plan: Plan,
                       "their first step")
         return None, plan
     configs, peaks = [e.config for e in entries], [e.search_peak_bytes for e in entries]
-    backs = [i for i, e in enumerate(entries) if e.variant]
-    skip = backs if plan.budget_ends is not None else []
-    turns, why = how.pool.turns(configs, peaks, name, plan.budget_ends, skip=skip)
+    backs = _proof(entries)
+    runners_up = [i for i in range(1, len(entries) - 1) if i not in backs]
+    later = [*backs, *runners_up] if plan.budget_ends is not None else []
+    turns, why = how.pool.turns(configs, peaks, name, plan.budget_ends, skip=later)
     how.view.note(why)
-    if turns is not None and skip:
-        # the best less each change only where their processes' start fits the time left,
-        # after the least rounds' pairs of turns: else the race's own answer keeps its time
+    # Under a time budget, the best and the baseline start first, then the best less each of
+    # its changes (the proof of what it found), then the runners-up (breadth, which shrinks
+    # first), each only where its processes' start fits the time left after the least
+    # rounds' pairs of turns.
+    for group, what in ((backs, "the best less each of its changes"),
+                        (runners_up, "the search's runners-up")):
+        if turns is None or not group or not later:
+            continue
         least = plan.rounds * WARM_ROUNDS_PER_ROUND * 2 * len(entries) * TURN_SECONDS
         left = plan.budget_ends - time.monotonic() - least
-        if how.pool.start_s * len(backs) <= left:
-            turns, why = how.pool.turns(configs, peaks, name, plan.budget_ends)
-            how.view.note(f"the best less each of its changes: {why}")
+        if how.pool.start_s * len(group) <= left:
+            later = [i for i in later if i not in group]
+            turns, why = how.pool.turns(configs, peaks, name, plan.budget_ends, skip=later)
+            how.view.note(f"{what}: {why}")
         else:
-            how.view.note(f"the best less each of its changes not raced: {len(backs)} more "
-                          f"processes at about {format_seconds(how.pool.start_s)} each would "
-                          "not fit the time left")
+            how.view.note(f"{what} not raced: {len(group)} more processes at about "
+                          f"{format_seconds(how.pool.start_s)} each would not fit the time left")
     if turns is None:
         return None, plan
     least = plan.rounds * WARM_ROUNDS_PER_ROUND
     timed = plan.ends_by is not None or plan.budget_ends is not None
     most = WARM_MAX_ROUNDS if timed else plan.max_rounds * WARM_ROUNDS_PER_ROUND
     return turns, replace(plan, rounds=least, max_rounds=max(least, most))
+
+
+def _proof(entries: Sequence[Candidate]) -> list[int]:
+    """The entries that judge the best's changes (the first entry's): each the best less one
+    change, raced for that (a variant), or a candidate of the search that is that
+    configuration too."""
+    best, baseline = entries[0].config, entries[-1].config
+    less_one = {taken_back(best, change, baseline) for change in changes(best, baseline)}
+    return [i for i, e in enumerate(entries[1:-1], start=1)
+            if e.variant or e.config in less_one]
 
 
 def _race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,

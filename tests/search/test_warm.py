@@ -437,3 +437,39 @@ def test_where_their_processes_would_not_fit_the_time_the_changes_are_not_taken_
     assert result.winner.config == BOTH and result.speedup_ci[0] > 1.5
     assert {t.outcome for t in result.taken_back} == {UNJUDGED}
     assert {t.why for t in result.taken_back} == {NO_TIME}
+
+
+def test_under_a_time_budget_the_proof_starts_before_the_runners_up(
+        tmp_path, monkeypatch) -> None:
+    """Each warm process takes 60 s to start. The best (bf16 + fused AdamW) and the baseline
+    start first, then the best less each of its changes, and the search's runner-up
+    (channels-last) only where time is left after them: here it is not, so the breadth
+    shrinks and the proof stays, and both changes are shown to pay."""
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    runner_up = BASE.replace(memory_format="channels_last")
+    CHANGES[runner_up] = 155.0  # second in the search, ahead of the best less a change
+
+    def start(configs, prefix: str, ends_by: float | None = None) -> _Changes:
+        clock[0] += 60.0 * len(configs)
+        started.append(_Changes(list(configs)))
+        return started[-1]
+
+    started: list[_Changes] = []
+    study = _study_of(tmp_path, [(config, rate, "ok") for config, rate in CHANGES.items()],
+                      peak=1 * GIB)
+    study.set_user_attr(StudyKey.BASELINE_CONFIG, BASE.to_dict())
+    view = _Notes()
+    try:
+        result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), _measure_fresh([]), view,
+                         Plan(top=2, rounds=3, max_rounds=10, target=0.03, budget_ends=1330.0),
+                         time_limit_s=60, device="cpu", directory=tmp_path,
+                         warm=WarmStart(start, 8 * GIB))
+    finally:
+        del CHANGES[runner_up]
+    assert started[0].configs == [BOTH, BASE] and len(started) == 2
+    assert set(started[1].configs) == {BASE.replace(optimizer_impl="fused"),
+                                       BASE.replace(precision="bf16")}
+    assert any("the search's runners-up not raced: 1 more processes" in n for n in view.lines)
+    assert result.winner.config == BOTH
+    assert [t.outcome for t in result.taken_back] == ["pays", "pays"]
