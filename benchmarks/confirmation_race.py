@@ -41,7 +41,9 @@ from autotune.options import (  # noqa: E402
     DEFAULT_CONFIRM_TARGET,
     MeasureSettings,
 )
-from autotune.search.confirm import Candidate, Plan, candidates, conclusion, confirm  # noqa: E402
+from autotune.search.conclusion import conclusion  # noqa: E402
+from autotune.search.confirm import ConfirmRequest, confirm  # noqa: E402
+from autotune.search.contenders import Candidate, Measuring, Plan, candidates  # noqa: E402
 from autotune.search.events import SilentView  # noqa: E402
 from autotune.search.outcome import Scoring, record_measurement  # noqa: E402
 from autotune.search.runner import MeasureJob, ProcessRunner  # noqa: E402
@@ -141,10 +143,10 @@ def replay(recorded: dict[str, Any], seed: int) -> dict[str, Any]:
                                     study_name="replay", direction="maximize")
         scoring = Scoring("cpu", None, 0.1, 0.0)
         _told(study, configs, entries, scoring)
-        after = confirm(study, configs[-1], scoring, measure, SilentView(),
-                        Plan(top=len(entries) - 1, rounds=DEFAULT_CONFIRM_ROUNDS, max_rounds=count,
-                             target=DEFAULT_CONFIRM_TARGET),
-                        time_limit_s=600, device="cpu", directory=Path(folder))
+        plan = Plan(top=len(entries) - 1, rounds=DEFAULT_CONFIRM_ROUNDS, max_rounds=count,
+                    target=DEFAULT_CONFIRM_TARGET)
+        measuring = Measuring(scoring, measure, SilentView(), 600, "cpu", Path(folder))
+        after = confirm(study, plan, ConfirmRequest(configs[-1], measuring))
     return {"seed": seed, "same_winner": before.winner.config == after.winner.config,
             "full_wall_s": full_walls, "race_wall_s": sum(spent), "full_runs": count *
             len(entries), "race_runs": len(spent), "race_rounds": after.rounds,

@@ -19,8 +19,9 @@ from autotune.search.checks import (
     CheckPrices,
     loss_steps,
 )
-from autotune.search.confirm import CLAIM_SETTLE_S, SHORT_RACE
+from autotune.search.confirm import CLAIM_SETTLE_S
 from autotune.search.runner import ROUND_WINDOW_STEPS
+from autotune.search.takeback import SHORT_RACE
 from autotune.search.warm import WARM_MAX_ROUNDS, WARM_ROUNDS_PER_ROUND, turn_seconds
 from autotune.study.records import COUNTS_AGAINST_BUDGET, Role, TrialRecord, trial_records
 from autotune.trial.protocol import Measurement, SampleSizes, TrialStatus
@@ -206,7 +207,7 @@ def _baseline(study: optuna.Study) -> TrialRecord | None:
 
 def pair_turns(racing: int) -> int:
     """The turns of one warm round of `racing` configurations: each but the baseline in a pair
-    with a turn of what it is judged against (`confirm._paired_turns`)."""
+    with a turn of what it is judged against (`race._paired_turns`)."""
     return 2 * (racing - 1)
 
 

@@ -46,12 +46,14 @@ from autotune.search.checks import (
     loss_steps,
     numerics_offered,
 )
-from autotune.search.confirm import Plan, confirm, should_confirm, warm_expected
+from autotune.search.confirm import ConfirmRequest, confirm, should_confirm
+from autotune.search.contenders import Measuring, Plan
 from autotune.search.events import SilentView, StudyView
 from autotune.search.heartbeat import recover_orphans, tuner_name
 from autotune.search.minimal import priced_changes
 from autotune.search.opening import StudyOpener
 from autotune.search.outcome import Scoring
+from autotune.search.race import warm_expected
 from autotune.search.runner import ProcessRunner, Runner
 from autotune.search.warm import WarmStart, warm_start
 from autotune.search.worker import Search, measured_trials, run_workers
@@ -291,7 +293,7 @@ class Tuner:
 
     def _confirm(self, top: int) -> None:
         """The paired rounds: beyond the least, under a time budget until its end (the proof
-        takes what the search left, and its rounds end once all is judged, `confirm._race`),
+        takes what the search left, and its rounds end once all is judged, `race.run_race`),
         else within the confirmation's share of the study's wall time (the search so far
         prices it)."""
         opts, study, budget_ends = self.options, self.study, self._budget_ends()
@@ -302,11 +304,11 @@ class Tuner:
         plan = Plan(top=top, rounds=opts.confirm_repeats, max_rounds=opts.confirm_max_rounds,
                     target=opts.confirm_target, ends_by=ends_by,
                     budget_ends=budget_ends if math.isfinite(budget_ends) else None)
-        confirmation = confirm(study, self.baseline, self.scoring, self.runner.measure,
-                               self.view, plan, time_limit_s=opts.trial_time_limit_s,
-                               device=str(self.device), directory=self.directory,
-                               warm=self._warm_start(), space=self.space,
-                               checks=self._checks())
+        measuring = Measuring(self.scoring, self.runner.measure, self.view,
+                              opts.trial_time_limit_s, str(self.device), self.directory,
+                              checks=self._checks())
+        confirmation = confirm(study, plan, ConfirmRequest(
+            self.baseline, measuring, warm=self._warm_start(), space=self.space))
         if confirmation and confirmation.winner and confirmation.winner.trace and \
                 Path(confirmation.winner.trace).is_file():
             shutil.copyfile(confirmation.winner.trace, self.directory / "best-trace.json")

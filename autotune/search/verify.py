@@ -15,7 +15,7 @@ from autotune.config import TrainConfig
 from autotune.errors import ConfigError, ContractError, UsageError
 from autotune.hardware import describe, parse_device
 from autotune.options import VerifyOptions
-from autotune.search.confirm import Candidate, paired, rate, run_of
+from autotune.search.contenders import Candidate, paired, rate, run_of
 from autotune.search.events import StudyView
 from autotune.search.outcome import Scoring
 from autotune.search.runner import MeasureJob, ProcessRunner

@@ -359,10 +359,12 @@ def result_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
         rows.append(("fastest measured", short_config(fastest),
                      f"{confirmed.fastest_speedup:.2f}x"
                      + (f" [{interval[0]:.2f}-{interval[1]:.2f}]" if interval else "")
-                     + (" of the baseline, too few paired rounds to tell it from the best"
+                     + (" of the baseline, too few paired rounds to tell it from "
                         if summary.difference_unknown else
-                        " of the baseline, no measurable difference from the best")
-                     + ", which changes fewer knobs"))
+                        " of the baseline, no measurable difference from ")
+                     + ("the race's best (below), which changes fewer knobs"
+                        if confirmed.taken_from_config else
+                        "the best, which changes fewer knobs")))
     rows += taken_back_rows(summary)
     rows += group_rows(summary.process_group)
     worst = confirmed.worst_batch if confirmed else None

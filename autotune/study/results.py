@@ -157,26 +157,10 @@ def study_summary(study: optuna.Study) -> StudySummary:
         if best_config is not None and best_config != baseline_config else None
     if diagnosis and (words := before_and_after(diagnosis, answer_diagnosis)):
         verdict = f"{words[0].upper()}{words[1:]}. {verdict}"
-    if attrs.get(StudyKey.FREE_BATCH, False) and best_config and baseline_config:
-        best_eb, base_eb = best_config.effective_batch_size, baseline_config.effective_batch_size
-        if best_eb != base_eb:
-            warnings.append(f"the effective batch changed from {base_eb} to {best_eb}: the "
-                            "learning rate may need rescaling")
     devices = study_machines(attrs)
-    if len(devices) > 1:
-        warnings.append(f"trials were measured on {len(devices)} machines "
-                        f"({'; '.join(devices)}): rates from different machines are not "
-                        "comparable")
     objective = attrs.get(StudyKey.OBJECTIVE) or {}
-    measured = baseline_trial.measurement if baseline_trial else None
-    short = shorter_than_measured(
-        probe.get("script_run_steps"),
-        1 + measured.warmup_steps + measured.window_steps if measured else None,
-        objective.get("train_steps")) or \
-        _short_run(probe.get("script_run_steps"), best_config, payoff,
-                   objective.get("train_steps"))
-    if short:
-        warnings.append(short)
+    warnings += _run_warnings(attrs, best_config, baseline_config, baseline_trial, payoff,
+                              probe.get("script_run_steps"))
     best_disturbed = bool(best and best.disturbed)
     if best_disturbed and confirmation is None:
         warnings.append(
@@ -220,6 +204,33 @@ def study_summary(study: optuna.Study) -> StudySummary:
         script_answer=script_answer(records, best_config)
         if identity and isinstance(identity.target, Script) else None,
         **figures)
+
+
+def _run_warnings(attrs: dict, best_config: TrainConfig | None,
+                  baseline_config: TrainConfig | None, baseline_trial: TrialRecord | None,
+                  payoff: CompilePayoff | None, script_run_steps: int | None) -> list[str]:
+    """What the study's runs leave a reader to know beside the verdict: an effective batch
+    that changed, trials measured on several machines, a run shorter than what was measured."""
+    warnings = []
+    if attrs.get(StudyKey.FREE_BATCH, False) and best_config and baseline_config:
+        best_eb, base_eb = best_config.effective_batch_size, baseline_config.effective_batch_size
+        if best_eb != base_eb:
+            warnings.append(f"the effective batch changed from {base_eb} to {best_eb}: the "
+                            "learning rate may need rescaling")
+    devices = study_machines(attrs)
+    if len(devices) > 1:
+        warnings.append(f"trials were measured on {len(devices)} machines "
+                        f"({'; '.join(devices)}): rates from different machines are not "
+                        "comparable")
+    train_steps = (attrs.get(StudyKey.OBJECTIVE) or {}).get("train_steps")
+    measured = baseline_trial.measurement if baseline_trial else None
+    short = shorter_than_measured(
+        script_run_steps,
+        1 + measured.warmup_steps + measured.window_steps if measured else None,
+        train_steps) or _short_run(script_run_steps, best_config, payoff, train_steps)
+    if short:
+        warnings.append(short)
+    return warnings
 
 
 def _diagnosis(record: TrialRecord | None, memory_limit: int | None) -> Diagnosis | None:

@@ -15,7 +15,8 @@ import optuna
 import pytest
 
 from autotune.config import TrainConfig
-from autotune.search.confirm import Plan, confirm
+from autotune.search.confirm import confirm
+from autotune.search.contenders import Plan
 from autotune.search.events import SilentView
 from autotune.search.outcome import Scoring
 from autotune.search.runner import MeasureJob
@@ -40,7 +41,7 @@ from autotune.study.records import StudyKey
 from autotune.study.verdict import confirmed_verdict
 from autotune.trial.protocol import Measurement, TrialResult, TrialStatus
 
-from .test_confirm import _Notes, _study_of
+from .test_confirm import _Notes, _study_of, cpu_request
 
 BASE = TrainConfig(micro_batch_size=64)
 FAST = BASE.replace(optimizer_impl="fused")
@@ -174,9 +175,9 @@ def _confirm(tmp_path, peak: int, capacity: int, turns: type[_Turns] = _Turns,
     fresh: list[str] = []
     started: list[_Turns] = []
     study = _study(tmp_path, peak)
-    confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), _measure_fresh(fresh), SilentView(),
-            Plan(top=1, rounds=3, max_rounds=10, target=0.03), time_limit_s=60,
-            device="cpu", directory=tmp_path, warm=WarmStart(_starter(started, turns), capacity))
+    confirm(study, Plan(top=1, rounds=3, max_rounds=10, target=0.03),
+            cpu_request(_measure_fresh(fresh), tmp_path,
+                        warm=WarmStart(_starter(started, turns), capacity)))
     return fresh, started, study
 
 
@@ -234,9 +235,9 @@ def test_a_warm_process_that_fails_leaves_the_rounds_to_fresh_processes(tmp_path
     fresh: list[str] = []
     view = _Notes()
     study = _study(tmp_path, 1 * GIB)
-    confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), _measure_fresh(fresh), view,
-            Plan(top=1, rounds=3, max_rounds=10, target=0.03), time_limit_s=60,
-            device="cpu", directory=tmp_path, warm=WarmStart(refuse, 8 * GIB))
+    confirm(study, Plan(top=1, rounds=3, max_rounds=10, target=0.03),
+            cpu_request(_measure_fresh(fresh), tmp_path, view=view,
+                        warm=WarmStart(refuse, 8 * GIB)))
     assert fresh and any("fresh-process rounds: a warm process did not start" in n
                          for n in view.lines)
     assert stored_confirmation(study.user_attrs["confirmation"]).measured == FRESH_ROUNDS
@@ -257,10 +258,8 @@ def test_a_warm_process_that_fails_leaves_the_rounds_to_fresh_processes(tmp_path
 
     fresh.clear()
     study = _study(tmp_path / "dying", 1 * GIB)
-    result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), _measure_fresh(fresh),
-                     SilentView(), Plan(top=1, rounds=3, max_rounds=10, target=0.03),
-                     time_limit_s=60, device="cpu", directory=tmp_path,
-                     warm=WarmStart(start, 8 * GIB))
+    result = confirm(study, Plan(top=1, rounds=3, max_rounds=10, target=0.03),
+                     cpu_request(_measure_fresh(fresh), tmp_path, warm=WarmStart(start, 8 * GIB)))
     assert started[0].closed and fresh
     assert result.measured == FRESH_ROUNDS and result.rounds == 2 + len(fresh) // 2
 
@@ -331,11 +330,10 @@ def test_a_budget_that_ends_while_the_processes_warm_up_ends_the_confirmation(tm
     fresh: list[str] = []
     view = _Notes()
     study = _study(tmp_path, 1 * GIB)
-    result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), _measure_fresh(fresh), view,
-                     Plan(top=1, rounds=3, max_rounds=10, target=0.03,
-                          budget_ends=time.monotonic() + 5),
-                     time_limit_s=60, device="cpu", directory=tmp_path,
-                     warm=WarmStart(slow, 8 * GIB))
+    plan = Plan(top=1, rounds=3, max_rounds=10, target=0.03, budget_ends=time.monotonic() + 5)
+    result = confirm(study, plan,
+                     cpu_request(_measure_fresh(fresh), tmp_path, view=view,
+                                 warm=WarmStart(slow, 8 * GIB)))
     assert not fresh and result.rounds == 0 and result.winner is None
     assert any("budget ended while a warm process warmed up: no paired round fits" in n
                for n in view.lines)
@@ -383,10 +381,9 @@ def test_beside_a_load_that_comes_and_goes_each_pair_is_judged_on_its_own(tmp_pa
                       peak=1 * GIB)
     study.set_user_attr(StudyKey.BASELINE_CONFIG, BASE.to_dict())
     started: list[_LoadBySecond] = []
-    result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), _measure_fresh([]),
-                     SilentView(), Plan(top=3, rounds=3, max_rounds=10, target=0.03),
-                     time_limit_s=60, device="cpu", directory=tmp_path,
-                     warm=WarmStart(_starter(started, _LoadBySecond), 8 * GIB))
+    result = confirm(study, Plan(top=3, rounds=3, max_rounds=10, target=0.03),
+                     cpu_request(_measure_fresh([]), tmp_path,
+                                 warm=WarmStart(_starter(started, _LoadBySecond), 8 * GIB)))
     assert result.measured == WARM_TURNS and result.winner.config == FAST
     low, high = result.speedup_ci
     assert 1.45 < low <= 1.5 <= high < 1.55
@@ -427,10 +424,9 @@ def test_where_their_processes_would_not_fit_the_time_the_changes_are_not_taken_
                       peak=1 * GIB)
     study.set_user_attr(StudyKey.BASELINE_CONFIG, BASE.to_dict())
     view = _Notes()
-    result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), _measure_fresh([]), view,
-                     Plan(top=1, rounds=3, max_rounds=10, target=0.03, budget_ends=1250.0),
-                     time_limit_s=60, device="cpu", directory=tmp_path,
-                     warm=WarmStart(start, 8 * GIB))
+    result = confirm(study, Plan(top=1, rounds=3, max_rounds=10, target=0.03, budget_ends=1250.0),
+                     cpu_request(_measure_fresh([]), tmp_path, view=view,
+                                 warm=WarmStart(start, 8 * GIB)))
     assert len(started) == 1 and started[0].configs == [BOTH, BASE]
     assert any("the best less each of its changes not raced: 2 more processes" in n
                for n in view.lines)
@@ -461,10 +457,10 @@ def test_under_a_time_budget_the_proof_starts_before_the_runners_up(
     study.set_user_attr(StudyKey.BASELINE_CONFIG, BASE.to_dict())
     view = _Notes()
     try:
-        result = confirm(study, BASE, Scoring("cpu", None, 0.1, 0.0), _measure_fresh([]), view,
+        result = confirm(study,
                          Plan(top=2, rounds=3, max_rounds=10, target=0.03, budget_ends=1330.0),
-                         time_limit_s=60, device="cpu", directory=tmp_path,
-                         warm=WarmStart(start, 8 * GIB))
+                         cpu_request(_measure_fresh([]), tmp_path, view=view,
+                                     warm=WarmStart(start, 8 * GIB)))
     finally:
         del CHANGES[runner_up]
     assert started[0].configs == [BOTH, BASE] and len(started) == 2

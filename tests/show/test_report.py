@@ -213,6 +213,13 @@ def test_each_change_taken_back_is_a_row_with_its_cost_and_what_it_says() -> Non
     markdown = summary_markdown(summary)
     assert "- without torch.compile: 0.4% [-1.2%, +1.2%] (speed lost, paired by round, 95% " \
         "interval: inside the noise: dropped)" in markdown
+    # a fastest as fast as the race's best, which the answer then took changes from, is
+    # compared with what it was compared with, never with the answer
+    fastest = replace(summary, confirmation=replace(
+        summary.confirmation, fastest_config=raced.replace(memory_format="channels_last"),
+        fastest_speedup=3.6, fastest_speedup_ci=(3.4, 3.8), no_measurable_difference=False))
+    assert "3.60x [3.40-3.80] of the baseline, no measurable difference from the race's best " \
+        "(below), which changes fewer knobs" in summary_markdown(fastest)
 
 
 # What a CUDA trial of a GPT-2-small-like model records for its MFU (the figures are made up).

@@ -8,7 +8,8 @@ import json
 import optuna
 
 from autotune.config import TrainConfig
-from autotune.search.confirm import Candidate, conclusion
+from autotune.search.conclusion import conclusion
+from autotune.search.contenders import Candidate
 from autotune.study.confirmation import Confirmation, Run
 from autotune.study.records import StudyKey
 from autotune.study.results import load_study, study_summary

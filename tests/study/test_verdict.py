@@ -4,7 +4,8 @@ closest contender's figure, or not known, inside the noise."""
 from __future__ import annotations
 
 from autotune.config import TrainConfig
-from autotune.search.confirm import Candidate, conclusion
+from autotune.search.conclusion import conclusion
+from autotune.search.contenders import Candidate
 from autotune.study.confirmation import Run
 from autotune.study.verdict import confirmed_verdict, search_verdict
 

@@ -25,11 +25,7 @@ before the script runs: the script's own `init_process_group` finds it joined.""
 from __future__ import annotations
 
 import contextlib
-import copy
-import functools
-import inspect
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,29 +33,23 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.optim.optimizer import (
-    register_optimizer_step_post_hook,
-    register_optimizer_step_pre_hook,
-)
 from torch.utils.data import DataLoader, IterableDataset
 
 from autotune.config import default_optimizer_impl
-from autotune.trial.script.observer import TrainInfo, TrainingDone, dataset_size, rows
+from autotune.trial.script.loop_model import apply_checkpointing, apply_model_knobs, probe_checks
+from autotune.trial.script.loop_patches import patched
+from autotune.trial.script.observer import TrainInfo, TrainingDone, rows
 from autotune.trial.script.session import ScriptTrial, current
 from autotune.trial.script.sources import (
     CallSite,
     Source,
     assignment_line,
-    call_site,
     caller_site,
     shown_path,
     user_frames,
 )
 from autotune.trial.training import (
     Unsupported,
-    apply_activation_checkpointing,
-    checkpointing_problem,
-    nonfinite_problem,
 )
 
 LIBRARY = "loop"
@@ -71,7 +61,6 @@ LOADER_ARGUMENTS = ("batch_size", "num_workers", "prefetch_factor", "pin_memory"
 # Where a loop's settings are said (the places of `ScriptBaseline.settings`): its own flags,
 # the DataLoader its loop trains from, its optimizer, and its model.
 FLAGS, LOADER, OPTIMIZER, MODEL = "flags", "DataLoader", "optimizer", "model"
-_ADAM = ("Adam", "AdamW")
 
 
 @dataclass
@@ -135,6 +124,10 @@ class LoopWatch:
         self.accelerator: Any = None
         self.read_baseline: Callable[[LoopWatch], Any] | None = None
 
+    def ours(self) -> bool:
+        """Whether what torch does now is the trial's own loop's, still being watched."""
+        return current() is self.trial and self.trial.kind in OWN_LOOPS and not self.done
+
     # -- what the script builds ------------------------------------------------------------
 
     def loader_built(self, loader: DataLoader, arguments: dict[str, Any],
@@ -182,7 +175,7 @@ class LoopWatch:
         if self.model is None:
             self.model = _stepped_model(params, user_frames(site.frame), self.where)
             if self.model is not None and self.trial.kind == LIBRARY:
-                self._model_knobs(self.model)
+                apply_model_knobs(self.trial, self.model.module)
         if self._first_forward is None and not self.started:
             self._first_forward = nn.modules.module.register_module_forward_pre_hook(
                 self._forward_started)
@@ -219,7 +212,7 @@ class LoopWatch:
         if self.model is None or self.model.module is not model:
             built = self.model.built if self.model is not None else None
             self.model = ModelRecord(model, self.model.name if self.model else None, built)
-        self._checkpointing(self.model)
+        apply_checkpointing(self.trial, self.model.module)
 
     # -- the loop's own steps ----------------------------------------------------------------
 
@@ -288,7 +281,13 @@ class LoopWatch:
         self.forward_rows += rows((args, kwargs))
         if not self.checked:
             self.checked = True
-            self._probe_checks(args, kwargs)
+            if self.trial.config is None and self.model is not None and \
+                    not self.script_compiled:
+                self.checking = True
+                try:
+                    probe_checks(self.trial, self.model.module, args, kwargs, self.autocast)
+                finally:
+                    self.checking = False
 
     def delivered(self, loader: LoaderRecord | None, batch: Any, wait_s: float) -> None:
         """A batch a DataLoader delivered while gradients are on: a training batch."""
@@ -366,101 +365,6 @@ class LoopWatch:
             handle.remove()
         self._handles.clear()
 
-    # -- the trial's knobs on the model --------------------------------------------------------
-
-    def _model_knobs(self, model: ModelRecord) -> None:
-        """A hand-written loop's model, as the trial asks: its repeated blocks checkpointed,
-        its forward under bf16 autocast and compiled."""
-        config, own = self.trial.config, self.trial.own
-        if config is None or own is None:
-            return
-        self._checkpointing(model)
-        base = own.knobs
-        autocast = config.precision == "bf16" and base.get("precision") != "bf16"
-        compiled = config.compile_mode != base.get("compile_mode", "none")
-        if not autocast and not compiled:
-            return
-        module = model.module
-        inner = module.forward
-        run = inner if not compiled else torch.compile(
-            inner, mode=None if config.compile_mode == "default" else config.compile_mode)
-        device = self.trial.device.type
-
-        @functools.wraps(inner)
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            with torch.autocast(device, dtype=torch.bfloat16) if autocast else \
-                    contextlib.nullcontext():
-                return run(*args, **kwargs)
-
-        module.forward = forward
-
-    def _checkpointing(self, model: ModelRecord) -> None:
-        config, own = self.trial.config, self.trial.own
-        if config is None or own is None or config.activation_checkpointing == \
-                own.knobs.get("activation_checkpointing", "none"):
-            return
-        apply_activation_checkpointing(model.module, config.activation_checkpointing)
-
-    def _probe_checks(self, args: Any, kwargs: Any) -> None:
-        """The probe's checks on the loop's own batch, on a copy of the model: checkpointing
-        must leave the loss and every gradient as they were, and bf16 must leave them finite;
-        a value that fails is refused, with why."""
-        trial = self.trial
-        if trial.config is not None or self.model is None or self.script_compiled:
-            return
-        module = self.model.module
-
-        def loss(model: nn.Module, batch: Any) -> torch.Tensor:
-            return _scalar(model(*batch[0], **batch[1]))
-
-        def build() -> nn.Module:
-            return copy.deepcopy(module)
-
-        self.checking = True
-        try:
-            batch = (args, kwargs)
-            for mode in trial.candidates.get("activation_checkpointing", ()):
-                if mode != "none":
-                    problem = checkpointing_problem(build, batch, loss, mode,
-                                                    device=trial.device)
-                    if problem:
-                        self._refuse("activation_checkpointing", mode, problem)
-            if "bf16" in trial.candidates.get("precision", ()) and self.autocast is None:
-                problem = nonfinite_problem(build, batch, loss, "bf16", trial.device)
-                if problem:
-                    self._refuse("precision", "bf16", problem)
-        except Exception as exc:  # noqa: BLE001 - a model a copy cannot run is left as it is
-            for mode in trial.candidates.get("activation_checkpointing", ()):
-                if mode != "none":
-                    self._refuse("activation_checkpointing", mode, "the probe could not check it "
-                                 f"on a copy of the model: {type(exc).__name__}: {exc}")
-        finally:
-            self.checking = False
-
-    def _refuse(self, knob: str, value: Any, reason: str) -> None:
-        baseline = self.trial.baseline
-        if baseline is not None:
-            baseline.refused.setdefault(knob, {})[str(value)] = reason
-
-
-def _scalar(output: Any) -> torch.Tensor:
-    """A loss from what the model returned: its loss (a one-element tensor, `.loss`, a
-    `loss` key, the first one-element tensor of a tuple), else the sum of its first tensor."""
-    if isinstance(output, torch.Tensor):
-        return output if output.numel() == 1 else output.float().sum()
-    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
-    if isinstance(loss, torch.Tensor):
-        return loss
-    items = list(output.values()) if isinstance(output, Mapping) else \
-        list(output) if isinstance(output, (tuple, list)) else []
-    tensors = [t for t in items if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    single = [t for t in tensors if t.numel() == 1]
-    if single:
-        return single[0]
-    if tensors:
-        return tensors[0].float().sum()
-    raise TypeError(f"the model returned {type(output).__name__}, with no tensor to check")
-
 
 def _unwrapped(module: nn.Module) -> nn.Module:
     """The module inside a DistributedDataParallel or torch.compile wrapper."""
@@ -518,140 +422,13 @@ def _dataset_size(loader: LoaderRecord | None) -> int | None:
 @contextlib.contextmanager
 def watching_loop(trial: ScriptTrial, where: Path,
                   read_baseline: Callable[[LoopWatch], Any]) -> Iterator[LoopWatch]:
-    """While inside, torch is watched for the script's own loop (see the module's docstring);
-    every patch is taken back after."""
+    """While inside, torch is watched for the script's own loop (see the module's docstring,
+    and `loop_patches` for the entry points); every patch is taken back after."""
     watch = LoopWatch(trial, where)
     watch.read_baseline = read_baseline
     trial.loop = watch
-    loader_init, loader_iter = DataLoader.__init__, DataLoader.__iter__
-    next_batch = torch.utils.data.dataloader._BaseDataLoaderIter.__next__
-    optimizer_init, adam_init = torch.optim.Optimizer.__init__, torch.optim.Adam.__init__
-    backward, compile_ = torch.Tensor.backward, torch.compile
-    init_group = torch.distributed.init_process_group
-    loader_signature = inspect.signature(loader_init)
-    adam_signature = inspect.signature(adam_init)
-
-    def ours() -> bool:
-        return current() is trial and trial.kind in OWN_LOOPS and not watch.done
-
-    @functools.wraps(loader_init)
-    def patched_loader_init(self: DataLoader, *args: Any, **kwargs: Any) -> None:
-        site = call_site(sys._getframe(1), self) if ours() and not watch.started else None
-        if site is None:
-            loader_init(self, *args, **kwargs)
-            return
-        bound = loader_signature.bind(self, *args, **kwargs)
-        bound.apply_defaults()
-        changed = watch.loader_built(self, dict(bound.arguments), site)
-        bound.arguments.update(changed)
-        try:
-            loader_init(*bound.args, **bound.kwargs)
-        except Exception as exc:
-            if not changed:
-                raise
-            knob = next(iter(changed))
-            raise Unsupported(f"{knob}={changed[knob]}: the script's DataLoader refuses it: "
-                              f"{exc}", knob, changed[knob]) from None
-        record = self._autotune_loader  # type: ignore[attr-defined]
-        record.dataset_size, record.dataset, record.collate = \
-            dataset_size(self.dataset), self.dataset, self.collate_fn
-
-    @functools.wraps(loader_iter)
-    def patched_iter(self: DataLoader) -> Any:
-        iterator = loader_iter(self)
-        record = getattr(self, "_autotune_loader", None)
-        if record is not None:
-            with contextlib.suppress(AttributeError):
-                iterator._autotune_loader = record
-        return iterator
-
-    @functools.wraps(next_batch)
-    def patched_next(self: Any) -> Any:
-        if not ours() or not torch.is_grad_enabled():
-            return next_batch(self)
-        start = time.perf_counter()
-        batch = next_batch(self)
-        watch.delivered(getattr(self, "_autotune_loader", None), batch,
-                        time.perf_counter() - start)
-        return batch
-
-    @functools.wraps(optimizer_init)
-    def patched_optimizer_init(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
-        optimizer_init(self, *args, **kwargs)
-        if ours() and not watch.started:
-            site = call_site(sys._getframe(1), self)
-            if site is not None:
-                watch.optimizer_built(self, site)
-
-    @functools.wraps(adam_init)
-    def patched_adam_init(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
-        site = call_site(sys._getframe(1), self) if ours() and not watch.started else None
-        if site is None or type(self).__name__ not in _ADAM:
-            adam_init(self, *args, **kwargs)
-            return
-        bound = adam_signature.bind(self, *args, **kwargs)
-        changed = watch.adam_changes(self, bound.arguments, site)
-        bound.arguments.update(changed)
-        try:
-            adam_init(*bound.args, **bound.kwargs)
-        except Exception as exc:
-            if not changed:
-                raise
-            impl = "fused" if changed["fused"] else "foreach" if changed["foreach"] else \
-                "for_loop"
-            raise Unsupported(f"optimizer_impl={impl}: the script's {type(self).__name__} "
-                              f"refuses it: {exc}", "optimizer_impl", impl) from None
-
-    @functools.wraps(backward)
-    def patched_backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if ours():
-            watch.backward(self.detach())
-        return backward(self, *args, **kwargs)
-
-    @functools.wraps(compile_)
-    def patched_compile(*args: Any, **kwargs: Any) -> Any:
-        if ours():
-            site = call_site(sys._getframe(1))
-            if site is not None:
-                watch.script_compiles(site)
-        return compile_(*args, **kwargs)
-
-    @functools.wraps(init_group)
-    def patched_init_group(*args: Any, **kwargs: Any) -> None:
-        if current() is trial and torch.distributed.is_initialized():
-            return None  # the trial's rank joined the group torchrun started before the script
-        return init_group(*args, **kwargs)
-
-    def pre_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if ours():
-            watch.step_started(optimizer)
-
-    def post_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if current() is trial:
-            watch.step_done(optimizer)
-
-    DataLoader.__init__ = patched_loader_init  # type: ignore[method-assign]
-    DataLoader.__iter__ = patched_iter  # type: ignore[method-assign]
-    torch.utils.data.dataloader._BaseDataLoaderIter.__next__ = patched_next
-    torch.optim.Optimizer.__init__ = patched_optimizer_init  # type: ignore[method-assign]
-    torch.optim.Adam.__init__ = patched_adam_init  # type: ignore[method-assign]
-    torch.Tensor.backward = patched_backward  # type: ignore[method-assign]
-    torch.compile = patched_compile  # type: ignore[assignment]
-    torch.distributed.init_process_group = patched_init_group
-    hooks = [register_optimizer_step_pre_hook(pre_step),
-             register_optimizer_step_post_hook(post_step)]
     try:
-        yield watch
+        with patched(watch):
+            yield watch
     finally:
-        DataLoader.__init__ = loader_init  # type: ignore[method-assign]
-        DataLoader.__iter__ = loader_iter  # type: ignore[method-assign]
-        torch.utils.data.dataloader._BaseDataLoaderIter.__next__ = next_batch
-        torch.optim.Optimizer.__init__ = optimizer_init  # type: ignore[method-assign]
-        torch.optim.Adam.__init__ = adam_init  # type: ignore[method-assign]
-        torch.Tensor.backward = backward  # type: ignore[method-assign]
-        torch.compile = compile_  # type: ignore[assignment]
-        torch.distributed.init_process_group = init_group
-        for hook in hooks:
-            hook.remove()
         watch.finish()
-

@@ -1,0 +1,258 @@
+"""The minimal answer's races: the recommendation's changes taken back one at a time
+(`search.minimal` judges each), in the race or a short race of their own, and the answer less
+every change not shown to pay."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+from autotune.config import TrainConfig
+from autotune.formatting import describe_changes
+from autotune.search.conclusion import candidate_summary, versus
+from autotune.search.contenders import (
+    Candidate,
+    Measuring,
+    Plan,
+    check_entry,
+    objective,
+    paired,
+    peak_of,
+    precision_of,
+)
+from autotune.search.memory_model import MemoryModel
+from autotune.search.minimal import (
+    JUDGE_ROUNDS,
+    TakeBack,
+    judge,
+    take_backs,
+    without_all,
+)
+from autotune.search.race import Race, run_race
+from autotune.search.space import SearchSpace
+from autotune.study.confirmation import (
+    NO_TIME,
+    NOT_BEATEN,
+    TOGETHER,
+    UNJUDGED,
+    Confirmation,
+    TakenBack,
+)
+from autotune.study.records import (
+    TrialRecord,
+)
+from autotune.trial.protocol import TrialStatus
+
+# The short race after the race, of the recommendation less several changes dropped: that
+# configuration, the recommendation and the baseline.
+SHORT_RACE = 3
+
+
+def changes_to_take_back(config: TrainConfig, baseline: TrainConfig,
+                         space: SearchSpace | None) -> list[TakeBack]:
+    """The changes of `config` to take back one at a time: none of a configuration of one
+    change, which the race itself takes back (the baseline races beside it)."""
+    backs = take_backs(config, baseline, space)
+    return backs if len(backs) > 1 else []
+
+
+def with_variants(entries: list[Candidate], parent: Candidate, backs: Sequence[TakeBack],
+                   records: Sequence[TrialRecord]) -> list[tuple[TakeBack, Candidate | None]]:
+    """Each change of `backs` with the candidate that judges it: `parent` less the change,
+    inserted before the baseline (an entry of that configuration serves where one races
+    already); None where the space holds no configuration without it."""
+    out: list[tuple[TakeBack, Candidate | None]] = []
+    for back in backs:
+        same = next((e for e in entries if e.config == back.config), None) \
+            if back.config is not None else None
+        if back.config is not None and same is None:
+            same = _variant(back.config, records, parent, entries[-1])
+            entries.insert(len(entries) - 1, same)
+        out.append((back, same))
+    return out
+
+
+def _variant(config: TrainConfig, records: Sequence[TrialRecord], parent: Candidate,
+             reference: Candidate) -> Candidate:
+    """`config`, `parent` less one change, as a candidate: with the search's figures where a
+    trial measured it (the expert takes changes back from the fast corner), and its peak
+    memory (for the warm processes) as measured, else as the memory model predicts it, else
+    the larger of the two it lies between."""
+    measured = [r for r in records if r.config == config and r.samples_per_sec
+                and r.status != TrialStatus.SCREENED]
+    record = max(measured, key=lambda r: r.samples_per_sec, default=None)
+    peaks = [p for p in (parent.search_peak_bytes, reference.search_peak_bytes) if p]
+    peak = (peak_of(record) if record else None) or MemoryModel(records).predict(config) or \
+        max(peaks, default=None)
+    return Candidate(config, record.number if record else None,
+                     record.feasible if record else True,
+                     record.samples_per_sec if record else None,
+                     search_precision=precision_of(record) if record else None,
+                     search_peak_bytes=peak, search_disturbed=bool(record and record.disturbed),
+                     taken_from=parent)
+
+
+def _again(entry: Candidate) -> Candidate:
+    """The same configuration, to be measured afresh in a race of its own."""
+    return Candidate(entry.config, entry.trial, entry.feasible, entry.search_samples_per_sec,
+                     search_precision=entry.search_precision,
+                     search_peak_bytes=entry.search_peak_bytes,
+                     search_disturbed=entry.search_disturbed, checked=entry.checked,
+                     worst=entry.worst, loss=entry.loss, excluded=entry.excluded)
+
+
+def minimal_answer(result: Confirmation, race: Race,
+                   judged: list[tuple[TakeBack, Candidate | None]], baseline: TrainConfig,
+                   plan: Plan, how: Measuring, space: SearchSpace | None,
+                   records: Sequence[TrialRecord]) -> Confirmation:
+    """The race's recommendation less every change not shown to pay. Its changes are judged on
+    the configurations without each (`minimal.judge`), raced beside it (the search's best),
+    else in a short race of their own; where several are dropped, the configuration without
+    them all races it and the baseline, and is the answer unless it is measurably slower,
+    else the best of the single drops is."""
+    if result.winner is None or result.winner.config == baseline:
+        return result
+    chosen = next(e for e in race.entries if not e.variant and e.config == result.winner.config)
+    where: Race | None = race
+    pairs = judged if chosen is race.entries[0] else []
+    if not pairs:
+        backs = changes_to_take_back(chosen.config, baseline, space)
+        if not backs:
+            return result
+        pairs, where = _taken_back_race(chosen, backs, plan, how, records, race)
+    with_it = where.entries[0] if where is not None else chosen
+    decisions = [_judged(back, v, with_it, where, plan, how) for back, v in pairs]
+    if unjudged := [d for d in decisions if d.outcome == UNJUDGED and d.config]:
+        how.view.note(f"confirmation: not taken back ({unjudged[0].why}): "
+                      f"{', '.join(d.change for d in unjudged)}")
+    dropped = [i for i, d in enumerate(decisions) if not d.kept]
+    follow = [where] if where is not race and where is not None else []
+    if not dropped:
+        return _with_extra(replace(result, taken_back=tuple(decisions)), follow)
+    single = max(dropped, key=lambda i: paired(pairs[i][1], with_it, objective).value)
+    answer, answer_race = pairs[single][1], where
+    if len(dropped) > 1:
+        config = without_all(chosen.config, [pairs[i][0] for i in dropped], baseline, space)
+        found = _without_all(config, with_it, where, baseline, plan, how, records)
+        if isinstance(found, Race):
+            answer, answer_race = found.entries[0], found
+            follow.append(found)
+        else:
+            decisions = [replace(d, outcome=found[0], why=found[1])
+                         if i in dropped and i != single else d
+                         for i, d in enumerate(decisions)]
+    if result.no_measurable_difference is False and _inside_the_noise(answer, answer_race):
+        # no drop shown to pay alone, yet the answer less them no longer measurably beats
+        # the baseline that the race's recommendation beat: the drops are kept together
+        decisions = [replace(d, outcome=TOGETHER, why=NOT_BEATEN) if not d.kept else d
+                     for d in decisions]
+        return _with_extra(replace(result, taken_back=tuple(decisions)), follow)
+    return _with_extra(_answer(result, race, chosen, answer, answer_race, decisions), follow)
+
+
+def _judged(back: TakeBack, without: Candidate | None, with_it: Candidate, where: Race | None,
+            plan: Plan, how: Measuring) -> TakenBack:
+    """What taking `back` back showed (`minimal.judge`); a change it drops makes the
+    configuration without it a possible answer, which is checked first
+    (`contenders.check_entry`): one the checks rule out keeps the change."""
+    raced = without is not None and where is not None
+    decision = judge(back, paired(without, with_it, objective) if raced else None,
+                     without.ok if raced else True, where.capped if where else NO_TIME,
+                     failed=without.excluded if without else "")
+    if decision.kept or without is None:
+        return decision
+    check_entry(without, how, plan)
+    return judge(back, None, True, failed=without.excluded) if without.excluded else decision
+
+
+def _inside_the_noise(answer: Candidate, answer_race: Race) -> bool:
+    """Whether `answer`'s interval against the baseline of the race it ran in holds 1."""
+    if answer is answer_race.reference:
+        return True
+    interval = versus(answer, answer_race.reference)[1]
+    return interval is not None and interval[0] <= 1.0 <= interval[1]
+
+
+def _taken_back_race(chosen: Candidate, backs: Sequence[TakeBack], plan: Plan, how: Measuring,
+                     records: Sequence[TrialRecord], race: Race,
+                     ) -> tuple[list[tuple[TakeBack, Candidate | None]], Race | None]:
+    """A short race of `chosen`, it less each change, and the baseline (None where the time
+    left cannot hold the rounds a change is judged on)."""
+    entries = [_again(chosen), _again(race.reference)]
+    pairs = with_variants(entries, entries[0], backs, records)
+    changes_ = describe_changes(chosen.config, race.reference.config)
+    if not _time_for(len(entries), len(entries) - 2, plan, how, race.run_s):
+        return pairs, None
+    how.view.note(f"confirmation: taking back each change of {changes_} in a short race")
+    return pairs, run_race(entries, "taken-back", plan, how, reserve=SHORT_RACE)
+
+
+def _without_all(config: TrainConfig | None, with_it: Candidate, race: Race,
+                 baseline: TrainConfig, plan: Plan, how: Measuring,
+                 records: Sequence[TrialRecord]) -> Race | tuple[str, str]:
+    """The short race of `config` (the recommendation less every change dropped), it and the
+    baseline, where `config` is not measurably slower than it: the changes were not shown to
+    pay together either; else what becomes of the changes besides the best single drop (kept:
+    their outcome, and why)."""
+    if config is None:
+        return TOGETHER, "the search space holds no configuration without all of them"
+    if config == baseline:
+        return TOGETHER, "without all of them it is your settings, which the race measured"
+    if not _time_for(SHORT_RACE, 1, plan, how, race.run_s):
+        return UNJUDGED, NO_TIME
+    how.view.note(f"confirmation: {describe_changes(config, baseline)} (the answer less every "
+                  "change not shown to pay) in a short race")
+    answer = _variant(config, records, with_it, race.reference)
+    answer.taken_from = None  # a candidate in its own right: it may be the answer
+    check_entry(answer, how, plan)
+    if answer.excluded:
+        return TOGETHER, f"without all of them {answer.excluded}"
+    entries = [answer, _again(with_it), _again(race.reference)]
+    answer.partner = entries[1]  # judged against the recommendation, each turn beside one
+    short = run_race(entries, "minimal", plan, how)
+    ratio = paired(entries[0], entries[1], objective)
+    if not entries[0].ok:
+        return TOGETHER, "without all of them it did not run in every round"
+    if ratio.high is not None and ratio.high < 1.0:
+        return TOGETHER, (f"without all of them it was {1 - ratio.value:.1%} slower "
+                          f"[{1 - ratio.high:+.1%}, {1 - ratio.low:+.1%}]")
+    return short
+
+
+def _time_for(configurations: int, new: int, plan: Plan, how: Measuring, run_s: float) -> bool:
+    """Whether a short race of `configurations` (`new` of them to start) can run the rounds a
+    change is judged on before a time budget's end and the confirmation's share of the study
+    (`ends_by`): a short race after the race refines the answer, which has its rounds, so it
+    starts only where it keeps the time the run announced."""
+    ends = [e for e in (plan.budget_ends, plan.ends_by) if e is not None]
+    if not ends:
+        return True
+    warm = how.pool is not None and not how.pool.broken and bool(how.pool.live)
+    start = new * how.pool.start_s if warm else 0.0
+    return time.monotonic() + start + JUDGE_ROUNDS * configurations * run_s <= min(ends)
+
+
+def _answer(result: Confirmation, race: Race, chosen: Candidate, answer: Candidate,
+            answer_race: Race, decisions: Sequence[TakenBack]) -> Confirmation:
+    """The confirmation with `answer` (measured in `answer_race`) as the recommendation, in
+    place of `chosen`, the race's, less the changes `decisions` drop."""
+    reference = answer_race.reference
+    ratio, interval, search, widened = versus(answer, reference)
+    summary = candidate_summary(answer, reference)
+    return replace(result, winner=summary, contender=summary, speedup=ratio.value,
+                   speedup_ci=interval,
+                   no_measurable_difference=interval[0] <= 1.0 <= interval[1]
+                   if interval else None,
+                   search_speedup=search[0] if search else None, widened=widened,
+                   load_adjusted=ratio.load_adjusted,
+                   taken_back=tuple(decisions),
+                   taken_from=candidate_summary(chosen, race.reference),
+                   answer_rounds=len(reference.runs) if answer_race is not race else None)
+
+
+def _with_extra(result: Confirmation, races: Sequence[Race]) -> Confirmation:
+    """The confirmation with what the short races after the race measured among its
+    candidates (their baselines aside)."""
+    extra = tuple(candidate_summary(e, r.reference) for r in races for e in r.entries[:-1])
+    return replace(result, candidates=result.candidates + extra)
