@@ -396,10 +396,36 @@ CHANGES = {BASE: 100.0, BOTH: 160.0, BASE.replace(precision="bf16"): 105.0,
 
 
 class _Changes(_LoadBySecond):
+    rates = CHANGES
+
     def turn(self, index: int) -> Run:
-        rate = CHANGES[self.configs[index]] * random.Random(self.count).lognormvariate(0, 0.01)
+        rate = self.rates[self.configs[index]] * \
+            random.Random(self.count).lognormvariate(0, 0.01)
         self.count += 1
         return Run("ok", samples_per_sec=rate, objective=rate)
+
+
+def _slow_starts(tmp_path, monkeypatch, rates: dict[TrainConfig, float], plan: Plan,
+                 ) -> tuple[object, list[_Changes], _Notes]:
+    """A confirmation of a search that measured `rates`, whose warm processes take 60 s each
+    to start (on a clock that moves only then): its result, the processes started, by start,
+    and its notes."""
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    started: list[_Changes] = []
+
+    def start(configs, prefix: str, ends_by: float | None = None) -> _Changes:
+        clock[0] += 60.0 * len(configs)
+        started.append(type("Turns", (_Changes,), {"rates": rates})(list(configs)))
+        return started[-1]
+
+    study = _study_of(tmp_path, [(config, rate, "ok") for config, rate in rates.items()],
+                      peak=1 * GIB)
+    study.set_user_attr(StudyKey.BASELINE_CONFIG, BASE.to_dict())
+    view = _Notes()
+    result = confirm(study, plan, cpu_request(_measure_fresh([]), tmp_path, view=view,
+                                              warm=WarmStart(start, 8 * GIB)))
+    return result, started, view
 
 
 def test_where_their_processes_would_not_fit_the_time_the_changes_are_not_taken_back(
@@ -411,22 +437,8 @@ def test_where_their_processes_would_not_fit_the_time_the_changes_are_not_taken_
     time left after the least rounds. Here each start takes 60 s of a 250 s budget: the
     changes are not raced, the answer's own speedup is known, and the changes are kept,
     not taken back for lack of time."""
-    clock = [1000.0]
-    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
-
-    def start(configs, prefix: str, ends_by: float | None = None) -> _Changes:
-        clock[0] += 60.0 * len(configs)
-        started.append(_Changes(list(configs)))
-        return started[-1]
-
-    started: list[_Changes] = []
-    study = _study_of(tmp_path, [(config, rate, "ok") for config, rate in CHANGES.items()],
-                      peak=1 * GIB)
-    study.set_user_attr(StudyKey.BASELINE_CONFIG, BASE.to_dict())
-    view = _Notes()
-    result = confirm(study, Plan(top=1, rounds=3, max_rounds=10, target=0.03, budget_ends=1250.0),
-                     cpu_request(_measure_fresh([]), tmp_path, view=view,
-                                 warm=WarmStart(start, 8 * GIB)))
+    result, started, view = _slow_starts(tmp_path, monkeypatch, CHANGES, Plan(
+        top=1, rounds=3, max_rounds=10, target=0.03, budget_ends=1250.0))
     assert len(started) == 1 and started[0].configs == [BOTH, BASE]
     assert any("the best less each of its changes not raced: 2 more processes" in n
                for n in view.lines)
@@ -441,28 +453,10 @@ def test_under_a_time_budget_the_proof_starts_before_the_runners_up(
     start first, then the best less each of its changes, and the search's runner-up
     (channels-last) only where time is left after them: here it is not, so the breadth
     shrinks and the proof stays, and both changes are shown to pay."""
-    clock = [1000.0]
-    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     runner_up = BASE.replace(memory_format="channels_last")
-    CHANGES[runner_up] = 155.0  # second in the search, ahead of the best less a change
-
-    def start(configs, prefix: str, ends_by: float | None = None) -> _Changes:
-        clock[0] += 60.0 * len(configs)
-        started.append(_Changes(list(configs)))
-        return started[-1]
-
-    started: list[_Changes] = []
-    study = _study_of(tmp_path, [(config, rate, "ok") for config, rate in CHANGES.items()],
-                      peak=1 * GIB)
-    study.set_user_attr(StudyKey.BASELINE_CONFIG, BASE.to_dict())
-    view = _Notes()
-    try:
-        result = confirm(study,
-                         Plan(top=2, rounds=3, max_rounds=10, target=0.03, budget_ends=1330.0),
-                         cpu_request(_measure_fresh([]), tmp_path, view=view,
-                                     warm=WarmStart(start, 8 * GIB)))
-    finally:
-        del CHANGES[runner_up]
+    rates = {**CHANGES, runner_up: 155.0}  # second in the search, ahead of the best less one
+    result, started, view = _slow_starts(tmp_path, monkeypatch, rates, Plan(
+        top=2, rounds=3, max_rounds=10, target=0.03, budget_ends=1330.0))
     assert started[0].configs == [BOTH, BASE] and len(started) == 2
     assert set(started[1].configs) == {BASE.replace(optimizer_impl="fused"),
                                        BASE.replace(precision="bf16")}
