@@ -156,6 +156,7 @@ def run_race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
     left_out = len(racing) < len(entries)  # for the time left: judged by none
     shuffle = random.Random(0)
     start, rounds, kept_disturbed, run_s = time.monotonic(), 0, 0, 0.0
+    spent_s, kept_runs = 0.0, 0  # what the kept rounds cost, retakes included: forecasts
     capped = NO_ROUNDS  # unless time or the race's own end ends it first
     judge = PairJudge()
     while rounds < plan.max_rounds:
@@ -205,13 +206,17 @@ def run_race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
                           "kept, the machine stayed busy")
         for i, run in zip(order, runs):
             entries[i].runs.append(run)
+        spent_s, kept_runs = time.monotonic() - start, kept_runs + len(order)
         _record_partners(entries, order, racing, runs, partners)
         for i, why in _eliminated(entries, racing, reference, plan.target):
             racing.remove(i)
             view.note(f"confirmation: {_named(entries, i)} is out of the race after round "
                       f"{len(reference.runs)}: {why}")
-        ends = _after_round(entries, racing, plan, rounds, run_s * len(racing),
-                            _follow_up_s(entries, reserve, plan, run_s, how, turns))
+        # The caps go by the slowest run (the race ends when it said); what would still fit
+        # goes by the mean (one slow turn does not end a race that has time for dozens).
+        mean_s = spent_s / kept_runs
+        ends = _after_round(entries, racing, plan, rounds, mean_s * len(racing),
+                            _follow_up_s(entries, reserve, plan, mean_s, how, turns))
         if ends is not None:
             if ends:
                 view.note(f"confirmation: ended after round {len(reference.runs)}: {ends}")
@@ -341,8 +346,8 @@ def _record_partners(entries: Sequence[Candidate], order: Sequence[int], racing:
 
 def _follow_up_s(entries: Sequence[Candidate], reserve: int, plan: Plan, run_s: float,
                  how: Measuring, turns: WarmTurns | None) -> float:
-    """The time the short races after this race take, at its least rounds and slowest run so
-    far: `reserve` configurations (the answer less several changes, `takeback`), and where the
+    """The time the short races after this race take, at its least rounds and `run_s` a run:
+    `reserve` configurations (the answer less several changes, `takeback`), and where the
     leader is not the configuration whose changes race beside it (the first entry), before it
     a race of the leader, the baseline and the leader less each of its changes; in warm turns
     their new processes started too."""

@@ -758,3 +758,26 @@ def test_rounds_that_could_not_resolve_what_is_open_are_not_run(tmp_path) -> Non
     assert result.rounds < 12 and len(ended) == 1
     assert "fused AdamW judged in about" in ended[0]
     assert {t.change: t.outcome for t in result.taken_back}["fused AdamW"] == "not shown to pay"
+
+
+def test_one_slow_run_does_not_end_a_race_that_has_time_for_its_judgement(tmp_path) -> None:
+    """The first run takes 0.4 s, every other 0.01 s, and fused AdamW is worth 8% in runs of
+    5% noise of their own: judged in a dozen rounds or so, and the 3 s left hold dozens at the
+    runs' mean. The race goes on until it is judged (the slowest run alone would have said a
+    few rounds fit, and ended it unjudged)."""
+    best = BASE.replace(precision="bf16", optimizer_impl="fused")
+    scripted, _ = _scripted(lambda c: (150.0 if c.precision == "bf16" else 100.0) *
+                            (1.08 if c.optimizer_impl == "fused" else 1.0), own=0.05)
+    runs = itertools.count()
+
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        time.sleep(0.4 if next(runs) == 0 else 0.01)
+        return scripted(config, job)
+
+    study = _minimal_study(tmp_path, best, 160.0)
+    view = _Notes()
+    result = confirm(study, Plan(top=1, rounds=3, max_rounds=60, target=0.03,
+                                 ends_by=time.monotonic() + 3.0),
+                     cpu_request(measure, tmp_path, view=view))
+    assert not [line for line in view.lines if "no more rounds would resolve" in line], view.lines
+    assert {t.change: t.outcome for t in result.taken_back}["fused AdamW"] == "pays"
