@@ -123,11 +123,10 @@ def minimal_answer(result: Confirmation, race: Race,
         pairs, where = _taken_back_race(chosen, backs, plan, how, records, race)
     with_it = where.entries[0] if where is not None else chosen
     decisions = [_judged(back, v, with_it, where, plan, how) for back, v in pairs]
-    if unjudged := [d for d in decisions if d.outcome == UNJUDGED and d.config]:
-        how.view.note(f"confirmation: not taken back ({unjudged[0].why}): "
-                      f"{', '.join(d.change for d in unjudged)}")
     dropped = [i for i, d in enumerate(decisions) if not d.kept]
     follow = [where] if where is not race and where is not None else []
+    if _unmeasured(decisions, how):
+        return _with_extra(_unproven(result, race, chosen, decisions), follow)
     if not dropped:
         return _with_extra(replace(result, taken_back=tuple(decisions)), follow)
     single = max(dropped, key=lambda i: paired(pairs[i][1], with_it, objective).value)
@@ -142,6 +141,8 @@ def minimal_answer(result: Confirmation, race: Race,
             decisions = [replace(d, outcome=found[0], why=found[1])
                          if i in dropped and i != single else d
                          for i, d in enumerate(decisions)]
+            if _unmeasured(decisions, how):
+                return _with_extra(_unproven(result, race, chosen, decisions), follow)
     if result.no_measurable_difference is False and _inside_the_noise(answer, answer_race):
         # no drop shown to pay alone, yet the answer less them no longer measurably beats
         # the baseline that the race's recommendation beat: the drops are kept together
@@ -249,6 +250,26 @@ def _answer(result: Confirmation, race: Race, chosen: Candidate, answer: Candida
                    taken_back=tuple(decisions),
                    taken_from=candidate_summary(chosen, race.reference),
                    answer_rounds=len(reference.runs) if answer_race is not race else None)
+
+
+def _unmeasured(decisions: Sequence[TakenBack], how: Measuring) -> bool:
+    """Whether changes were never measured to pay or not (the time or the rounds ended first),
+    said as a note."""
+    unjudged = [d for d in decisions if d.outcome == UNJUDGED and d.config]
+    if unjudged:
+        how.view.note(f"confirmation: not measured without {', '.join(d.change for d in unjudged)}"
+                      f" ({unjudged[0].why}): your settings kept")
+    return bool(unjudged)
+
+
+def _unproven(result: Confirmation, race: Race, chosen: Candidate,
+              decisions: Sequence[TakenBack]) -> Confirmation:
+    """The confirmation where changes of `chosen` (the race's recommendation) were never
+    measured without them: only what was measured to pay is recommended, and none of them
+    was, so the user's settings are kept, `chosen` and its interval named as the contender."""
+    contender = candidate_summary(chosen, race.reference)
+    return replace(result, winner=candidate_summary(race.reference, race.reference),
+                   contender=contender, taken_back=tuple(decisions), taken_from=contender)
 
 
 def _with_extra(result: Confirmation, races: Sequence[Race]) -> Confirmation:

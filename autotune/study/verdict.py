@@ -34,6 +34,13 @@ def confirmed_verdict(confirmation: Confirmation, baseline: TrainConfig) -> str:
                     f"{_taken_back(confirmation)}")
         return (f"{changes}: {confirmation.speedup:.2f}x your settings "
                 f"{_interval(confirmation.speedup_ci)}, {in_rounds}{_taken_back(confirmation)}")
+    if contender is not None and (unjudged := confirmation.unjudged):
+        return (f"not known: {describe_changes(contender.config, baseline)} measured "
+                f"{confirmation.speedup:.2f}x your settings {_interval(confirmation.speedup_ci)}"
+                f" in {in_rounds}, but {_listed([t.change for t in unjudged])} "
+                f"{'was' if len(unjudged) == 1 else 'were'} not measured to pay "
+                f"({_UNJUDGED.get(unjudged[0].why, unjudged[0].why)}), and only what is "
+                "measured to pay is recommended; your settings kept")
     if contender is None:
         fastest = confirmation.fastest
         if fastest is not None and fastest.config != baseline:
@@ -107,7 +114,7 @@ def search_verdict(best: TrainConfig | None, speedup: float | None,
 def _taken_back(confirmation: Confirmation) -> str:
     """What the answer left out of the race's recommendation, and why, in a clause each: the
     changes whose taking back was inside the noise or faster, those not shown to pay (with
-    their measured effect), and those the time left no rounds to take back."""
+    their measured effect)."""
     said = []
     for outcome, words in ((NOISE, "dropped as inside the noise"),
                            (HURTS, "dropped as faster without")):
@@ -116,11 +123,12 @@ def _taken_back(confirmation: Confirmation) -> str:
     if shown := [f"{t.change} ({t.cost_text()} slower without it)"
                  for t in confirmation.dropped if t.outcome == NOT_SHOWN]:
         said.append(f"not shown to pay here, left out: {', '.join(shown)}")
-    for why, words in ((NO_TIME, "not taken back for lack of time"),
-                       (NO_ROUNDS, "not taken back within --confirm-max-rounds")):
-        if names := [t.change for t in confirmation.unjudged if t.why == why]:
-            said.append(f"{words}: {', '.join(names)}")
     return "".join(f"; {clause}" for clause in said)
+
+
+# Why a change never ran without it, and what would measure it.
+_UNJUDGED = {NO_TIME: "the run's time ended first: a longer --budget measures it",
+             NO_ROUNDS: "--confirm-max-rounds ended the rounds first"}
 
 
 def _count(n: int, noun: str) -> str:

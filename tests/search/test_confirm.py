@@ -522,13 +522,17 @@ def test_a_short_race_after_the_race_starts_only_within_the_confirmations_share(
         tmp_path) -> None:
     """--trials, no time budget: the confirmation's share of the study (`ends_by`) has passed
     when the race ends. The short race of the answer less the three changes inside the noise
-    would end after it, so it does not start: the best single drop is the answer, the other
-    two are kept for lack of time, and the run keeps the time it announced."""
-    _, result, view, _ = _loader_with_riders(tmp_path, Plan(
+    would end after it, so it does not start, and the run keeps the time it announced. The
+    answer without the three was never measured, and the best single drop still holds two
+    changes not shown to pay: nothing unmeasured is recommended, the user's settings are
+    kept and the verdict says what was not measured."""
+    study, result, view, _ = _loader_with_riders(tmp_path, Plan(
         top=1, rounds=3, max_rounds=6, target=0.03, ends_by=time.monotonic()))
     assert not any("in a short race" in line for line in view.lines)
-    assert len(result.dropped) == 1
-    assert {t.why for t in result.taken_back if t.kept and t.outcome != "pays"} == {NO_TIME}
+    assert result.winner.config == BASE and result.contender.config == result.taken_from.config
+    assert len([t for t in result.taken_back if t.why == NO_TIME]) == 2
+    verdict = study_summary(study).verdict
+    assert verdict.startswith("not known: ") and "were not measured to pay" in verdict
 
 
 def test_changes_that_each_do_the_same_work_keep_one(tmp_path) -> None:

@@ -435,16 +435,21 @@ def test_where_their_processes_would_not_fit_the_time_the_changes_are_not_taken_
     rounds, too few for an answer. Now the best and the baseline start first; the best less
     each change starts only where their processes (at the pool's start time each) fit the
     time left after the least rounds. Here each start takes 60 s of a 250 s budget: the
-    changes are not raced, the answer's own speedup is known, and the changes are kept,
-    not taken back for lack of time."""
+    changes are not raced, and, none measured to pay, none is recommended: the best's
+    speedup is known and said, and the user's settings are kept."""
     result, started, view = _slow_starts(tmp_path, monkeypatch, CHANGES, Plan(
         top=1, rounds=3, max_rounds=10, target=0.03, budget_ends=1250.0))
     assert len(started) == 1 and started[0].configs == [BOTH, BASE]
     assert any("the best less each of its changes not raced: 2 more processes" in n
                for n in view.lines)
-    assert result.winner.config == BOTH and result.speedup_ci[0] > 1.5
+    assert result.winner.config == BASE and result.contender.config == BOTH
+    assert result.speedup_ci[0] > 1.5
     assert {t.outcome for t in result.taken_back} == {UNJUDGED}
     assert {t.why for t in result.taken_back} == {NO_TIME}
+    verdict = confirmed_verdict(result, BASE)
+    assert verdict.startswith("not known: bf16 + fused AdamW measured ") and \
+        "were not measured to pay (the run's time ended first" in verdict and \
+        verdict.endswith("your settings kept"), verdict
 
 
 def test_under_a_time_budget_the_proof_starts_before_the_runners_up(
