@@ -40,7 +40,6 @@ from autotune.errors import (
     Interrupted,
     RunFailed,
     UsageError,
-    baseline_name,
 )
 from autotune.flags import add_flags, from_args
 from autotune.formatting import short_config
@@ -74,7 +73,7 @@ from autotune.study.records import DETERMINISTIC
 from autotune.study.results import list_studies, load_study, study_summary
 from autotune.study.storage import redact, study_dir
 from autotune.study.summary import StudySummary
-from autotune.target import Script
+from autotune.target import ModelFile, Script
 from autotune.trial.protocol import (
     ProbeSettings,
     ProfileSettings,
@@ -133,8 +132,9 @@ def _device_and_knobs(options: OneConfigOptions) -> tuple[DeviceInfo, dict[str, 
     if problems:
         raise ConfigError("invalid configuration: " + "; ".join(problems))
     info = describe(device)
-    if isinstance(target, Script) and knobs:
-        knobs = _over_the_scripts_own(options, target, info, knobs)
+    match target:
+        case Script() if knobs:
+            knobs = _over_the_scripts_own(options, target, info, knobs)
     return info, knobs
 
 
@@ -254,7 +254,7 @@ def run_failure(summary: StudySummary) -> str | None:
     failed (nothing can be compared), or no trial measured anything."""
     baseline = summary.baseline_trial
     if baseline is not None and baseline.status in DETERMINISTIC:
-        return (f"the baseline ({baseline_name(isinstance(summary.target, Script))}) failed as "
+        return (f"the baseline ({(summary.target or ModelFile).baseline_name}) failed as "
                 f"{baseline.status}: "
                 f"{baseline.message.splitlines()[0] if baseline.message else ''}; "
                 "nothing can be compared")

@@ -49,9 +49,3 @@ def never_trained_message(script: str, seconds: float, ended: bool = False) -> s
     how = "ended without" if ended else "never reached"
     return (f"{script} ran {seconds:.0f} s and {how} {TRAINING_START}; a loop without a "
             f"torch.optim optimizer: write a model file ({README})")
-
-
-def baseline_name(script: bool) -> str:
-    """What the baseline is, in a message: a training script's own settings, or a model
-    file's BASELINE."""
-    return "the script's own settings" if script else "the model file's BASELINE"

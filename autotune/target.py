@@ -3,8 +3,11 @@ training script with its command-line arguments and the flags named for knobs (`
 
 A module of its own, at the top, because every side asks it: `options` builds it from the
 command line, the search sends it in every `TrialRequest`, a trial's process runs it, the
-study stores it in its `StudyIdentity`, and the read side names it. Code that must differ for a
-script asks the type (`match target: case Script(): ...`), never a missing argument.
+study stores it in its `StudyIdentity`, and the read side names it. What differs between the
+two kinds is said by the target itself (its noun, its baseline's name, whether its trials work in
+a scratch folder, whether its data splits for a loss check, its fields in a trial's request);
+code that must still run differently for a script asks the type (`match target: case Script():
+...`), never a missing argument.
 """
 
 from __future__ import annotations
@@ -25,9 +28,16 @@ class ModelFile:
     path: str
     args: dict[str, Any] = field(default_factory=dict)
     noun: ClassVar[str] = "model file"
+    baseline_name: ClassVar[str] = "the model file's BASELINE"  # the baseline, in a message
+    works_in_scratch: ClassVar[bool] = False  # autotune's own loop writes nothing
+    loss_with_split: ClassVar[bool] = True  # its dataset splits: a held-out loss is measured
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": MODEL_FILE, "path": self.path, "args": dict(self.args)}
+
+    def identity_fields(self) -> dict[str, Any]:
+        """The target in a study identity's plain data, as studies have always stored it."""
+        return {"model_path": self.path, "model_args": dict(self.args)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ModelFile:
@@ -47,10 +57,21 @@ class Script:
     args: tuple[str, ...] = ()
     flags: dict[str, str] = field(default_factory=dict)
     noun: ClassVar[str] = "training script"
+    baseline_name: ClassVar[str] = "the script's own settings"
+    works_in_scratch: ClassVar[bool] = True  # its current directory: its files stay out of yours
+    loss_with_split: ClassVar[bool] = False  # its loss is the training loss it computes
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": SCRIPT, "path": self.path, "args": list(self.args),
                 "flags": dict(self.flags)}
+
+    def identity_fields(self) -> dict[str, Any]:
+        """The target in a study identity's plain data: the script's path as `model_path`, its
+        arguments (`script_args`, their presence marking a script) and the flags named for its
+        knobs (`script_flags`, only where given)."""
+        flags = {"script_flags": dict(self.flags)} if self.flags else {}
+        return {"model_path": self.path, "model_args": {}, "script_args": list(self.args),
+                **flags}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Script:
@@ -73,3 +94,11 @@ def target_from_json(data: Mapping[str, Any]) -> Target:
     if data["kind"] == MODEL_FILE:
         return ModelFile.from_json(data)
     raise ValueError(f"a target of kind {data['kind']!r}: neither a model file nor a script")
+
+
+def target_from_identity(data: Mapping[str, Any]) -> Target:
+    """The target `identity_fields` wrote."""
+    if data.get("script_args") is not None:
+        return Script(data["model_path"], tuple(data["script_args"]),
+                      dict(data.get("script_flags") or {}))
+    return ModelFile(data["model_path"], dict(data["model_args"] or {}))

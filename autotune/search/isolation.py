@@ -44,7 +44,6 @@ from autotune.search.forkserver import (
     ForkServer,
     ForkServerUnavailable,
 )
-from autotune.target import Script
 from autotune.trial.protocol import (
     TrialRequest,
     TrialResult,
@@ -83,8 +82,7 @@ def run_isolated(request: TrialRequest, time_limit_s: float = 600.0,
     # must not depend on the current directory.
     request = replace(request, device=device, trace_path=absolute_path(request.trace_path),
                       inductor_cache_dir=absolute_path(request.inductor_cache_dir),
-                      scratch_dir=str(scratch) if isinstance(request.target, Script)
-                      else None)
+                      scratch_dir=str(scratch) if request.target.works_in_scratch else None)
     log = Path(log_path) if log_path else workdir / "trial.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     request_file, result_file, phase_file = (workdir / n for n in

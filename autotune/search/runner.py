@@ -27,7 +27,7 @@ from autotune.options import DEFAULT_STARTUP_LIMIT_S, MeasureSettings
 from autotune.search.domains import probe_candidates
 from autotune.search.forkserver import ForkServer, ForkServerUnavailable
 from autotune.search.isolation import run_isolated
-from autotune.target import Script, Target
+from autotune.target import ModelFile, Script, Target
 from autotune.trial.protocol import (
     SCRIPT_STARTUP,
     LossRunSettings,
@@ -152,8 +152,10 @@ class ProcessRunner:
                                inductor_cache_dir=self._inductor_cache(),
                                script_baseline=self._script_baseline)
         script = Path(self.target.path).name
-        watch = (StartupWatch(script, self.startup_limit_s, self.on_note)
-                 if isinstance(self.target, Script) else None)
+        watch = None  # a script's start-up is watched: a model file's is the fork server's
+        match self.target:
+            case Script():
+                watch = StartupWatch(script, self.startup_limit_s, self.on_note)
         result = run_isolated(request, time_limit_s, self.directory / "logs" / "probe.log",
                               on_phase=lambda text: self.on_phase(text, None), server=server,
                               watch=watch)
@@ -173,8 +175,9 @@ class ProcessRunner:
     def preload(self, probe: ProbeReport) -> str | None:
         """Take a training script's library modules from its probe, for the fork server its
         trials fork from; what to tell the user of it (None for a model file)."""
-        if not isinstance(self.target, Script):
-            return None
+        match self.target:
+            case ModelFile():
+                return None
         self._script_baseline = probe.script_baseline
         if self.nproc_per_node > 1:
             return ("each rank of a trial starts its own interpreter, torch and the script's "
@@ -240,24 +243,28 @@ class ProcessRunner:
         """The fork server, started on first use; None when it cannot start (trials then start
         as fresh interpreters), and for a training script until its probe has said what it
         imports (`preload`): nothing of the script runs before its trial does."""
-        script = isinstance(self.target, Script)
-        if not self._started and (not script or self._script_imports):
-            self._started = True
-            logs = self.directory / "logs"
-            modules = None
-            if script:
+        if self._started:
+            return self._server
+        logs = self.directory / "logs"
+        model, modules, slow = None, None, ""
+        match self.target:
+            case Script():
+                if not self._script_imports:
+                    return None
                 logs.mkdir(parents=True, exist_ok=True)
                 modules = logs / "script-imports.json"
                 modules.write_text(json.dumps(self._script_imports))
-            self.on_phase("importing torch and the " +
-                          ("script's libraries" if script else "model file"), None)
-            try:
-                self._server = ForkServer(None if script else self.target.path,
-                                          logs / "forkserver.log", start_timeout_s,
-                                          script_modules=modules)
-            except ForkServerUnavailable as exc:
-                if exc.timed_out and not script:
-                    raise ProbeFailed(f"importing {self.target.path} did not finish within "
-                                      f"{start_timeout_s:g} s (see the log in "
-                                      f"{self.directory / 'logs'})") from None
+                what = "script's libraries"
+            case ModelFile(path):
+                model, what = path, "model file"
+                slow = (f"importing {path} did not finish within {start_timeout_s:g} s (see the "
+                        f"log in {logs})")
+        self._started = True
+        self.on_phase(f"importing torch and the {what}", None)
+        try:
+            self._server = ForkServer(model, logs / "forkserver.log", start_timeout_s,
+                                      script_modules=modules)
+        except ForkServerUnavailable as exc:
+            if exc.timed_out and slow:  # a model file that does not import: the user's to fix
+                raise ProbeFailed(slow) from None
         return self._server

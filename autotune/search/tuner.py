@@ -21,7 +21,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.config import loader_settings
-from autotune.errors import ContractError, RunFailed, baseline_name
+from autotune.errors import ContractError, RunFailed
 from autotune.formatting import format_seconds
 from autotune.hardware import DeviceInfo, core_shares, describe, parse_device
 from autotune.options import DEFAULT_TIME_BUDGET_S, TuneOptions
@@ -61,7 +61,6 @@ from autotune.study.records import Role, StudyKey, TrialKey
 from autotune.study.results import study_summary
 from autotune.study.storage import JOURNAL_FILE, study_dir, validate_study_name
 from autotune.study.summary import StudySummary
-from autotune.target import Script
 from autotune.trial.protocol import LoaderRate
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -237,7 +236,7 @@ class Tuner:
             heartbeat_s=opts.heartbeat_s, shortcuts=not opts.plain_tpe,
             fast_corner=opts.fast_corner_first, loader_rates=self._planned_loader_rates(),
             state_bytes=lambda: self.probe.state_bytes, stop=self.stop,
-            baseline_name=baseline_name(isinstance(opts.target, Script)),
+            baseline_name=opts.target.baseline_name,
             ends_when_stale=self.time_budget_s is not None and not opts.plain_tpe)
 
     def _price(self, fallback_s: float) -> ConfirmationPrice:
@@ -267,7 +266,7 @@ class Tuner:
                             sizes=self.probe.sizes, capacity_bytes=self.capacity_bytes,
                             loss_check=not opts.no_loss_check, prices=prices,
                             time_limit_s=opts.trial_time_limit_s, device=str(self.device),
-                            view=self.view, loss_with_split=not isinstance(opts.target, Script))
+                            view=self.view, loss_with_split=opts.target.loss_with_split)
 
     def _warm_start(self) -> WarmStart | None:
         return warm_start(self.runner, str(self.device), self.options.trial_time_limit_s) \

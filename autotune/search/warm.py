@@ -38,7 +38,6 @@ from autotune.search.isolation import (
 from autotune.search.runner import MeasureJob, ProcessRunner
 from autotune.study.confirmation import WARM_TURNS, Run
 from autotune.study.records import config_key
-from autotune.target import Script
 from autotune.trial.protocol import TrialRequest, TrialStatus, WarmTurn
 
 # Of the memory a trial may use, what the warm processes together may take (the rest: the
@@ -136,7 +135,7 @@ class _WarmProcess:
         self.request_file = Path(name)
         # A script works in a scratch folder (its current directory), removed with the process
         self.scratch = Path(tempfile.mkdtemp(prefix="autotune-warm-script-")) \
-            if isinstance(request.target, Script) else None
+            if request.target.works_in_scratch else None
         request = replace(request, device=device,
                           scratch_dir=str(self.scratch) if self.scratch else None,
                           trace_path=absolute_path(request.trace_path),

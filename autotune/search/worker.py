@@ -22,7 +22,7 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from autotune.config import TrainConfig
-from autotune.errors import Interrupted, RunFailed, baseline_name
+from autotune.errors import Interrupted, RunFailed
 from autotune.search.events import StudyView
 from autotune.search.expert import (
     kept_at_baseline,
@@ -65,6 +65,7 @@ from autotune.study.records import (
     trial_records,
 )
 from autotune.study.storage import trial_id
+from autotune.target import ModelFile
 from autotune.trial.protocol import LoaderRate, TrialResult, TrialStatus
 
 # Trials a tuner proposes that are not measured (repeats, known failures) before it concludes
@@ -99,7 +100,7 @@ class Search:
     # Under a time budget: the search ends when it stops finding (`stopping`), and says why.
     ends_when_stale: bool = False
     ended_early: str | None = None
-    baseline_name: str = baseline_name(script=False)  # the baseline in messages
+    baseline_name: str = ModelFile.baseline_name  # the baseline in messages
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
     # The study's own sampler; knobs that lost alone are fixed around it (`_queue_expert`).

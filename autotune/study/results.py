@@ -44,7 +44,6 @@ from autotune.study.summary import (
 )
 from autotune.study.verdict import checks_verdict, confirmed_verdict, search_verdict
 from autotune.study.verification import Verification
-from autotune.target import Script
 from autotune.trial.protocol import (
     LeftOut,
     LoaderRate,
@@ -201,8 +200,7 @@ def study_summary(study: optuna.Study) -> StudySummary:
                             for v in attrs.get(StudyKey.VERIFICATIONS, [])),
         process_group=process_group_figures(
             next((r for r in records if r.number == best_trial), None)),
-        script_answer=script_answer(records, best_config)
-        if identity and isinstance(identity.target, Script) else None,
+        script_answer=script_answer(records, best_config),
         **figures)
 
 

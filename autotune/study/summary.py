@@ -242,10 +242,11 @@ class StudySummary:
             data["verifications"] = [v.to_json() for v in self.verifications]
         if self.files:
             data["files"] = dict(self.files)
-        if isinstance(self.target, Script):
-            data["script_answer"] = _plain(self.script_answer)
-            data["answer_in_script_terms"] = self.script_lines()
-            data["script_flags"] = self.script_answer.flags() if self.script_answer else []
+        match self.target:
+            case Script():
+                data["script_answer"] = _plain(self.script_answer)
+                data["answer_in_script_terms"] = self.script_lines()
+                data["script_flags"] = self.script_answer.flags() if self.script_answer else []
         return data
 
 

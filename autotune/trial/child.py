@@ -137,19 +137,20 @@ def _run_job(request: TrialRequest, on_phase: Callable[[str], None]) -> TrialRes
         if request.memory_limit_bytes:
             limit_memory(device, request.memory_limit_bytes)
         module, name, answer = JOBS[request.job]
-        if isinstance(request.target, Script):  # the user's own script, not a model file
-            from autotune.trial.script.job import script_job
+        match request.target:
+            case Script():  # the user's own script, not a model file
+                from autotune.trial.script.job import script_job
 
-            try:
-                config, figures = script_job(request, request.target, device,
-                                             launched_world_size(), on_phase)
-            except ConfigError as exc:
-                if request.job == "probe":  # the script's own settings: the user's to fix
-                    raise
-                # A trial's knobs the script's library refuses together: this trial's outcome,
-                # not a study-ending mistake of the user's.
-                raise Unsupported(str(exc)) from None
-            return TrialResult(TrialStatus.OK, "measured", config=config, **{answer: figures})
+                try:
+                    config, figures = script_job(request, request.target, device,
+                                                 launched_world_size(), on_phase)
+                except ConfigError as exc:
+                    if request.job == "probe":  # the script's own settings: the user's to fix
+                        raise
+                    # A trial's knobs the script's library refuses together: this trial's outcome,
+                    # not a study-ending mistake of the user's.
+                    raise Unsupported(str(exc)) from None
+                return TrialResult(TrialStatus.OK, "measured", config=config, **{answer: figures})
         job = getattr(importlib.import_module(module), name)
         on_phase("loading the model file")
         workload = load_workload(request.target.path, request.target.args)

@@ -26,7 +26,7 @@ from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.options import MeasureSettings
-from autotune.target import ModelFile, Script, Target, target_from_json
+from autotune.target import Target, target_from_identity, target_from_json
 
 
 class TrialStatus(str, Enum):
@@ -878,30 +878,17 @@ class StudyIdentity:
     nproc_per_node: int = 1
 
     def to_json(self) -> dict[str, Any]:
-        """Plain data, as studies have always stored it: the file as `model_path` with its
-        `model_args` (a script's none), the ranks only where a trial has several, a script's
-        arguments (`script_args`, their presence marking a script) and the flags named for its
-        knobs (`script_flags`, only where given)."""
-        args = self.target.args if isinstance(self.target, ModelFile) else {}
-        data: dict[str, Any] = {"model_path": self.target.path, "model_args": dict(args),
-                                "device_type": self.device_type}
+        """Plain data, as studies have always stored it: the target's fields
+        (`Target.identity_fields`), the device type, the ranks only where a trial has
+        several."""
+        data: dict[str, Any] = {**self.target.identity_fields(), "device_type": self.device_type}
         if self.nproc_per_node > 1:
             data["nproc_per_node"] = self.nproc_per_node
-        if isinstance(self.target, Script):
-            data["script_args"] = list(self.target.args)
-            if self.target.flags:
-                data["script_flags"] = dict(self.target.flags)
         return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StudyIdentity:
-        target: Target
-        if data.get("script_args") is not None:
-            target = Script(data["model_path"], tuple(data["script_args"]),
-                            dict(data.get("script_flags") or {}))
-        else:
-            target = ModelFile(data["model_path"], dict(data["model_args"] or {}))
-        return cls(target=target, device_type=data["device_type"],
+        return cls(target=target_from_identity(data), device_type=data["device_type"],
                    nproc_per_node=data.get("nproc_per_node", 1))
 
     def describe(self) -> str:

@@ -102,17 +102,18 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str] | None,
         torch.set_num_threads(request.threads)
     if request.memory_limit_bytes:
         limit_memory(device, request.memory_limit_bytes)
-    if isinstance(request.target, Script):  # the script's own loop takes the turns
-        from autotune.trial.script.job import run_under
-        from autotune.trial.script.turns import TurnObserver
+    match request.target:
+        case Script():  # the script's own loop takes the turns
+            from autotune.trial.script.job import run_under
+            from autotune.trial.script.turns import TurnObserver
 
-        observer = TurnObserver(settings, device, told,
-                                lambda message: _say(answers, message), tuner_pid)
-        run_under(request, request.target, device, world.size if world else 1, observer,
-                  lambda phase: None)
-        if not observer.ready:
-            raise RuntimeError("the script's training ended before its steps were steady")
-        return
+            observer = TurnObserver(settings, device, told,
+                                    lambda message: _say(answers, message), tuner_pid)
+            run_under(request, request.target, device, world.size if world else 1, observer,
+                      lambda phase: None)
+            if not observer.ready:
+                raise RuntimeError("the script's training ended before its steps were steady")
+            return
     workload = load_workload(request.target.path, request.target.args)
     config = workload.train_config(request.config, device.type, world.size if world else 1)
     setup, _, _ = build_setup(workload, config, device, lambda phase: None)

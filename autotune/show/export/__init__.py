@@ -41,8 +41,14 @@ def export_config(config: TrainConfig, fmt: str, *, target: Target | None = None
     `checks` are what the study checked of the configuration beyond its speed (its worst
     batch, its loss), a line each: comments in every format but JSON, where they are a key.
     """
+    script = model = None
+    match target:
+        case Script():
+            script = target
+        case ModelFile():
+            model = target
     if fmt in SCRIPT_EXPORT_FORMATS:
-        return script_args_text(script_answer, target if isinstance(target, Script) else None)
+        return script_args_text(script_answer, script)
     if fmt not in EXPORT_FORMATS:
         raise ConfigError(f"unknown export format {fmt!r}; the formats are: "
                           f"{', '.join(EXPORT_FORMATS + SCRIPT_EXPORT_FORMATS)}")
@@ -61,5 +67,4 @@ def export_config(config: TrainConfig, fmt: str, *, target: Target | None = None
         return hf_script(config, nproc_per_node, convolutional, checks)
     if fmt == "lightning":
         return lightning_script(config, nproc_per_node, convolutional, checks)
-    return torch_script(config, target if isinstance(target, ModelFile) else None, device,
-                        nproc_per_node, checks)
+    return torch_script(config, model, device, nproc_per_node, checks)
