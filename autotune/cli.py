@@ -45,6 +45,7 @@ from autotune.flags import add_flags, from_args
 from autotune.formatting import short_config
 from autotune.hardware import BUS_ORDER, DeviceInfo, describe, parse_device, usable_cpus
 from autotune.options import (
+    LIBRARY_FORMATS,
     BenchOptions,
     ExportOptions,
     OneConfigOptions,
@@ -375,12 +376,11 @@ def cmd_export(options: ExportOptions, console: Console) -> int:
 def _other_library(summary: StudySummary, fmt: str) -> str | None:
     """What a script study tuned, where `fmt` is the other library's format (None where it
     is not)."""
-    library = summary.script_answer.library if summary.script_answer else None
-    tuned = {"transformers": ("Hugging Face Trainer script", ("lightning",)),
-             "lightning": ("Lightning Trainer script", ("hf",)),
-             "accelerate": ("Accelerate script", ("hf", "lightning")),
-             "loop": ("hand-written training loop", ("hf", "lightning"))}.get(library or "")
-    return tuned[0] if tuned and fmt in tuned[1] else None
+    answer = summary.script_answer
+    if answer is None or not answer.trained_with:
+        return None
+    return answer.trained_with if fmt in LIBRARY_FORMATS and fmt != answer.export_format \
+        else None
 
 
 def cmd_verify(options: VerifyOptions, console: Console) -> int:

@@ -34,6 +34,8 @@ DEFAULT_CONFIRM_TARGET = 0.03
 DEFAULT_CONFIRM_SHARE = 0.3
 DEFAULT_VERIFY_ROUNDS = 5
 EXPORT_FORMATS = ("yaml", "json", "hf", "lightning", "torch")
+# The formats that write a training library's code (a script of another library refuses them).
+LIBRARY_FORMATS = ("hf", "lightning")
 # The formats of a study of a training script (`--script`): its answer in its own terms.
 SCRIPT_EXPORT_FORMATS = ("args",)
 

@@ -17,6 +17,8 @@ from autotune.config import TrainConfig
 from autotune.study.storage import open_storage
 from autotune.study.summary import BaselineTrial
 from autotune.target import ModelFile, Script
+from autotune.trial.script.session import ScriptBaseline
+from autotune.trial.script.terms import answer
 
 from .conftest import FAST, ROOT, TEST_MODELS, run_cli
 from .study.test_results import _told
@@ -164,12 +166,18 @@ def test_a_failed_baseline_is_named_as_the_studys_own(target, baseline) -> None:
 
 
 def test_a_script_study_refuses_the_other_librarys_export_format() -> None:
-    def study(library: str | None) -> SimpleNamespace:
-        return SimpleNamespace(script_answer=SimpleNamespace(library=library) if library
-                               else None)
+    def study(name: str | None) -> SimpleNamespace:
+        """A study whose answer was made in the terms of the registered library `name`."""
+        if name is None:
+            return SimpleNamespace(script_answer=None)
+        config = TrainConfig(micro_batch_size=8)
+        own = {"TrainingArguments": {}} if name == "transformers" else {}
+        baseline = ScriptBaseline(name, knobs=config.to_dict(), settings=own)
+        return SimpleNamespace(script_answer=answer(config, baseline, "cpu"))
 
     assert _other_library(study("transformers"), "lightning") == "Hugging Face Trainer script"
     assert _other_library(study("lightning"), "hf") == "Lightning Trainer script"
     assert [_other_library(study("transformers"), f) for f in ("hf", "args", "yaml")] == \
         [None] * 3
+    assert _other_library(study("accelerate"), "hf") == "Accelerate script"
     assert _other_library(study(None), "lightning") is None  # a model file's study

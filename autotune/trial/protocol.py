@@ -299,6 +299,10 @@ class ScriptAnswer:
     launcher: str | None = None
     launcher_flags: tuple[ScriptFlag, ...] = ()
     code: tuple[CodeChange, ...] = ()
+    # What messages call a script of its library, and `autotune export`'s format in that
+    # library's terms (None: none), as its `Library` says (a study from before: unknown).
+    trained_with: str = ""
+    export_format: str | None = None
 
     @property
     def on_command_line(self) -> bool:
@@ -362,7 +366,9 @@ class ScriptAnswer:
                    launcher=data.get("launcher"),
                    launcher_flags=tuple(ScriptFlag(**f)
                                         for f in data.get("launcher_flags", ())),
-                   code=tuple(CodeChange(**c) for c in data.get("code", ())))
+                   code=tuple(CodeChange(**c) for c in data.get("code", ())),
+                   trained_with=data.get("trained_with", ""),
+                   export_format=data.get("export_format"))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,12 @@ from autotune.config import COMPILE_MODES, FP8_PRECISIONS, TrainConfig
 from autotune.trial.distributed import launched_world_size
 from autotune.trial.protocol import CodeChange, LeftOut
 from autotune.trial.script import loop_terms
-from autotune.trial.script.accelerate import MIXED_PRECISION, AcceleratorRecord
+from autotune.trial.script.accelerate import (
+    MIXED_PRECISION,
+    AcceleratorRecord,
+    patch_accelerator,
+)
+from autotune.trial.script.library import Library
 from autotune.trial.script.loop import ACCELERATE, LoopWatch
 from autotune.trial.script.session import ScriptBaseline, Settings, settings_changed
 from autotune.trial.script.sources import Source, named_flag
@@ -155,8 +160,8 @@ def settings(config: TrainConfig, baseline: ScriptBaseline) -> Settings:
     return out
 
 
-def changed_settings(config: TrainConfig, baseline: ScriptBaseline,
-                     device_type: str) -> Settings:
+def changes(config: TrainConfig, baseline: ScriptBaseline, device_type: str,
+            world_size: int = 1) -> Settings:
     """Where and what must change from the script's own settings to say `config`."""
     world = launched_world_size()
     own = settings(baseline.config(device_type, world), baseline)
@@ -174,3 +179,8 @@ def additions(where: str, values: Mapping[str, Any], baseline: ScriptBaseline,
     return [CodeChange(line.file, line.line, text=(
         f"{line.call or ACCELERATOR}(..., kwargs_handlers=[DistributedDataParallelKwargs("
         f"{arguments})])"))]
+
+
+ACCELERATE_LOOP = Library(LIBRARY, "Accelerate loop", "Accelerate script", None,
+                          {"accelerate.accelerator": patch_accelerator}, unexpressed, changes,
+                          additions)

@@ -21,11 +21,13 @@ from autotune.trial.script.errors import check_device
 from autotune.trial.script.hf_terms import (
     FIELDS,
     LIBRARY,
+    changes,
     read_baseline,
     run_steps,
     training_arguments,
     unexpressed,
 )
+from autotune.trial.script.library import Library
 from autotune.trial.script.observer import StepTally, TrainInfo, TrainingDone, dataset_size
 from autotune.trial.script.session import ScriptBaseline, ScriptTrial, current
 from autotune.trial.script.sources import call_site, named_flag
@@ -236,3 +238,10 @@ def _callback_class(base: type) -> type:
                 control.should_training_stop = True
 
     return ObserverCallback
+
+
+HUGGING_FACE = Library(
+    LIBRARY, "transformers Trainer", "Hugging Face Trainer script", "hf",
+    {"transformers.trainer": patch_trainer, "transformers.hf_argparser": patch_parser,
+     "transformers.training_args": patch_arguments},
+    unexpressed, changes)

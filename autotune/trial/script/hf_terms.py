@@ -13,7 +13,7 @@ from typing import Any
 
 from autotune.config import FP8_PRECISIONS, TrainConfig, default_optimizer_impl
 from autotune.trial.protocol import LeftOut
-from autotune.trial.script.session import ScriptBaseline
+from autotune.trial.script.session import ScriptBaseline, Settings
 
 LIBRARY = "transformers"
 # TrainingArguments' optim for each of autotune's optimizers; AdamW's by implementation.
@@ -99,6 +99,13 @@ def changed_arguments(config: TrainConfig, baseline: ScriptBaseline, device_type
     new = training_arguments(config, script, baseline.fixed)
     own = training_arguments(baseline.config(device_type, world_size), script, baseline.fixed)
     return {k: v for k, v in new.items() if v != own.get(k, script.get(k))}
+
+
+def changes(config: TrainConfig, baseline: ScriptBaseline, device_type: str,
+            world_size: int = 1) -> Settings:
+    """What the script changes to run `config`: its TrainingArguments' fields."""
+    fields = changed_arguments(config, baseline, device_type, world_size)
+    return {"TrainingArguments": fields} if fields else {}
 
 
 def unexpressed(config: TrainConfig, baseline: ScriptBaseline, device_type: str,

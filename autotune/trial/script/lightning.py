@@ -21,7 +21,9 @@ import torch
 
 from autotune.config import knob_names
 from autotune.hardware import tf32_matmuls
+from autotune.trial.script import lightning_terms
 from autotune.trial.script.errors import check_device
+from autotune.trial.script.library import Library
 from autotune.trial.script.lightning_loop import callback_class
 from autotune.trial.script.lightning_terms import (
     LATE_KNOBS,
@@ -169,3 +171,10 @@ def _compiled(trial: ScriptTrial, baseline: ScriptBaseline, model: Any,
     model.forward = torch.compile(model.forward, mode=None if config.compile_mode == "default"
                                   else config.compile_mode)
     return model
+
+
+LIGHTNING = Library(
+    LIBRARY, "lightning Trainer", "Lightning Trainer script", "lightning",
+    {"lightning.pytorch.trainer.trainer": patch_trainer,
+     "pytorch_lightning.trainer.trainer": patch_trainer},
+    lightning_terms.unexpressed, lightning_terms.changes)

@@ -100,8 +100,8 @@ def settings(config: TrainConfig, baseline: ScriptBaseline) -> Settings:
     return out
 
 
-def changed_settings(config: TrainConfig, baseline: ScriptBaseline,
-                     device_type: str) -> Settings:
+def changes(config: TrainConfig, baseline: ScriptBaseline, device_type: str,
+            world_size: int = 1) -> Settings:
     """Where and what must change from the script's own settings to say `config`."""
     own = settings(baseline.config(device_type), baseline)
     return settings_changed(own, settings(config, baseline))

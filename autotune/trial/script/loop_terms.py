@@ -14,6 +14,7 @@ import torch
 
 from autotune.config import FP8_PRECISIONS, TrainConfig
 from autotune.trial.protocol import CodeChange, LeftOut
+from autotune.trial.script.library import Library
 from autotune.trial.script.loop import FLAGS, LIBRARY, LOADER, MODEL, OPTIMIZER, LoopWatch
 from autotune.trial.script.session import ScriptBaseline, Settings, settings_changed
 from autotune.trial.script.sources import Source, named_flag
@@ -242,8 +243,8 @@ def settings(config: TrainConfig, baseline: ScriptBaseline) -> Settings:
     return out
 
 
-def changed_settings(config: TrainConfig, baseline: ScriptBaseline,
-                     device_type: str) -> Settings:
+def changes(config: TrainConfig, baseline: ScriptBaseline, device_type: str,
+            world_size: int = 1) -> Settings:
     """Where and what must change from the loop's own settings to say `config`."""
     own = settings(baseline.config(device_type), baseline)
     return settings_changed(own, settings(config, baseline))
@@ -276,3 +277,7 @@ def additions(where: str, values: Mapping[str, Any], baseline: ScriptBaseline,
             out.append(CodeChange(built.file, built.line, text=(
                 f"torch.backends.cuda.matmul.allow_tf32 = {bool(value)}")))
     return out
+
+
+OWN_LOOP = Library(LIBRARY, "own loop", "hand-written training loop", None, {}, unexpressed,
+                   changes, additions)

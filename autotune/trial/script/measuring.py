@@ -40,6 +40,7 @@ from autotune.trial.flops import COMPILED, SampleFlops, StepFlops
 from autotune.trial.measure import MemoryPeaks, group_figures, peak_memory, window_measurement
 from autotune.trial.profiling import ProfilerWindow, ProfileSummary
 from autotune.trial.protocol import FIRST_STEP, Measurement, PhaseTimes
+from autotune.trial.script.libraries import library_of
 from autotune.trial.script.observer import TrainInfo
 from autotune.trial.window import (
     Remeasures,
@@ -50,9 +51,6 @@ from autotune.trial.window import (
     synchronize,
 )
 
-# The loop a script trains with, as a phase names it.
-_LOOPS = {"transformers": "transformers Trainer", "lightning": "lightning Trainer",
-          "accelerate": "Accelerate loop", "loop": "own loop"}
 FIRST, COUNT, TRACE, WARMUP, SCREEN, WINDOW, REWARM, PROFILE = (
     "first", "count", "trace", "warmup", "screen", "window", "rewarm", "profile")
 
@@ -100,7 +98,7 @@ class MeasuringObserver:
 
     def on_train_start(self, info: TrainInfo) -> None:
         self.info = info
-        self.progress(f"{FIRST_STEP} of the script's {_LOOPS.get(info.library, 'loop')}")
+        self.progress(f"{FIRST_STEP} of the script's {library_of(info.library).loop}")
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self._compiled = compile_count()

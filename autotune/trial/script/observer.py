@@ -23,7 +23,7 @@ class TrainingDone(BaseException):
 class TrainInfo:
     """The training the library is about to run, with the trial's knobs applied."""
 
-    library: str                    # "transformers" or "lightning"
+    library: str                    # its `Library`'s name (`libraries.LIBRARIES`)
     device: torch.device            # where the trainer trains
     model: nn.Module                # the model as the user built it (unwrapped)
     optimizer: torch.optim.Optimizer | None

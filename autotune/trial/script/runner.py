@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.trial.script import accelerate, hf, lightning
 from autotune.trial.script.errors import (
     NeverTrained,
     ScriptArgumentsRejected,
@@ -33,6 +32,7 @@ from autotune.trial.script.errors import (
     never_trained_message,
 )
 from autotune.trial.script.imports import patched_on_import
+from autotune.trial.script.libraries import patches
 from autotune.trial.script.loop import OWN_LOOPS, watching_loop
 from autotune.trial.script.observer import TrainingDone
 from autotune.trial.script.preload import ImportRecorder, recording_imports
@@ -55,16 +55,6 @@ from autotune.trial.script.writes import (
 )
 from autotune.trial.training import Unsupported
 
-# The modules whose import installs a hook: the classes are patched in the module that defines
-# them, so `from transformers import Trainer` and subclasses elsewhere all go through it.
-PATCHES = {
-    "transformers.trainer": hf.patch_trainer,
-    "transformers.hf_argparser": hf.patch_parser,
-    "transformers.training_args": hf.patch_arguments,
-    "accelerate.accelerator": accelerate.patch_accelerator,
-    "lightning.pytorch.trainer.trainer": lightning.patch_trainer,
-    "pytorch_lightning.trainer.trainer": lightning.patch_trainer,
-}
 # A parser's usage longer than this is left out of its refusal (TrainingArguments' is 20,000
 # characters): its own line says what was wrong.
 USAGE_SHOWN = 1000
@@ -104,7 +94,7 @@ def run_script(path: str | Path, argv: Sequence[str], trial: ScriptTrial) -> Scr
                         autotunes_paths(*trial.own_paths))
     try:
         with working_in(trial.scratch_dir / "cwd", home), active(trial), \
-                patched_on_import(PATCHES), _parser_exits_recorded(), \
+                patched_on_import(patches()), _parser_exits_recorded(), \
                 _output_kept(trial), kept_in_scratch(writes), \
                 watching_loop(trial, path.parent, read_loop_baseline), \
                 loaders_cut(trial.worst), recording_imports() as imports:

@@ -6,19 +6,15 @@ accelerate launch's flags, else the lines of its code."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
 from autotune.trial.protocol import CodeChange, LeftOut, ScriptAnswer, ScriptFlag
-from autotune.trial.script import (
-    accelerate_terms,
-    hf_terms,
-    lightning_terms,
-    loop,
-    loop_terms,
-)
+from autotune.trial.script import accelerate_terms, loop_terms
+from autotune.trial.script.libraries import library_of
 from autotune.trial.script.loop import LoopWatch
 from autotune.trial.script.session import ScriptBaseline, Settings
 from autotune.trial.script.sources import Source
@@ -28,14 +24,10 @@ WORKER_SETTINGS = ("prefetch_factor", "persistent_workers")
 # The knobs no probe candidate covers, which a script can keep to itself as a whole.
 BATCH_KNOBS = ("micro_batch_size", "grad_accum_steps")
 
-_TERMS: dict[str, Any] = {hf_terms.LIBRARY: hf_terms, lightning_terms.LIBRARY: lightning_terms,
-                          loop.LIBRARY: loop_terms, accelerate_terms.LIBRARY: accelerate_terms}
-
-
 def unexpressed(config: TrainConfig, baseline: ScriptBaseline, device_type: str,
                 world_size: int = 1) -> list[LeftOut]:
     """Each knob value of `config` the script's library cannot be told, with why."""
-    return _TERMS[baseline.library].unexpressed(config, baseline, device_type, world_size)
+    return library_of(baseline.library).unexpressed(config, baseline, device_type, world_size)
 
 
 def left_out(baseline: ScriptBaseline, domains: Mapping[str, Iterable[Any]], device_type: str,
@@ -70,10 +62,7 @@ def changes(config: TrainConfig, baseline: ScriptBaseline, device_type: str,
     """What the script changes to run `config`, by where it is said (TrainingArguments' fields;
     the Trainer's arguments, the DataModule's attributes, an Accelerator's, a DataLoader's,
     torch lines), and to what."""
-    if baseline.library == hf_terms.LIBRARY:
-        fields = hf_terms.changed_arguments(config, baseline, device_type, world_size)
-        return {"TrainingArguments": fields} if fields else {}
-    return _TERMS[baseline.library].changed_settings(config, baseline, device_type)
+    return library_of(baseline.library).changes(config, baseline, device_type, world_size)
 
 
 def answer(config: TrainConfig, baseline: ScriptBaseline, device_type: str,
@@ -83,13 +72,13 @@ def answer(config: TrainConfig, baseline: ScriptBaseline, device_type: str,
     launcher sets it, else at the line of the code that says it (a line to add, where the
     script has none)."""
     changed = changes(config, baseline, device_type, world_size)
+    library = library_of(baseline.library)
     plain = ScriptAnswer(baseline.library, changed, baseline.parsed_by,
-                         baseline.arguments_class)
+                         baseline.arguments_class, trained_with=library.script,
+                         export_format=library.export_format)
     if plain.on_command_line:  # every setting is a flag of HfArgumentParser's
         return plain
-    terms = _TERMS[baseline.library]
-    add: Callable[..., list[CodeChange] | None] = getattr(
-        terms, "additions", lambda *args: None)
+    add = library.additions
     script_flags: dict[str, ScriptFlag] = {}
     launcher_flags: dict[str, ScriptFlag] = {}
     lines: dict[tuple[str | None, int | None, str | None], dict[str, Any]] = {}
@@ -119,10 +108,9 @@ def answer(config: TrainConfig, baseline: ScriptBaseline, device_type: str,
             lines.setdefault(key, {})[name] = value
     for (file, line, call), values in lines.items():
         code.append(_code_change(file, line, call, values, plain))
-    return ScriptAnswer(baseline.library, changed, baseline.parsed_by, baseline.arguments_class,
-                        routed=True, script_flags=tuple(script_flags.values()),
-                        launcher=accelerate_terms.LAUNCHER if launcher_flags else None,
-                        launcher_flags=tuple(launcher_flags.values()), code=tuple(code))
+    return replace(plain, routed=True, script_flags=tuple(script_flags.values()),
+                   launcher=accelerate_terms.LAUNCHER if launcher_flags else None,
+                   launcher_flags=tuple(launcher_flags.values()), code=tuple(code))
 
 
 def _code_change(file: str | None, line: int | None, call: str | None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.config import TrainConfig
-from autotune.trial.script.lightning_terms import changed_settings, settings, unexpressed
+from autotune.trial.script.lightning_terms import changes, settings, unexpressed
 from autotune.trial.script.session import ScriptBaseline
 
 
@@ -24,11 +24,11 @@ def test_the_answer_says_where_each_setting_goes() -> None:
     config = baseline.config("cpu").replace(micro_batch_size=8, precision="bf16",
                                             optimizer_impl="fused", compile_mode="default")
     assert settings(config, baseline)["Data"] == {"batch_size": 8, "num_workers": 0}
-    assert changed_settings(config, baseline, "cpu") == {
+    assert changes(config, baseline, "cpu") == {
         "Trainer": {"precision": "bf16-mixed"}, "Data": {"batch_size": 8},
         "model.forward = torch.compile": {"mode": None},
         "torch.optim.AdamW": {"fused": True}}
-    assert changed_settings(baseline.config("cpu"), baseline, "cpu") == {}
+    assert changes(baseline.config("cpu"), baseline, "cpu") == {}
 
 
 @pytest.mark.parametrize(("change", "expressible"), [
