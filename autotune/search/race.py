@@ -156,7 +156,7 @@ def run_race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
     left_out = len(racing) < len(entries)  # for the time left: judged by none
     shuffle = random.Random(0)
     start, rounds, kept_disturbed, run_s = time.monotonic(), 0, 0, 0.0
-    spent_s, kept_runs = 0.0, 0  # what the kept rounds cost, retakes included: forecasts
+    kept_runs = 0  # the runs of the kept rounds: the race's time over them, retakes included
     capped = NO_ROUNDS  # unless time or the race's own end ends it first
     judge = PairJudge()
     while rounds < plan.max_rounds:
@@ -206,7 +206,7 @@ def run_race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
                           "kept, the machine stayed busy")
         for i, run in zip(order, runs):
             entries[i].runs.append(run)
-        spent_s, kept_runs = time.monotonic() - start, kept_runs + len(order)
+        kept_runs += len(order)
         _record_partners(entries, order, racing, runs, partners)
         for i, why in _eliminated(entries, racing, reference, plan.target):
             racing.remove(i)
@@ -214,7 +214,7 @@ def run_race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
                       f"{len(reference.runs)}: {why}")
         # The caps go by the slowest run (the race ends when it said); what would still fit
         # goes by the mean (one slow turn does not end a race that has time for dozens).
-        mean_s = spent_s / kept_runs
+        mean_s = (time.monotonic() - start) / kept_runs
         ends = _after_round(entries, racing, plan, rounds, mean_s * len(racing),
                             _follow_up_s(entries, reserve, plan, mean_s, how, turns))
         if ends is not None:
