@@ -62,7 +62,7 @@ class _Stop(BaseException):
     pass
 
 
-def patch(module):
+def patch(module, library):
     fit = module.Trainer.fit
 
     @functools.wraps(fit)
@@ -70,7 +70,7 @@ def patch(module):
         trial = current()
         if trial is None or trial.training:
             return fit(self)
-        trial.kind = NAME
+        trial.library = library
         own = {"batch_size": self.batch_size}
         baseline = ScriptBaseline(NAME, knobs={"micro_batch_size": self.batch_size},
                                   fixed={k: ONLY for k in knob_names() if k != "micro_batch_size"},

@@ -25,7 +25,7 @@ from typing import Any
 
 from autotune.trial.distributed import launched_world_size
 from autotune.trial.script.errors import check_device
-from autotune.trial.script.loop import ACCELERATE, OWN_LOOPS
+from autotune.trial.script.library import Library
 from autotune.trial.script.session import ScriptTrial, current
 from autotune.trial.script.sources import CallSite, Source, call_site
 from autotune.trial.training import Unsupported
@@ -51,7 +51,7 @@ class AcceleratorRecord:
     accumulation_given: bool = False  # ... its own GradientAccumulationPlugin
 
 
-def patch_accelerator(module: ModuleType) -> None:
+def patch_accelerator(module: ModuleType, library: Library) -> None:
     """`accelerate.accelerator`: the first Accelerator a script trial builds takes the trial's
     settings; prepare_model checkpoints, prepare_data_loader keeps the script's loader known;
     saving goes to the scratch folder."""
@@ -66,13 +66,13 @@ def patch_accelerator(module: ModuleType) -> None:
     def patched_init(self: Any, *args: Any, **kwargs: Any) -> None:
         trial = current()
         site = call_site(sys._getframe(1), self) if trial is not None and \
-            trial.kind in OWN_LOOPS and trial.loop is not None and \
+            trial.own_loop and trial.loop is not None and \
             trial.loop.accelerator is None and not trial.training else None
         if site is None:
             init(self, *args, **kwargs)
             return
         assert trial is not None
-        trial.kind = ACCELERATE
+        trial.library = library
         bound = signature.bind(self, *args, **kwargs)
         record = _record(self, site, bound.arguments, trial)
         changed = _trial_arguments(trial, bound.arguments, record)

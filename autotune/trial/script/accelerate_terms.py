@@ -22,11 +22,11 @@ from autotune.trial.script.accelerate import (
     patch_accelerator,
 )
 from autotune.trial.script.library import Library
-from autotune.trial.script.loop import ACCELERATE, LoopWatch
+from autotune.trial.script.loop import LoopWatch
 from autotune.trial.script.session import ScriptBaseline, Settings, settings_changed
 from autotune.trial.script.sources import Source, named_flag
 
-LIBRARY = ACCELERATE
+LIBRARY = "accelerate"
 LAUNCHER = "accelerate launch"
 ACCELERATOR, DDP = "Accelerator", "DistributedDataParallelKwargs"
 _PRECISIONS = {"no": "fp32", "bf16": "bf16", "fp16": "fp16"}
@@ -183,4 +183,4 @@ def additions(where: str, values: Mapping[str, Any], baseline: ScriptBaseline,
 
 ACCELERATE_LOOP = Library(LIBRARY, "Accelerate loop", "Accelerate script", None,
                           {"accelerate.accelerator": patch_accelerator}, unexpressed, changes,
-                          additions)
+                          additions, read_loop=read_baseline, prepares_model=True)

@@ -43,7 +43,7 @@ _QUIET = {"save_strategy": "no", "eval_strategy": "no", "load_best_model_at_end"
 _PARSERS = ("parse_args_into_dataclasses", "parse_dict", "parse_json_file", "parse_yaml_file")
 
 
-def patch_trainer(module: ModuleType) -> None:
+def patch_trainer(module: ModuleType, library: Library) -> None:
     """`transformers.trainer`: Trainer.__init__ takes the trial's TrainingArguments, and
     Trainer.train runs measured and then ends the script."""
     trainer_cls = module.Trainer
@@ -59,7 +59,7 @@ def patch_trainer(module: ModuleType) -> None:
         if trial is None or trial.training:
             init(self, *args, **kwargs)
             return
-        trial.kind = LIBRARY  # its Accelerator, optimizer and DataLoader are the Trainer's
+        trial.library = library  # its Accelerator, optimizer and DataLoader are the Trainer's
         bound = signature.bind(self, *args, **kwargs)
         own_arguments = bound.arguments.get("args") or \
             module.TrainingArguments(output_dir="tmp_trainer")
@@ -98,7 +98,7 @@ def patch_trainer(module: ModuleType) -> None:
     trainer_cls._autotune_patched = True
 
 
-def patch_arguments(module: ModuleType) -> None:
+def patch_arguments(module: ModuleType, library: Library) -> None:
     """`transformers.training_args`: where each TrainingArguments field the script passes is
     said (its own flag, or the line), recorded as it builds them."""
     cls = module.TrainingArguments
@@ -109,7 +109,7 @@ def patch_arguments(module: ModuleType) -> None:
     @functools.wraps(post_init)
     def patched_post_init(self: Any, *args: Any, **kwargs: Any) -> Any:
         trial = current()
-        if trial is not None and not trial.training and trial.kind in (None, LIBRARY) and \
+        if trial is not None and not trial.training and trial.library in (None, library) and \
                 "_autotune_sources" not in vars(self):
             site = call_site(sys._getframe(1), self)
             if site is not None:
@@ -126,7 +126,7 @@ def patch_arguments(module: ModuleType) -> None:
     cls._autotune_patched = True
 
 
-def patch_parser(module: ModuleType) -> None:
+def patch_parser(module: ModuleType, library: Library) -> None:
     """`transformers.hf_argparser`: remember which TrainingArguments came from the command line
     (or a JSON/YAML file, or a dict), and which exception was the parser's."""
     parser_cls = module.HfArgumentParser

@@ -47,6 +47,7 @@ from autotune.trial.protocol import (
 )
 from autotune.trial.sample_sizes import sizes_or_none
 from autotune.trial.script import terms
+from autotune.trial.script.libraries import library_of
 from autotune.trial.script.loss_run import LossRunObserver
 from autotune.trial.script.measuring import MeasuringObserver
 from autotune.trial.script.observer import StepObserver
@@ -134,7 +135,7 @@ def run_under(request: TrialRequest, script: Script, device: torch.device, world
     profile_out = job.out if isinstance(job, ProfileSettings) else None
     with tempfile.TemporaryDirectory(prefix="autotune-script-", dir=parent) as scratch:
         trial = ScriptTrial(device, observer, Path(scratch), config=config,
-                            kind=own.library if own is not None else None, own=own,
+                            library=library_of(own.library) if own is not None else None, own=own,
                             candidates=job.candidates if isinstance(job, ProbeSettings) else {},
                             flag_map=dict(script.flags),
                             flags_set=flags_set,

@@ -6,11 +6,14 @@ library is one module plus one line here, or, from outside autotune, a module na
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
+from collections.abc import Callable
+from types import ModuleType
 
 from autotune.trial.script import accelerate_terms, hf, lightning, loop_terms
-from autotune.trial.script.library import Hook, Library
+from autotune.trial.script.library import Library
 
 # Modules (comma-separated) whose import registers more libraries, in every process that
 # runs a script: a trial's environment carries it.
@@ -29,9 +32,9 @@ def library_of(name: str) -> Library:
     return LIBRARIES[name]
 
 
-def patches() -> dict[str, Hook]:
-    """Every library's hooks by the module whose import installs them."""
-    return {module: hook for library in LIBRARIES.values()
+def patches() -> dict[str, Callable[[ModuleType], None]]:
+    """Every library's hooks by the module whose import installs them, each told its library."""
+    return {module: functools.partial(hook, library=library) for library in LIBRARIES.values()
             for module, hook in library.patches.items()}
 
 

@@ -7,13 +7,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrainConfig
 from autotune.trial.protocol import CodeChange, LeftOut
 from autotune.trial.script.session import ScriptBaseline, Settings
 
-Hook = Callable[[ModuleType], None]
+if TYPE_CHECKING:
+    from autotune.trial.script.loop import LoopWatch
+
+# A library's patch of a module it recognises, told the library it claims a trial's loop for.
+Hook = Callable[[ModuleType, "Library"], None]
 
 
 def no_additions(where: str, values: Mapping[str, Any], baseline: ScriptBaseline,
@@ -29,10 +33,17 @@ class Library:
     and a script that trains with it; `export_format` is `autotune export`'s format in its
     terms (None: none). `patches` recognise its loop: a module the script imports -> the hook
     that patches it then (the classes are patched where they are defined, so subclasses go
-    through them); a loop of the script's own needs none. Its terms: the knob values it cannot
-    be told, with why (`unexpressed`), where and what the script changes to run a
-    configuration (`changes`), and the lines a change adds where the script says nothing
-    (`additions`)."""
+    through them), claiming the trial (`ScriptTrial.library`); a loop of the script's own needs
+    none. Its baseline: a Trainer's patch reads it from the Trainer's arguments; a loop the
+    script writes (`read_loop` given) is watched by `loop.LoopWatch`, and `read_loop` reads its
+    settings there as the training starts (`prepares_model`: the library, not the loop, holds
+    the model the trial's model knobs go on, as `Accelerator.prepare` does). Its terms: the knob
+    values it cannot be told, with why (`unexpressed`), where and what the script changes to
+    run a configuration (`changes`), and the lines a change adds where the script says nothing
+    (`additions`). Its worst batch and loss run need no hook of their own: they are observers
+    of the `TrainInfo` and steps its patch reports, on the training data cut to the largest
+    samples wherever a DataLoader is built (`worst_batch.loaders_cut`; a Trainer that builds
+    its loader from a dataset it holds cuts it there, `worst_batch.only`)."""
 
     name: str
     loop: str
@@ -43,3 +54,10 @@ class Library:
     changes: Callable[[TrainConfig, ScriptBaseline, str, int], Settings]
     additions: Callable[[str, Mapping[str, Any], ScriptBaseline, str],
                         list[CodeChange] | None] = no_additions
+    read_loop: Callable[[LoopWatch], ScriptBaseline] | None = None
+    prepares_model: bool = False
+
+    @property
+    def owns_loop(self) -> bool:
+        """Whether a script that trains with it writes the loop (watched by `LoopWatch`)."""
+        return self.read_loop is not None

@@ -45,7 +45,7 @@ _DROPPED = ("Checkpoint", "EarlyStopping", "ProgressBar", "LearningRateMonitor",
             "Timer")
 
 
-def patch_trainer(module: ModuleType) -> None:
+def patch_trainer(module: ModuleType, library: Library) -> None:
     """`lightning.pytorch.trainer.trainer` (or pytorch_lightning's): Trainer.__init__ takes the
     trial's arguments, and Trainer.fit runs measured and then ends the script."""
     trainer_cls = module.Trainer
@@ -65,7 +65,7 @@ def patch_trainer(module: ModuleType) -> None:
         if trial is None or trial.training:
             init(self, *args, **kwargs)
             return
-        trial.kind = LIBRARY  # its optimizer and DataLoaders are its LightningModule's
+        trial.library = library  # its optimizer and DataLoaders are its LightningModule's
         baseline = _read_trainer(kwargs)
         site = call_site(sys._getframe(1), self)
         if site is not None:  # where the script says the Trainer's arguments

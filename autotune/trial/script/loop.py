@@ -19,7 +19,7 @@
   observer, which ends the loop when its measurement is done (`TrainingDone`).
 
 The script is claimed a hand-written loop at that start, unless a Trainer or an Accelerator
-claimed it first (`ScriptTrial.kind`). Under torchrun a trial's rank has joined the group
+claimed it first (`ScriptTrial.library`). Under torchrun a trial's rank has joined the group
 before the script runs: the script's own `init_process_group` finds it joined."""
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
 from autotune.config import default_optimizer_impl
+from autotune.trial.script.library import Library
 from autotune.trial.script.loop_model import apply_checkpointing, apply_model_knobs, probe_checks
 from autotune.trial.script.loop_patches import patched
 from autotune.trial.script.observer import TrainInfo, TrainingDone, rows
@@ -52,10 +53,6 @@ from autotune.trial.training import (
     Unsupported,
 )
 
-LIBRARY = "loop"
-ACCELERATE = "accelerate"
-# The kinds of script whose loop is the script's own (the others are a Trainer's).
-OWN_LOOPS = (None, LIBRARY, ACCELERATE)
 LOADER_ARGUMENTS = ("batch_size", "num_workers", "prefetch_factor", "pin_memory",
                     "persistent_workers")
 # Where a loop's settings are said (the places of `ScriptBaseline.settings`): its own flags,
@@ -103,8 +100,9 @@ class ModelRecord:
 class LoopWatch:
     """What a trial sees of, and sets in, a script's own loop (see the module's docstring)."""
 
-    def __init__(self, trial: ScriptTrial, where: Path) -> None:
+    def __init__(self, trial: ScriptTrial, where: Path, own_loop: Library) -> None:
         self.trial, self.where = trial, where  # `where`: the script's folder, to name files
+        self.own_loop = own_loop  # the library of a loop no other library claims
         self.train_loader: LoaderRecord | None = None
         self.optimizers: dict[int, OptimizerRecord] = {}
         self.main: OptimizerRecord | None = None
@@ -120,13 +118,17 @@ class LoopWatch:
         self.checked = self.checking = False
         self._first_forward: Any = None
         self._handles: list[Any] = []
-        # What the kind of script adds: an Accelerator's reading of its own settings.
+        # What an Accelerate loop adds: its Accelerator, as `accelerate` records it.
         self.accelerator: Any = None
-        self.read_baseline: Callable[[LoopWatch], Any] | None = None
+
+    @property
+    def _library(self) -> Library:
+        """The library whose loop this is: the one that claimed it, else a hand-written loop."""
+        return self.trial.library or self.own_loop
 
     def ours(self) -> bool:
         """Whether what torch does now is the trial's own loop's, still being watched."""
-        return current() is self.trial and self.trial.kind in OWN_LOOPS and not self.done
+        return current() is self.trial and self.trial.own_loop and not self.done
 
     # -- what the script builds ------------------------------------------------------------
 
@@ -145,7 +147,7 @@ class LoopWatch:
     def _loader_changes(self, record: LoaderRecord) -> dict[str, Any]:
         trial, config = self.trial, self.trial.config
         own = trial.own
-        if config is None or own is None or trial.kind not in (LIBRARY, ACCELERATE):
+        if config is None or own is None or not trial.own_loop:
             return {}
         line = own.sources.get(LOADER, {}).get("")
         if line is None or (line.get("file"), line.get("line")) != \
@@ -174,7 +176,7 @@ class LoopWatch:
         self.optimizers[id(optimizer)] = record
         if self.model is None:
             self.model = _stepped_model(params, user_frames(site.frame), self.where)
-            if self.model is not None and self.trial.kind == LIBRARY:
+            if self.model is not None and not self._library.prepares_model:
                 apply_model_knobs(self.trial, self.model.module)
         if self._first_forward is None and not self.started:
             self._first_forward = nn.modules.module.register_module_forward_pre_hook(
@@ -191,7 +193,7 @@ class LoopWatch:
         sources = {n: site.source(n, self.trial.flags, self.where) for n in flags}
         optimizer._autotune_impl = (impl, sources)  # type: ignore[attr-defined]
         trial, config, own = self.trial, self.trial.config, self.trial.own
-        if config is None or own is None or trial.kind not in (LIBRARY, ACCELERATE) or \
+        if config is None or own is None or not trial.own_loop or \
                 config.optimizer_impl == impl:
             return {}
         line = own.sources.get(OPTIMIZER, {}).get("")
@@ -219,7 +221,7 @@ class LoopWatch:
     def _forward_started(self, module: nn.Module, inputs: Any) -> None:
         """The global forward pre-hook until the training starts: its first forward, with
         gradients on, of a module holding the optimizers' parameters."""
-        if self.trial.kind not in OWN_LOOPS or self.started:
+        if not self.trial.own_loop or self.started:
             self._stop_watching_forwards()
             return
         if not torch.is_grad_enabled() or not self._holds_parameters(module):
@@ -241,7 +243,7 @@ class LoopWatch:
         """The training starts: the script's start-up ends here, its settings are read, and
         the observer is told."""
         trial = self.trial
-        trial.kind = trial.kind or LIBRARY
+        library = trial.library = self._library
         self.started = True
         self.startup_s = trial.training_called()
         if module is not None:
@@ -253,13 +255,13 @@ class LoopWatch:
             self.forward_site = site.code(self.where)
         if self.model is None and module is not None:
             self.model = ModelRecord(_unwrapped(module), None, None)
-        assert self.read_baseline is not None
-        trial.baseline = self.read_baseline(self)
+        assert library.read_loop is not None
+        trial.baseline = library.read_loop(self)
         self._precision_flags()
         model = self.model.module if self.model is not None else _holder(self.optimizers)
         optimizer = next(iter(self.optimizers.values())).optimizer if self.optimizers else None
         loader = self.train_loader
-        info = TrainInfo(trial.kind or LIBRARY, trial.device, model, optimizer,
+        info = TrainInfo(library.name, trial.device, model, optimizer,
                          trial.baseline.knobs.get("micro_batch_size", 0),
                          trial.baseline.knobs.get("grad_accum_steps", 1), self.startup_s,
                          trial.settings, _dataset_size(loader),
@@ -309,14 +311,14 @@ class LoopWatch:
 
     def step_started(self, optimizer: torch.optim.Optimizer) -> None:
         """An optimizer step; the training starts here where no forward started it."""
-        if not self.started and not self.done and self.trial.kind in OWN_LOOPS and \
+        if not self.started and not self.done and self.trial.own_loop and \
                 id(optimizer) in self.optimizers:
             self._stop_watching_forwards()
             self.start(None, None)
 
     def step_done(self, optimizer: torch.optim.Optimizer) -> None:
         """An optimizer step done: the observer is told, and may end the loop."""
-        if not self.started or self.done or self.trial.kind not in OWN_LOOPS:
+        if not self.started or self.done or not self.trial.own_loop:
             return
         if self.main is None:
             self.main = self.optimizers.get(id(optimizer))
@@ -420,12 +422,11 @@ def _dataset_size(loader: LoaderRecord | None) -> int | None:
 
 
 @contextlib.contextmanager
-def watching_loop(trial: ScriptTrial, where: Path,
-                  read_baseline: Callable[[LoopWatch], Any]) -> Iterator[LoopWatch]:
+def watching_loop(trial: ScriptTrial, where: Path, own_loop: Library) -> Iterator[LoopWatch]:
     """While inside, torch is watched for the script's own loop (see the module's docstring,
-    and `loop_patches` for the entry points); every patch is taken back after."""
-    watch = LoopWatch(trial, where)
-    watch.read_baseline = read_baseline
+    and `loop_patches` for the entry points); every patch is taken back after. `own_loop`: the
+    library of a loop no library claims (a hand-written one)."""
+    watch = LoopWatch(trial, where, own_loop)
     trial.loop = watch
     try:
         with patched(watch):

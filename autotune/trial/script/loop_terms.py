@@ -15,9 +15,11 @@ import torch
 from autotune.config import FP8_PRECISIONS, TrainConfig
 from autotune.trial.protocol import CodeChange, LeftOut
 from autotune.trial.script.library import Library
-from autotune.trial.script.loop import FLAGS, LIBRARY, LOADER, MODEL, OPTIMIZER, LoopWatch
+from autotune.trial.script.loop import FLAGS, LOADER, MODEL, OPTIMIZER, LoopWatch
 from autotune.trial.script.session import ScriptBaseline, Settings, settings_changed
 from autotune.trial.script.sources import Source, named_flag
+
+LIBRARY = "loop"
 
 BATCH_KNOBS = ("micro_batch_size", "grad_accum_steps")
 LOADER_KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
@@ -30,7 +32,7 @@ def read_baseline(watch: LoopWatch) -> ScriptBaseline:
     starts; its micro-batch and accumulation from its first steps)."""
     trial = watch.trial
     device = trial.device.type
-    baseline = ScriptBaseline(watch.trial.kind or LIBRARY)
+    baseline = ScriptBaseline(LIBRARY)
     read_batch_sources(watch, baseline)
     read_loader(watch, baseline)
     read_optimizer(watch, baseline)
@@ -280,4 +282,4 @@ def additions(where: str, values: Mapping[str, Any], baseline: ScriptBaseline,
 
 
 OWN_LOOP = Library(LIBRARY, "own loop", "hand-written training loop", None, {}, unexpressed,
-                   changes, additions)
+                   changes, additions, read_loop=read_baseline)

@@ -33,7 +33,8 @@ from autotune.trial.script.errors import (
 )
 from autotune.trial.script.imports import patched_on_import
 from autotune.trial.script.libraries import patches
-from autotune.trial.script.loop import OWN_LOOPS, watching_loop
+from autotune.trial.script.loop import watching_loop
+from autotune.trial.script.loop_terms import OWN_LOOP
 from autotune.trial.script.observer import TrainingDone
 from autotune.trial.script.preload import ImportRecorder, recording_imports
 from autotune.trial.script.session import (
@@ -45,7 +46,6 @@ from autotune.trial.script.session import (
     current,
 )
 from autotune.trial.script.sources import caller_site, record_flags
-from autotune.trial.script.terms import read_loop_baseline
 from autotune.trial.script.worst_batch import loaders_cut
 from autotune.trial.script.writes import (
     KeptWrites,
@@ -96,7 +96,7 @@ def run_script(path: str | Path, argv: Sequence[str], trial: ScriptTrial) -> Scr
         with working_in(trial.scratch_dir / "cwd", home), active(trial), \
                 patched_on_import(patches()), _parser_exits_recorded(), \
                 _output_kept(trial), kept_in_scratch(writes), \
-                watching_loop(trial, path.parent, read_loop_baseline), \
+                watching_loop(trial, path.parent, OWN_LOOP), \
                 loaders_cut(trial.worst), recording_imports() as imports:
             runpy.run_path(str(path), run_name="__main__")
         if trial.training and trial.steps:  # its own loop ended before its measurement did
@@ -111,13 +111,13 @@ def run_script(path: str | Path, argv: Sequence[str], trial: ScriptTrial) -> Scr
     except (AutotuneError, KeyboardInterrupt):
         raise
     except SystemExit as exc:
-        if trial.training and trial.steps and trial.kind in OWN_LOOPS and \
+        if trial.training and trial.steps and trial.own_loop and \
                 exc.code in (0, None):
             trial.observer.on_train_end()
             assert trial.baseline is not None and trial.train_called_at is not None
             return ScriptRun(trial.train_called_at - trial.started_at, trial.baseline,
                              trial.settings, trial.steps, False, imports)
-        if trial.training and (trial.steps or trial.kind not in OWN_LOOPS):
+        if trial.training and (trial.steps or not trial.own_loop):
             raise ScriptFailed(f"{path.name} exited (status {exc.code}) while training") from None
         raise _exit_error(trial, argv, exc) from None
     except BaseException as exc:

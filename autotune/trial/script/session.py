@@ -10,13 +10,16 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from autotune.config import TrainConfig, from_baseline
 from autotune.trial.protocol import WorstBatchSettings
 from autotune.trial.script.observer import StepObserver
+
+if TYPE_CHECKING:
+    from autotune.trial.script.library import Library
 
 # Where a library setting is said: TrainingArguments' fields, Trainer's keyword arguments, an
 # attribute of the LightningModule or its DataModule, a line of torch.
@@ -108,9 +111,9 @@ class ScriptTrial:
     stopped_by_observer: bool = False
     steps: int = 0
     rejected_arguments: str | None = None  # the script's argument parser's message
-    # Whose loop the script runs: transformers, lightning, accelerate or loop (a hand-written
+    # The library whose loop the script runs (`libraries.LIBRARIES`; a hand-written loop is
     # one); None until it shows. A trial is told it by the probe.
-    kind: str | None = None
+    library: Library | None = None
     # A trial's: the script's own settings as the probe read them (the answer's baseline; the
     # trial's own run reads the settings the trial gave it).
     own: ScriptBaseline | None = None
@@ -138,6 +141,12 @@ class ScriptTrial:
     @property
     def training(self) -> bool:
         return self.train_called_at is not None
+
+    @property
+    def own_loop(self) -> bool:
+        """Whether the loop may be the script's own (`loop.LoopWatch` watches it): no library
+        has claimed it yet, or the one that did leaves the loop to the script."""
+        return self.library is None or self.library.owns_loop
 
 
 _current: ScriptTrial | None = None

@@ -13,9 +13,8 @@ from typing import Any
 from autotune.config import TrainConfig
 from autotune.errors import ConfigError
 from autotune.trial.protocol import CodeChange, LeftOut, ScriptAnswer, ScriptFlag
-from autotune.trial.script import accelerate_terms, loop_terms
+from autotune.trial.script import accelerate_terms
 from autotune.trial.script.libraries import library_of
-from autotune.trial.script.loop import LoopWatch
 from autotune.trial.script.session import ScriptBaseline, Settings
 from autotune.trial.script.sources import Source
 
@@ -124,10 +123,3 @@ def _code_change(file: str | None, line: int | None, call: str | None,
     return CodeChange(None, None, text=ScriptAnswer(
         plain.library, {where: values}, None, plain.arguments_class).keyword_lines()[0])
 
-
-def read_loop_baseline(watch: LoopWatch) -> ScriptBaseline:
-    """A script's own loop's settings, as its kind reads them (an Accelerator's, or a
-    hand-written loop's)."""
-    if watch.trial.kind == accelerate_terms.LIBRARY:
-        return accelerate_terms.read_baseline(watch)
-    return loop_terms.read_baseline(watch)

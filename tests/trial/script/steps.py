@@ -12,6 +12,7 @@ from torch import nn
 
 from autotune.config import TrainConfig
 from autotune.trial.script.job import script_arguments
+from autotune.trial.script.libraries import library_of
 from autotune.trial.script.observer import TrainInfo
 from autotune.trial.script.runner import ScriptRun, run_script
 from autotune.trial.script.session import ScriptBaseline, ScriptTrial
@@ -73,7 +74,7 @@ def run(script: str | Path, argv: list[str], scratch: Path, config: TrainConfig 
     observer = CountingObserver(steps)
     argv, flags_set = script_arguments(argv, config, own, device)
     trial = ScriptTrial(torch.device(device), observer, scratch, config=config,
-                        kind=own.library if own is not None else None, own=own,
+                        library=library_of(own.library) if own is not None else None, own=own,
                         flag_map=flag_map or {}, flags_set=flags_set,
                         candidates=candidates or {})
     path = script if Path(script).is_absolute() else SCRIPTS / script
