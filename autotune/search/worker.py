@@ -12,7 +12,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
@@ -23,6 +23,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 
 from autotune.config import TrainConfig
 from autotune.errors import Interrupted, RunFailed
+from autotune.formatting import format_disturbance
 from autotune.search.events import StudyView
 from autotune.search.expert import (
     kept_at_baseline,
@@ -100,6 +101,9 @@ class Search:
     # Under a time budget: the search ends when it stops finding (`stopping`), and says why.
     ends_when_stale: bool = False
     ended_early: str | None = None
+    # False once a figure measured again was disturbed too: the load is the machine's own, and
+    # figures are compared as they are (`_measured_calmly`).
+    remeasure: bool = True
     baseline_name: str = ModelFile.baseline_name  # the baseline in messages
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -304,7 +308,7 @@ def run_trial(search: Search, trial: Trial, device: Any, finish_by: float,
     job = MeasureJob(f"trial-{trial.number}", min(search.trial_time_limit_s, remaining),
                      str(device), trial.number, screen_below(records) if shortcuts else None,
                      slot=slot)
-    result = search.measure(config, job)
+    result = _measured_calmly(search, config, job, baseline, finish_by)
     try:
         record_measurement(study, trial, result, search.scoring)
     except UpdateFinishedTrialError:
@@ -322,6 +326,48 @@ def run_trial(search: Search, trial: Trial, device: Any, finish_by: float,
                         "a speedup over a run that does not train means nothing, so the study "
                         "stops here")
     return True
+
+
+def _measured_calmly(search: Search, config: TrainConfig, job: MeasureJob, baseline: bool,
+                     finish_by: float) -> TrialResult:
+    """The trial's measurement. Where another process's load disturbed it and its figure would
+    lead the search (the baseline, which every move is measured from, or a best so far), it is
+    measured once more and the calmer of the two kept: a busy moment's figure is not evidence
+    (a disturbed baseline makes every calmer trial look like a win). Not where a second
+    measurement would not end by `finish_by`."""
+    result = search.measure(config, job)
+    m = result.measurement
+    left_s = finish_by - time.monotonic()
+    if result.status != TrialStatus.OK or m is None or not m.disturbed or \
+            not search.remeasure or left_s < result.wall_s or \
+            not (baseline or _best_so_far(search, search.scoring.score(m))):
+        return result
+    search.view.note(f"trial {job.number} was {format_disturbance(m.other_cpu_share)}; "
+                     "measured again before the search follows its figure")
+    again = search.measure(config, replace(job, name=f"{job.name}-again",
+                                           time_limit_s=min(job.time_limit_s, left_s)))
+    if again.status != TrialStatus.OK or again.measurement is None:
+        return result
+    if again.measurement.disturbed:
+        search.remeasure = False
+        search.view.note("disturbed again: the load is the machine's own now, so the search's "
+                         "figures are compared as measured (the confirmation's paired rounds "
+                         "read them at equal load)")
+    return min((result, again), key=_disturbance)
+
+
+def _best_so_far(search: Search, score: float) -> bool:
+    """Whether `score` is above every clean figure the search has."""
+    clean = [r.score for r in fresh_records(search.study)
+             if r.score and r.measurement is not None and not r.disturbed]
+    return score > max(clean, default=0.0)
+
+
+def _disturbance(result: TrialResult) -> tuple[bool, float]:
+    """How much other processes' load was in a measurement's kept window (less is calmer)."""
+    m = result.measurement
+    assert m is not None
+    return m.disturbed, m.other_cpu_share or 0.0
 
 
 def _interrupted(search: Search, trial: Trial, tid: int) -> None:

@@ -27,6 +27,7 @@ from autotune.trial.protocol import (
 
 from ..conftest import TINY_SOURCE
 from .scripted import scripted
+from .test_checks import Notes
 
 METRICS = Measurement(samples_per_sec=1000.0, window_samples=800, window_steps=10,
                       window_s=0.8, setup_s=1.0, time_to_first_step_s=0.5, warmup_steps=3,
@@ -162,6 +163,51 @@ def test_a_value_pair_found_unsupported_is_never_run_again_and_each_value_alone_
         "not run: optimizer_impl=fused with activation_checkpointing=full is unsupported on "
         "this model")
     assert by_number[3].status == by_number[4].status == TrialStatus.OK
+
+
+def _disturbed_at_first(still_disturbed: bool):
+    """A measure whose baseline (trial 0) is disturbed by a load the first time, and the second
+    time too where `still_disturbed`; every other trial 1,100 samples/s, disturbed."""
+    jobs: list[str] = []
+
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        jobs.append(job.name)
+        busy = job.number != 0 or job.name == "trial-0" or still_disturbed
+        rate = 1100.0 if job.number else 500.0 if busy else 1000.0
+        figures = replace(METRICS, samples_per_sec=rate, disturbed=busy,
+                          other_cpu_share=0.6 if busy else 0.05)
+        return TrialResult(TrialStatus.OK, "measured", measurement=figures)
+
+    return jobs, measure
+
+
+@pytest.mark.parametrize("still_disturbed", [False, True])
+def test_a_disturbed_baseline_is_measured_again_before_the_search_follows_it(
+        write_model, tmp_path, still_disturbed) -> None:
+    """A baseline timed while another process was busy makes every calmer trial a win: it is
+    measured again before any move is measured from it, and the calmer figure kept. Where the
+    load is still there the second time, it is the machine's own: later wins are compared as
+    measured, not measured twice each. A disturbed trial that would be the best so far is
+    measured again the same way."""
+    jobs, measure = _disturbed_at_first(still_disturbed)
+    notes = Notes()
+    tuner = scripted(TuneOptions(model_path=str(write_model(TINY_SOURCE)), device="cpu",
+                                 trials=3, studies_dir=str(tmp_path), plain_tpe=True,
+                                 confirm_repeats=0, seed=0), measure, view=notes)
+    run(tuner)
+    assert jobs[:2] == ["trial-0", "trial-0-again"]
+    # a disturbed win is measured again too, until a second measurement is disturbed as well
+    assert [j for j in jobs if j.endswith("-again")] == \
+        (["trial-0-again"] if still_disturbed else ["trial-0-again", "trial-1-again"])
+    records = trial_records(load_study(tuner.study.study_name, tmp_path))
+    baseline = records[0].measurement
+    assert baseline is not None
+    assert (baseline.samples_per_sec, baseline.disturbed) == \
+        ((500.0, True) if still_disturbed else (1000.0, False))
+    assert any(n.startswith("trial 0 was disturbed (other processes used 60% of the CPUs); "
+                            "measured again") for n in notes.lines)
+    steady = "disturbed again: the load is the machine's own"
+    assert sum(n.startswith(steady) for n in notes.lines) == 1
 
 
 def run(tuner: Tuner) -> None:
