@@ -42,10 +42,19 @@ README = "README"
 TRAINING_START = "Trainer.train, Trainer.fit or a torch.optim optimizer's first step"
 
 
-def never_trained_message(script: str, seconds: float, ended: bool = False) -> str:
-    """For a training script that never started its training: `ended` it finished by itself,
-    otherwise it was stopped after `seconds` (the trial's time limit). Shared by the trial,
-    which sees a script end, and the tuner, which stops one that runs too long."""
+def never_trained_message(script: str, seconds: float, ended: bool = False, saw: str = "",
+                          trained: bool = False) -> str:
+    """For a training script whose training autotune never saw start: `ended` it finished by
+    itself, otherwise it was stopped after `seconds` (its start-up limit); `saw`: what the
+    trial saw it do, `trained`: that was training (backward passes, optimizer steps), which
+    autotune could not attach to. Shared by the trial, which sees a script end or stops it, and
+    the tuner, which stops one that runs too long."""
+    if trained:
+        return (f"{script} ran {seconds:.0f} s and trained, but autotune could not attach to its "
+                f"loop ({saw}): it attaches to Trainer.train, Trainer.fit, or the steps of a "
+                "torch.optim optimizer that the script builds, itself or through a library's "
+                "function")
     how = "ended without" if ended else "never reached"
-    return (f"{script} ran {seconds:.0f} s and {how} {TRAINING_START}; a loop without a "
-            f"torch.optim optimizer: write a model file ({README})")
+    return (f"{script} ran {seconds:.0f} s and {how} {TRAINING_START}"
+            f"{f' ({saw})' if saw else ''}; a loop without a torch.optim optimizer: write a "
+            f"model file ({README})")

@@ -69,6 +69,10 @@ class MeasureJob:
 
 # A line every this many seconds while a script's probe waits for the script's trainer.
 STARTUP_PROGRESS_S = 30.0
+# A script stops itself at its start-up limit and says what it did
+# (`ProbeSettings.startup_limit_s`); the tuner ends its probe this much later where it could
+# not (stuck in native code, its process's start slower than the limit's slack).
+STARTUP_GRACE_S = 15.0
 # A round run's timed window, in optimizer steps (at least the window's seconds still).
 ROUND_WINDOW_STEPS = 3
 # A check run's settings: does it train at all.
@@ -82,7 +86,8 @@ class ProbeFailed(RunFailed):
 
 class StartupWatch:
     """A training script's probe until the script starts its training: a line every
-    `STARTUP_PROGRESS_S` (`tell`), and its end at `limit_s` (`stopped`)."""
+    `STARTUP_PROGRESS_S` (`tell`), and its end `STARTUP_GRACE_S` after `limit_s`, where the
+    script did not stop itself at the limit (`stopped`)."""
 
     def __init__(self, script: str, limit_s: float, tell: Callable[[str], None]) -> None:
         self.script, self.limit_s, self.tell = script, limit_s, tell
@@ -91,7 +96,7 @@ class StartupWatch:
     def __call__(self, phase: str, elapsed: float) -> bool:
         if phase not in ("", SCRIPT_STARTUP):
             return False
-        if elapsed >= self.limit_s:
+        if elapsed >= self.limit_s + STARTUP_GRACE_S:
             self.stopped = True
             return True
         if elapsed >= (self.told + 1) * STARTUP_PROGRESS_S:
@@ -148,7 +153,8 @@ class ProcessRunner:
         candidates = probe_candidates(describe(torch.device(device)), optimizer_change)
         request = TrialRequest(self.target, config={}, device=device,
                                settings=ProbeSettings.for_window(
-                                   candidates, self.settings.window_seconds),
+                                   candidates, self.settings.window_seconds,
+                                   self.startup_limit_s),
                                inductor_cache_dir=self._inductor_cache(),
                                script_baseline=self._script_baseline)
         script = Path(self.target.path).name

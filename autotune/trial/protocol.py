@@ -67,16 +67,20 @@ class ProbeSettings:
     """The capability probe's job: the values the search offers on this device, which the
     probe tries (`trial/probe`), knob by knob, and how long it times each DataLoader setting
     (after its first batches): a second, or the measurement's own shorter window
-    (`for_window`), since a loader's rate is a window's figure like any other."""
+    (`for_window`), since a loader's rate is a window's figure like any other. A training
+    script whose training has not started after `startup_limit_s` is stopped there, and says
+    what it did."""
 
     candidates: dict[str, tuple[Any, ...]]
     loader_seconds: float = 1.0
+    startup_limit_s: float | None = None
 
     @classmethod
-    def for_window(cls, candidates: Mapping[str, Sequence[Any]],
-                   window_seconds: float) -> ProbeSettings:
+    def for_window(cls, candidates: Mapping[str, Sequence[Any]], window_seconds: float,
+                   startup_limit_s: float | None = None) -> ProbeSettings:
         """The probe's settings for a study whose timed windows last `window_seconds`."""
-        return cls(dict(candidates), loader_seconds=min(cls.loader_seconds, window_seconds))
+        return cls(dict(candidates), loader_seconds=min(cls.loader_seconds, window_seconds),
+                   startup_limit_s=startup_limit_s)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "candidates",
@@ -222,11 +226,15 @@ def flag_words(flag: str, value: Any, form: str = VALUE, const: Any = None) -> l
     return [f"{flag}={value}"] if form == EQUALS else [flag, str(value)]
 
 
-def without_flag(argv: Sequence[str], flag: str, form: str) -> list[str]:
-    """A script's arguments less `flag` (with its value, where it takes one; its `--no-`
-    form too): what is left to add it anew."""
-    negative = f"--no-{flag.removeprefix('--')}"
+def without_flag(argv: Sequence[str], flag: str, form: str,
+                 aliases: Sequence[str] = ()) -> list[str]:
+    """A script's arguments less `flag` and its other spellings (`aliases`: `-b` for
+    `--batch-size`), each with its value where it takes one (`-b 32`, `-b32`,
+    `--batch-size=32`), and its `--no-` form: what is left to add it anew."""
+    names = (flag, *aliases)
+    spelt = {*names, *(f"--no-{n.removeprefix('--')}" for n in names if n.startswith("--"))}
     takes_value = form in (VALUE, EQUALS)
+    short = tuple(n for n in names if len(n) == 2 and n[0] == "-" and n[1] != "-")
     out: list[str] = []
     skip = False
     for word in argv:
@@ -234,11 +242,13 @@ def without_flag(argv: Sequence[str], flag: str, form: str) -> list[str]:
             skip = False
             if not word.startswith("-"):
                 continue
-        if word in (flag, negative):
+        if word in spelt:
             skip = takes_value
             continue
-        if not word.startswith(f"{flag}="):
-            out.append(word)
+        if word.startswith(tuple(f"{n}=" for n in names)) or \
+                (takes_value and word.startswith(short) and len(word) > 2):
+            continue
+        out.append(word)
     return out
 
 
@@ -250,6 +260,10 @@ class ScriptFlag:
     value: Any
     form: str = VALUE
     const: Any = None
+    aliases: tuple[str, ...] = ()  # its other spellings (`-b`), taken out of a command line
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "aliases", tuple(self.aliases))
 
     def words(self) -> list[str]:
         return flag_words(self.flag, self.value, self.form, self.const)

@@ -103,7 +103,8 @@ def test_a_request_whose_settings_have_an_unknown_field_or_job_is_refused() -> N
         TrialRequest.from_json({**data, "settings": {**data["settings"], "windw_steps": 3}})
     # a measurement's settings sent as the probe's: each field it does not take is named
     with pytest.raises(ValueError, match=r"probe job's settings have no .*window_steps.* "
-                                         r"\(they are candidates, loader_seconds\)"):
+                                         r"\(they are candidates, loader_seconds, "
+                                         r"startup_limit_s\)"):
         TrialRequest.from_json({**data, "job": "probe"})
     with pytest.raises(ValueError, match="job 'train'; this autotune runs measure, probe"):
         TrialRequest.from_json({**data, "job": "train"})

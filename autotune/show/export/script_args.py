@@ -30,7 +30,7 @@ def script_args_text(answer: ScriptAnswer | None, script: Script | None = None) 
         kept = without(script.args, answer.changes.get("TrainingArguments", {})) \
             if answer.on_command_line else list(script.args)
         for flag in answer.script_flags:
-            kept = without_flag(kept, flag.flag, flag.form)
+            kept = without_flag(kept, flag.flag, flag.form, flag.aliases)
         start = launcher or ["python"]
         lines.append(f"# the whole command: {' '.join([*start, script.path, *kept, *flags])}")
     lines += [f"# change in the code: {line}" for line in answer.code_lines()]

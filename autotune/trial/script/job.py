@@ -143,7 +143,9 @@ def run_under(request: TrialRequest, script: Script, device: torch.device, world
                                 request.trace_path and str(Path(request.trace_path).parent),
                                 profile_out) if p],
                             worst=job if isinstance(job, WorstBatchSettings) else None,
-                            seed=job.seed if isinstance(job, LossRunSettings) else None)
+                            seed=job.seed if isinstance(job, LossRunSettings) else None,
+                            startup_limit_s=job.startup_limit_s
+                            if isinstance(job, ProbeSettings) else None)
         progress(SCRIPT_STARTUP)
         return run_script(script.path, argv, trial)
 

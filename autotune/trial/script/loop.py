@@ -41,6 +41,7 @@ from autotune.trial.script.loop_model import apply_checkpointing, apply_model_kn
 from autotune.trial.script.loop_patches import patched
 from autotune.trial.script.observer import TrainInfo, TrainingDone, rows
 from autotune.trial.script.session import ScriptTrial, current
+from autotune.trial.script.sightings import Sightings
 from autotune.trial.script.sources import (
     CallSite,
     Source,
@@ -72,6 +73,10 @@ class LoaderRecord:
     # What its batches are made of: its dataset and collate function (what the probe sizes).
     dataset: Any = None
     collate: Callable[[list[Any]], Any] | None = None
+    # Built inside a library's function the script called (timm's `create_loader`): its name,
+    # and the settings that call does not pass (nowhere in the script to set them).
+    factory: str | None = None
+    unpassed: tuple[str, ...] = ()
 
 
 @dataclass
@@ -120,6 +125,10 @@ class LoopWatch:
         self._handles: list[Any] = []
         # What an Accelerate loop adds: its Accelerator, as `accelerate` records it.
         self.accelerator: Any = None
+        # What the script did before the training started (a probe's message says it).
+        self.seen = Sightings()
+        if trial.config is None:
+            self.seen.watch_forwards()
 
     @property
     def _library(self) -> Library:
@@ -133,15 +142,24 @@ class LoopWatch:
     # -- what the script builds ------------------------------------------------------------
 
     def loader_built(self, loader: DataLoader, arguments: dict[str, Any],
-                     site: CallSite) -> dict[str, Any]:
-        """Record a DataLoader the script builds; the arguments the trial changes in it."""
+                     site: CallSite, factory: bool = False) -> dict[str, Any]:
+        """Record a DataLoader the script builds (a `factory`: a library's function the script
+        called at `site` built it); the arguments the trial changes in it."""
         own = {name: arguments.get(name) for name in LOADER_ARGUMENTS}
         if own["num_workers"] == 0:
             own["prefetch_factor"], own["persistent_workers"] = None, False
         record = LoaderRecord(own, {n: site.source(n, self.trial.flags, self.where)
                                     for n in LOADER_ARGUMENTS}, site.code(self.where),
                               isinstance(arguments.get("dataset"), IterableDataset))
+        if factory:
+            spread = site.call is not None and any(k.arg is None for k in site.call.keywords)
+            record.factory = (site.callee or "a library's function") + \
+                (" (whose ** arguments autotune does not trace)" if spread else "")
+            record.unpassed = tuple(n for n in LOADER_ARGUMENTS[1:] if not site.passes(n)
+                                    and not record.sources[n].flag)
         loader._autotune_loader = record  # type: ignore[attr-defined]
+        self.seen.loaders.append(f"{record.site.file}:{record.site.line}, batch_size "
+                                 f"{own['batch_size']}")
         return self._loader_changes(record)
 
     def _loader_changes(self, record: LoaderRecord) -> dict[str, Any]:
@@ -164,12 +182,16 @@ class LoopWatch:
                               "num_workers", config.num_workers)
         return changed
 
-    def optimizer_built(self, optimizer: torch.optim.Optimizer, site: CallSite) -> None:
-        """Record an optimizer the script built, find the model it steps, and apply the
-        trial's model knobs there."""
+    def optimizer_built(self, optimizer: torch.optim.Optimizer, site: CallSite,
+                        factory: bool = False) -> None:
+        """Record an optimizer the script built (at `site`; a `factory`: a library's function
+        the script called there built it), find the model it steps, and apply the trial's
+        model knobs there."""
         params = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        record = OptimizerRecord(optimizer, params, site.callee or type(optimizer).__name__,
-                                 site.code(self.where))
+        name = type(optimizer).__name__
+        where = f"the {name} that {site.callee or 'a library'} built" if factory else \
+            site.callee or name
+        record = OptimizerRecord(optimizer, params, where, site.code(self.where))
         pending = getattr(optimizer, "_autotune_impl", None)
         if pending is not None:
             record.impl, record.sources = pending
@@ -244,6 +266,7 @@ class LoopWatch:
         the observer is told."""
         trial = self.trial
         library = trial.library = self._library
+        self.seen.stop()
         self.started = True
         self.startup_s = trial.training_called()
         if module is not None:
@@ -303,6 +326,8 @@ class LoopWatch:
 
     def backward(self, tensor: torch.Tensor) -> None:
         """A backward pass of the loop: a micro-batch, and its loss."""
+        if not self.started and not self.checking:
+            self.seen.backwards += 1
         if not self.done and not self.checking and (self.started or self.optimizers):
             self.backwards += 1
             if tensor.numel() == 1:
@@ -311,6 +336,8 @@ class LoopWatch:
 
     def step_started(self, optimizer: torch.optim.Optimizer) -> None:
         """An optimizer step; the training starts here where no forward started it."""
+        if not self.started and id(optimizer) not in self.optimizers:
+            self.seen.steps[type(optimizer).__name__] += 1
         if not self.started and not self.done and self.trial.own_loop and \
                 id(optimizer) in self.optimizers:
             self._stop_watching_forwards()
@@ -363,6 +390,7 @@ class LoopWatch:
     def finish(self) -> None:
         """The run is over: every hook this watch added to the script's objects removed."""
         self._stop_watching_forwards()
+        self.seen.stop()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

@@ -25,7 +25,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from autotune.trial.script.observer import dataset_size
 from autotune.trial.script.session import current
-from autotune.trial.script.sources import call_site
+from autotune.trial.script.sources import call_site, factory_site
 from autotune.trial.training import Unsupported
 
 
@@ -37,9 +37,10 @@ class Watch(Protocol):
 
     def ours(self) -> bool: ...
     def loader_built(self, loader: DataLoader, arguments: dict[str, Any],
-                     site: Any) -> dict[str, Any]: ...
+                     site: Any, factory: bool = False) -> dict[str, Any]: ...
     def delivered(self, loader: Any, batch: Any, wait_s: float) -> None: ...
-    def optimizer_built(self, optimizer: torch.optim.Optimizer, site: Any) -> None: ...
+    def optimizer_built(self, optimizer: torch.optim.Optimizer, site: Any,
+                        factory: bool = False) -> None: ...
     def adam_changes(self, optimizer: torch.optim.Optimizer, arguments: Any,
                      site: Any) -> dict[str, Any]: ...
     def backward(self, tensor: torch.Tensor) -> None: ...
@@ -80,19 +81,24 @@ def _refused_as(changed: dict[str, Any],
 
 
 def _loader_init(watch: Watch, original: Callable[..., Any]) -> Callable[..., Any]:
-    """A DataLoader the script builds: recorded, with the trial's loader settings where it is
-    the one the loop trains from."""
+    """A DataLoader the script builds (at its line, or through a library's function, timm's
+    `create_loader`): recorded, with the trial's loader settings where it is the one the loop
+    trains from."""
     signature = inspect.signature(original)
 
     @functools.wraps(original)
     def init(self: DataLoader, *args: Any, **kwargs: Any) -> None:
-        site = call_site(sys._getframe(1), self) if watch.ours() and not watch.started else None
+        frame = sys._getframe(1)
+        site = call_site(frame, self) if watch.ours() and not watch.started else None
+        factory = site is None and watch.ours() and not watch.started
+        if factory:
+            site = factory_site(frame, self)
         if site is None:
             original(self, *args, **kwargs)
             return
         bound = signature.bind(self, *args, **kwargs)
         bound.apply_defaults()
-        changed = watch.loader_built(self, dict(bound.arguments), site)
+        changed = watch.loader_built(self, dict(bound.arguments), site, factory)
         knob = next(iter(changed), "")
         bound.arguments.update(changed)
         with _refused_as(changed, lambda exc: Unsupported(
@@ -138,15 +144,20 @@ def _next_batch(watch: Watch, original: Callable[..., Any]) -> Callable[..., Any
 
 
 def _optimizer_init(watch: Watch, original: Callable[..., Any]) -> Callable[..., Any]:
-    """Any torch optimizer the script builds, before its loop starts: recorded."""
+    """Any torch optimizer the script builds before its loop starts, recorded: at the line that
+    builds it, or, where a library built it (timm's `create_optimizer_v2`, parameter groups
+    and all), at the script's call of that library."""
 
     @functools.wraps(original)
     def init(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         if watch.ours() and not watch.started:
-            site = call_site(sys._getframe(1), self)
+            frame = sys._getframe(1)
+            site = call_site(frame, self)
             if site is not None:
                 watch.optimizer_built(self, site)
+            elif (site := factory_site(frame, self)) is not None:
+                watch.optimizer_built(self, site, factory=True)
 
     return init
 

@@ -81,6 +81,9 @@ def read_loader(watch: LoopWatch, baseline: ScriptBaseline) -> None:
     baseline.said(LOADER, "", loader.site)
     for name, source in loader.sources.items():
         baseline.said(LOADER, name, source)
+    for knob in loader.unpassed:
+        baseline.fixed[knob] = (f"the loop's DataLoader is built inside {loader.factory}, "
+                                f"and the script's call of it does not name {knob}")
     if loader.iterable and not own["num_workers"]:
         baseline.fixed["num_workers"] = ("the loop's DataLoader reads an IterableDataset, "
                                          "which each worker would read whole")

@@ -15,7 +15,9 @@ import argparse
 import contextlib
 import os
 import runpy
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterator, Sequence
@@ -97,7 +99,8 @@ def run_script(path: str | Path, argv: Sequence[str], trial: ScriptTrial) -> Scr
                 patched_on_import(patches()), _parser_exits_recorded(), \
                 _output_kept(trial), kept_in_scratch(writes), \
                 watching_loop(trial, path.parent, OWN_LOOP), \
-                loaders_cut(trial.worst), recording_imports() as imports:
+                loaders_cut(trial.worst), recording_imports() as imports, \
+                _startup_limited(trial):
             runpy.run_path(str(path), run_name="__main__")
         if trial.training and trial.steps:  # its own loop ended before its measurement did
             trial.observer.on_train_end()
@@ -110,6 +113,11 @@ def run_script(path: str | Path, argv: Sequence[str], trial: ScriptTrial) -> Scr
                          imports)
     except (AutotuneError, KeyboardInterrupt):
         raise
+    except _StartupLimit:
+        raise NeverTrained(_never_trained(trial, ended=False) + (
+            "" if trial.loop is not None and trial.loop.seen.trained else
+            f"; a start-up longer than {trial.startup_limit_s:.0f} s: --startup-limit 10m") +
+            _last_lines(trial.output)) from None
     except SystemExit as exc:
         if trial.training and trial.steps and trial.own_loop and \
                 exc.code in (0, None):
@@ -131,8 +139,7 @@ def run_script(path: str | Path, argv: Sequence[str], trial: ScriptTrial) -> Scr
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path
-    raise NeverTrained(never_trained_message(path.name, time.perf_counter() - trial.started_at,
-                                             ended=True) + _last_lines(trial.output))
+    raise NeverTrained(_never_trained(trial, ended=True) + _last_lines(trial.output))
 
 
 @contextlib.contextmanager
@@ -203,13 +210,48 @@ def _exit_error(trial: ScriptTrial, argv: Sequence[str], exc: SystemExit) -> Aut
                            f"arguments after -- are {trial.script}'s own; autotune's are "
                            "before it (autotune run --help)")
     if exc.code in (0, None):
-        return NeverTrained(never_trained_message(
-            trial.script, time.perf_counter() - trial.started_at, ended=True) +
-            _last_lines(trial.output))
+        return NeverTrained(_never_trained(trial, ended=True) + _last_lines(trial.output))
     if not isinstance(exc.code, int):  # sys.exit("reason"): Python prints it, status 1
         return ScriptFailed(f"{trial.script} exited before its training started: {exc.code}")
     return ScriptFailed(f"{trial.script} exited with status {exc.code} before its training "
                         f"started{_last_lines(trial.output)}")
+
+
+class _StartupLimit(BaseException):
+    """Raised into a probe's script whose training has not started by its start-up limit, so
+    that it stops where it is and says what it saw (not an Exception: a script's `except
+    Exception:` does not swallow it)."""
+
+
+@contextlib.contextmanager
+def _startup_limited(trial: ScriptTrial) -> Iterator[None]:
+    """While inside, a script whose training has not started after `trial.startup_limit_s`
+    is stopped (`_StartupLimit`, from a timer signal in the main thread); no limit where there
+    is none, or off the main thread."""
+    limit = trial.startup_limit_s
+    if limit is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum: int, frame: Any) -> None:
+        if not trial.training:
+            raise _StartupLimit
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _never_trained(trial: ScriptTrial, ended: bool) -> str:
+    """The message for a script whose training autotune never saw start, with what it saw."""
+    seen = trial.loop.seen if trial.loop is not None else None
+    return never_trained_message(trial.script, time.perf_counter() - trial.started_at, ended,
+                                 seen.describe() if seen is not None else "",
+                                 seen is not None and seen.trained)
 
 
 def _last_lines(output: OutputTail) -> str:

@@ -130,6 +130,9 @@ class ScriptTrial:
     # A loss run's seed, for a library that seeds the run itself (a Trainer's
     # `TrainingArguments.seed`); None: the script's own.
     seed: int | None = None
+    # A probe's: the script is stopped where its training has not started by then, and says
+    # what it did (`runner`); None: no limit of its own (the tuner's time limit stops it).
+    startup_limit_s: float | None = None
     output: OutputTail = field(default_factory=OutputTail)
 
     def training_called(self) -> float:

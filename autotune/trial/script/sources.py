@@ -45,6 +45,7 @@ class Flag:
     form: str          # VALUE, EQUALS (given as --flag=VALUE), SWITCH or NEGATABLE
     given: bool        # on the command line (else its default)
     const: Any = None  # a switch's value when it is present
+    aliases: tuple[str, ...] = ()  # its other option strings (`-b` for `--batch-size`)
 
 
 @dataclass(frozen=True)
@@ -61,13 +62,15 @@ class Source:
     file: str | None = None
     line: int | None = None
     call: str | None = None
+    aliases: tuple[str, ...] = ()  # the flag's other spellings (`-b`), taken out with it
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None and v != VALUE}
+        return {k: v for k, v in asdict(self).items()
+                if v is not None and v != VALUE and v != ()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Source:
-        return cls(**data)
+        return cls(**{**data, "aliases": tuple(data.get("aliases", ()))})
 
 
 def with_flags(argv: Sequence[str], flags: Iterable[ScriptFlag]) -> list[str]:
@@ -75,7 +78,7 @@ def with_flags(argv: Sequence[str], flags: Iterable[ScriptFlag]) -> list[str]:
     the new ones added."""
     out = list(argv)
     for flag in flags:
-        out = without_flag(out, flag.flag, flag.form) + flag.words()
+        out = without_flag(out, flag.flag, flag.form, flag.aliases) + flag.words()
     return out
 
 
@@ -98,7 +101,8 @@ def record_flags(parser: argparse.ArgumentParser, args: Sequence[str] | None,
         if form == VALUE and any("=" in w for w in given):
             form = EQUALS
         into[action.dest] = Flag(option, action.dest, getattr(namespace, action.dest), form,
-                                 bool(given), getattr(action, "const", None))
+                                 bool(given), getattr(action, "const", None),
+                                 tuple(o for o in action.option_strings if o != option))
 
 
 def _form(action: argparse.Action) -> str | None:
@@ -145,7 +149,8 @@ class CallSite:
         flag = self._flag(value, flags)
         if flag is None:
             return line
-        return Source(flag=flag.option, form=flag.form, const=flag.const)
+        return Source(flag=flag.option, form=flag.form, const=flag.const,
+                      aliases=flag.aliases)
 
     def code(self, where: Path | None = None) -> Source:
         """This line, its file named from `where` (the script's folder) where it lies there."""
@@ -174,11 +179,7 @@ def call_site(frame: FrameType | None, building: Any = None) -> CallSite | None:
     constructor of `building`, the frame that called the first of its `__init__`s (its
     subclasses' and a dataclass's generated one); None where that is not the user's own code
     (a library built it of its own accord, or autotune did)."""
-    while frame is not None and building is not None and \
-            frame.f_locals.get("self") is building and (
-                frame.f_code.co_name in _CONSTRUCTORS or
-                frame.f_code.co_filename.startswith(_AUTOTUNE)):  # a hook's own wrapper
-        frame = frame.f_back
+    frame = _outside(frame, building)
     if frame is None or not is_users(frame.f_code.co_filename):
         return None
     call = _call_node(frame)
@@ -187,6 +188,25 @@ def call_site(frame: FrameType | None, building: Any = None) -> CallSite | None:
 
 
 _CONSTRUCTORS = ("__init__", "__post_init__")
+
+
+def _outside(frame: FrameType | None, building: Any) -> FrameType | None:
+    """`frame`, or, for the constructor of `building`, the first frame outside its
+    `__init__`s (its subclasses', a dataclass's generated one, a hook's own wrapper)."""
+    while frame is not None and building is not None and \
+            frame.f_locals.get("self") is building and (
+                frame.f_code.co_name in _CONSTRUCTORS or
+                frame.f_code.co_filename.startswith(_AUTOTUNE)):  # a hook's own wrapper
+        frame = frame.f_back
+    return frame
+
+
+def factory_site(frame: FrameType | None, building: Any) -> CallSite | None:
+    """The script's call of the library function that built `building` (timm's
+    `create_optimizer_v2` building a torch SGD from its parameter groups): the first frame of
+    the user's own code outward from its constructor; None where autotune's code comes first
+    (autotune built it)."""
+    return caller_site(_outside(frame, building))
 
 
 def caller_site(frame: FrameType | None) -> CallSite | None:
@@ -270,7 +290,8 @@ def argument_flag(file: str | Path, cls: type, parameter: str, value: Any,
         if isinstance(given, ast.Attribute) and given.attr in flags and \
                 flags[given.attr].value == value:
             flag = flags[given.attr]
-            return Source(flag=flag.option, form=flag.form, const=flag.const)
+            return Source(flag=flag.option, form=flag.form, const=flag.const,
+                          aliases=flag.aliases)
     return None
 
 
@@ -322,9 +343,10 @@ def named_flag(flag: str, parsed: Mapping[str, Any], knob: str = "") -> Source:
     it, else as the command line gives it (`--flag=VALUE` where it is not given: argparse and
     `--key=value` configurators both read that). A script whose argparse parser has no such
     flag is bad input."""
-    traced = next((f for f in parsed.values() if f.option == flag), None)
+    traced = next((f for f in parsed.values() if flag in (f.option, *f.aliases)), None)
     if traced is not None:
-        return Source(flag=flag, form=traced.form, const=traced.const)
+        return Source(flag=flag, form=traced.form, const=traced.const, aliases=tuple(
+            o for o in (traced.option, *traced.aliases) if o != flag))
     if parsed:
         options = ", ".join(sorted(f.option for f in parsed.values()))
         raise ScriptError(f"--arg {knob}={flag}: the script's parser has no {flag} (its "

@@ -89,7 +89,7 @@ def answer(config: TrainConfig, baseline: ScriptBaseline, device_type: str,
             source = Source.from_dict(place[name]) if name in place else None
             if source is not None and source.flag:
                 script_flags[source.flag] = ScriptFlag(source.flag, value, source.form,
-                                                       source.const)
+                                                       source.const, source.aliases)
             elif source is not None and source.launcher:
                 if value is not None:
                     launcher_flags[source.launcher] = ScriptFlag(source.launcher, value)

@@ -21,6 +21,7 @@ from autotune.trial.training import Unsupported
 from tests.trial.script.steps import run
 
 NANOGPT = "loop_nanogpt.py"
+FACTORY = "loop_optimizer_factory.py"
 NAMED = {"micro_batch_size": "--batch_size", "grad_accum_steps": "--gradient_accumulation_steps"}
 
 
@@ -139,6 +140,62 @@ def test_a_script_that_builds_an_optimizer_and_never_steps_it_is_told_so(
         '''))
     with pytest.raises(NeverTrained, match="ended without Trainer.train, Trainer.fit or a "
                                            "torch.optim optimizer's first step"):
+        run(script, [], tmp_path / "s")
+
+
+def test_an_optimizer_a_library_builds_from_parameter_groups_is_the_loops(
+        tmp_path: Path) -> None:
+    """timm's create_optimizer_v2, LightningCLI's instantiate_class: the script's parameter
+    groups go to a library's function, which builds the torch optimizer. The loop is still
+    found from its steps and the model among the script's variables; the foreach/fused knob,
+    which autotune sets where the script builds an AdamW, is left out with why."""
+    for opt in ("SGD", "AdamW"):
+        result, observer = run(FACTORY, ["--opt", f"torch.optim.{opt}"], tmp_path / opt,
+                               steps=3)
+        own = result.baseline
+        assert own.library == "loop" and observer.samples == [16] * 3
+        assert own.knobs["micro_batch_size"] == 16 and own.knobs["precision"] == "fp32"
+        assert own.sources["flags"]["micro_batch_size"]["flag"] == "--batch-size"
+        assert {"precision", "compile_mode"}.isdisjoint(own.fixed), "the model was found"
+        assert own.fixed["optimizer_impl"].startswith(
+            f"the loop steps the {opt} that instantiate_class built; autotune sets the "
+            "implementation (foreach/fused)")
+
+
+def test_a_short_option_named_for_the_batch_sets_it_however_the_command_line_wrote_it(
+        tmp_path: Path) -> None:
+    """`--arg micro_batch_size=-b` for a script run with `--batch-size 8`: the trial's
+    micro-batch replaces it as `-b`."""
+    argv, named = ["--batch-size", "8"], {"micro_batch_size": "-b"}
+    own = _probe(FACTORY, argv, tmp_path / "probe", named)
+    assert own.knobs["micro_batch_size"] == 8
+    assert own.sources["flags"]["micro_batch_size"]["flag"] == "-b"
+    config = own.config("cpu").replace(micro_batch_size=32)
+    _, observer = run(FACTORY, argv, tmp_path / "trial", config=config, own=own, flag_map=named)
+    assert observer.samples == [32] * 3
+
+
+def test_a_loop_that_trains_without_a_torch_optimizer_is_told_what_the_probe_saw(
+        tmp_path: Path) -> None:
+    """A loop that steps its parameters by hand trains, and autotune cannot attach to it: the
+    message says so, with what the probe saw, not that it never reached its training."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent('''
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=16)
+        model = torch.nn.Linear(4, 1)
+        for x, y in loader:
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.1 * p.grad
+                    p.grad = None
+        '''))
+    with pytest.raises(NeverTrained, match=r"^train.py ran \d+ s and trained, but autotune could "
+                                           r"not attach to its loop \(it saw 1 DataLoader built "
+                                           r"\(train.py:4, batch_size 16\); 4 forward passes "
+                                           r"with gradients on; 4 backward passes\): "):
         run(script, [], tmp_path / "s")
 
 

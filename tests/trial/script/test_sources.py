@@ -19,6 +19,7 @@ from autotune.trial.script.sources import (
     Source,
     assignment_line,
     call_site,
+    named_flag,
     record_flags,
     with_flags,
 )
@@ -55,6 +56,21 @@ def test_flags_are_set_on_a_command_line_as_its_parser_reads_them() -> None:
     assert (parsed.batch_size, parsed.bf16, parsed.compile) == (16, False, False)
     assert without_flag(["--lr=3", "--batch_size=4", "--x"], "--batch_size", EQUALS) == \
         ["--lr=3", "--x"]
+
+
+
+def test_a_flag_given_by_its_short_option_is_named_and_set_by_either() -> None:
+    """`-b 4` on the command line, `--arg micro_batch_size=-b` named: either spelling is the
+    flag, and setting it takes out whichever the command line used (`-b 4`, `-b4`)."""
+    words = ["-b", "4", "train.bin"]
+    flags: dict[str, Any] = {}
+    record_flags(_parser(), words, _parser().parse_args(words), flags)
+    assert (flags["batch_size"].option, flags["batch_size"].aliases) == ("--batch_size", ("-b",))
+    named = named_flag("-b", flags, "micro_batch_size")
+    assert (named.flag, named.aliases) == ("-b", ("--batch_size",))
+    for given in (["-b", "4", "x"], ["-b4", "x"], ["--batch_size", "4", "x"]):
+        assert with_flags(given, [ScriptFlag(named.flag, 16, named.form, None, named.aliases)]) \
+            == ["x", "-b", "16"]
 
 
 SCRIPT = '''
@@ -118,7 +134,7 @@ def test_a_call_autotune_or_a_library_makes_has_no_site_of_the_users() -> None:
     frames: list[Any] = []
 
     class Grab:
-        flag, form = "--x", VALUE
+        flag, form, aliases = "--x", VALUE, ()
 
         def words(self) -> list[str]:
             frames.append(sys._getframe(1))  # autotune's own code calls it
