@@ -41,11 +41,12 @@ def test_every_exception_autotune_defines_derives_from_one_base() -> None:
     assert [c.__name__ for c in errors if not issubclass(c, AutotuneError)] == []
 
 
-def test_the_only_signal_that_is_no_error_ends_a_scripts_training() -> None:
+def test_the_only_signals_that_are_no_errors_stop_a_users_script() -> None:
     """A BaseException that is not an Exception is a signal no script's `except Exception:`
-    may swallow; the only one autotune defines stops the user's script after its training."""
-    assert [c.__name__ for c in _defined_exceptions() if not issubclass(c, Exception)] == [
-        "TrainingDone"]
+    may swallow; the only ones autotune defines stop the user's script: after its training,
+    or where a probe's start-up limit passes before it."""
+    assert sorted(c.__name__ for c in _defined_exceptions() if not issubclass(c, Exception)) \
+        == ["TrainingDone", "_StartupLimit"]
 
 
 def test_each_family_has_its_exit_code() -> None:

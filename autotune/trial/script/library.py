@@ -7,14 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.config import TrainConfig
 from autotune.trial.protocol import CodeChange, LeftOut
 from autotune.trial.script.session import ScriptBaseline, Settings
-
-if TYPE_CHECKING:
-    from autotune.trial.script.loop import LoopWatch
 
 # A library's patch of a module it recognises, told the library it claims a trial's loop for.
 Hook = Callable[[ModuleType, "Library"], None]
@@ -54,7 +51,7 @@ class Library:
     changes: Callable[[TrainConfig, ScriptBaseline, str, int], Settings]
     additions: Callable[[str, Mapping[str, Any], ScriptBaseline, str],
                         list[CodeChange] | None] = no_additions
-    read_loop: Callable[[LoopWatch], ScriptBaseline] | None = None
+    read_loop: Callable[[Any], ScriptBaseline] | None = None  # told the `loop.LoopWatch`
     prepares_model: bool = False
 
     @property

@@ -10,16 +10,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from autotune.config import TrainConfig, from_baseline
 from autotune.trial.protocol import WorstBatchSettings
 from autotune.trial.script.observer import StepObserver
-
-if TYPE_CHECKING:
-    from autotune.trial.script.library import Library
 
 # Where a library setting is said: TrainingArguments' fields, Trainer's keyword arguments, an
 # attribute of the LightningModule or its DataModule, a line of torch.
@@ -90,6 +87,17 @@ class OutputTail:
         return [state[0].rstrip() for state in shown if state][-self.count:]
 
 
+class Claimant(Protocol):
+    """The library that claimed a trial's loop, as the trial sees it (a `library.Library`,
+    which is made above this module)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def owns_loop(self) -> bool: ...
+
+
 @dataclass
 class ScriptTrial:
     """A request to the hooks (`config` None: the script's own settings, only read) and what
@@ -113,7 +121,7 @@ class ScriptTrial:
     rejected_arguments: str | None = None  # the script's argument parser's message
     # The library whose loop the script runs (`libraries.LIBRARIES`; a hand-written loop is
     # one); None until it shows. A trial is told it by the probe.
-    library: Library | None = None
+    library: Claimant | None = None
     # A trial's: the script's own settings as the probe read them (the answer's baseline; the
     # trial's own run reads the settings the trial gave it).
     own: ScriptBaseline | None = None
