@@ -128,7 +128,7 @@ class LoopWatch:
         # What the script did before the training started (a probe's message says it).
         self.seen = Sightings()
         if trial.config is None:
-            self.seen.watch_forwards()
+            self.seen.watch_forwards(lambda: trial.training)
 
     @property
     def _library(self) -> Library:

@@ -89,8 +89,9 @@ def _loader_init(watch: Watch, original: Callable[..., Any]) -> Callable[..., An
     @functools.wraps(original)
     def init(self: DataLoader, *args: Any, **kwargs: Any) -> None:
         frame = sys._getframe(1)
-        site = call_site(frame, self) if watch.ours() and not watch.started else None
-        factory = site is None and watch.ours() and not watch.started
+        watching = watch.ours() and not watch.started
+        site = call_site(frame, self) if watching else None
+        factory = watching and site is None
         if factory:
             site = factory_site(frame, self)
         if site is None:

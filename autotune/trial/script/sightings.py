@@ -6,6 +6,7 @@ it trained at all, so "never reached" is said only of one that never did."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,9 +30,12 @@ class Sightings:
     steps: Counter[str] = field(default_factory=Counter)
     _depth: int = 0
     _handles: list[Any] = field(default_factory=list)
+    _until: Callable[[], bool] = lambda: False
 
-    def watch_forwards(self) -> None:
-        """Count the outermost forward passes with gradients on, until `stop`."""
+    def watch_forwards(self, until: Callable[[], bool]) -> None:
+        """Count the outermost forward passes with gradients on, until `stop`, or until
+        `until()` holds (a library's training started: no module call pays for it after)."""
+        self._until = until
         self._handles = [nn.modules.module.register_module_forward_pre_hook(self._entered),
                          nn.modules.module.register_module_forward_hook(self._left)]
 
@@ -42,6 +46,9 @@ class Sightings:
         self._handles.clear()
 
     def _entered(self, module: nn.Module, args: Any) -> None:
+        if self._until():
+            self.stop()
+            return
         if self._depth == 0 and torch.is_grad_enabled():
             self.forwards += 1
         self._depth += 1
