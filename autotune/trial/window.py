@@ -14,6 +14,9 @@ autotune's own (`trial/measure`), a library's step callback in a script trial
 - `Remeasures`: a disturbed window is timed again once the machine is quiet (waiting 1, 2,
   4... x the back-off, `contention_retries` times, at most `contention_remeasures` windows
   more); a load the warm-up and screening saw too is the machine's state, kept and flagged.
+
+Steps and windows are timed on the training clock (`training_clock`): what a script does
+outside its training (its evaluation between epochs) is no step's time.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch
 
 from autotune.options import MeasureSettings
 from autotune.stats import median_precision
+from autotune.trial import training_clock
 from autotune.trial.compile_events import CompileCount, compile_count
 from autotune.trial.contention import Contention, ContentionProbe, same_load
 
@@ -77,11 +81,13 @@ class WarmUp:
 
 class _StepClock:
     """Per-step times of a window: CUDA events, read only once completed so that nothing
-    waits on the device, or the host clock on CPU."""
+    waits on the device, or the host clock on CPU; less the time the script spent outside its
+    training between the two marks (`training_clock`)."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.marks: list[Any] = []
+        self.outside: list[float] = []
         self.done: list[float] = []
 
     def mark(self) -> None:
@@ -91,17 +97,20 @@ class _StepClock:
             self.marks.append(event)
         else:
             self.marks.append(time.perf_counter())
+        self.outside.append(training_clock.outside_s())
 
     def times(self) -> list[float]:
         """Step times known so far (all of them once the device is synchronised)."""
         while len(self.done) < len(self.marks) - 1:
-            a, b = self.marks[len(self.done)], self.marks[len(self.done) + 1]
+            i = len(self.done)
+            a, b = self.marks[i], self.marks[i + 1]
             if not self.cuda:
-                self.done.append(b - a)
+                step_s = b - a
             elif b.query():
-                self.done.append(a.elapsed_time(b) / 1000)
+                step_s = a.elapsed_time(b) / 1000
             else:
                 break
+            self.done.append(max(0.0, step_s - (self.outside[i + 1] - self.outside[i])))
         return self.done
 
 
@@ -121,7 +130,7 @@ class WindowTimer:
         self._compiled = compile_count()
         synchronize(device)
         probe.start()
-        self.start = time.perf_counter()
+        self.start = training_clock.now()
         self.clock.mark()
 
     def step(self, samples: int, loss: torch.Tensor | None, data_wait_s: float) -> bool:
@@ -135,7 +144,7 @@ class WindowTimer:
         self.data_wait_s += data_wait_s
         self.clock.mark()
         self.steps += 1
-        elapsed = time.perf_counter() - self.start
+        elapsed = training_clock.now() - self.start
         if self.steps < settings.window_steps or elapsed < settings.window_seconds:
             return False
         capped = self.steps >= settings.window_max_steps or \
@@ -151,7 +160,7 @@ class WindowTimer:
 
     def finish(self) -> Window:
         synchronize(self.device)
-        seconds = time.perf_counter() - self.start
+        seconds = training_clock.now() - self.start
         contention = self.probe.stop()
         loss = self._loss
         return Window(seconds, self.samples, self.data_wait_s, self.clock.times(),

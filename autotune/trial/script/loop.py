@@ -17,6 +17,10 @@
   and its loss; each step of that optimizer (PyTorch's own step hooks: an Accelerator's
   optimizer steps only when it syncs the gradients) is an optimizer step told to the
   observer, which ends the loop when its measurement is done (`TrainingDone`).
+- What the script does outside its training is no step's time (`training_clock`): from its
+  training loader's running out (an epoch's end), or a forward of its model with gradients
+  off (an evaluation), to its next training batch, loader epoch, forward with gradients on
+  or backward.
 
 The script is claimed a hand-written loop at that start, unless a Trainer or an Accelerator
 claimed it first (`ScriptTrial.library`). Under torchrun a trial's rank has joined the group
@@ -36,6 +40,7 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
 from autotune.config import default_optimizer_impl
+from autotune.trial import training_clock
 from autotune.trial.script.library import Library
 from autotune.trial.script.loop_model import apply_checkpointing, apply_model_knobs, probe_checks
 from autotune.trial.script.loop_patches import patched
@@ -152,9 +157,7 @@ class LoopWatch:
                                     for n in LOADER_ARGUMENTS}, site.code(self.where),
                               isinstance(arguments.get("dataset"), IterableDataset))
         if factory:
-            spread = site.call is not None and any(k.arg is None for k in site.call.keywords)
-            record.factory = (site.callee or "a library's function") + \
-                (" (whose ** arguments autotune does not trace)" if spread else "")
+            record.factory = site.callee or "a library's function"
             record.unpassed = tuple(n for n in LOADER_ARGUMENTS[1:] if not site.passes(n)
                                     and not record.sources[n].flag)
         loader._autotune_loader = record  # type: ignore[attr-defined]
@@ -301,8 +304,11 @@ class LoopWatch:
         torch.backends.cuda.matmul.allow_tf32 = config.precision == "tf32"
 
     def _counted(self, module: nn.Module, args: Any, kwargs: Any) -> None:
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled():  # the model evaluated: outside its training
+            if not self.done and not self.checking:
+                training_clock.pause()
             return
+        training_clock.resume()
         self.forward_rows += rows((args, kwargs))
         if not self.checked:
             self.checked = True
@@ -318,17 +324,31 @@ class LoopWatch:
         """A batch a DataLoader delivered while gradients are on: a training batch."""
         if self.done or loader is None:
             return
+        training_clock.resume()
         if self.train_loader is None:
             self.train_loader = loader
         if loader is self.train_loader:
             self.loader_rows += rows(batch)
             self.wait_s += wait_s
 
+    def exhausted(self, loader: LoaderRecord | None) -> None:
+        """The training loader's batches ran out: its epoch ended, and what the script does
+        until it asks for the next (its evaluation, its checkpoints) is outside its training."""
+        if self.started and not self.done and loader is not None and \
+                loader is self.train_loader:
+            training_clock.pause()
+
+    def iterating(self, loader: LoaderRecord | None) -> None:
+        """A loader's epoch begins: the training loader's resumes the training."""
+        if loader is not None and loader is self.train_loader:
+            training_clock.resume()
+
     def backward(self, tensor: torch.Tensor) -> None:
         """A backward pass of the loop: a micro-batch, and its loss."""
         if not self.started and not self.checking:
             self.seen.backwards += 1
         if not self.done and not self.checking and (self.started or self.optimizers):
+            training_clock.resume()  # however the loop got its batch (`itertools.cycle`)
             self.backwards += 1
             if tensor.numel() == 1:
                 loss = tensor.float().reshape(())

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from autotune.trial.script import own_switches
 from autotune.trial.script.session import ScriptTrial
 from autotune.trial.training import (
     apply_activation_checkpointing,
@@ -24,14 +25,17 @@ from autotune.trial.training import (
 
 def apply_model_knobs(trial: ScriptTrial, module: nn.Module) -> None:
     """A hand-written loop's model, as the trial asks: its repeated blocks checkpointed, its
-    forward under bf16 autocast and compiled."""
+    forward under bf16 autocast and compiled (where no switch of the script's says them: the
+    trial set that switch, and the script does it itself)."""
     config, own = trial.config, trial.own
     if config is None or own is None:
         return
     apply_checkpointing(trial, module)
     base = own.knobs
-    autocast = config.precision == "bf16" and base.get("precision") != "bf16"
-    compiled = config.compile_mode != base.get("compile_mode", "none")
+    autocast = config.precision == "bf16" and base.get("precision") != "bf16" and \
+        not own_switches.expresses(own, "precision")
+    compiled = config.compile_mode != base.get("compile_mode", "none") and \
+        not own_switches.expresses(own, "compile_mode")
     if not autocast and not compiled:
         return
     inner = module.forward

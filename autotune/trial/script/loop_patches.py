@@ -39,6 +39,8 @@ class Watch(Protocol):
     def loader_built(self, loader: DataLoader, arguments: dict[str, Any],
                      site: Any, factory: bool = False) -> dict[str, Any]: ...
     def delivered(self, loader: Any, batch: Any, wait_s: float) -> None: ...
+    def iterating(self, loader: Any) -> None: ...
+    def exhausted(self, loader: Any) -> None: ...
     def optimizer_built(self, optimizer: torch.optim.Optimizer, site: Any,
                         factory: bool = False) -> None: ...
     def adam_changes(self, optimizer: torch.optim.Optimizer, arguments: Any,
@@ -114,12 +116,15 @@ def _loader_init(watch: Watch, original: Callable[..., Any]) -> Callable[..., An
 
 
 def _loader_iter(watch: Watch, original: Callable[..., Any]) -> Callable[..., Any]:
-    """A recorded DataLoader's iterator carries its record, for its batches."""
+    """A recorded DataLoader's iterator carries its record, for its batches; the watch is told
+    an epoch of it begins."""
 
     @functools.wraps(original)
     def iterate(self: DataLoader) -> Any:
-        iterator = original(self)
         record = getattr(self, "_autotune_loader", None)
+        if watch.ours():
+            watch.iterating(record)
+        iterator = original(self)
         if record is not None:
             with contextlib.suppress(AttributeError):
                 iterator._autotune_loader = record
@@ -129,16 +134,21 @@ def _loader_iter(watch: Watch, original: Callable[..., Any]) -> Callable[..., An
 
 
 def _next_batch(watch: Watch, original: Callable[..., Any]) -> Callable[..., Any]:
-    """A batch delivered while gradients are on: a training batch, and its wait."""
+    """A batch delivered while gradients are on: a training batch, and its wait; the watch is
+    told where a loader's batches run out (an epoch's end)."""
 
     @functools.wraps(original)
     def next_batch(self: Any) -> Any:
         if not watch.ours() or not torch.is_grad_enabled():
             return original(self)
+        record = getattr(self, "_autotune_loader", None)
         start = time.perf_counter()
-        batch = original(self)
-        watch.delivered(getattr(self, "_autotune_loader", None), batch,
-                        time.perf_counter() - start)
+        try:
+            batch = original(self)
+        except StopIteration:
+            watch.exhausted(record)
+            raise
+        watch.delivered(record, batch, time.perf_counter() - start)
         return batch
 
     return next_batch

@@ -1,9 +1,10 @@
 """What a hand-written loop can be told, and where the answer says it: the script's own flags
-for its micro-batch and accumulation (only those: they are the loop's arithmetic), the
-DataLoader its loop trains from and its AdamW at the lines that build them, and the lines to
-add around its model (bf16 autocast around the forward, `torch.compile` of the forward,
-activation checkpointing after it is built, TF32 on CUDA); the script's own settings read from
-what its loop really did; and why a knob cannot be told."""
+for its micro-batch and accumulation (only those: they are the loop's arithmetic), its own AMP
+and compile switches where it has them (`own_switches`), the DataLoader its loop trains from
+and its AdamW at the lines that build them, and the lines to add around its model (bf16
+autocast around the forward, `torch.compile` of the forward, where no switch of its own says
+them; activation checkpointing after it is built, TF32 on CUDA); the script's own settings read
+from what its loop really did; and why a knob cannot be told."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import torch
 
 from autotune.config import FP8_PRECISIONS, TrainConfig
 from autotune.trial.protocol import CodeChange, LeftOut
+from autotune.trial.script import own_switches
 from autotune.trial.script.library import Library
 from autotune.trial.script.loop import FLAGS, LOADER, MODEL, OPTIMIZER, LoopWatch
+from autotune.trial.script.own_switches import SWITCHES
 from autotune.trial.script.session import ScriptBaseline, Settings, settings_changed
 from autotune.trial.script.sources import Source, named_flag
 
@@ -127,6 +130,8 @@ def read_model(watch: LoopWatch, baseline: ScriptBaseline, device: str) -> None:
         baseline.fixed["compile_mode"] = (f"the script calls torch.compile itself "
                                           f"({where.file}:{where.line})")
     read_checkpointing(watch, baseline)
+    if model is not None:
+        own_switches.read(watch.trial.flags, baseline)
     if model is None:
         for knob in ("precision", "compile_mode", "activation_checkpointing"):
             baseline.fixed.setdefault(knob, _NO_MODEL)
@@ -237,11 +242,15 @@ def settings(config: TrainConfig, baseline: ScriptBaseline) -> Settings:
     if OPTIMIZER in baseline.settings:
         out[OPTIMIZER] = {"foreach": config.optimizer_impl == "foreach",
                           "fused": config.optimizer_impl == "fused"}
+    if SWITCHES in baseline.settings:
+        out[SWITCHES] = own_switches.values(config, baseline)
     if MODEL in baseline.settings:
+        switched = own_switches.expresses(baseline, "precision")
         out[MODEL] = {
-            "autocast": "bf16" if config.precision == "bf16" and
+            "autocast": "bf16" if config.precision == "bf16" and not switched and
             "precision" not in baseline.fixed else None,
-            "compile": None if config.compile_mode == "none" else config.compile_mode,
+            "compile": None if config.compile_mode == "none" or
+            own_switches.expresses(baseline, "compile_mode") else config.compile_mode,
             "checkpointing": None if config.activation_checkpointing == "none"
             else config.activation_checkpointing,
             "tf32": config.precision == "tf32"}

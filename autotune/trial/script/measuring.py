@@ -32,7 +32,7 @@ import torch
 
 from autotune.hardware import describe, peak_flops
 from autotune.options import MeasureSettings
-from autotune.trial import distributed
+from autotune.trial import distributed, training_clock
 from autotune.trial.compile_events import compile_count
 from autotune.trial.contention import ContentionProbe
 from autotune.trial.diagnosis import HostSyncTrace, SyncSite
@@ -94,7 +94,8 @@ class MeasuringObserver:
         self.screen_done_s: float | None = None  # since the first step began
         self._compiled = self._compiled_after = compile_count()
         self._remeasure_began = 0.0
-        self._last = self._phase_start = self._began = time.perf_counter()
+        self._phase_start = self._began = time.perf_counter()
+        self._last = training_clock.now()  # a step's end, on the training clock
 
     def on_train_start(self, info: TrainInfo) -> None:
         self.info = info
@@ -102,14 +103,15 @@ class MeasuringObserver:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self._compiled = compile_count()
-        self._last = self._phase_start = self._began = time.perf_counter()
+        self._phase_start = self._began = time.perf_counter()
+        self._last = training_clock.now()
 
     def on_step_end(self, samples: int, loss: torch.Tensor | None, data_wait_s: float) -> bool:
         self.steps += 1
         if self.phase in (FIRST, COUNT, TRACE, WARMUP):
             synchronize(self.device)
-            now = time.perf_counter()
-            step_s, self._last = now - self._last, now
+            now, ended = time.perf_counter(), training_clock.now()
+            step_s, self._last = ended - self._last, ended
             if self.phase == WARMUP:
                 self.warm.step(step_s)
                 if distributed.decided(self.warm.done):

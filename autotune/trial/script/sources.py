@@ -46,6 +46,7 @@ class Flag:
     given: bool        # on the command line (else its default)
     const: Any = None  # a switch's value when it is present
     aliases: tuple[str, ...] = ()  # its other option strings (`-b` for `--batch-size`)
+    choices: tuple[Any, ...] = ()  # the values its parser allows (any: none named)
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,8 @@ def record_flags(parser: argparse.ArgumentParser, args: Sequence[str] | None,
             form = EQUALS
         into[action.dest] = Flag(option, action.dest, getattr(namespace, action.dest), form,
                                  bool(given), getattr(action, "const", None),
-                                 tuple(o for o in action.option_strings if o != option))
+                                 tuple(o for o in action.option_strings if o != option),
+                                 tuple(action.choices or ()))
 
 
 def _form(action: argparse.Action) -> str | None:
@@ -134,23 +136,43 @@ class CallSite:
         return ast.unparse(self.call.func) if self.call is not None else None
 
     def passes(self, keyword: str) -> bool:
-        """Whether the call names `keyword` (not through `**kwargs`)."""
-        return self.call is not None and any(k.arg == keyword for k in self.call.keywords)
+        """Whether the call passes `keyword`: by name, or in a `**name` mapping that holds
+        it as the call runs."""
+        return self.call is not None and (
+            any(k.arg == keyword for k in self.call.keywords) or
+            any(keyword in spread for spread in self._spreads().values()))
 
     def source(self, keyword: str, flags: Mapping[str, Flag], where: Path | None = None,
                ) -> Source:
         """Where the call's `keyword` argument comes from: the script's flag where the code
-        passes `<parsed args>.<dest>` and that dest holds the value the parser gave it, else
-        this line (`where`: the folder its file is named from)."""
+        passes `<parsed args>.<dest>` (by name, or in a `**name` it built as `dict(...)` or
+        `{...}` before this line, as timm's `train.py` builds its loaders' arguments) and that
+        dest holds the value the parser gave it, else this line (`where`: the folder its file
+        is named from)."""
         line = self.code(where)
         if self.call is None:
             return line
         value = next((k.value for k in self.call.keywords if k.arg == keyword), None)
+        if value is None:
+            value = next((entry for name, spread in self._spreads().items()
+                          if keyword in spread and
+                          (entry := _mapping_entry(self.file, name, keyword, self.line))
+                          is not None), None)
         flag = self._flag(value, flags)
         if flag is None:
             return line
         return Source(flag=flag.option, form=flag.form, const=flag.const,
                       aliases=flag.aliases)
+
+    def _spreads(self) -> dict[str, Mapping[str, Any]]:
+        """The call's `**name` arguments, by name, with the mappings they hold as it runs."""
+        out = {}
+        for keyword in self.call.keywords if self.call is not None else ():
+            if keyword.arg is None and isinstance(keyword.value, ast.Name):
+                held = self.frame.f_locals.get(keyword.value.id)
+                if isinstance(held, Mapping):
+                    out[keyword.value.id] = held
+        return out
 
     def code(self, where: Path | None = None) -> Source:
         """This line, its file named from `where` (the script's folder) where it lies there."""
@@ -329,6 +351,24 @@ def _parsed(file: str, mtime: float) -> tuple[ast.Module | None, list[str]]:
         return ast.parse(text), text.splitlines()
     except SyntaxError:
         return None, text.splitlines()
+
+
+def _mapping_entry(file: str, name: str, key: str, before: int) -> ast.expr | None:
+    """The expression `file` gives `key` where it last builds `name` before line `before`
+    as `name = dict(key=...)` or `name = {"key": ...}`; None where it does not."""
+    tree = _source(file)[0]
+    found: list[tuple[int, ast.expr]] = []
+    for node in ast.walk(tree) if tree is not None else ():
+        if not (isinstance(node, ast.Assign) and node.lineno < before and any(
+                isinstance(t, ast.Name) and t.id == name for t in node.targets)):
+            continue
+        built = node.value
+        if isinstance(built, ast.Call) and _last_name(built.func) == "dict":
+            found += [(node.lineno, k.value) for k in built.keywords if k.arg == key]
+        elif isinstance(built, ast.Dict):
+            found += [(node.lineno, v) for k, v in zip(built.keys, built.values, strict=True)
+                      if isinstance(k, ast.Constant) and k.value == key]
+    return max(found, key=lambda item: item[0])[1] if found else None
 
 
 def _source(file: str) -> tuple[ast.Module | None, list[str]]:

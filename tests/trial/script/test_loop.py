@@ -18,10 +18,12 @@ from autotune.trial.script.errors import NeverTrained, ScriptError
 from autotune.trial.script.session import ScriptBaseline
 from autotune.trial.script.terms import answer, kept, left_out
 from autotune.trial.training import Unsupported
+from tests.conftest import need
 from tests.trial.script.steps import run
 
 NANOGPT = "loop_nanogpt.py"
 FACTORY = "loop_optimizer_factory.py"
+TIMM_STYLE = "loop_timm_style.py"
 NAMED = {"micro_batch_size": "--batch_size", "grad_accum_steps": "--gradient_accumulation_steps"}
 
 
@@ -265,3 +267,24 @@ def test_a_loop_whose_loss_goes_non_finite_is_measured_so(tmp_path: Path) -> Non
     _, figures = script_job(request, request.target, torch.device("cpu"), 1,
                             lambda phase: None)
     assert figures.loss_finite is False
+
+
+def test_a_scripts_own_amp_and_compile_flags_say_those_knobs(tmp_path: Path) -> None:
+    """A script with its own AMP and compile flags (timm's `--amp --amp-dtype`,
+    `--torchcompile`), its model made by a library's factory: a bf16 trial sets the script's
+    `--amp`, its own autocast runs and autotune wraps nothing around the model; the answer
+    names the script's flags, with no line to add."""
+    need("transformers", "examples")
+    argv = ["--output", str(tmp_path / "out")]
+    own = _probe(TIMM_STYLE, argv, tmp_path / "probe", {"micro_batch_size": "--batch-size"})
+    assert own.knobs["precision"] == "fp32" and "precision" not in own.fixed
+    config = own.config("cpu")
+    assert answer(config.replace(precision="bf16", compile_mode="default"), own,
+                  "cpu").lines() == ["--amp --amp-dtype bfloat16 --torchcompile inductor"]
+    assert answer(config.replace(compile_mode="max-autotune"), own, "cpu").lines() == [
+        "--torchcompile inductor --torchcompile-mode max-autotune"]
+    result, observer = run(TIMM_STYLE, argv, tmp_path / "s", config=config.replace(
+        precision="bf16"), own=own, flag_map={"micro_batch_size": "--batch-size"})
+    model = observer.info.model
+    assert type(model).__name__ == "BertForSequenceClassification"
+    assert observer.autocast == {torch.bfloat16} and "forward" not in vars(model)

@@ -80,13 +80,15 @@ from hook import Loader
 parser = argparse.ArgumentParser()
 parser.add_argument("--batch_size", type=int, default=8)
 parser.add_argument("--workers", type=int, default=0)
+parser.add_argument("--drop_last", action="store_true")
 args = parser.parse_args()
 workers = args.workers
 model = dict(
     layers=2)
+common = dict(drop_last=args.drop_last)
 loader = Loader(None,
                 batch_size=args.batch_size,
-                num_workers=workers, shuffle=True)
+                num_workers=workers, shuffle=True, **common)
 '''
 
 HOOK = '''
@@ -98,6 +100,7 @@ class Loader:
         Loader.site = call_site(sys._getframe(1), self)
         Loader.sources = {k: Loader.site.source(k, Loader.flags, Loader.folder)
                           for k in ("batch_size", "num_workers", "shuffle", "drop_last")}
+        Loader.passed = {k for k in ("drop_last", "pin_memory") if Loader.site.passes(k)}
 '''
 
 
@@ -121,13 +124,16 @@ def test_a_keyword_is_traced_to_the_flag_its_value_came_from_else_to_its_line(
     monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", recorded)
     hook.Loader.flags, hook.Loader.folder = flags, tmp_path
     runpy.run_path(str(script), run_name="__main__")
-    line = Source(file="train.py", line=12, call="Loader")
-    assert hook.Loader.site.line == 12 and hook.Loader.site.callee == "Loader"
+    line = Source(file="train.py", line=14, call="Loader")
+    assert hook.Loader.site.line == 14 and hook.Loader.site.callee == "Loader"
     assert hook.Loader.sources == {
         "batch_size": Source(flag="--batch_size", form=VALUE),
         "num_workers": line,  # through a variable: the line that passes it
-        "shuffle": line, "drop_last": line}
-    assert assignment_line(str(script), "model") == 10
+        "shuffle": line,
+        # in the `**common` it built as dict(...), as timm's train.py builds its loaders'
+        "drop_last": Source(flag="--drop_last", form=SWITCH, const=True)}
+    assert hook.Loader.passed == {"drop_last"}
+    assert assignment_line(str(script), "model") == 11
 
 
 def test_a_call_autotune_or_a_library_makes_has_no_site_of_the_users() -> None:
