@@ -130,12 +130,11 @@ def read_model(watch: LoopWatch, baseline: ScriptBaseline, device: str) -> None:
         baseline.fixed["compile_mode"] = (f"the script calls torch.compile itself "
                                           f"({where.file}:{where.line})")
     read_checkpointing(watch, baseline)
-    if model is not None:
-        own_switches.read(watch.trial.flags, baseline)
     if model is None:
         for knob in ("precision", "compile_mode", "activation_checkpointing"):
             baseline.fixed.setdefault(knob, _NO_MODEL)
         return
+    own_switches.read(watch.trial.flags, baseline)
     baseline.settings[MODEL] = {"autocast": None, "compile": None, "checkpointing": None}
     if watch.forward_site is not None:
         baseline.said(MODEL, "forward", watch.forward_site)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.config import TrainConfig
-from autotune.trial.protocol import NEGATABLE, SWITCH, VALUE
+from autotune.trial.protocol import EQUALS, NEGATABLE, SWITCH, VALUE
 from autotune.trial.script.session import ScriptBaseline
 from autotune.trial.script.sources import Flag, Source
 
@@ -28,6 +28,7 @@ _NAMES = {AMP: ("amp", "use_amp"), AMP_DTYPE: ("amp_dtype",), BF16: ("bf16",),
           COMPILE_MODE: ("torchcompile_mode", "torch_compile_mode", "compile_mode")}
 _BF16_NAMES = ("bfloat16", "bf16")
 _SWITCH_FORMS = (SWITCH, NEGATABLE)
+_VALUE_FORMS = (VALUE, EQUALS)  # `--amp-dtype bfloat16`, `--amp-dtype=bfloat16`
 
 
 def read(flags: Mapping[str, Flag], baseline: ScriptBaseline) -> None:
@@ -42,14 +43,14 @@ def read(flags: Mapping[str, Flag], baseline: ScriptBaseline) -> None:
         if bf16 is not None and bf16.form in _SWITCH_FORMS:
             own[BF16] = _said(baseline, BF16, bf16)
         elif amp is not None and amp.form in _SWITCH_FORMS and dtype is not None and \
-                dtype.form == VALUE and _bf16_value(dtype) is not None:
+                dtype.form in _VALUE_FORMS and _bf16_value(dtype) is not None:
             own[AMP] = _said(baseline, AMP, amp)
             own[AMP_DTYPE] = _said(baseline, AMP_DTYPE, dtype, _bf16_value(dtype))
     switch = found[COMPILE]
     if "compile_mode" not in baseline.fixed and switch is not None and not switch.value:
         own[COMPILE] = _said(baseline, COMPILE, switch)
         mode = found[COMPILE_MODE]
-        if mode is not None and mode.form == VALUE:
+        if mode is not None and mode.form in _VALUE_FORMS:
             own[COMPILE_MODE] = _said(baseline, COMPILE_MODE, mode)
         else:
             for value in ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
