@@ -8,17 +8,20 @@ Writes, next to this file:
                  installed transformers (GPT2TokenizerFast if it exists, else GPT2Tokenizer,
                  which in transformers 5.x *is* the tokenizers-backed class) and saved with
                  save_pretrained(); model_max_length=128, <|endoftext|> = bos/eos/unk (id 0).
-  gpt2_config/   (only if MAKE_CONFIG is True) a tiny GPT2Config saved with save_pretrained(),
+  gpt2_config/   (only with --config) a tiny GPT2Config saved with save_pretrained(),
                  for scripts without --config_overrides (run_clm_no_trainer.py).
 
-Nothing is downloaded. Run from this folder:  /work/venv-214/bin/python make_data.py
+Nothing is downloaded. Run as a copy in the script's folder: /work/venv-214/bin/python
+make_data.py (run_clm.py), make_data.py --config (run_clm_no_trainer.py)
 """
 
 import os
 import random
+import sys
 import tempfile
 
-MAKE_CONFIG = False  # run_clm.py uses --model_type gpt2 --config_overrides instead
+# run_clm.py uses --model_type gpt2 --config_overrides; run_clm_no_trainer.py needs a config
+MAKE_CONFIG = "--config" in sys.argv[1:]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VOCAB_SIZE = 1024
