@@ -359,7 +359,8 @@ def prefetched_steps(config: TrainConfig) -> int:
     many as the batches its workers prefetched while the other processes took their turns
     (`num_workers` x `prefetch_factor`), so the timed window starts from the queue it keeps
     while training, not from one filled while idle, which made a loader-bound turn look fast
-    by as much as it held."""
+    by as much as it held. What the workers make while these steps run stays a head start of
+    that many steps' time, small beside a turn of seconds."""
     if not config.num_workers:
         return 0
     queued = config.num_workers * (config.prefetch_factor or 2)

@@ -119,11 +119,13 @@ def test_a_warm_turn_after_an_idle_wait_times_the_loader_it_keeps_while_training
     """A warm process waits while the others take their turns, and its loader workers fill
     their queue meanwhile (2 workers x prefetch 8 = 16 batches): its next turn must time the
     rate it keeps while training, not that queue. Turns after a second idle measure within 20%
-    of turns taken back to back."""
+    of turns taken back to back (timing the queue: 36-43% above). A batch costs its worker 32
+    ms, many steps' time even on a loaded host, so the few batches the workers make while the
+    queue is drained stay a small share of a turn."""
     config = TrainConfig(micro_batch_size=8, num_workers=2, prefetch_factor=8,
                          persistent_workers=True)
     setup = setup_training(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)),
-                           SlowDataset(0.002), config, "cpu", loss_fn=loss_fn)
+                           SlowDataset(0.004), config, "cpu", loss_fn=loss_fn)
     batches = setup.batches()
     warm_up(setup, batches, SETTINGS)
 
@@ -132,9 +134,9 @@ def test_a_warm_turn_after_an_idle_wait_times_the_loader_it_keeps_while_training
 
     back_to_back, after_idle = [], []
     for _ in range(3):
-        back_to_back.append(rate(timed_turn(setup, batches, SETTINGS, 5, 0.3)))
+        back_to_back.append(rate(timed_turn(setup, batches, SETTINGS, 5, 0.6)))
         time.sleep(1.0)
-        after_idle.append(rate(timed_turn(setup, batches, SETTINGS, 5, 0.3)))
+        after_idle.append(rate(timed_turn(setup, batches, SETTINGS, 5, 0.6)))
     assert statistics.median(after_idle) < 1.2 * statistics.median(back_to_back)
 
 
