@@ -47,6 +47,7 @@ _SCALAR_READS = frozenset({"aten::item", "aten::_local_scalar_dense"})
 _CUDA_WAITS = frozenset(HOST_SYNC_NAMES) - _SCALAR_READS
 # Ranges whose scalar reads belong to the loader or the optimizer, not to the model's code.
 _OPTIMIZER_STEP = "Optimizer.step#"
+_BACKWARD_NODE = "autograd::engine::evaluate_function"
 _OUTSIDE_MODEL_CODE = ("enumerate(DataLoader)", NEXT_BATCH, _OPTIMIZER_STEP,
                        "Optimizer.zero_grad#")
 
@@ -142,17 +143,40 @@ def _union_within(intervals: Sequence[tuple[float, float]], lo: float, hi: float
     return covered
 
 
-def _optimizer_fraction(events: Iterable[Any], lo: float, hi: float,
+def _backward_ranges(events: Iterable[Any]) -> list[tuple[float, float]]:
+    return [(evt.time_range.start, evt.time_range.end) for evt in events
+            if evt.name.startswith(_BACKWARD_NODE) and evt.device_type == DeviceType.CPU]
+
+
+def _after_closure(step: Any, backward: Sequence[tuple[float, float]]) -> float:
+    """Where an optimizer step's own work starts: after the last backward node inside it, where
+    the step ran the forward and backward as its closure (Lightning's `optimizer.step(closure)`),
+    else at its start."""
+    start, end = step.time_range.start, step.time_range.end
+    return max([start, *(stop for began, stop in backward if start <= began < end)])
+
+
+def _device_us_after(step: Any, start: float) -> float:
+    """The device time of the kernels `step` launched from `start` on."""
+    if start <= step.time_range.start:
+        return _device_us(step)
+    return sum(_device_us(c) for c in step.cpu_children if c.time_range.start >= start)
+
+
+def _optimizer_fraction(events: Sequence[Any], lo: float, hi: float,
                         on_cuda: bool) -> float | None:
     """The share of [lo, hi] the optimizer's step took (torch's optimizers record each step as
-    `Optimizer.step#<class>.step`): on the host, or on CUDA its kernels' time where longer (a
-    device-bound step)."""
+    `Optimizer.step#<class>.step`; a closure run inside it is the model's): on the host, or on
+    CUDA its kernels' time where longer (a device-bound step)."""
     steps = [evt for evt in events if evt.name.startswith(_OPTIMIZER_STEP)
              and evt.device_type == DeviceType.CPU]
     if not steps or hi <= lo:
         return None
-    host = _union_within([(e.time_range.start, e.time_range.end) for e in steps], lo, hi)
-    device = sum(_device_us(e) for e in steps) if on_cuda else 0.0
+    backward = _backward_ranges(events)
+    own = [(_after_closure(e, backward), e.time_range.end) for e in steps]
+    host = _union_within(own, lo, hi)
+    device = sum(_device_us_after(e, start) for e, (start, _) in zip(steps, own)) \
+        if on_cuda else 0.0
     return min(1.0, max(host, device) / (hi - lo))
 
 
@@ -160,19 +184,28 @@ def _has_descendant(evt: Any, names: frozenset[str]) -> bool:
     return any(c.name in names or _has_descendant(c, names) for c in evt.cpu_children)
 
 
+def _outside_model_code(evt: Any, at: float, backward: Sequence[tuple[float, float]]) -> bool:
+    """Whether `evt` is the loader's or optimizer's code at time `at` (an optimizer step that
+    has not yet ended its closure is running the model)."""
+    if evt.name.startswith(_OPTIMIZER_STEP):
+        return at >= _after_closure(evt, backward)
+    return evt.name.startswith(_OUTSIDE_MODEL_CODE)
+
+
 def _host_syncs(
-    events: Iterable[Any], steps: Sequence[tuple[float, float]], on_cuda: bool
+    events: Sequence[Any], steps: Sequence[tuple[float, float]], on_cuda: bool
 ) -> tuple[int, float]:
     """Count and CPU time (us) of host syncs that start inside a step.
 
-    Scalar reads made by the DataLoader's sampler or inside `optimizer.step()` are not the
-    model's syncs and are left out. Only the outermost of nested sync events counts
-    (aten::item wraps
-    aten::_local_scalar_dense, which on CUDA wraps cudaStreamSynchronize). On CUDA a
+    Scalar reads made by the DataLoader's sampler or inside `optimizer.step()` (a closure's
+    forward and backward aside) are not the model's syncs and are left out. Only the
+    outermost of nested sync events counts (aten::item wraps aten::_local_scalar_dense,
+    which on CUDA wraps cudaStreamSynchronize). On CUDA a
     scalar read counts only if it really waited on the device: optimizers read CPU step
     counters with .item() on every step, which costs the device nothing.
     """
     count, time_us = 0, 0.0
+    backward = _backward_ranges(events)
     for evt in events:
         if evt.name not in HOST_SYNC_NAMES or evt.device_type != DeviceType.CPU:
             continue
@@ -181,7 +214,7 @@ def _host_syncs(
             continue
         parent = evt.cpu_parent
         while parent is not None and parent.name not in HOST_SYNC_NAMES and \
-                not parent.name.startswith(_OUTSIDE_MODEL_CODE):
+                not _outside_model_code(parent, start, backward):
             parent = parent.cpu_parent
         if parent is not None:
             continue

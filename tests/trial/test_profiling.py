@@ -64,6 +64,33 @@ def test_host_syncs_count_scalar_reads_once(items):
     assert (summary.host_sync_s_per_step > 0) == (items > 0)
 
 
+def test_a_step_run_as_the_optimizers_closure_is_the_models_time_and_syncs() -> None:
+    """Lightning runs the forward and backward inside `optimizer.step(closure)`: that time and
+    a loss read before the backward are the model's, and the optimizer's share stays what it
+    is when the same step is written out (0.99 and no sync when the whole step counted)."""
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(512, 256)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        loss = model(x).pow(2).mean()
+        loss.item()
+        loss.backward()
+        return loss
+
+    def written_out() -> None:
+        closure()
+        opt.step()
+
+    closed = profile_steps(lambda: opt.step(closure), steps=3, device=CPU)
+    plain = profile_steps(written_out, steps=3, device=CPU)
+    assert closed.host_syncs_per_step == plain.host_syncs_per_step == 1
+    assert closed.optimizer_fraction < 0.5 and plain.optimizer_fraction < 0.5
+    assert closed.optimizer_fraction < 2 * plain.optimizer_fraction + 0.05
+
+
 def test_rejects_zero_steps():
     with pytest.raises(ValueError):
         profile_steps(make_step(), steps=0, device=CPU)
