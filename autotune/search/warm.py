@@ -238,7 +238,7 @@ class WarmRounds:
             return None
         return Run(status=TrialStatus.OK.value, samples_per_sec=turn.samples_per_sec,
                    objective=turn.samples_per_sec, peak_memory_bytes=turn.peak_memory_bytes,
-                   disturbed=turn.disturbed, load=turn.load)
+                   mfu=turn.mfu, disturbed=turn.disturbed, load=turn.load)
 
     def trace(self, index: int, path: Path) -> str:
         """Configuration i's profiler trace, written to `path` (a fresh round's first run

@@ -232,7 +232,6 @@ def window_measurement(*, times: list[float], samples: int, seconds: float, wait
     own)."""
     median, mean = statistics.median(times), statistics.fmean(times)
     samples_per_sec = samples / seconds
-    per_sample = flops.per_sample if flops else None
     return Measurement(
         samples_per_sec=samples_per_sec, window_s=seconds, window_steps=len(times),
         window_samples=samples, step_time_median_s=median,
@@ -253,10 +252,11 @@ def window_measurement(*, times: list[float], samples: int, seconds: float, wait
         device_idle_fraction=profile.device_idle_fraction if profile else None,
         top_operators=profile.top_operators if profile else (),
         trace_path=profile.trace_path if profile else None,
-        flops_per_sample=per_sample, flops_source=flops.source if flops else None,
+        flops_per_sample=flops.per_sample if flops else None,
+        flops_source=flops.source if flops else None,
         peak_flops=peak.flops if peak else None,
         peak_flops_source=peak.source if peak else None,
-        mfu=per_sample * samples_per_sec / peak.flops if per_sample and peak else None,
+        mfu=utilization(flops, samples_per_sec, peak),
         phases=phases, **rest)
 
 
@@ -336,12 +336,22 @@ def warm_up(setup: TrainingSetup, batches: Iterator[Any],
     return len(warm.times), warm.steady
 
 
+def utilization(flops: SampleFlops | None, samples_per_sec: float,
+                peak: PeakFlops | None) -> float | None:
+    """MFU: the model's FLOPs a sample times `samples_per_sec` over the device's peak (None
+    where either is unknown: a CPU has no peak)."""
+    per_sample = flops.per_sample if flops else None
+    return per_sample * samples_per_sec / peak.flops if per_sample and peak else None
+
+
 def timed_turn(setup: TrainingSetup, batches: Iterator[Any], settings: MeasureSettings,
-               steps: int, seconds: float, tuner_pid: int | None = None) -> WarmTurn:
+               steps: int, seconds: float, tuner_pid: int | None = None,
+               flops: SampleFlops | None = None, peak: PeakFlops | None = None) -> WarmTurn:
     """At least `steps` optimizer steps and `seconds`, timed as a window is (data loading
     included, synchronised only at its edges, bracketed by the contention probe, to which the
-    other warm processes of `tuner_pid` are not a load): one turn of a warm process. Of a
-    process group, the group's turn (`group_turn`), on every rank."""
+    other warm processes of `tuner_pid` are not a load): one turn of a warm process, its MFU
+    from `flops` and `peak` as a trial's. Of a process group, the group's turn
+    (`group_turn`), on every rank."""
     probe = ContentionProbe(settings.contention_threshold, setup.device, family=tuner_pid)
     for _ in range(prefetched_steps(setup.config)):
         setup.step(batches)
@@ -351,7 +361,8 @@ def timed_turn(setup: TrainingSetup, batches: Iterator[Any], settings: MeasureSe
                     peak_memory_bytes=peak_memory(setup.device).peak,
                     disturbed=window.contention.disturbed, loss_finite=window.loss_finite,
                     load=window.contention.other_cpu_share)
-    return group_turn(turn, setup.world)
+    turn = group_turn(turn, setup.world)
+    return replace(turn, mfu=utilization(flops, turn.samples_per_sec, peak))
 
 
 def prefetched_steps(config: TrainConfig) -> int:

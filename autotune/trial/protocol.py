@@ -775,8 +775,9 @@ class TrialResult:
 @dataclass(frozen=True)
 class WarmTurn:
     """One turn of a warm process (`autotune.trial.warm`): N optimizer steps timed with data
-    loading included, the process's peak memory so far, and whether another process took a
-    share of the cores during it (`load`: that share, where measured)."""
+    loading included, the process's peak memory so far, whether another process took a
+    share of the cores during it (`load`: that share, where measured), and its MFU (where a
+    trial's would have one: CUDA)."""
 
     samples: int
     seconds: float
@@ -784,6 +785,7 @@ class WarmTurn:
     disturbed: bool = False
     loss_finite: bool = True
     load: float | None = None
+    mfu: float | None = None
 
     @property
     def samples_per_sec(self) -> float:

@@ -79,6 +79,7 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str] | None,
     import torch
     import torch.distributed as dist
 
+    from autotune.hardware import describe, peak_flops
     from autotune.options import MeasureSettings
     from autotune.trial.distributed import join, rank_device
     from autotune.trial.measure import build_setup, timed_turn, traced_turn, warm_up
@@ -104,11 +105,13 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str] | None,
         limit_memory(device, request.memory_limit_bytes)
     match request.target:
         case Script():  # the script's own loop takes the turns
-            from autotune.trial.script.job import run_under
+            from autotune.trial.script.job import run_under, trained_precision
             from autotune.trial.script.turns import TurnObserver
 
             observer = TurnObserver(settings, device, told,
-                                    lambda message: _say(answers, message), tuner_pid)
+                                    lambda message: _say(answers, message), tuner_pid,
+                                    trained_precision(request, device.type,
+                                                      world.size if world else 1))
             run_under(request, request.target, device, world.size if world else 1, observer,
                       lambda phase: None)
             if not observer.ready:
@@ -116,7 +119,8 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str] | None,
             return
     workload = load_workload(request.target.path, request.target.args)
     config = workload.train_config(request.config, device.type, world.size if world else 1)
-    setup, _, _ = build_setup(workload, config, device, lambda phase: None)
+    setup, flops, _ = build_setup(workload, config, device, lambda phase: None)
+    peak = peak_flops(describe(device), config.precision) if flops else None
     batches = setup.batches()
     setup.step(batches)
     warmup_steps, steady = warm_up(setup, batches, settings)
@@ -131,7 +135,7 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str] | None,
             _say(answers, {"trace": command["trace"]})
             continue
         turn = timed_turn(setup, batches, settings, int(command["steps"]),
-                          float(command["seconds"]), tuner_pid)
+                          float(command["seconds"]), tuner_pid, flops, peak)
         _say(answers, turn.to_json())
 
 

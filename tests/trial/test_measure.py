@@ -15,8 +15,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from autotune.config import TrainConfig
-from autotune.hardware import describe
+from autotune.hardware import PeakFlops, describe
 from autotune.options import MeasureSettings
+from autotune.trial.flops import SampleFlops
 from autotune.trial.measure import (
     count_flops_per_sample,
     measure_config,
@@ -24,7 +25,7 @@ from autotune.trial.measure import (
     timed_turn,
     warm_up,
 )
-from autotune.trial.protocol import Measurement
+from autotune.trial.protocol import Measurement, WarmTurn
 from autotune.trial.training import setup_training
 from autotune.trial.workload import load_workload
 
@@ -138,6 +139,22 @@ def test_a_warm_turn_after_an_idle_wait_times_the_loader_it_keeps_while_training
         time.sleep(1.0)
         after_idle.append(rate(timed_turn(setup, batches, SETTINGS, 5, 0.6)))
     assert statistics.median(after_idle) < 1.2 * statistics.median(back_to_back)
+
+
+def test_a_warm_turn_has_the_mfu_a_trial_of_its_rate_would_have() -> None:
+    """An answer confirmed in warm turns carries its MFU (on CUDA, where a trial's FLOPs and
+    peak are known; here both are given): the model's FLOPs a sample times the turn's rate
+    over the peak, as a trial's window has it."""
+    setup = setup_training(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)),
+                           SlowDataset(0.0), TrainConfig(micro_batch_size=8), "cpu",
+                           loss_fn=loss_fn)
+    batches = setup.batches()
+    warm_up(setup, batches, SETTINGS)
+    flops, peak = SampleFlops(3.0e6, "given"), PeakFlops(1.0e12, "a peak given here")
+    turn = timed_turn(setup, batches, SETTINGS, 5, 0.1, flops=flops, peak=peak)
+    assert turn.mfu == pytest.approx(3.0e6 * turn.samples_per_sec / 1.0e12)
+    assert WarmTurn.from_json(turn.to_json()).mfu == turn.mfu
+    assert timed_turn(setup, batches, SETTINGS, 5, 0.1).mfu is None
 
 
 def test_a_new_epochs_sampler_seed_is_not_a_host_sync_of_the_model() -> None:

@@ -161,6 +161,15 @@ def _measure_settings(request: TrialRequest) -> MeasureSettings:
     return job
 
 
+def trained_precision(request: TrialRequest, device_type: str, world_size: int) -> str | None:
+    """The precision a measurement of the request trains in (the script's own where the
+    request asks for none), whose peak its MFU divides by; None where neither is known."""
+    asked, own = _asked(request), _own(request)
+    if asked is not None:
+        return asked.precision
+    return own.config(device_type, world_size).precision if own else None
+
+
 def _asked(request: TrialRequest) -> TrainConfig | None:
     """The configuration the request asks for (None: the probe, which reads the script's)."""
     if request.job == "probe" or not request.config:

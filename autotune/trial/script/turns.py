@@ -12,14 +12,16 @@ loop pauses at the same step: each is told the same commands (`trial.warm` reads
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
 
+from autotune.hardware import describe, peak_flops
 from autotune.options import MeasureSettings
 from autotune.trial import distributed
 from autotune.trial.contention import ContentionProbe
-from autotune.trial.measure import group_turn, peak_memory
+from autotune.trial.measure import group_turn, peak_memory, utilization
 from autotune.trial.profiling import ProfilerWindow
 from autotune.trial.protocol import WarmTurn
 from autotune.trial.script.measuring import FIRST, WARMUP, MeasuringObserver
@@ -35,10 +37,12 @@ class TurnObserver:
 
     def __init__(self, settings: MeasureSettings, device: torch.device,
                  commands: Iterator[Any], say: Callable[[Any], None],
-                 tuner_pid: int | None = None) -> None:
+                 tuner_pid: int | None = None, precision: str | None = None) -> None:
         self.settings, self.device = settings, device
         self.commands, self._say = commands, say
-        self.warming = MeasuringObserver(settings, device)
+        # FLOPs counted where a trial's are (on CUDA), for each turn's MFU
+        self.warming = MeasuringObserver(settings, device, count_flops=device.type == "cuda")
+        self.peak = peak_flops(describe(device), precision) if precision else None
         self.tuner_pid = tuner_pid
         self.ready = False
         self._turn: WindowTimer | None = None
@@ -68,7 +72,9 @@ class TurnObserver:
                         peak_memory_bytes=peak_memory(self.device).peak,
                         disturbed=window.contention.disturbed, loss_finite=window.loss_finite,
                         load=window.contention.other_cpu_share)
-        self._say(group_turn(mine, distributed.current()).to_json())
+        group = group_turn(mine, distributed.current())
+        mfu = utilization(self.warming.flops, group.samples_per_sec, self.peak)
+        self._say(replace(group, mfu=mfu).to_json())
         return self._next()
 
     def on_train_end(self) -> None:
