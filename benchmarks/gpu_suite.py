@@ -1,25 +1,24 @@
 """The first evidence from a GPU: every CUDA path of autotune run for real, raw results kept.
 
-`--quick` is the plan for a short lease (about 10 minutes of running), in order of what it
+`--quick` is the plan for a short lease (one call of at most 9 minutes), in order of what it
 proves, its steps' worst cases within 540 s:
 
 - `env`: the machine and versions, and the matmul peak measured in bf16, tf32 and fp32;
 - `quick-study-gpt2`: a default `autotune run` of models/gpt.py at its own GPT-2-small size
-  (124M parameters, block 1024) under `--budget`, so that it ends with a verdict from warm
-  paired turns, MFU against the data sheet and the measured bf16 peak;
-- `quick-bench-gpt2-*`: `autotune bench` of that model at its BASELINE's micro-batch in fp32,
-  tf32, bf16, bf16 compiled (default) and bf16 with reduce-overhead (CUDA graphs);
-- `quick-script-hf`: a Hugging Face Trainer script study (`--script`) of a smaller GPT-2 with
-  the libraries the GPU machine has.
+  (124M parameters, block 1024) under `--budget` (at most 4 minutes), so that it ends with a
+  known verdict, its MFU against the data sheet and the measured bf16 peak;
+- `quick-study-loader`: a default study of the storage-bound image loader written for issue
+  38 (benchmarks/results/expert_bar/storage_images.py): the GPU's idle share before and after;
+- `quick-bench-gpt2-*`: `autotune bench` of that GPT-2 at its BASELINE's micro-batch in bf16
+  compiled (default) and with reduce-overhead (CUDA graphs).
 
 `--followup` is the next short lease's plan: what the quick plan left unproven
 (docs/benchmarks.md keeps the list), its worst cases within 540 s too:
 
 - `followup-study-gpt-warm`: a default study of the mid-size GPT below (6x512, block 512),
   small enough that its candidates fit the GPU together, so that it ends in warm paired turns;
-- `followup-study-loader`: a default study of the storage-bound image loader written for issue
-  38 (benchmarks/results/expert_bar/storage_images.py): DataLoader workers, pinning and
-  persistence on CUDA, the bottleneck named first;
+- `followup-script-hf`: a Hugging Face Trainer script study (`--script`) of a smaller GPT-2
+  with the libraries the GPU machine has;
 - `followup-bench-gpt-*`: that GPT benched in fp16 (with its GradScaler) and in bf16 with the
   flash and cuDNN attention kernels.
 
@@ -102,10 +101,10 @@ STUDY = ["--timeout", f"{STUDY_TIMEOUT_S}s", "--trial-time-limit", str(STUDY_TRI
          "--confirm-top", "1", "--confirm-repeats", "1", "--seed", "0", *WINDOWS]
 # The quick plan: every step's worst case together within QUICK_BUDGET_S.
 QUICK_BUDGET_S = 540
-QUICK_STUDY_BUDGET_S = 200
-QUICK_SCRIPT_BUDGET_S = 50
+QUICK_STUDY_BUDGET_S = 220
+QUICK_LOADER_BUDGET_S = 100
 FOLLOWUP_STUDY_BUDGET_S = 200
-FOLLOWUP_LOADER_BUDGET_S = 110
+FOLLOWUP_SCRIPT_BUDGET_S = 120
 # A bench's own limits, short enough that five of them fit beside the study.
 QUICK_WINDOWS = ["--warmup-max-seconds", "15", "--window-seconds", "2", "--window-max-seconds", "5",
                  "--profile-steps", "1"]
@@ -157,36 +156,35 @@ def plan(gpus: int) -> list[Step]:
 
 
 def quick_plan() -> list[Step]:
-    """The short lease's plan: the machine, a default GPT-2-small study that ends with a
-    verdict, that model benched in each precision and compiled, then an HF script study."""
+    """The short lease's plan: the machine, a default GPT-2-small study that ends with a known
+    verdict, a loader-bound default study, then that GPT-2 benched compiled and with CUDA
+    graphs."""
     steps = [Step("env", (), 20),
              Step("quick-study-gpt2", ("run", "--model", "models/gpt.py", "--study", "gpt2",
                                        "--budget", f"{QUICK_STUDY_BUDGET_S}s", "--seed", "0"),
-                  QUICK_STUDY_BUDGET_S + 35)]
-    for precision, mode, max_s in (("fp32", "none", 35), ("tf32", "none", 30),
-                                   ("bf16", "none", 30), ("bf16", "default", 70),
-                                   ("bf16", "reduce-overhead", 60)):
-        steps.append(Step(f"quick-bench-gpt2-{precision}-{mode}", (
-            "bench", "--model", "models/gpt.py", "--set", f"precision={precision}", "--set",
+                  QUICK_STUDY_BUDGET_S + 35),
+             Step("quick-study-loader", (
+                 "run", "--model", "benchmarks/results/expert_bar/storage_images.py", "--study",
+                 "loader", "--budget", f"{QUICK_LOADER_BUDGET_S}s", "--seed", "0"),
+                  QUICK_LOADER_BUDGET_S + 25)]
+    for mode, max_s in (("default", 70), ("reduce-overhead", 60)):
+        steps.append(Step(f"quick-bench-gpt2-bf16-{mode}", (
+            "bench", "--model", "models/gpt.py", "--set", "precision=bf16", "--set",
             f"compile_mode={mode}", *QUICK_WINDOWS, "--time-limit", str(max_s - 5)), max_s))
-    steps.append(Step("quick-script-hf", (
-        "run", *HF_SCRIPT, "--study", "hf", "--budget", f"{QUICK_SCRIPT_BUDGET_S}s", "--seed",
-        "0", "--", *HF_SCRIPT_ARGS), QUICK_SCRIPT_BUDGET_S + 10))
     return steps
 
 
 def followup_plan() -> list[Step]:
-    """The next short lease's plan: a default study that ends in warm turns, a loader-bound
-    default study on CUDA, then fp16 and the flash and cuDNN attention kernels benched."""
+    """The next short lease's plan: a default study that ends in warm turns, an HF Trainer
+    script study, then fp16 and the flash and cuDNN attention kernels benched."""
     gpt = GPT_BENCH[:GPT_BENCH.index("--set")]  # the model at its own BASELINE
     steps = [Step("env", (), 20),
              Step("followup-study-gpt-warm", ("run", *gpt, "--study", "gpt-warm", "--budget",
                                               f"{FOLLOWUP_STUDY_BUDGET_S}s", "--seed", "0"),
                   FOLLOWUP_STUDY_BUDGET_S + 35),
-             Step("followup-study-loader", (
-                 "run", "--model", "benchmarks/results/expert_bar/storage_images.py", "--study",
-                 "loader", "--budget", f"{FOLLOWUP_LOADER_BUDGET_S}s", "--seed", "0"),
-                  FOLLOWUP_LOADER_BUDGET_S + 30)]
+             Step("followup-script-hf", (
+                 "run", *HF_SCRIPT, "--study", "hf", "--budget", f"{FOLLOWUP_SCRIPT_BUDGET_S}s",
+                 "--seed", "0", "--", *HF_SCRIPT_ARGS), FOLLOWUP_SCRIPT_BUDGET_S + 15)]
     for name, knobs in (("fp16", ("precision=fp16",)),
                         ("bf16-flash", ("precision=bf16", "attention_backend=flash")),
                         ("bf16-cudnn", ("precision=bf16", "attention_backend=cudnn"))):
