@@ -315,11 +315,17 @@ def knob_rows(summary: StudySummary) -> list[tuple[str, Any, Any]]:
 
 
 def speedup_text(summary: StudySummary) -> str:
-    """The speedup with its interval, and whether it is a difference at all."""
+    """The speedup with its interval, and whether it is a difference at all; where your
+    settings were kept, the interval is the closest other configuration's and says so."""
     confirmed = summary.confirmation
     interval = confirmed.speedup_ci if confirmed else None
     if not summary.speedup:
         return "n/a"
+    if interval and summary.best_config == summary.baseline_config:
+        holds_one = interval[0] <= 1.0 <= interval[1]
+        return (f"1.00x: your settings kept; the closest other "
+                f"[{interval[0]:.2f}-{interval[1]:.2f}]"
+                + (", no measurable difference" if holds_one else ""))
     text = f"{summary.speedup:.2f}x" + (f" [{interval[0]:.2f}-{interval[1]:.2f}]"
                                         if interval else "")
     if confirmed and confirmed.no_measurable_difference:

@@ -14,6 +14,7 @@ from autotune.show.report import (
     OPERATOR_TABLE_TITLES,
     bench_tables,
     knob_rows,
+    speedup_text,
     stats_table,
     summary_markdown,
     summary_tables,
@@ -103,6 +104,12 @@ def test_summary_shows_best_beside_baseline_in_both_forms() -> None:
         confirmed, speedup_ci=(0.97, 1.08), no_measurable_difference=True))
     assert "1.02x [0.97-1.08]: no measurable difference" in " ".join(
         _text(summary_tables(tied)).split())
+    # your settings kept: the interval is the closest other's, never the kept settings' own
+    kept = replace(summary, best_config=base, speedup=1.0, confirmation=replace(
+        confirmed, speedup_ci=(0.46, 1.03), no_measurable_difference=False))
+    assert speedup_text(kept) == \
+        "1.00x: your settings kept; the closest other [0.46-1.03], no measurable difference"
+    assert "1.00x [0.46-1.03]" not in " ".join(_text(summary_tables(kept)).split())
     assert "2: #2, #3" in text
     markdown = summary_markdown(summary)
     assert markdown.startswith("# autotune study `mlp`")
