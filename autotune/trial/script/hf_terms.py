@@ -94,11 +94,13 @@ def training_arguments(config: TrainConfig, script: Mapping[str, Any],
 def changed_arguments(config: TrainConfig, baseline: ScriptBaseline, device_type: str,
                       world_size: int = 1) -> dict[str, Any]:
     """The TrainingArguments fields whose value must change from the script's own to say
-    `config` (the script's own values are `baseline.settings["TrainingArguments"]`)."""
+    `config` (the script's own values are `baseline.settings["TrainingArguments"]`); TF32 is
+    a CUDA matmul mode, said only of an answer for CUDA."""
     script = baseline.settings["TrainingArguments"]
     new = training_arguments(config, script, baseline.fixed)
     own = training_arguments(baseline.config(device_type, world_size), script, baseline.fixed)
-    return {k: v for k, v in new.items() if v != own.get(k, script.get(k))}
+    return {k: v for k, v in new.items() if v != own.get(k, script.get(k))
+            and (k != "tf32" or device_type == "cuda")}
 
 
 def changes(config: TrainConfig, baseline: ScriptBaseline, device_type: str,

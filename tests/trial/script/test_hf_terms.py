@@ -149,6 +149,16 @@ def test_tf32_is_said_only_where_it_changes_something() -> None:
     assert "tf32" not in training_arguments(TrainConfig(precision="bf16"), {"tf32": True})
 
 
+def test_an_answer_for_the_cpu_says_nothing_of_tf32(tmp_path: Path) -> None:
+    """TF32 is a CUDA matmul mode: a compiled fp32 answer keeps IEEE fp32 on a GPU with
+    `tf32=False`, and says nothing of it on the CPU it was measured on."""
+    baseline = read_baseline(_args(tmp_path), "cpu")
+    compiled = baseline.config("cpu").replace(compile_mode="default")
+    assert changed_arguments(compiled, baseline, "cpu") == {"torch_compile": True}
+    assert changed_arguments(compiled, baseline, "cuda") == {"torch_compile": True,
+                                                             "tf32": False}
+
+
 @pytest.mark.parametrize("given", [
     {"num_train_epochs": 3, "per_device_train_batch_size": 8},
     {"num_train_epochs": 2.5, "per_device_train_batch_size": 6, "gradient_accumulation_steps": 4},
