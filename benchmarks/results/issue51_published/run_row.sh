@@ -6,7 +6,8 @@
 # NAME/args holds the script's file (first line), autotune's flags before `--` (second) and the
 # script's own arguments (third), and a folder of that script's to put on PYTHONPATH where one
 # is needed (fourth, optional); the transcript goes to NAME/<mode>.txt beside it. autotune runs
-# from the clone at /work/bench (the commit under test), not the working tree.
+# from the clone at /work/bench (the commit under test), not the working tree, on
+# /work/venv-214's Python unless PYTHON names another (a venv of the script's own release).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 name=$1 mode=$2
@@ -19,7 +20,7 @@ cd "/work/published/$name" || exit 1
 rm -rf "studies_$mode"
 start=$(date +%s)
 # shellcheck disable=SC2086
-PYTHONPATH=/work/bench${extra_path:+:$PWD/$extra_path} /work/venv-214/bin/python -m autotune run --script "$script" --device cpu $extra \
+PYTHONPATH=/work/bench${extra_path:+:$PWD/$extra_path} "${PYTHON:-/work/venv-214/bin/python}" -m autotune run --script "$script" --device cpu $extra \
     --studies-dir "studies_$mode" $autotune_flags -- $script_args > "$here/$name/$mode.txt" 2>&1
 rc=$?
 echo "rc $rc wall $(( $(date +%s) - start )) s at $(git -C /work/bench log --format=%h -1)" >> "$here/$name/$mode.txt"
