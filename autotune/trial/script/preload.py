@@ -33,6 +33,7 @@ class ImportRecorder(importlib.abc.MetaPathFinder):
     def __init__(self) -> None:
         self._environment = dict(os.environ)
         self._before_change: list[str] | None = None
+        self._checking = False
         self.changed: list[str] = []  # the variables changed before training, in order seen
 
     def find_spec(self, name: str, path: Sequence[str] | None,
@@ -41,13 +42,18 @@ class ImportRecorder(importlib.abc.MetaPathFinder):
         return None
 
     def check_environment(self) -> None:
-        """The first change to the environment freezes what may be imported ahead."""
-        if self._before_change is not None:
+        """The first change to the environment freezes what may be imported ahead (an import
+        made while that is read is not looked at again)."""
+        if self._before_change is not None or self._checking:
             return
         changed = changed_variables(self._environment)
         if changed:
-            self.changed = changed
-            self._before_change = library_modules()
+            self._checking = True
+            try:
+                self.changed = changed
+                self._before_change = library_modules()
+            finally:
+                self._checking = False
 
     def modules(self) -> list[str]:
         """The library modules a fork server may import for this script: every one imported so
@@ -73,8 +79,10 @@ def library_modules() -> list[str]:
     still being imported (whose own code may be what changed the environment) is left out, and
     so is a module that a deeper one imports anyway (its package)."""
     roots = library_roots()
+    # A module's attributes read from its own __dict__: a module-level __getattr__ (PEP 562;
+    # transformers' aliases of moved modules) would import on a missing one.
     names = [name for name, module in list(sys.modules.items())
-             if isinstance(module, ModuleType) and getattr(module, "__name__", None) == name
+             if isinstance(module, ModuleType) and vars(module).get("__name__") == name
              and name.split(".")[0] != "autotune" and not _initializing(module)
              and _inside(module, roots)]
     parents = {name.rsplit(".", 1)[0] for name in names if "." in name}
@@ -111,11 +119,11 @@ def library_roots() -> tuple[str, ...]:
 
 
 def _initializing(module: ModuleType) -> bool:
-    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+    return bool(getattr(vars(module).get("__spec__"), "_initializing", False))
 
 
 def _inside(module: ModuleType, roots: tuple[str, ...]) -> bool:
-    file = getattr(module, "__file__", None)
+    file = vars(module).get("__file__")
     if not file:
         return False
     with contextlib.suppress(OSError):

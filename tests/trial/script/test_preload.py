@@ -8,6 +8,7 @@ import os
 import sys
 import textwrap
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -49,6 +50,27 @@ def test_imports_after_the_script_changes_the_environment_are_its_own(
         importlib.import_module(SECOND)
     modules = imports.modules()
     assert FIRST in modules and SECOND not in modules
+    assert imports.changed == ["AUTOTUNE_TEST_FLAG"]
+
+
+def test_a_module_that_imports_on_a_missing_attribute_is_read_without_importing(
+        unimported: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers 5.1 leaves aliases of moved modules in sys.modules whose module-level
+    __getattr__ imports (PEP 562): reading what the script imported must not call it (it
+    recursed through the recorder until Python's limit, and run_clm.py failed at import)."""
+    lazy = ModuleType("autotune_test_lazy")
+
+    def imports_on_access(name: str) -> object:
+        return importlib.import_module(f"autotune_test_absent_{name.strip('_')}")
+
+    lazy.__getattr__ = imports_on_access  # type: ignore[method-assign]
+    monkeypatch.setitem(sys.modules, "autotune_test_lazy", lazy)
+    monkeypatch.delenv("AUTOTUNE_TEST_FLAG", raising=False)
+    with recording_imports() as imports:
+        importlib.import_module(FIRST)
+        monkeypatch.setenv("AUTOTUNE_TEST_FLAG", "1")
+        importlib.import_module(SECOND)
+    assert FIRST in imports.modules() and SECOND not in imports.modules()
     assert imports.changed == ["AUTOTUNE_TEST_FLAG"]
 
 
