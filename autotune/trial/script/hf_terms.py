@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 from collections.abc import Iterable, Mapping
 from enum import Enum
@@ -38,6 +39,17 @@ def checkpointing_field() -> str:
     names = {f.name for f in dataclasses.fields(TrainingArguments)}
     return "activation_checkpointing" if "activation_checkpointing" in names \
         else "gradient_checkpointing"
+
+
+@functools.cache
+def checkpoints_every_n_layers() -> bool:
+    """Whether the installed transformers' models checkpoint every n-th layer alone (the
+    `every_n_layers` of their `_enable()`, which 5.24 has and 5.1 does not): autotune's
+    "selective" checkpointing."""
+    from transformers import PreTrainedModel
+
+    enable = getattr(PreTrainedModel, f"{checkpointing_field()}_enable")
+    return "every_n_layers" in inspect.signature(enable).parameters
 
 
 def _fields_of(knob: str) -> tuple[str, ...]:
@@ -137,6 +149,10 @@ def _reason(knob: str, value: Any, values: Mapping[str, Any], device_type: str) 
                 "torch.optim.AdamW with PyTorch's default implementation (foreach on CUDA, a "
                 "for-loop elsewhere), adamw_torch_fused the fused one, and optim_args do not "
                 "reach torch's AdamW")
+    if knob == "activation_checkpointing" and value == "selective" and \
+            not checkpoints_every_n_layers():
+        return ("this transformers checkpoints every layer or none: every other layer alone "
+                "is its models' every_n_layers, in later releases")
     if knob == "memory_format":
         return ("TrainingArguments has no memory format: channels_last is the model's and the "
                 "batches' own, which autotune does not change in a script")

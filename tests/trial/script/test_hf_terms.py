@@ -21,6 +21,7 @@ from transformers import TrainingArguments  # noqa: E402
 from autotune.trial.script.hf_terms import (  # noqa: E402
     changed_arguments,
     checkpointing_field,
+    checkpoints_every_n_layers,
     read_baseline,
     run_steps,
     training_arguments,
@@ -78,7 +79,8 @@ def test_settings_the_knobs_do_not_have_are_kept_and_said(tmp_path: Path) -> Non
     ({"precision": "fp8_rowwise"}, False),
     ({"memory_format": "channels_last"}, False),
     ({"attention_backend": "math"}, False),
-    ({"activation_checkpointing": "selective"}, True),
+    # every other layer alone: where the installed transformers' models can (5.24, not 5.1)
+    ({"activation_checkpointing": "selective"}, checkpoints_every_n_layers()),
     ({"compile_mode": "max-autotune"}, True),
 ])
 def test_what_trainingarguments_can_say(tmp_path: Path, change: dict,
