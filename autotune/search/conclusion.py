@@ -127,7 +127,8 @@ def candidate_summary(entry: Candidate, reference: Candidate) -> CandidateSummar
         speedup=ratio.value if ratio else 1.0,
         speedup_ci=(ratio.low, ratio.high) if ratio and ratio.low is not None else None,
         trace=entry.trace or next((r.trace for r in entry.runs if r and r.trace), None),
-        worst_batch=entry.worst, loss_check=entry.loss, excluded=entry.excluded)
+        worst_batch=entry.worst, loss_check=entry.loss, excluded=entry.excluded,
+        script_answer=entry.script_answer)
 
 
 def drift(reference: Candidate) -> Drift | None:

@@ -37,7 +37,7 @@ from autotune.study.records import (
     rankable,
     trial_records,
 )
-from autotune.trial.protocol import TrialResult, TrialStatus
+from autotune.trial.protocol import ScriptAnswer, TrialResult, TrialStatus
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,8 @@ class Candidate:
     search_peak_bytes: float | None = None  # its peak memory in the search (warm processes')
     search_disturbed: bool = False  # its search trial's window saw another process's load
     trace: str | None = None  # its profiler trace, where its warm process was asked for one
+    # A script's configuration in its own terms, as its warm process or a fresh run said it
+    script_answer: ScriptAnswer | None = None
     # Measured only to judge one change of `taken_from` (that configuration less the change):
     # never the race's answer itself, and out of the race once the change shows it pays.
     taken_from: Candidate | None = field(default=None, repr=False, compare=False)

@@ -153,6 +153,8 @@ def run_race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
                     [e for e in ruled_out if not e.variant])
     measured = WARM_TURNS if turns is not None else FRESH_ROUNDS
     racing = turns.racing() if turns is not None else list(range(len(entries)))
+    for i in racing if turns is not None else ():
+        entries[i].script_answer = turns.script_answer(i) or entries[i].script_answer
     left_out = len(racing) < len(entries)  # for the time left: judged by none
     shuffle = random.Random(0)
     start, rounds, kept_disturbed, run_s = time.monotonic(), 0, 0, 0.0
@@ -474,4 +476,7 @@ def _run(entry: Candidate, index: int, round_: int, name: str, how: Measuring,
     trace = how.directory / "traces" / f"{name}-{index}.json" if round_ == 1 else None
     job = MeasureJob(f"{name}-{index}-{round_ - 1}", how.time_limit_s, how.device, trace=trace,
                      profile=trace is not None, round_run=True)
-    return run_of(how.measure(entry.config, job), how.scoring)
+    result = how.measure(entry.config, job)
+    if result.measurement is not None and result.measurement.script_answer is not None:
+        entry.script_answer = result.measurement.script_answer
+    return run_of(result, how.scoring)

@@ -38,7 +38,7 @@ from autotune.search.isolation import (
 from autotune.search.runner import MeasureJob, ProcessRunner
 from autotune.study.confirmation import WARM_TURNS, Run
 from autotune.study.records import config_key
-from autotune.trial.protocol import TrialRequest, TrialStatus, WarmTurn
+from autotune.trial.protocol import ScriptAnswer, TrialRequest, TrialStatus, WarmTurn
 
 # Of the memory a trial may use, what the warm processes together may take (the rest: the
 # tuner, and what a peak measured once leaves out).
@@ -157,6 +157,9 @@ class _WarmProcess:
             ready = self._answer(wait_s, ends_by)
             if not ready.get("ready"):
                 raise WarmUnavailable(f"{ready.get('error', 'no answer')} (log: {log})")
+            said = ready.get("script_answer")
+            # a script's configuration in its own terms, as its trial's measurement has it
+            self.script_answer = ScriptAnswer.from_json(said) if said else None
         except BaseException:
             self.close()
             raise
@@ -244,6 +247,12 @@ class WarmRounds:
         """Configuration i's profiler trace, written to `path` (a fresh round's first run
         leaves one; a turn does not)."""
         return self.processes[index].trace(path, self.time_limit_s)
+
+    def script_answer(self, index: int) -> ScriptAnswer | None:
+        """Configuration i in its script's own terms (a script's warm process says it when
+        ready; a model file's has none)."""
+        process = self.processes[index]
+        return process.script_answer if process is not None else None
 
     def release(self, index: int) -> None:
         """End configuration i's process (no later turn needs it): its memory is freed."""
@@ -405,6 +414,10 @@ class WarmTurns:
     def trace(self, index: int, path: Path) -> str:
         rounds, i = self._slot(index)
         return rounds.trace(i, path)
+
+    def script_answer(self, index: int) -> ScriptAnswer | None:
+        rounds, i = self._slot(index)
+        return rounds.script_answer(i)
 
     def _slot(self, index: int) -> tuple[WarmRounds, int]:
         slot = self.slots[index]

@@ -14,6 +14,7 @@ from typing import Any
 from autotune.config import TrainConfig
 from autotune.study.checks import CheckSummary, LossCheck, WorstBatchCheck
 from autotune.study.records import config_key
+from autotune.trial.protocol import ScriptAnswer
 
 FAILED = "failed"
 # How the rounds were measured: each candidate kept warm in its own process taking turns of a
@@ -85,6 +86,9 @@ class CandidateSummary:
     worst_batch: WorstBatchCheck | None = None
     loss_check: LossCheck | None = None
     excluded: str = ""
+    # a script's configuration in its own terms, where its rounds said it (an answer less
+    # some changes has no trial of its own to say it)
+    script_answer: ScriptAnswer | None = None
 
     def ok_runs(self) -> list[Run]:
         return [run for run in self.runs if run.ok]
@@ -103,18 +107,21 @@ class CandidateSummary:
                 "runs": [run.to_json() for run in self.runs],
                 "speedup_ci": list(self.speedup_ci) if self.speedup_ci else None,
                 "worst_batch": self.worst_batch.to_json() if self.worst_batch else None,
-                "loss_check": self.loss_check.to_json() if self.loss_check else None}
+                "loss_check": self.loss_check.to_json() if self.loss_check else None,
+                "script_answer": asdict(self.script_answer) if self.script_answer else None}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> CandidateSummary:
         ci, worst, loss = data.get("speedup_ci"), data.get("worst_batch"), data.get("loss_check")
+        said = data.get("script_answer")
         return cls(**{**{f.name: data.get(f.name) for f in fields(cls)},
                       "config": TrainConfig.from_dict(data["config"]),
                       "runs": tuple(_run(r) for r in data["runs"]),
                       "speedup_ci": tuple(ci) if ci else None,
                       "worst_batch": WorstBatchCheck.from_json(worst) if worst else None,
                       "loss_check": LossCheck.from_json(loss) if loss else None,
-                      "excluded": data.get("excluded") or ""})
+                      "excluded": data.get("excluded") or "",
+                      "script_answer": ScriptAnswer.from_json(said) if said else None})
 
 
 @dataclass(frozen=True)

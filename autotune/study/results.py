@@ -200,7 +200,7 @@ def study_summary(study: optuna.Study) -> StudySummary:
                             for v in attrs.get(StudyKey.VERIFICATIONS, [])),
         process_group=process_group_figures(
             next((r for r in records if r.number == best_trial), None)),
-        script_answer=script_answer(records, best_config),
+        script_answer=script_answer(records, best_config, confirmation),
         **figures)
 
 
@@ -242,13 +242,17 @@ def _profiled(records: Iterable[TrialRecord], config: TrainConfig) -> TrialRecor
                  and r.measurement.host_syncs_per_step is not None and not r.duplicate), None)
 
 
-def script_answer(records: list[TrialRecord], config: TrainConfig | None) -> ScriptAnswer | None:
+def script_answer(records: list[TrialRecord], config: TrainConfig | None,
+                  confirmation: Confirmation | None = None) -> ScriptAnswer | None:
     """A script study's answer in the script's own terms: what the last measured trial of
-    `config` found the script must change to run it."""
+    `config` found the script must change to run it, else what its confirmation rounds said
+    (an answer less some changes of the race's best has no trial of its own)."""
     answers = [r.measurement.script_answer for r in records
                if r.config == config and r.measurement is not None
                and r.measurement.script_answer is not None]
-    return answers[-1] if answers else None
+    said = [c.script_answer for c in (confirmation.candidates if confirmation else ())
+            if c.config == config and c.script_answer is not None]
+    return answers[-1] if answers else said[0] if said else None
 
 
 def applicable_knobs(space: Mapping[str, Any] | None, best: TrainConfig | None,

@@ -146,6 +146,9 @@ class _Turns:
         self.traced.append(self.configs[index])
         return str(path)
 
+    def script_answer(self, index: int) -> None:
+        """A model file's processes say none."""
+
     def close(self) -> None:
         self.closed = True
 
@@ -347,7 +350,7 @@ RATES = {BASE: 100.0, FAST: 150.0, BASE.replace(precision="bf16"): 120.0,
          BASE.replace(micro_batch_size=128): 110.0}
 
 
-class _LoadBySecond:
+class _LoadBySecond(_Turns):
     """Four warm processes beside a load that comes and goes every three turns (every 1.5 s
     of half-second turns: a compile or an install beside the run): a turn under it runs at
     half speed and is flagged. A round of four turns always holds both."""

@@ -20,6 +20,7 @@ from autotune.study.confirmation import (
     CandidateSummary,
     Confirmation,
     TakenBack,
+    stored_confirmation,
 )
 from autotune.study.records import (
     MEMORY_CONSTRAINT,
@@ -37,12 +38,13 @@ from autotune.study.results import (
     list_studies,
     load_study,
     prediction_errors,
+    script_answer,
     shorter_than_measured,
     study_summary,
 )
 from autotune.study.storage import open_storage
 from autotune.study.summary import CompilePayoff
-from autotune.trial.protocol import Measurement, TrialStatus
+from autotune.trial.protocol import SWITCH, Measurement, ScriptAnswer, ScriptFlag, TrialStatus
 
 
 def _told(study: optuna.Study, config: TrainConfig, status: str, rate: float | None,
@@ -260,6 +262,22 @@ def test_an_answer_that_compiles_says_its_start_up_and_the_steps_it_pays_for_its
     assert "in the paired rounds" in paired.reference
     never = replace(payoff, break_even_steps=None)
     assert compile_sentence(answer, plain.config, never).endswith("never pays for itself here")
+
+
+def test_an_answer_with_no_trial_of_its_own_is_said_as_its_rounds_said_it() -> None:
+    """The race's best less a change that did not pay (run_clm_no_trainer.py: fused AdamW +
+    torch.compile, bf16 dropped) has no trial of its own: its terms in the script's flags and
+    lines are what its warm process said, kept in the stored confirmation."""
+    answer = TrainConfig(optimizer_impl="fused", compile_mode="default")
+    said = ScriptAnswer("loop", {"--fused_adam": {"fused_adam": True}}, None, None,
+                        routed=True, script_flags=(ScriptFlag("--fused_adam", True, SWITCH, True),))
+    confirmation = _confirmed(answer, 1000.0)
+    winner = replace(confirmation.winner, script_answer=said)
+    stored = stored_confirmation(replace(confirmation, candidates=(winner,),
+                                         winner=winner).to_json())
+    assert script_answer([], answer, stored) == said
+    assert script_answer([], answer, stored).lines() == ["--fused_adam"]
+    assert script_answer([], TrainConfig(), stored) is None
 
 
 def _confirmed(config: TrainConfig, rate: float) -> Confirmation:

@@ -41,6 +41,7 @@ from autotune.trial.protocol import (
     ProbeSettings,
     ProfileReport,
     ProfileSettings,
+    ScriptAnswer,
     TrialRequest,
     WorstBatch,
     WorstBatchSettings,
@@ -168,6 +169,16 @@ def trained_precision(request: TrialRequest, device_type: str, world_size: int) 
     if asked is not None:
         return asked.precision
     return own.config(device_type, world_size).precision if own else None
+
+
+def answer_of(request: TrialRequest, device_type: str, world_size: int) -> ScriptAnswer | None:
+    """The request's configuration in the script's own terms, as its trial's measurement says
+    it (None where the probe has not read the script's own settings)."""
+    own = _own(request)
+    if own is None:
+        return None
+    return terms.answer(_asked(request) or own.config(device_type, world_size), own,
+                        device_type, world_size)
 
 
 def _asked(request: TrialRequest) -> TrainConfig | None:

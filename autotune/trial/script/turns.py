@@ -12,7 +12,7 @@ loop pauses at the same step: each is told the same commands (`trial.warm` reads
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
@@ -23,7 +23,7 @@ from autotune.trial import distributed
 from autotune.trial.contention import ContentionProbe
 from autotune.trial.measure import group_turn, peak_memory, utilization
 from autotune.trial.profiling import ProfilerWindow
-from autotune.trial.protocol import WarmTurn
+from autotune.trial.protocol import ScriptAnswer, WarmTurn
 from autotune.trial.script.measuring import FIRST, WARMUP, MeasuringObserver
 from autotune.trial.script.observer import TrainInfo
 from autotune.trial.window import WindowTimer, turn_settings
@@ -37,13 +37,15 @@ class TurnObserver:
 
     def __init__(self, settings: MeasureSettings, device: torch.device,
                  commands: Iterator[Any], say: Callable[[Any], None],
-                 tuner_pid: int | None = None, precision: str | None = None) -> None:
+                 tuner_pid: int | None = None, precision: str | None = None,
+                 answer: ScriptAnswer | None = None) -> None:
         self.settings, self.device = settings, device
         self.commands, self._say = commands, say
         # FLOPs counted where a trial's are (on CUDA), for each turn's MFU
         self.warming = MeasuringObserver(settings, device, count_flops=device.type == "cuda")
         self.peak = peak_flops(describe(device), precision) if precision else None
         self.tuner_pid = tuner_pid
+        self.answer = answer
         self.ready = False
         self._turn: WindowTimer | None = None
         self._trace: tuple[ProfilerWindow, str] | None = None
@@ -59,7 +61,8 @@ class TurnObserver:
             self.ready = True
             print(f"autotune warm: the script's loop steady after "
                   f"{len(self.warming.warm.times)} steps", flush=True)
-            self._say({"ready": True})
+            self._say({"ready": True,
+                       "script_answer": asdict(self.answer) if self.answer else None})
             return self._next()
         if self._trace is not None:
             return self._traced()

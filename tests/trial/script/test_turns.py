@@ -10,9 +10,10 @@ import pytest
 
 from autotune.config import TrainConfig
 from autotune.options import MeasureSettings
+from autotune.search.isolation import run_isolated
 from autotune.search.warm import WarmRounds
 from autotune.target import Script
-from autotune.trial.protocol import TrialRequest
+from autotune.trial.protocol import ProbeSettings, TrialRequest
 
 from ...conftest import ROOT
 
@@ -24,22 +25,33 @@ SETTINGS = MeasureSettings(window_steps=3, window_seconds=0.2, warmup_max_second
 @pytest.mark.slow
 def test_a_scripts_own_loop_takes_warm_turns_and_is_stopped_between_them(tmp_path) -> None:
     """Two configurations of a nanoGPT-style loop, each in a warm process: after warming up,
-    each answers turns of its own loop's steps (fused AdamW and the baseline's for-loop one
-    both measured), a profiler trace on request, and `stop` ends the loop between two steps;
-    its --out_dir (checkpoints every step) never appears, and its scratch folders are gone."""
+    each says itself in the script's own terms (what an answer with no trial of its own is
+    told by), answers turns of its own loop's steps (fused AdamW and the baseline's for-loop
+    one both measured), a profiler trace on request, and `stop` ends the loop between two
+    steps; its --out_dir (checkpoints every step) never appears, and its scratch folders are
+    gone."""
     out = tmp_path / "loop-out"
-    requests = [TrialRequest(Script(LOOP, ("--out_dir", str(out), "--eval_interval", "1")),
-                             device="cpu", settings=SETTINGS,
+    script = Script(LOOP, ("--out_dir", str(out), "--eval_interval", "1"))
+    probe = run_isolated(TrialRequest(script, config={}, device="cpu",
+                                      settings=ProbeSettings(candidates={})),
+                         300, tmp_path / "probe.log").probe
+    assert probe is not None, (tmp_path / "probe.log").read_text()[-3000:]
+    requests = [TrialRequest(script, device="cpu", settings=SETTINGS,
                              config=TrainConfig(micro_batch_size=8, grad_accum_steps=2,
-                                                optimizer_impl=impl).to_dict())
+                                                optimizer_impl=impl).to_dict(),
+                             script_baseline=probe.script_baseline)
                 for impl in ("for_loop", "fused")]
     rounds = WarmRounds(requests, [tmp_path / f"warm-{i}.log" for i in range(2)], 120)
     scratch = [process.scratch for process in rounds.processes]
     try:
+        answers = [rounds.script_answer(i) for i in range(2)]
         turns = [[rounds.turn(i) for i in range(2)] for _ in range(3)]
         trace = rounds.trace(1, tmp_path / "trace.json")
     finally:
         rounds.close()
+    assert answers[0] is not None and answers[0].lines() == []  # the script's own settings
+    assert answers[1] is not None and \
+        answers[1].lines() == ["loop_nanogpt.py:98: torch.optim.AdamW(..., fused=True)"]
     assert all(run is not None and run.samples_per_sec > 0 and run.ok
                for pair in turns for run in pair)
     assert Path(trace).is_file()
