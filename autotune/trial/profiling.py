@@ -200,9 +200,9 @@ def _host_syncs(
     Scalar reads made by the DataLoader's sampler or inside `optimizer.step()` (a closure's
     forward and backward aside) are not the model's syncs and are left out. Only the
     outermost of nested sync events counts (aten::item wraps aten::_local_scalar_dense,
-    which on CUDA wraps cudaStreamSynchronize). On CUDA a
-    scalar read counts only if it really waited on the device: optimizers read CPU step
-    counters with .item() on every step, which costs the device nothing.
+    which on CUDA wraps cudaStreamSynchronize). On CUDA a scalar read counts only if it
+    really waited on the device: optimizers read CPU step counters with .item() on every
+    step, which costs the device nothing.
     """
     count, time_us = 0, 0.0
     backward = _backward_ranges(events)
