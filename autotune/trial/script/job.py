@@ -165,20 +165,22 @@ def _measure_settings(request: TrialRequest) -> MeasureSettings:
 def trained_precision(request: TrialRequest, device_type: str, world_size: int) -> str | None:
     """The precision a measurement of the request trains in (the script's own where the
     request asks for none), whose peak its MFU divides by; None where neither is known."""
-    asked, own = _asked(request), _own(request)
-    if asked is not None:
-        return asked.precision
-    return own.config(device_type, world_size).precision if own else None
+    trained = _trained(request, device_type, world_size)
+    return trained.precision if trained else None
 
 
 def answer_of(request: TrialRequest, device_type: str, world_size: int) -> ScriptAnswer | None:
     """The request's configuration in the script's own terms, as its trial's measurement says
     it (None where the probe has not read the script's own settings)."""
+    own, trained = _own(request), _trained(request, device_type, world_size)
+    return terms.answer(trained, own, device_type, world_size) if own and trained else None
+
+
+def _trained(request: TrialRequest, device_type: str, world_size: int) -> TrainConfig | None:
+    """The configuration a measurement of the request trains: the one it asks for, else the
+    script's own (None where neither is known)."""
     own = _own(request)
-    if own is None:
-        return None
-    return terms.answer(_asked(request) or own.config(device_type, world_size), own,
-                        device_type, world_size)
+    return _asked(request) or (own.config(device_type, world_size) if own else None)
 
 
 def _asked(request: TrialRequest) -> TrainConfig | None:
