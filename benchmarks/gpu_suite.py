@@ -76,6 +76,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from autotune.show.report import diagnosis_lines  # noqa: E402
 from autotune.study.results import load_study, study_summary  # noqa: E402
 from autotune.trial.protocol import Measurement  # noqa: E402
 
@@ -322,15 +323,22 @@ def summary_line(record: dict, out: Path) -> str:
         figures = (f"{m.samples_per_sec:,.0f} samples/s{mfu}, peak "
                    f"{(m.peak_memory_bytes or 0) / 2**30:.2f} GiB, compiles {m.graphs_compiled} "
                    f"(window {m.graphs_compiled_in_window}), CUDA graphs recorded "
-                   f"{m.cudagraph_recordings}" if m.samples_per_sec
+                   f"{m.cudagraph_recordings}{_work(m)}" if m.samples_per_sec
                    else printed.get("message", "")[:160])
         return f"{printed['status']}: {figures}"
     if isinstance(printed, dict):  # `run --json`: the study it made
         summary = study_summary(load_study(printed["study"], out / "studies"))
         mfu = f", MFU {summary.best_mfu:.1%}" if summary.best_mfu is not None else ""
         return (f"{summary.verdict} (best {summary.best_samples_per_sec or 0:,.0f} samples/s"
-                f"{mfu}; statuses {summary.statuses})")
+                f"{mfu}; statuses {summary.statuses}) " + " | ".join(diagnosis_lines(summary)))
     return f"exit {record['returncode']}: {record.get('stderr', '')[-160:]}"
+
+
+def _work(m: Measurement) -> str:
+    """Where a bench's profiled step went: its time by kind of work, its kernels a step."""
+    kinds = ", ".join(f"{kind.value} {share:.0%}" for kind, share in (m.work_shares or {}).items())
+    kernels = f", {m.kernels_per_step:,.0f} kernels a step" if m.kernels_per_step else ""
+    return f"; {kinds}{kernels}" if kinds else ""
 
 
 def dry_run(steps: list[Step], out: Path, budget_s: float) -> None:

@@ -4,7 +4,9 @@ knobs each points to, and the one that dominates.
 From one trial's `Measurement`: waiting for data (the timed window's own share), the optimizer's
 step, host syncs, per-operator overhead (launch-bound kernels, or tiny CPU operators: the
 profile's `launch_bound` finding) and the rest, forward and backward; on CUDA the share the
-device sat idle; and the memory left at the peak. The search measures the dominant share's knobs
+device sat idle and the kernels a step launches; the operators' time by kind of work (matmuls,
+attention, elementwise...: where an MFU short of the roofline goes); and the memory left at the
+peak. The search measures the dominant share's knobs
 first (`search/expert`), the run prints the baseline's diagnosis after its trial, and the verdict
 says what the answer did to the dominant share.
 """
@@ -15,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.trial.protocol import Measurement
+from autotune.trial.protocol import Measurement, WorkKind
 
 DATA_WAIT = "data_wait"
 OPTIMIZER = "optimizer"
@@ -63,11 +65,14 @@ class Share:
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """A step's shares (largest first), the device's idle share (CUDA) and the memory left."""
+    """A step's shares (largest first), the device's idle share (CUDA), the memory left, and
+    its operators' time by kind of work (largest first) with the kernels a step launches (CUDA)."""
 
     shares: tuple[Share, ...]
     device_idle: float | None = None
     memory_free: float | None = None  # share of the memory limit free at the step's peak
+    work: tuple[tuple[WorkKind, float], ...] = ()
+    kernels_per_step: float | None = None
 
     def share(self, kind: str) -> float | None:
         return next((s.fraction for s in self.shares if s.kind == kind), None)
@@ -119,6 +124,19 @@ class Diagnosis:
             return f"{text}. No single bottleneck: the usual fast settings first"
         return f"{text}. {_WORDS.get(self.dominant, 'the unused memory').capitalize()} first"
 
+    def describe_work(self) -> str | None:
+        """Where the operators' time goes, by kind of work (each named one of at least
+        `NAMED`), with the kernels a step launches; None without a profile's kinds."""
+        named = [f"{kind.words} {fraction:.0%}" for kind, fraction in self.work
+                 if fraction >= NAMED]
+        if not named:
+            return None
+        whose = "GPU time" if self.device_idle is not None else "operator time"
+        text = f"{whose}: {', '.join(named)}"
+        if self.kernels_per_step is not None:
+            text += f"; {self.kernels_per_step:,.0f} kernels a step"
+        return text
+
     def _pointer(self, share: Share, largest: str | None) -> str:
         """What a share points to, where it is worth saying: a fixable share that dominates,
         host syncs (the model's own code), the largest share where it is forward and
@@ -131,12 +149,15 @@ class Diagnosis:
     def to_json(self) -> dict[str, Any]:
         return {"shares": {s.kind: s.fraction for s in self.shares},
                 "device_idle": self.device_idle, "memory_free": self.memory_free,
-                "dominant": self.dominant}
+                "dominant": self.dominant, "work": {k.value: v for k, v in self.work},
+                "kernels_per_step": self.kernels_per_step}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Diagnosis:
         return cls(tuple(Share(k, v) for k, v in data["shares"].items()),
-                   data.get("device_idle"), data.get("memory_free"))
+                   data.get("device_idle"), data.get("memory_free"),
+                   tuple((WorkKind(k), v) for k, v in (data.get("work") or {}).items()),
+                   data.get("kernels_per_step"))
 
 
 def diagnose(m: Measurement, memory_limit_bytes: int | None) -> Diagnosis | None:
@@ -158,7 +179,8 @@ def diagnose(m: Measurement, memory_limit_bytes: int | None) -> Diagnosis | None
     free = None
     if memory_limit_bytes and m.peak_memory_bytes:
         free = max(0.0, 1.0 - m.peak_memory_bytes / memory_limit_bytes)
-    return Diagnosis(tuple(shares), m.device_idle_fraction, free)
+    return Diagnosis(tuple(shares), m.device_idle_fraction, free,
+                     tuple((m.work_shares or {}).items()), m.kernels_per_step)
 
 
 def before_and_after(before: Diagnosis, after: Diagnosis | None) -> str | None:

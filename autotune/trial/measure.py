@@ -251,6 +251,8 @@ def window_measurement(*, times: list[float], samples: int, seconds: float, wait
         optimizer_fraction=profile.optimizer_fraction if profile else None,
         device_idle_fraction=profile.device_idle_fraction if profile else None,
         top_operators=profile.top_operators if profile else (),
+        work_shares=profile.work_shares if profile else None,
+        kernels_per_step=profile.kernels_per_step if profile else None,
         trace_path=profile.trace_path if profile else None,
         flops_per_sample=flops.per_sample if flops else None,
         flops_source=flops.source if flops else None,

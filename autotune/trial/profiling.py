@@ -25,8 +25,9 @@ from torch._C._profiler import _ExperimentalConfig
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from autotune.trial.protocol import OperatorStat
+from autotune.trial.protocol import OperatorStat, WorkKind
 from autotune.trial.training import NEXT_BATCH
+from autotune.trial.work_kinds import shares_by_kind
 
 # Each profiled step is a range named as torch.profiler's own schedule names them, so
 # TensorBoard's profiler plugin splits its overview by step.
@@ -84,6 +85,10 @@ class ProfileSummary:
     # Share of the window in the optimizer's step: its host time, or on CUDA its kernels'
     # where longer; None where no optimizer step was recorded.
     optimizer_fraction: float | None = None
+    # The operators' time (on CUDA: their kernels') by kind of work, and the kernels a step
+    # launched (CUDA only).
+    work_shares: dict[WorkKind, float] | None = None
+    kernels_per_step: float | None = None
 
 
 def _synchronize(device: torch.device | None) -> None:
@@ -118,6 +123,10 @@ def _is_device_busy(evt: Any) -> bool:
     if activity is None:  # torch builds whose events do not carry the kineto activity type
         return not evt.is_user_annotation
     return activity in _DEVICE_BUSY_ACTIVITIES
+
+
+def _is_kernel(evt: Any) -> bool:
+    return _is_device_busy(evt) and getattr(evt, "activity_type", "kernel") == "kernel"
 
 
 def _busy_intervals(events: Iterable[Any]) -> list[tuple[float, float]]:
@@ -398,6 +407,8 @@ def _summary(prof: profile, steps: int, on_cuda: bool, trace_path: str | os.Path
     averages = prof.key_averages()
     cpu_total_us = _cpu_total_us(averages)
     top_ops = _operator_stats(averages, on_cuda, device_total_us if on_cuda else cpu_total_us, top)
+    work = shares_by_kind((avg.key, _self_device_us(avg) if on_cuda else avg.self_cpu_time_total)
+                          for avg in averages if is_operator(avg))
     return ProfileSummary(
         steps=steps,
         window_s=(hi - lo) * _US,
@@ -410,6 +421,8 @@ def _summary(prof: profile, steps: int, on_cuda: bool, trace_path: str | os.Path
         trace_path=None if trace_path is None else str(trace_path),
         communication_fraction=communication,
         optimizer_fraction=_optimizer_fraction(events, lo, hi, on_cuda),
+        work_shares=work or None,
+        kernels_per_step=sum(map(_is_kernel, events)) / steps if on_cuda else None,
     )
 
 

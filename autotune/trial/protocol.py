@@ -6,13 +6,13 @@ The tuner's side (`autotune.search.isolation`) writes a `TrialRequest` (what it 
 `ProbeSettings`, `ProfileSettings`, `WorstBatchSettings` or `LossRunSettings`) to a file, the
 trial's side (`autotune.trial.child`) runs it and writes a `TrialResult` back; `TrialStatus`
 names how a trial ended, in the result and in the study storage alike. A result carries what its
-job answered: a `Measurement` (with its `Finding`s and `OperatorStat`s), the capability probe's
-`ProbeReport` (its `LeftOut` values, `LoaderRate`s and `SampleSizes`, which the study caches), a
-`ProfileReport`, a `WorstBatch` (a configuration's peak on a micro-batch of the dataset's
-largest samples) or a `LossRun` (its loss after N steps from fixed weights and batches). The
-study stores its `StudyIdentity` and each trial's `Measurement`. Each record is turned back into
-its type the moment it is read (`from_json`), never read by string key. Nothing here imports
-torch.
+job answered: a `Measurement` (with its `Finding`s, `OperatorStat`s and `WorkKind` shares), the
+capability probe's `ProbeReport` (its `LeftOut` values, `LoaderRate`s and `SampleSizes`, which the
+study caches), a `ProfileReport`, a `WorstBatch` (a configuration's peak on a micro-batch of the
+dataset's largest samples) or a `LossRun` (its loss after N steps from fixed weights and
+batches). The study stores its `StudyIdentity` and each trial's `Measurement`. Each record is
+turned back into its type the moment it is read (`from_json`), never read by string key. Nothing
+here imports torch.
 """
 
 from __future__ import annotations
@@ -385,6 +385,30 @@ class ScriptAnswer:
                    export_format=data.get("export_format"))
 
 
+class WorkKind(str, Enum):
+    """The kind of work a profiled operator does (`trial/work_kinds` tells them apart by name):
+    an MFU short of the roofline is read by where the rest of the step goes."""
+
+    MATMUL = "matmul"
+    ATTENTION = "attention"
+    OPTIMIZER = "optimizer"
+    COPY = "copy"
+    COMMUNICATION = "communication"
+    GRAPH = "graph"  # a compiled graph's own kernels, where the profile does not name them
+    ELEMENTWISE = "elementwise"
+
+    @property
+    def words(self) -> str:
+        return _WORK_WORDS[self]
+
+
+_WORK_WORDS = {WorkKind.MATMUL: "matmuls and convolutions", WorkKind.ATTENTION: "attention",
+               WorkKind.OPTIMIZER: "the optimizer's kernels", WorkKind.COPY: "copies",
+               WorkKind.COMMUNICATION: "collectives",
+               WorkKind.GRAPH: "compiled graphs' kernels (not named apart)",
+               WorkKind.ELEMENTWISE: "elementwise, norms and the rest"}
+
+
 @dataclass(frozen=True)
 class OperatorStat:
     """One operator's share of a profiled window."""
@@ -486,6 +510,10 @@ class Measurement:
     # Every step's loss in the timed window was finite (checked on the device, read once).
     loss_finite: bool = True
     top_operators: tuple[OperatorStat, ...] = ()
+    # The profiled window's operator time (on CUDA: its kernels') by kind of work, the largest
+    # first, and the kernels a step launched (CUDA only).
+    work_shares: dict[WorkKind, float] | None = None
+    kernels_per_step: float | None = None
     findings: tuple[Finding, ...] = ()
     trace_path: str | None = None
     warmup_s: float = 0.0
@@ -556,6 +584,8 @@ class Measurement:
         values["top_operators"] = tuple(OperatorStat(**op)
                                         for op in data.get("top_operators") or ())
         values["findings"] = tuple(Finding.from_json(f) for f in data.get("findings") or ())
+        if values.get("work_shares") is not None:
+            values["work_shares"] = {WorkKind(k): v for k, v in values["work_shares"].items()}
         if values.get("script_answer") is not None:
             values["script_answer"] = ScriptAnswer.from_json(values["script_answer"])
         phases = data.get("phases")

@@ -13,6 +13,7 @@ from autotune.config import DISTRIBUTED_KNOBS, TrainConfig
 from autotune.show.report import (
     OPERATOR_TABLE_TITLES,
     bench_tables,
+    diagnosis_lines,
     knob_rows,
     speedup_text,
     stats_table,
@@ -21,6 +22,7 @@ from autotune.show.report import (
     trial_row,
 )
 from autotune.show.report_page import build_report
+from autotune.study.bottleneck import COMPUTE, Diagnosis, Share
 from autotune.study.confirmation import NOISE, PAYS, TakenBack
 from autotune.study.records import StudyKey, TrialRecord
 from autotune.study.results import applicable_knobs, load_study, study_summary
@@ -28,7 +30,13 @@ from autotune.study.storage import open_storage
 from autotune.study.summary import ConfirmedFigures, StudySummary
 from autotune.target import ModelFile, Script
 from autotune.trial.profiling import operator_tables
-from autotune.trial.protocol import Measurement, ScriptAnswer, StudyIdentity, TrialStatus
+from autotune.trial.protocol import (
+    Measurement,
+    ScriptAnswer,
+    StudyIdentity,
+    TrialStatus,
+    WorkKind,
+)
 
 from ..study.test_results import _told
 
@@ -274,3 +282,25 @@ def test_show_run_and_summary_md_give_the_best_mfu_or_why_there_is_none(tmp_path
         assert "- MFU (best): n/a on CPU (no peak FLOP/s to divide by" in markdown
         assert "<td class=\"num\">n/a on CPU</td><td class=\"num\">n/a on CPU</td>" in page
         assert "MFU: no peak FLOP/s to divide by: MFU needs CUDA." in page
+
+
+def test_an_mfu_short_of_the_roofline_is_said_with_where_the_answers_step_goes() -> None:
+    """On CUDA below 50% MFU the answer's GPU time by kind of work is the account of the gap
+    (kinds under 5% not named); at or above it, or on a CPU, the same figures without it."""
+    work = ((WorkKind.MATMUL, 0.55), (WorkKind.ELEMENTWISE, 0.3), (WorkKind.ATTENTION, 0.12),
+            (WorkKind.COPY, 0.03))
+    gpu = Diagnosis((Share(COMPUTE, 1.0),), device_idle=0.18, work=work,
+                    kernels_per_step=1204.0)
+    short = diagnosis_lines(_summary(answer_diagnosis=gpu, best_mfu=0.39, device_type="cuda"))
+    assert short == [
+        "the answer's step: forward and backward 100% (-> bf16, torch.compile); the GPU idle "
+        "18% of it",
+        "MFU 39%, short of the 50% a tuned step reaches: the answer's GPU time: matmuls and "
+        "convolutions 55%, elementwise, norms and the rest 30%, attention 12%; 1,204 kernels "
+        "a step"]
+    reached = diagnosis_lines(_summary(answer_diagnosis=gpu, best_mfu=0.52, device_type="cuda"))
+    assert reached[1].startswith("the answer's GPU time: matmuls and convolutions 55%")
+    cpu = replace(gpu, device_idle=None, kernels_per_step=None)
+    assert diagnosis_lines(_summary(answer_diagnosis=cpu, device_type="cpu"))[1] == \
+        "the answer's operator time: matmuls and convolutions 55%, elementwise, norms and the " \
+        "rest 30%, attention 12%"

@@ -3,6 +3,8 @@ shares, what each points to, and which one to fix first."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from autotune.study.bottleneck import (
@@ -13,7 +15,7 @@ from autotune.study.bottleneck import (
     Diagnosis,
     diagnose,
 )
-from autotune.trial.protocol import Finding, Measurement
+from autotune.trial.protocol import Finding, Measurement, WorkKind
 
 
 def measured(wait: float = 0.0, optimizer: float = 0.0, sync_s: float = 0.0,
@@ -60,5 +62,9 @@ def test_overhead_and_memory_point_to_the_micro_batch() -> None:
 
 def test_a_measurement_without_a_profile_has_no_diagnosis_and_diagnoses_read_back() -> None:
     assert diagnose(Measurement(samples_per_sec=1.0, step_time_median_s=0.1), None) is None
-    diagnosis = diagnose(measured(wait=0.5, sync_s=0.01), memory_limit_bytes=None)
+    diagnosis = diagnose(replace(measured(wait=0.5, sync_s=0.01), device_idle_fraction=0.1,
+                                 work_shares={WorkKind.MATMUL: 0.7, WorkKind.COPY: 0.3},
+                                 kernels_per_step=420.0), memory_limit_bytes=None)
     assert Diagnosis.from_json(diagnosis.to_json()) == diagnosis
+    assert diagnosis.describe_work() == "GPU time: matmuls and convolutions 70%, copies 30%; " \
+        "420 kernels a step"

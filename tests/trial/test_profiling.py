@@ -9,6 +9,7 @@ import torch
 from torch.autograd import DeviceType
 
 from autotune.trial.profiling import _host_syncs, _union_within, memory_categories, profile_steps
+from autotune.trial.protocol import WorkKind
 
 CPU = torch.device("cpu")
 
@@ -54,6 +55,29 @@ def test_profile_summary_and_trace(tmp_path):
     # named as torch.profiler's schedule names steps, which TensorBoard's plugin splits on
     steps = sorted(ev["name"] for ev in events if ev.get("name", "").startswith("ProfilerStep#"))
     assert steps == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
+
+
+def test_a_profiled_step_says_where_its_operator_time_goes_by_kind_of_work() -> None:
+    """An attention block's step: its matmuls, its attention and the rest each have a share,
+    the shares whole; no kernels counted on a CPU."""
+    torch.manual_seed(0)
+    qkv, out = torch.nn.Linear(64, 192), torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD([*qkv.parameters(), *out.parameters()], lr=1e-3)
+    x = torch.randn(8, 4, 128, 64)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        q, k, v = qkv(x).chunk(3, dim=-1)
+        attended = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out(torch.nn.functional.gelu(attended)).pow(2).mean().backward()
+        opt.step()
+
+    summary = profile_steps(step, steps=2, device=CPU)
+    shares = summary.work_shares
+    assert {WorkKind.MATMUL, WorkKind.ATTENTION, WorkKind.ELEMENTWISE} <= set(shares)
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert list(shares.values()) == sorted(shares.values(), reverse=True)
+    assert summary.kernels_per_step is None
 
 
 @pytest.mark.parametrize("items", [0, 2])

@@ -27,6 +27,7 @@ from autotune.trial.protocol import (
     TrialStatus,
     UnsupportedSetting,
     WarmTurn,
+    WorkKind,
     WorstBatchSettings,
 )
 
@@ -37,6 +38,8 @@ def _measurement(**changes: object) -> Measurement:
                    warmup_steps=3, warmup_s=0.3, steady=True, peak_memory_bytes=2**20,
                    cpu_affinity=(0, 1),
                    top_operators=(OperatorStat("aten::mm", 30, 0.2, 0.25, 0.4),),
+                   work_shares={WorkKind.MATMUL: 0.6, WorkKind.ELEMENTWISE: 0.4},
+                   kernels_per_step=812.0,
                    findings=(Finding("host_sync", 0.1, "16 host syncs", "avoid .item()",
                                      ("model.py:12 in loss_fn",)),))
     return Measurement(**{**figures, **changes})
@@ -50,6 +53,7 @@ def test_a_result_read_back_from_json_has_its_records_typed() -> None:
     assert read == written and read.status is TrialStatus.OK
     assert isinstance(read.measurement.findings[0], Finding)
     assert read.measurement.top_operators[0].name == "aten::mm"
+    assert list(read.measurement.work_shares) == [WorkKind.MATMUL, WorkKind.ELEMENTWISE]
     assert read.config.precision == "bf16"
     unsupported = TrialResult(TrialStatus.UNSUPPORTED, "no fused AdamW here",
                               unsupported=UnsupportedSetting("optimizer_impl", "fused"))
