@@ -74,17 +74,16 @@ def test_the_quick_plan_starts_with_a_default_gpt2_small_study_and_fits_540_s(tm
 def test_the_follow_up_plan_fits_540_s_and_holds_what_the_quick_one_left_unproven(
         tmp_path) -> None:
     """The second lease's plan: a default study of a GPT small enough that its warm processes
-    fit together, an HF Trainer script study, then fp16 and the flash and cuDNN kernels in
-    bf16; its worst cases within the short lease's 540 s, each command one `run` or `bench`."""
+    fit together, an HF Trainer script study, then max-autotune compiled; its worst cases
+    within the short lease's 540 s, each command one `run` or `bench`."""
     suite = gpu_suite()
     steps = suite.followup_plan()
     assert sum(step.max_s for step in steps) <= suite.QUICK_BUDGET_S
     names = [step.name for step in steps]
     assert names == ["env", "followup-study-gpt-warm", "followup-script-hf",
-                     "followup-bench-gpt-fp16", "followup-bench-gpt-bf16-flash",
-                     "followup-bench-gpt-bf16-cudnn"]
+                     "followup-bench-gpt-bf16-max-autotune"]
     warm = steps[1].args
     assert warm[0] == "run" and "--budget" in warm and "--set" not in warm
     assert "n_layer=6" in warm
     assert suite.command(steps[2], tmp_path)[-2:] == ["--report_to", "none"]
-    assert "attention_backend=flash" in steps[4].args and "precision=bf16" in steps[4].args
+    assert "compile_mode=max-autotune" in steps[3].args and "precision=bf16" in steps[3].args
