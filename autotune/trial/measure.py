@@ -66,6 +66,7 @@ from autotune.trial.window import (
     Window,
     WindowTimer,
     screen_settings,
+    screens_out,
     synchronize,
     turn_settings,
 )
@@ -157,8 +158,7 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
         window = _timed_window(setup, batches, screen_settings(settings), probe)
         screen_rate = window.samples / window.seconds
         screen_done = setup_s + time.perf_counter() - begun
-        screened = settings.screen_below is not None and screen_rate < settings.screen_below \
-            and not window.contention.disturbed
+        screened = screens_out(window, settings.screen_below)
     screen_s = time.perf_counter() - phase_start
     seen = before.stop()
     remeasured, first_s, remeasure_s = 0, 0.0, 0.0
@@ -351,14 +351,16 @@ def timed_turn(setup: TrainingSetup, batches: Iterator[Any], settings: MeasureSe
                flops: SampleFlops | None = None, peak: PeakFlops | None = None) -> WarmTurn:
     """At least `steps` optimizer steps and `seconds`, timed as a window is (data loading
     included, synchronised only at its edges, bracketed by the contention probe, to which the
-    other warm processes of `tuner_pid` are not a load): one turn of a warm process, its MFU
-    from `flops` and `peak` as a trial's. Of a process group, the group's turn
-    (`group_turn`), on every rank."""
+    other warm processes of `tuner_pid` are not a load; timed again once where torch.compile
+    compiled in it): one turn of a warm process, its MFU from `flops` and `peak` as a trial's.
+    Of a process group, the group's turn (`group_turn`), on every rank."""
     probe = ContentionProbe(settings.contention_threshold, setup.device, family=tuner_pid)
     for _ in range(prefetched_steps(setup.config)):
         setup.step(batches)
     synchronize(setup.device)
     window = _timed_window(setup, batches, turn_settings(settings, steps, seconds), probe)
+    if setup.decide(window.compiling):  # timed again once, as a trial's window is
+        window = _timed_window(setup, batches, turn_settings(settings, steps, seconds), probe)
     turn = WarmTurn(samples=window.samples, seconds=window.seconds,
                     peak_memory_bytes=peak_memory(setup.device).peak,
                     disturbed=window.contention.disturbed, loss_finite=window.loss_finite,

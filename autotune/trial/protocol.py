@@ -532,7 +532,7 @@ class Measurement:
     cpu_affinity: tuple[int, ...] = ()        # CPUs it was allowed to run on
     other_cpu_share: float | None = None      # other processes' share of the trial's CPUs
     disturbed: bool = False                   # the kept window was still above the threshold
-    windows_remeasured: int = 0               # windows re-measured because of contention
+    windows_remeasured: int = 0               # windows timed again: contention, a compile
     # The least share other processes took of any window the trial timed (its warm-up and
     # screening included): the load there all along; and whether every window saw one (the
     # machine's state).

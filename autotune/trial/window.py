@@ -13,7 +13,9 @@ autotune's own (`trial/measure`), a library's step callback in a script trial
   lengthened.
 - `Remeasures`: a disturbed window is timed again once the machine is quiet (waiting 1, 2,
   4... x the back-off, `contention_retries` times, at most `contention_remeasures` windows
-  more); a load the warm-up and screening saw too is the machine's state, kept and flagged.
+  more); a load the warm-up and screening saw too is the machine's state, kept and flagged. A
+  window in which torch.compile compiled (a script's last, smaller batch of an epoch, say,
+  after the warm-up) is timed again once, at once: a long run compiles that graph once.
 
 Steps and windows are timed on the training clock (`training_clock`): what a script does
 outside its training (its evaluation between epochs) is no step's time.
@@ -52,6 +54,19 @@ class Window:
     loss_finite: bool
     contention: Contention
     compiled: CompileCount  # graphs compiled and CUDA graphs recorded during this window
+
+    @property
+    def compiling(self) -> bool:
+        """torch.compile compiled a graph or recorded a CUDA graph inside the window: its time
+        is not the steady step's."""
+        return self.compiled.graphs > 0 or bool(self.compiled.cudagraph_recordings)
+
+
+def screens_out(window: Window, below: float | None) -> bool:
+    """Whether a screening window's rate puts its configuration out as too slow: below the
+    threshold, on a window neither another process nor a compile slowed."""
+    return below is not None and window.samples / max(window.seconds, 1e-9) < below \
+        and not window.contention.disturbed and not window.compiling
 
 
 class WarmUp:
@@ -193,10 +208,16 @@ class Remeasures:
         self.windows: list[Window] = []
         self._retry = 0
         self._steady = False
+        self._retimed_compile = False
 
     def add(self, window: Window) -> bool:
         settings, windows = self.settings, self.windows
         windows.append(window)
+        if window.compiling and not self._retimed_compile:
+            self._retimed_compile = True
+            self.report(f"torch.compile compiled {window.compiled.graphs} graph(s) in the "
+                        "window: timing it again")
+            return True
         if len(windows) == 1 and self.seen is not None and \
                 same_load(self.seen, window.contention):
             self._steady = True
@@ -206,7 +227,7 @@ class Remeasures:
             return False
         while self._retry < settings.contention_retries:
             if not windows[-1].contention.disturbed or \
-                    len(windows) > settings.contention_remeasures:
+                    len(windows) - self._retimed_compile > settings.contention_remeasures:
                 return False
             wait_s = settings.contention_backoff_s * 2**self._retry
             self._retry += 1
@@ -219,8 +240,8 @@ class Remeasures:
 
     @property
     def kept(self) -> Window:
-        """The first clean window, else the least disturbed."""
-        return min(self.windows, key=lambda w: (w.contention.disturbed,
+        """The first clean window without a compile, else the least disturbed."""
+        return min(self.windows, key=lambda w: (w.compiling, w.contention.disturbed,
                                                 w.contention.other_cpu_share or 0.0))
 
     @property

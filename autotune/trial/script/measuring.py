@@ -48,6 +48,7 @@ from autotune.trial.window import (
     Window,
     WindowTimer,
     screen_settings,
+    screens_out,
     synchronize,
 )
 
@@ -218,9 +219,7 @@ class MeasuringObserver:
         now = time.perf_counter()
         self.screen_s, self.screen_done_s = now - self._phase_start, now - self._began
         self.screen_rate = window.samples / max(window.seconds, 1e-9)
-        below = self.settings.screen_below
-        self.screened = distributed.decided(below is not None and self.screen_rate < below
-                                            and not window.contention.disturbed)
+        self.screened = distributed.decided(screens_out(window, self.settings.screen_below))
         if not self.screened:
             self._start_window(WINDOW)
         return self.screened

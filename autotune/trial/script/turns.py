@@ -7,7 +7,9 @@ answered as a `WarmTurn`; or a profiler trace of a few steps; or `stop`, which e
 as a trial's end does. So a script's candidates take paired turns seconds apart, as a model
 file's do, instead of a fresh run of the script each round. In a process group every rank's
 loop pauses at the same step: each is told the same commands (`trial.warm` reads them on rank
-0), every decision to end a turn is rank 0's, and the turn is the group's (`group_turn`)."""
+0), every decision to end a turn is rank 0's, and the turn is the group's (`group_turn`). A turn
+in which torch.compile compiled (the script's smaller last batch of an epoch) is timed again
+once, at once, as a trial's window is (`window.Remeasures`)."""
 
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ class TurnObserver:
         self.answer = answer
         self.ready = False
         self._turn: WindowTimer | None = None
+        self._retimed = False  # this turn was timed again after a compile
         self._trace: tuple[ProfilerWindow, str] | None = None
 
     def on_train_start(self, info: TrainInfo) -> None:
@@ -71,6 +74,10 @@ class TurnObserver:
         if not distributed.decided(turn.step(samples, loss, data_wait_s)):
             return False
         window = turn.finish()
+        if not self._retimed and distributed.decided(window.compiling):
+            self._retimed = True
+            self._turn = WindowTimer(turn.settings, self.device, turn.probe)
+            return False
         mine = WarmTurn(samples=window.samples, seconds=window.seconds,
                         peak_memory_bytes=peak_memory(self.device).peak,
                         disturbed=window.contention.disturbed, loss_finite=window.loss_finite,
@@ -99,6 +106,7 @@ class TurnObserver:
             return False
         probe = ContentionProbe(self.settings.contention_threshold, self.device,
                                 family=self.tuner_pid)
+        self._retimed = False
         self._turn = WindowTimer(
             turn_settings(self.settings, int(command["steps"]), float(command["seconds"])),
             self.device, probe)

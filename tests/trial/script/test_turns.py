@@ -4,16 +4,21 @@ its scratch folder goes with the process."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
 from autotune.config import TrainConfig
 from autotune.options import MeasureSettings
 from autotune.search.isolation import run_isolated
 from autotune.search.warm import WarmRounds
 from autotune.target import Script
-from autotune.trial.protocol import ProbeSettings, TrialRequest
+from autotune.trial.protocol import ProbeSettings, TrialRequest, WarmTurn
+from autotune.trial.script.observer import TrainInfo
+from autotune.trial.script.turns import STOP, TurnObserver
 
 from ...conftest import ROOT
 
@@ -60,3 +65,29 @@ def test_a_scripts_own_loop_takes_warm_turns_and_is_stopped_between_them(tmp_pat
     assert not out.exists()
     assert all(folder is not None and not folder.exists() for folder in scratch)
 
+
+
+def test_a_turn_in_which_the_script_compiled_a_graph_is_timed_again() -> None:
+    """The script's loop compiles a new shape in the second step of a turn (its smaller last
+    batch, say): the turn is timed again at once, two more steps, and the clean one answered."""
+    said: list = []
+    observer = TurnObserver(MeasureSettings(steady_steps=2, steady_tolerance=100.0,
+                                            warmup_max_seconds=5, screen_steps=0),
+                            torch.device("cpu"), iter([{"steps": 2, "seconds": 0.0}, STOP]),
+                            said.append)
+    torch._dynamo.reset()
+    compiled = torch.compile(nn.Linear(4, 4), backend="eager", dynamic=False)
+    observer.on_train_start(TrainInfo("transformers", torch.device("cpu"), nn.Linear(4, 4), None,
+                                      8, 1, startup_s=0.1, dataset_size=64))
+    turn_steps = 0
+    for _ in range(100):
+        if observer.ready:
+            turn_steps += 1
+            compiled(torch.ones(2 if turn_steps == 2 else 1, 4))  # a new shape: a compile
+        else:
+            compiled(torch.ones(1, 4))
+        time.sleep(0.002)
+        if observer.on_step_end(8, torch.tensor(1.0), 0.0):
+            break
+    turns = [WarmTurn.from_json(m) for m in said if isinstance(m, dict) and "samples" in m]
+    assert turn_steps == 4 and len(turns) == 1 and turns[0].samples == 2 * 8
