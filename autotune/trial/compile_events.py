@@ -23,7 +23,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class CompileCount:
-    """Totals since the process started; subtract two to get what happened in between."""
+    """Totals since the process started; subtract two to get what happened in between, add
+    two to sum what happened in two spans."""
 
     graphs: int
     cudagraph_recordings: int | None  # None where torch does not announce recordings
@@ -33,6 +34,12 @@ class CompileCount:
         if self.cudagraph_recordings is not None and earlier.cudagraph_recordings is not None:
             recordings = self.cudagraph_recordings - earlier.cudagraph_recordings
         return CompileCount(self.graphs - earlier.graphs, recordings)
+
+    def __add__(self, other: CompileCount) -> CompileCount:
+        recordings = None
+        if self.cudagraph_recordings is not None and other.cudagraph_recordings is not None:
+            recordings = self.cudagraph_recordings + other.cudagraph_recordings
+        return CompileCount(self.graphs + other.graphs, recordings)
 
 
 class _Recordings:

@@ -18,7 +18,8 @@ autotune's own (`trial/measure`), a library's step callback in a script trial
   after the warm-up) is timed again once, at once: a long run compiles that graph once.
 
 Steps and windows are timed on the training clock (`training_clock`): what a script does
-outside its training (its evaluation between epochs) is no step's time.
+outside its training (its evaluation between epochs) is no step's time, and what it compiles
+there no window's compile.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 from autotune.options import MeasureSettings
 from autotune.stats import median_precision
 from autotune.trial import training_clock
-from autotune.trial.compile_events import CompileCount, compile_count
+from autotune.trial.compile_events import CompileCount
 from autotune.trial.contention import Contention, ContentionProbe, same_load
 
 
@@ -53,7 +54,7 @@ class Window:
     final_loss: float | None
     loss_finite: bool
     contention: Contention
-    compiled: CompileCount  # graphs compiled and CUDA graphs recorded during this window
+    compiled: CompileCount  # graphs compiled and CUDA graphs recorded in its training
 
     @property
     def compiling(self) -> bool:
@@ -78,13 +79,13 @@ class WarmUp:
         self.steady = False
         self.done = settings.warmup_max_steps <= 0 or settings.warmup_max_seconds <= 0
         self._quiet_since = 0  # steps before this one compiled something
-        self._compiled = compile_count()
+        self._compiled = training_clock.compiles()
         self._start = time.perf_counter()
 
     def step(self, step_s: float) -> None:
         settings, times = self.settings, self.times
         times.append(step_s)
-        compiled = compile_count()
+        compiled = training_clock.compiles()
         if compiled != self._compiled:
             self._quiet_since, self._compiled = len(times), compiled
         recent = times[-settings.steady_steps:]
@@ -142,7 +143,7 @@ class WindowTimer:
         self._check_at = settings.window_steps  # precision checked after ~10% more steps
         self._finite: torch.Tensor | None = None  # all losses so far, without a sync
         self._loss: torch.Tensor | None = None
-        self._compiled = compile_count()
+        self._compiled = training_clock.compiles()
         synchronize(device)
         probe.start()
         self.start = training_clock.now()
@@ -181,7 +182,7 @@ class WindowTimer:
         return Window(seconds, self.samples, self.data_wait_s, self.clock.times(),
                       float(loss.detach().float().sum()) if loss is not None else None,
                       bool(self._finite) if self._finite is not None else True, contention,
-                      compile_count() - self._compiled)
+                      training_clock.compiles() - self._compiled)
 
 
 def turn_settings(settings: MeasureSettings, steps: int, seconds: float) -> MeasureSettings:
