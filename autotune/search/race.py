@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from autotune.config import changes, taken_back
+from autotune.config import TrainConfig, changes, taken_back
 from autotune.formatting import describe_changes, format_seconds
 from autotune.search.contenders import (
     Candidate,
@@ -47,6 +47,7 @@ from autotune.search.warm import (
 from autotune.stats import Ratio, rounds_for
 from autotune.study.confirmation import (
     FRESH_ROUNDS,
+    NO_MEMORY,
     NO_ROUNDS,
     NO_TIME,
     WARM_TURNS,
@@ -62,7 +63,8 @@ class Race:
     """What one race measured: its entries (the baseline last, the reference), how
     (`WARM_TURNS` or `FRESH_ROUNDS`), its disturbed rounds kept, its wall time, its slowest
     run's (a turn's, in warm turns), and why it ended where a cap ended it (`NO_TIME`, or
-    `NO_ROUNDS`: what a change it measured too little is kept for)."""
+    `NO_ROUNDS`: what a change it measured too little is kept for); the configurations it left
+    out as the memory held no warm process of them (`no_room`)."""
 
     entries: list[Candidate]
     measured: str
@@ -71,6 +73,11 @@ class Race:
     run_s: float
     capped: str = NO_TIME
     ruled_out: list[Candidate] = field(default_factory=list)  # by a check, before it raced
+    no_room: tuple[TrainConfig, ...] = ()
+
+    def why_unmeasured(self, config: TrainConfig) -> str:
+        """Why an entry of `config` has no runs: no room for its warm process, else the cap."""
+        return NO_MEMORY if config in self.no_room else self.capped
 
     @property
     def reference(self) -> Candidate:
@@ -86,30 +93,41 @@ def warm_expected(warm: WarmStart | None, scoring: Scoring, max_rounds: int,
 
 
 def _warm_rounds(entries: Sequence[Candidate], how: Measuring, plan: Plan,
-                 name: str) -> tuple[WarmTurns | None, Plan]:
+                 name: str) -> tuple[WarmTurns | None, Plan, tuple[TrainConfig, ...]]:
     """Warm processes for the candidates, where the plan has room for more rounds than they
-    cost to start, the objective is a rate, and the memory holds them all; with the plan's
-    rounds counted in warm ones."""
+    cost to start, the objective is a rate, and the memory holds those started at once (under
+    a time budget the best's and the baseline's, then as many of the rest as it holds); with
+    the plan's rounds counted in warm ones, and the configurations the memory held no more."""
     if plan.max_rounds <= WARM_WORTH_ROUNDS or how.pool is None:
-        return None, plan
+        return None, plan, ()
     if how.scoring.train_steps:
         how.view.note("measuring in fresh-process rounds: --train-steps times whole runs from "
                       "their first step")
-        return None, plan
+        return None, plan, ()
     configs, peaks = [e.config for e in entries], [e.search_peak_bytes for e in entries]
     backs = _proof(entries)
     runners_up = [i for i in range(1, len(entries) - 1) if i not in backs]
     later = [*backs, *runners_up] if plan.budget_ends is not None else []
     turns, why = how.pool.turns(configs, peaks, name, plan.budget_ends, skip=later)
     how.view.note(why)
+    no_room: list[TrainConfig] = []
     # Under a time budget, the best and the baseline start first, then the best less each of
     # its changes (the proof of what it found), then the runners-up (breadth, which shrinks
-    # first), each only where its processes' start fits the time left after the least
-    # rounds' pairs of turns.
+    # first), as many of each as the memory holds beside those warm (the rest not raced, the
+    # warm ones kept), each only where its processes' start fits the time left after the
+    # least rounds' pairs of turns.
     for group, what in ((backs, "the best less each of its changes"),
                         (runners_up, "the search's runners-up")):
         if turns is None or not group or not later:
             continue
+        fits = how.pool.room_for([peaks[i] for i in group])
+        if fits < len(group):
+            how.view.note(f"{what}: {len(group) - fits} of {len(group)} not raced: the memory "
+                          f"holds {fits} more warm processes beside those warm")
+            no_room += [configs[i] for i in group[fits:]]
+            group = group[:fits]
+            if not group:
+                continue
         least = plan.rounds * WARM_ROUNDS_PER_ROUND * 2 * len(entries) * TURN_SECONDS
         left = plan.budget_ends - time.monotonic() - least
         if how.pool.start_s * len(group) <= left:
@@ -120,11 +138,11 @@ def _warm_rounds(entries: Sequence[Candidate], how: Measuring, plan: Plan,
             how.view.note(f"{what} not raced: {len(group)} more processes at about "
                           f"{format_seconds(how.pool.start_s)} each would not fit the time left")
     if turns is None:
-        return None, plan
+        return None, plan, ()
     least = plan.rounds * WARM_ROUNDS_PER_ROUND
     timed = plan.ends_by is not None or plan.budget_ends is not None
     most = WARM_MAX_ROUNDS if timed else plan.max_rounds * WARM_ROUNDS_PER_ROUND
-    return turns, replace(plan, rounds=least, max_rounds=max(least, most))
+    return turns, replace(plan, rounds=least, max_rounds=max(least, most)), tuple(no_room)
 
 
 def _proof(entries: Sequence[Candidate]) -> list[int]:
@@ -146,7 +164,7 @@ def run_race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
     reference, view = entries[-1], how.view
     fresh_plan = plan
     try:
-        turns, plan = _warm_rounds(entries, how, plan, name)
+        turns, plan, no_room = _warm_rounds(entries, how, plan, name)
     except WarmOutOfTime as exc:  # no round fits, warm or fresh
         view.note(f"confirmation: {exc}: no paired round fits in it")
         return Race(entries, WARM_TURNS, 0, 0.0, 0.0, NO_TIME,
@@ -229,7 +247,8 @@ def run_race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
     if turns is not None:
         _warm_traces(entries, racing, turns, how.directory / "traces", name, view)
     return Race(entries, measured, kept_disturbed, time.monotonic() - start, run_s,
-                NO_TIME if left_out else capped, [e for e in ruled_out if not e.variant])
+                NO_TIME if left_out else capped, [e for e in ruled_out if not e.variant],
+                no_room if turns is not None else ())
 
 
 def _after_round(entries: Sequence[Candidate], racing: Sequence[int], plan: Plan, rounds: int,

@@ -158,8 +158,10 @@ def _judged(back: TakeBack, without: Candidate | None, with_it: Candidate, where
     configuration without it a possible answer, which is checked first
     (`contenders.check_entry`): one the checks rule out keeps the change."""
     raced = without is not None and where is not None
+    capped = where.why_unmeasured(without.config) if where and without else \
+        where.capped if where else NO_TIME
     decision = judge(back, paired(without, with_it, objective) if raced else None,
-                     without.ok if raced else True, where.capped if where else NO_TIME,
+                     without.ok if raced else True, capped,
                      failed=without.excluded if without else "")
     if decision.kept or without is None:
         return decision

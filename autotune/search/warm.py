@@ -341,6 +341,12 @@ class WarmPool:
         self.started = 0
         self.broken = False
 
+    def room_for(self, peaks: Sequence[float | None]) -> int:
+        """How many of `peaks`, the first first, the memory holds beside the warm processes'."""
+        running = [peak for _, _, peak in self.live.values()]
+        return next((n for n in range(len(peaks), 0, -1)
+                     if memory_holds([*running, *peaks[:n]], self.warm.capacity)), 0)
+
     def turns(self, configs: Sequence[TrainConfig], peaks: Sequence[float | None],
               prefix: str, ends_by: float | None = None,
               skip: Collection[int] = ()) -> tuple[WarmTurns | None, str]:

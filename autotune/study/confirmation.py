@@ -31,10 +31,11 @@ TOGETHER = "needed together"       # not shown to pay alone, but with the others
 NOT_SHOWN = "not shown to pay"     # measured, but not measurably slower without it: dropped
 UNJUDGED = "not taken back"        # not measured (`TakenBack.why`): kept
 DROPPED = (NOISE, HURTS, NOT_SHOWN)
-# Why a change never measured without it was kept (UNJUDGED): the confirmation's time, or its
-# rounds.
+# Why a change never measured without it was kept (UNJUDGED): the confirmation's time, its
+# rounds, or the memory for its warm process.
 NO_TIME = "too few paired rounds before the confirmation's time ran out"
 NO_ROUNDS = "too few paired rounds within --confirm-max-rounds"
+NO_MEMORY = "the memory held no warm process of it beside the best's"
 # why a change not shown to pay alone was kept (TOGETHER): its drop left the answer no faster
 NOT_BEATEN = "without it the answer did not measurably beat your settings"
 

@@ -10,6 +10,7 @@ from autotune.formatting import describe_changes
 from autotune.study.checks import answer_lines
 from autotune.study.confirmation import (
     HURTS,
+    NO_MEMORY,
     NO_ROUNDS,
     NO_TIME,
     NOISE,
@@ -128,7 +129,8 @@ def _taken_back(confirmation: Confirmation) -> str:
 
 # Why a change never ran without it, and what would measure it.
 _UNJUDGED = {NO_TIME: "the run's time ended first: a longer --budget measures it",
-             NO_ROUNDS: "--confirm-max-rounds ended the rounds first"}
+             NO_ROUNDS: "--confirm-max-rounds ended the rounds first",
+             NO_MEMORY: "the device's memory held no warm process of it beside the best's"}
 
 
 def _count(n: int, noun: str) -> str:

@@ -299,16 +299,17 @@ def test_the_race_drops_a_clearly_slower_candidate_and_keeps_two_close_ones(tmp_
 
 
 def _study_of(tmp_path, trials: list[tuple[TrainConfig, float, str]],
-              disturbed: frozenset[int] = frozenset(),
-              peak: int | None = None) -> optuna.Study:
+              disturbed: frozenset[int] = frozenset(), peak: int | None = None,
+              peaks: dict[TrainConfig, int] | None = None) -> optuna.Study:
     """A study whose first trial is the baseline, with the given rates and statuses (the
-    trials numbered in `disturbed` timed on a busy machine, each with the search's `peak`)."""
+    trials numbered in `disturbed` timed on a busy machine, each with the search's `peak`, or
+    its configuration's in `peaks`)."""
     study = optuna.create_study(study_name="s", storage=open_storage(None, tmp_path),
                                 direction="maximize")
     for number, (config, rate, status) in enumerate(trials):
         trial = study.ask()
         figures = Measurement(samples_per_sec=rate, disturbed=number in disturbed,
-                              peak_memory_bytes=peak)
+                              peak_memory_bytes=(peaks or {}).get(config, peak))
         for key, value in {TrialKey.CONFIG: config.to_dict(), TrialKey.STATUS: status,
                            TrialKey.ROLE: "baseline" if number == 0 else "search",
                            TrialKey.MEASUREMENT: figures.to_json(),

@@ -409,10 +409,11 @@ class _Changes(_LoadBySecond):
 
 
 def _slow_starts(tmp_path, monkeypatch, rates: dict[TrainConfig, float], plan: Plan,
+                 peaks: dict[TrainConfig, int] | None = None,
                  ) -> tuple[object, list[_Changes], _Notes]:
-    """A confirmation of a search that measured `rates`, whose warm processes take 60 s each
-    to start (on a clock that moves only then): its result, the processes started, by start,
-    and its notes."""
+    """A confirmation of a search that measured `rates` (at 1 GiB peaks, or `peaks`' on an
+    8 GiB device), whose warm processes take 60 s each to start (on a clock that moves only
+    then): its result, the processes started, by start, and its notes."""
     clock = [1000.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     started: list[_Changes] = []
@@ -423,7 +424,7 @@ def _slow_starts(tmp_path, monkeypatch, rates: dict[TrainConfig, float], plan: P
         return started[-1]
 
     study = _study_of(tmp_path, [(config, rate, "ok") for config, rate in rates.items()],
-                      peak=1 * GIB)
+                      peak=1 * GIB, peaks=peaks)
     study.set_user_attr(StudyKey.BASELINE_CONFIG, BASE.to_dict())
     view = _Notes()
     result = confirm(study, plan, cpu_request(_measure_fresh([]), tmp_path, view=view,
@@ -471,3 +472,25 @@ def test_under_a_time_budget_the_proof_starts_before_the_runners_up(
     assert any("the search's runners-up not raced: 1 more processes" in n for n in view.lines)
     assert result.winner.config == BOTH
     assert [t.outcome for t in result.taken_back] == ["pays", "pays"]
+
+
+def test_warm_processes_the_memory_cannot_hold_beside_the_best_are_left_out_not_all_of_them(
+        tmp_path, monkeypatch) -> None:
+    """GPT-2-small on an H100: the best and the baseline fit warm, the best less each of its
+    changes did not all fit beside them, and the whole race fell back to fresh rounds (one in
+    the time left: not known). Now as many of them as the memory holds start (fused AdamW
+    alone, 1 GiB; bf16 alone, 3 GiB, would not fit beside the best's 3), the rest are not
+    raced (said as why fused AdamW is not judged), and the race stays in warm turns."""
+    fused, bf16 = BASE.replace(optimizer_impl="fused"), BASE.replace(precision="bf16")
+    result, started, view = _slow_starts(
+        tmp_path, monkeypatch, CHANGES,
+        Plan(top=1, rounds=3, max_rounds=10, target=0.03, budget_ends=1330.0),
+        peaks={BOTH: 3 * GIB, BASE: 1 * GIB, fused: 1 * GIB, bf16: 3 * GIB})
+    assert started[0].configs == [BOTH, BASE] and started[1].configs == [fused]
+    assert any("the best less each of its changes: 1 of 2 not raced: the memory holds 1 more"
+               in n for n in view.lines), view.lines
+    assert result.measured == WARM_TURNS and result.speedup_ci[0] > 1.5
+    assert [(t.change, t.outcome) for t in result.taken_back] == [("bf16", "pays"),
+                                                                  ("fused AdamW", UNJUDGED)]
+    assert "fused AdamW was not measured to pay (the device's memory held no warm process of " \
+        "it beside the best's)" in confirmed_verdict(result, BASE)
