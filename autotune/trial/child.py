@@ -81,7 +81,9 @@ def run_child(request_file: Path, result_file: Path) -> None:
     if request.inductor_cache_dir:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = request.inductor_cache_dir
     place_rank(request, rank, ranks)
-    note = (lambda phase: _note_phase(phase_file, phase)) if rank == 0 else _say_phase
+    began = time.monotonic()
+    note = (lambda phase: _note_phase(phase_file, phase, began)) if rank == 0 else \
+        (lambda phase: _say_phase(phase, began))
     try:
         result = _run_job(request, note)
     except MemoryError:
@@ -231,12 +233,14 @@ def clipped(message: str, limit: int = MESSAGE_LIMIT) -> str:
             f"out ...]\n{message[-tail:].lstrip()}")
 
 
-def _say_phase(phase: str) -> None:
-    print(f"autotune trial: {phase}", flush=True)
+def _say_phase(phase: str, began: float) -> None:
+    """The phase in the trial's log, with when it began: where a trial's time went, read off
+    its log (a GPU's 68-second probe, say)."""
+    print(f"autotune trial: {phase} (at {time.monotonic() - began:.1f} s)", flush=True)
 
 
-def _note_phase(phase_file: Path, phase: str) -> None:
-    _say_phase(phase)
+def _note_phase(phase_file: Path, phase: str, began: float) -> None:
+    _say_phase(phase, began)
     phase_file.write_text(phase)
 
 

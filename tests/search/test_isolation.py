@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -66,7 +67,12 @@ def test_ok_trial_reports_metrics_and_keeps_its_log(launcher, write_model, tmp_p
     result = isolated(launcher, request(write_model(TINY_SOURCE)), 120, log)
     assert result.status == "ok", result.message
     assert result.measurement.samples_per_sec > 0
-    assert result.log_path == str(log) and "autotune trial: timing" in log.read_text()
+    assert result.log_path == str(log)
+    # each phase with when it began in the trial, in order: where a trial's time went
+    began = [float(m) for m in re.findall(r"^autotune trial: .+ \(at ([\d.]+) s\)$",
+                                          log.read_text(), re.MULTILINE)]
+    assert "autotune trial: timing (at " in log.read_text() and began == sorted(began)
+    assert len(began) >= 4 and began[-1] > 0
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
