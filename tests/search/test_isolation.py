@@ -72,7 +72,7 @@ def test_ok_trial_reports_metrics_and_keeps_its_log(launcher, write_model, tmp_p
     began = [float(m) for m in re.findall(r"^autotune trial: .+ \(at ([\d.]+) s\)$",
                                           log.read_text(), re.MULTILINE)]
     assert "autotune trial: timing (at " in log.read_text() and began == sorted(began)
-    assert len(began) >= 4 and began[-1] > 0
+    assert len(began) >= 4
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
