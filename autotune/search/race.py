@@ -92,6 +92,14 @@ def warm_expected(warm: WarmStart | None, scoring: Scoring, max_rounds: int,
         and memory_holds(peaks, warm.capacity)
 
 
+def started_at_once(candidates: int, taken_back: int, timed: bool) -> int:
+    """The warm processes a confirmation starts at once, which the memory must hold for it to
+    take warm turns: under a time budget the best's and the baseline's (the rest start after
+    them, as many as the memory holds: `_warm_rounds`); else every candidate's (the baseline
+    among `candidates`) and the best less each change's."""
+    return 2 if timed else candidates + taken_back
+
+
 def _warm_rounds(entries: Sequence[Candidate], how: Measuring, plan: Plan,
                  name: str) -> tuple[WarmTurns | None, Plan, tuple[TrainConfig, ...]]:
     """Warm processes for the candidates, where the plan has room for more rounds than they

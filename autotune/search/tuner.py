@@ -53,7 +53,7 @@ from autotune.search.heartbeat import recover_orphans, tuner_name
 from autotune.search.minimal import priced_changes
 from autotune.search.opening import StudyOpener
 from autotune.search.outcome import Scoring
-from autotune.search.race import warm_expected
+from autotune.search.race import started_at_once, warm_expected
 from autotune.search.runner import ProcessRunner, Runner
 from autotune.search.warm import WarmStart, warm_start
 from autotune.search.worker import Search, measured_trials, run_workers
@@ -241,14 +241,14 @@ class Tuner:
 
     def _price(self, fallback_s: float) -> ConfirmationPrice:
         """What confirming costs: in warm turns where the confirmation will take them (memory
-        for the most candidates at the baseline's peak each), with the changes of the best
-        taken back beside it (`minimal.priced_changes`)."""
+        for the processes it starts at once at the baseline's peak each), with the changes of
+        the best taken back beside it (`minimal.priced_changes`)."""
         opts, warm = self.options, self._warm_start()
         taken_back = priced_changes(self.space)
+        at_once = started_at_once(opts.confirm_top + 1, taken_back, self.time_budget_s is not None)
 
         def holds(peak: float | None) -> bool:
-            return warm_expected(warm, self.scoring, opts.confirm_max_rounds,
-                                 [peak] * (opts.confirm_top + 1 + taken_back))
+            return warm_expected(warm, self.scoring, opts.confirm_max_rounds, [peak] * at_once)
 
         return confirmation_price(self.study, opts.settings, fallback_s, holds, taken_back,
                                   self._check_prices(), numerics_offered(self.space.domains))

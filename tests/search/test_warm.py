@@ -19,6 +19,7 @@ from autotune.search.confirm import confirm
 from autotune.search.contenders import Plan
 from autotune.search.events import SilentView
 from autotune.search.outcome import Scoring
+from autotune.search.race import started_at_once, warm_expected
 from autotune.search.runner import MeasureJob
 from autotune.search.verify import verify
 from autotune.search.warm import (
@@ -494,3 +495,16 @@ def test_warm_processes_the_memory_cannot_hold_beside_the_best_are_left_out_not_
                                                                   ("fused AdamW", UNJUDGED)]
     assert "fused AdamW was not measured to pay (the device's memory held no warm process of " \
         "it beside the best's)" in confirmed_verdict(result, BASE)
+
+
+def test_under_a_time_budget_warm_turns_are_expected_where_the_first_two_fit() -> None:
+    """README command 1 (rgat, 2.2 GiB a process, 80% of 21 GiB available) was priced in fresh
+    rounds, 1 of them, as if its 3 candidates, the baseline and 4 changes taken back started
+    warm at once (17.7 GiB), then raced 12 rounds of warm turns. Under a time budget the best
+    and the baseline start first and the rest as the memory holds them: those two decide;
+    without a budget every process starts at once."""
+    warm = WarmStart(_starter([]), int(21 * GIB))
+    peaks = lambda timed: [2.2 * GIB] * started_at_once(4, 4, timed)  # noqa: E731
+    scoring = Scoring("cpu", None, 0.1, 0.0)
+    assert warm_expected(warm, scoring, 10, peaks(timed=True))
+    assert not warm_expected(warm, scoring, 10, peaks(timed=False))
