@@ -156,7 +156,7 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
     if settings.screen_steps > 0:
         report("screening")
         window = _timed_window(setup, batches, screen_settings(settings), probe)
-        screen_rate = window.samples / window.seconds
+        screen_rate = window.samples_per_sec
         screen_done = setup_s + time.perf_counter() - begun
         screened = screens_out(window, settings.screen_below)
     screen_s = time.perf_counter() - phase_start

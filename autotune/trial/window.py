@@ -57,6 +57,10 @@ class Window:
     compiled: CompileCount  # graphs compiled and CUDA graphs recorded in its training
 
     @property
+    def samples_per_sec(self) -> float:
+        return self.samples / max(self.seconds, 1e-9)
+
+    @property
     def compiling(self) -> bool:
         """torch.compile compiled a graph or recorded a CUDA graph inside the window: its time
         is not the steady step's."""
@@ -66,7 +70,7 @@ class Window:
 def screens_out(window: Window, below: float | None) -> bool:
     """Whether a screening window's rate puts its configuration out as too slow: below the
     threshold, on a window neither another process nor a compile slowed."""
-    return below is not None and window.samples / max(window.seconds, 1e-9) < below \
+    return below is not None and window.samples_per_sec < below \
         and not window.contention.disturbed and not window.compiling
 
 
@@ -216,8 +220,7 @@ class Remeasures:
         windows.append(window)
         if window.compiling and not self._retimed_compile:
             self._retimed_compile = True
-            self.report(f"torch.compile compiled {window.compiled.graphs} graph(s) in the "
-                        "window: timing it again")
+            self.report("torch.compile compiled in the window: timing it again")
             return True
         if len(windows) == 1 and self.seen is not None and \
                 same_load(self.seen, window.contention):

@@ -218,7 +218,7 @@ class MeasuringObserver:
         self.screen = window = self.timer.finish()
         now = time.perf_counter()
         self.screen_s, self.screen_done_s = now - self._phase_start, now - self._began
-        self.screen_rate = window.samples / max(window.seconds, 1e-9)
+        self.screen_rate = window.samples_per_sec
         self.screened = distributed.decided(screens_out(window, self.settings.screen_below))
         if not self.screened:
             self._start_window(WINDOW)
