@@ -138,20 +138,38 @@ def _is_harness(path: str) -> bool:
     return str(Path(path).resolve()).startswith(_AUTOTUNE_ROOT)
 
 
-def _user_function(evt: Any) -> _Function | None:
+def _user_function(evt: Any, frames: dict[str, _Function | bool | None]) -> _Function | None:
     """The innermost function of the user's code on the Python stack of a profiler event.
 
     Its `stack`, innermost first (the profiler window records it on every torch). The walk
     stops at autotune's own frames: above them is the harness, not the model (the backward
-    pass, run by autograd from our train step, has no user frame)."""
+    pass, run by autograd from our train step, has no user frame). `frames` keeps what each
+    frame is: a step's events share a few hundred frames among tens of thousands of events,
+    and each frame's file is looked up on the file system."""
     for frame in evt.stack:
-        match = PYTHON_FUNCTION.match(frame)
-        path = _resolve(match["file"]) if match else None
-        if path is not None and _is_harness(path):
+        if frame not in frames:
+            frames[frame] = _frame_function(frame)
+        found = frames[frame]
+        if found is _HARNESS:
             return None
-        if path is not None and is_user_file(path):
-            return _Function(path, int(match["line"]), match["func"])
+        if isinstance(found, _Function):
+            return found
     return None
+
+
+# What `_frame_function` says of a frame of autotune's own code.
+_HARNESS = True
+
+
+def _frame_function(frame: str) -> _Function | bool | None:
+    """The user's function a profiler frame names, `_HARNESS` for autotune's, else None."""
+    match = PYTHON_FUNCTION.match(frame)
+    path = _resolve(match["file"]) if match else None
+    if path is None:
+        return None
+    if _is_harness(path):
+        return _HARNESS
+    return _Function(path, int(match["line"]), match["func"]) if is_user_file(path) else None
 
 
 # -- the sync tracer ------------------------------------------------------------------------
@@ -276,8 +294,9 @@ def _self_time(evt: Any, on_cuda: bool) -> float:
 
 def _by_function(events: Iterable[Any], on_cuda: bool) -> list[tuple[_Function | None, float]]:
     times: dict[_Function | None, float] = defaultdict(float)
+    frames: dict[str, _Function | bool | None] = {}
     for evt in events:
-        times[_user_function(evt)] += _self_time(evt, on_cuda)
+        times[_user_function(evt, frames)] += _self_time(evt, on_cuda)
     return sorted(times.items(), key=lambda item: item[1], reverse=True)
 
 
