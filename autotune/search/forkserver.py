@@ -11,8 +11,8 @@ its own session and writes to its own log; the server reaps it and reports how i
 server ends when the tuner that started it closes its pipe or dies.
 
 The protocol is one JSON object per line: the tuner writes jobs (`id`, request and result files,
-log, environment); the server answers `{"id", "pid"}` when a child is forked and
-`{"id", "returncode"}` when it has ended.
+log, environment; a warm process's job its socket, `channel`); the server answers
+`{"id", "pid"}` when a child is forked and `{"id", "returncode"}` when it has ended.
 """
 
 from __future__ import annotations
@@ -102,16 +102,18 @@ class ForkServer:
         return self._process.pid
 
     def fork(self, request_file: Path, result_file: Path, log: Path,
-             env: dict[str, str]) -> ForkedChild:
-        """A child running the request in `request_file`; raises ForkServerUnavailable when the
-        server is gone."""
+             env: dict[str, str], channel: str | None = None) -> ForkedChild:
+        """A child running the request in `request_file`: a trial, or with a `channel` (a
+        socket's path) a warm process that connects to it (`trial.warm.serve_forked`); raises
+        ForkServerUnavailable when the server is gone."""
         with self._lock:
             if not self._alive:
                 raise ForkServerUnavailable("the fork server has ended")
             child = ForkedChild()
             self._children[self._next_id] = child
             job = {"id": self._next_id, "request": str(request_file),
-                   "result": str(result_file), "log": str(log), "env": env}
+                   "result": str(result_file), "log": str(log), "env": env,
+                   **({"channel": channel} if channel else {})}
             self._next_id += 1
             try:
                 self._process.stdin.write((json.dumps(job) + "\n").encode())

@@ -245,6 +245,11 @@ class ProcessRunner:
             self._server.close()
             self._server = None
 
+    def fork_server(self, start_timeout_s: float) -> ForkServer | None:
+        """The server trials fork from, for warm processes to fork from too (`search.warm`);
+        None where trials start as fresh interpreters."""
+        return self._fork_server(start_timeout_s)
+
     def _fork_server(self, start_timeout_s: float) -> ForkServer | None:
         """The fork server, started on first use; None when it cannot start (trials then start
         as fresh interpreters), and for a training script until its probe has said what it

@@ -6,6 +6,11 @@ way tango and Rust's paired benchmarking alternate two versions on a noisy machi
 All the processes live at once, so they are used only where the device holds them all (the
 sum of the candidates' peaks in their search trials, against the memory a trial may use); else,
 or when one fails to start, the confirmation keeps its fresh-process rounds and says why.
+
+A warm process forks from the trials' fork server where one runs (torch, autotune and the model
+file or the script's libraries imported already: a process group's ranks, and a study whose
+trials start fresh, start new interpreters), and talks with the tuner over a socket it connects
+to; a new interpreter talks over its stdin and stdout.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,12 +29,19 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import IO
 
 import torch
 
 from autotune.config import TrainConfig
 from autotune.errors import RunFailed
 from autotune.hardware import describe, host_available_memory
+from autotune.search.forkserver import (
+    TRIAL_ENVIRONMENT,
+    ForkedChild,
+    ForkServer,
+    ForkServerUnavailable,
+)
 from autotune.search.isolation import (
     absolute_path,
     group_command,
@@ -123,11 +136,12 @@ def device_capacity(device: str, memory_limit_bytes: int | None) -> int | None:
 
 
 class _WarmProcess:
-    """One warm process and its two pipes: a process, or a process group's ranks started by
-    torchrun, whose rank 0 reads and answers the pipes (`trial.warm`)."""
+    """One warm process and its channel: a process forked by the fork server and its socket, a
+    new interpreter and its two pipes, or a process group's ranks started by torchrun, whose
+    rank 0 reads and answers the pipes (`trial.warm`)."""
 
     def __init__(self, request: TrialRequest, log: Path, time_limit_s: float,
-                 ends_by: float | None = None) -> None:
+                 ends_by: float | None = None, server: ForkServer | None = None) -> None:
         wait_s = _wait_s(time_limit_s, ends_by)
         device, device_env = launch_device(request)
         handle, name = tempfile.mkstemp(prefix="autotune-warm-", suffix=".json")
@@ -142,27 +156,60 @@ class _WarmProcess:
                           inductor_cache_dir=absolute_path(request.inductor_cache_dir))
         self.request_file.write_text(json.dumps({**request.to_json(), "parent_pid": os.getpid()}))
         log.parent.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-c", "from autotune.trial.warm import warm_main; warm_main()",
-                   str(self.request_file)]
-        if request.nproc_per_node > 1:
-            command = group_command(request, "autotune.trial.warm", str(self.request_file))
-            device_env = {**group_environment(request), **device_env}
-        with open(log, "ab") as log_file:
-            self.process = subprocess.Popen(
-                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file,
-                start_new_session=True, text=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **device_env})
         self.log = log
+        forked = None
+        if server is not None and request.nproc_per_node == 1:
+            with contextlib.suppress(ForkServerUnavailable):
+                forked = self._fork(server, {**TRIAL_ENVIRONMENT, **device_env}, wait_s)
+        if forked is not None:
+            self.process, self._commands, self._answers = forked
+        else:
+            command = [sys.executable, "-c",
+                       "from autotune.trial.warm import warm_main; warm_main()",
+                       str(self.request_file)]
+            if request.nproc_per_node > 1:
+                command = group_command(request, "autotune.trial.warm", str(self.request_file))
+                device_env = {**group_environment(request), **device_env}
+            with open(log, "ab") as log_file:
+                self.process = subprocess.Popen(
+                    command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file,
+                    start_new_session=True, text=True,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1", **device_env})
+            self._commands, self._answers = self.process.stdin, self.process.stdout
         try:
             ready = self._answer(wait_s, ends_by)
             if not ready.get("ready"):
-                raise WarmUnavailable(f"{ready.get('error', 'no answer')} (log: {log})")
+                raise WarmUnavailable(f"{ready.get('error', 'no answer')} (log: {self.log})")
             said = ready.get("script_answer")
             # a script's configuration in its own terms, as its trial's measurement has it
             self.script_answer = ScriptAnswer.from_json(said) if said else None
         except BaseException:
             self.close()
             raise
+
+    def _fork(self, server: ForkServer, env: dict[str, str],
+              wait_s: float) -> tuple[ForkedChild, IO[str], IO[str]]:
+        """Forked by `server`, connected to a socket of its own (a forked child has no pipe to
+        this process); ForkServerUnavailable where the server cannot fork it."""
+        folder = Path(tempfile.mkdtemp(prefix="autotune-warm-channel-"))
+        try:
+            with socket.socket(socket.AF_UNIX) as listener:
+                listener.bind(str(folder / "channel"))
+                listener.listen(1)
+                child = server.fork(self.request_file, folder / "result.json", self.log, env,
+                                    channel=str(folder / "channel"))
+                deadline = time.monotonic() + wait_s
+                while not select.select([listener], [], [], 0.1)[0]:
+                    if child.poll() is not None or time.monotonic() > deadline:
+                        with contextlib.suppress(ProcessLookupError, PermissionError):
+                            os.killpg(child.pid, signal.SIGKILL)
+                        raise ForkServerUnavailable("the forked warm process never connected")
+                connection, _ = listener.accept()
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        with connection:  # the files hold the socket open
+            return (child, connection.makefile("w", buffering=1, encoding="utf-8"),
+                    connection.makefile("r", encoding="utf-8"))
 
     def turn(self, time_limit_s: float) -> WarmTurn:
         self._send({"steps": TURN_STEPS, "seconds": TURN_SECONDS})
@@ -182,8 +229,8 @@ class _WarmProcess:
 
     def _send(self, message: object) -> None:
         try:
-            self.process.stdin.write(json.dumps(message) + "\n")
-            self.process.stdin.flush()
+            self._commands.write(json.dumps(message) + "\n")
+            self._commands.flush()
         except (BrokenPipeError, OSError) as exc:
             raise WarmUnavailable(f"the warm process is gone (log: {self.log})") from exc
 
@@ -191,8 +238,8 @@ class _WarmProcess:
         """The next line it says, within the time limit (it says one line per request and
         then waits, so nothing is ever left in the pipe's buffer behind `select`'s back); a
         wait cut at the budget's end `ends_by` that runs out is `WarmOutOfTime`."""
-        ready, _, _ = select.select([self.process.stdout], [], [], time_limit_s)
-        line = self.process.stdout.readline() if ready else ""
+        ready, _, _ = select.select([self._answers], [], [], time_limit_s)
+        line = self._answers.readline() if ready else ""
         if not ready and ends_by is not None and time.monotonic() >= ends_by:
             raise WarmOutOfTime("the run's time budget ended while a warm process warmed up "
                                 f"(log: {self.log})")
@@ -210,6 +257,9 @@ class _WarmProcess:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
+        for channel in (self._commands, self._answers):
+            with contextlib.suppress(OSError):
+                channel.close()
         self.request_file.unlink(missing_ok=True)
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
@@ -222,12 +272,14 @@ class WarmRounds:
     fresh round would. None is waited for past `ends_by` (a time budget's end)."""
 
     def __init__(self, requests: Sequence[TrialRequest], logs: Sequence[Path],
-                 time_limit_s: float, ends_by: float | None = None) -> None:
+                 time_limit_s: float, ends_by: float | None = None,
+                 server: ForkServer | None = None) -> None:
         self.time_limit_s = time_limit_s
         self.processes: list[_WarmProcess | None] = []
         try:
             for request, log in zip(requests, logs):
-                self.processes.append(_WarmProcess(request, log, time_limit_s, ends_by))
+                self.processes.append(_WarmProcess(request, log, time_limit_s, ends_by,
+                                                   server))
             for process in self.processes:
                 process.turn(time_limit_s)
         except BaseException:
@@ -279,8 +331,9 @@ class WarmStart:
 def warm_start(runner: ProcessRunner, device: str, time_limit_s: float) -> WarmStart:
     """Warm processes for `runner`'s model file or training script on `device` (its settings,
     threads and memory limit; a script's own loop pausing between turns; a process group's
-    ranks pausing together). On CPU a group's ranks share the host's memory, so each group
-    counts as many peaks as it has ranks."""
+    ranks pausing together), forked from its trials' fork server where one runs. On CPU a
+    group's ranks share the host's memory, so each group counts as many peaks as it has
+    ranks."""
     ranks = runner.nproc_per_node
 
     def start(configs: Sequence[TrainConfig], prefix: str, ends_by: float | None) -> WarmRounds:
@@ -288,7 +341,8 @@ def warm_start(runner: ProcessRunner, device: str, time_limit_s: float) -> WarmS
                 for i in range(len(configs))]
         return WarmRounds([runner.request(c, j) for c, j in zip(configs, jobs)],
                           [runner.directory / "logs" / f"{j.name}.log" for j in jobs],
-                          time_limit_s, ends_by)
+                          time_limit_s, ends_by,
+                          runner.fork_server(time_limit_s) if ranks == 1 else None)
 
     capacity = device_capacity(device, runner.memory_limit_bytes)
     if capacity is not None and torch.device(device).type == "cpu":

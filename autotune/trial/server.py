@@ -1,7 +1,8 @@
 """The fork server process: import torch, autotune's measurement and the model file once (for a
 training script, the library modules its probe recorded, never the script: `script/preload`),
-then fork a fresh trial process (`child.run_child`) for every job the tuner sends
-(`autotune.search.forkserver` is the tuner's side and says what the protocol is).
+then fork a fresh trial process (`child.run_child`), or a warm process (`warm.serve_forked`), for
+every job the tuner sends (`autotune.search.forkserver` is the tuner's side and says what the
+protocol is).
 
 No torch operation runs here, so a child inherits no OpenMP pool and no CUDA context. Imports
 that start a thread or change the environment would give a fork what a fresh interpreter lacks:
@@ -26,6 +27,7 @@ from typing import IO, Any
 
 from autotune.trial.child import run_child
 from autotune.trial.script.preload import changed_variables, import_modules
+from autotune.trial.warm import serve_forked
 
 
 def serve() -> None:
@@ -91,7 +93,10 @@ def _run_forked(job: dict[str, Any]) -> None:
         sys.stdout.reconfigure(line_buffering=True)
         sys.stderr.reconfigure(line_buffering=True)
         os.environ.update(job["env"])
-        run_child(Path(job["request"]), Path(job["result"]))
+        if "channel" in job:
+            serve_forked(Path(job["request"]), job["channel"])
+        else:
+            run_child(Path(job["request"]), Path(job["result"]))
     except BaseException:
         traceback.print_exc()
     os._exit(1)

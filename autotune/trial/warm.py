@@ -2,15 +2,16 @@
 request, so that the confirmation can pair candidates close in time (tango's alternation)
 instead of starting a fresh process for every run.
 
-Started by name by `autotune.search.warm` (`python -c "from autotune.trial.warm import
-warm_main; warm_main()" REQUEST`), with the same `TrialRequest` a trial gets. It builds the
-set-up, warms up until steady and says so on its answer channel: one JSON line
-`{"ready": true}` (or `{"error": ...}`). Then each line `{"steps": N, "seconds": S}` on stdin
-is answered with one `WarmTurn` line (at least N optimizer steps and S seconds), and each line
-`{"trace": PATH}` with `{"trace": PATH}` once the profiler's trace of a few steps is written
-there (what a fresh run's profiler window leaves for the report), until `stop`, the end of
-stdin, or the tuner that started it is gone. The answer channel
-is the process's original stdout; whatever the model file prints goes to stderr (the log).
+Forked by the fork server the trials fork from, where one runs (`serve_forked`: its channel a
+socket the tuner listens on), else started by name by `autotune.search.warm` (`python -c "from
+autotune.trial.warm import warm_main; warm_main()" REQUEST`: its channel its stdin and stdout),
+with the same `TrialRequest` a trial gets. It builds the set-up, warms up until steady and says
+so on its channel: one JSON line `{"ready": true}` (or `{"error": ...}`). Then each line
+`{"steps": N, "seconds": S}` is answered with one `WarmTurn` line (at least N optimizer steps
+and S seconds), and each line `{"trace": PATH}` with `{"trace": PATH}` once the profiler's trace
+of a few steps is written there (what a fresh run's profiler window leaves for the report),
+until `stop`, the channel's end, or the tuner that started it is gone. Whatever the model file
+prints goes to the log, never into the answers.
 A training script's request runs the script itself, its own loop taking the turns
 (`autotune.trial.script.turns`).
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import socket
 import sys
 import traceback
 from collections.abc import Iterator
@@ -48,26 +50,56 @@ def warm_main() -> None:
     answers = os.fdopen(os.dup(1), "w", buffering=1) if rank == 0 else None
     os.dup2(2, 1)  # the model file's prints go to the log, never into the answers
     request_file = Path(sys.argv[1])
-    raw = json.loads(request_file.read_text())
-    if ranks == 1:
-        request_file.unlink(missing_ok=True)  # read once: nothing left if the tuner is killed
-    tuner_pid = raw.pop("parent_pid")
+    request, tuner_pid = _read_request(request_file, remove=ranks == 1)
     # A rank's parent is torchrun's agent, which outlives a killed tuner.
     (watch_tuner if ranks > 1 else watch_parent)(tuner_pid)
-    raw.pop("phase_file", None)
-    request = TrialRequest.from_json(raw)
     place_rank(request, rank, ranks)
+    failed = _serve_or_say(request, sys.stdin, answers, tuner_pid,
+                           request_file if rank == 0 else None)
+    # No teardown (DataLoader workers and compile pools can hang it); a failed rank exits
+    # non-zero, so that torchrun stops the others instead of leaving them waiting.
+    os._exit(1 if failed and ranks > 1 else 0)
+
+
+def serve_forked(request_file: Path, channel: str) -> None:
+    """Entry point of a warm process forked by the fork server (`trial.server`), its prints
+    already in its log: its commands and answers on the tuner's socket at `channel`. It ends
+    with the server, which ends with the tuner, or at the socket's end."""
+    request, tuner_pid = _read_request(request_file, remove=True)
+    watch_parent(os.getppid())
+    place_rank(request, 0, 1)
+    with socket.socket(socket.AF_UNIX) as connection:
+        connection.connect(channel)
+        commands = connection.makefile("r", encoding="utf-8")
+        answers = connection.makefile("w", buffering=1, encoding="utf-8")
+        _serve_or_say(request, commands, answers, tuner_pid)
+    os._exit(0)
+
+
+def _read_request(request_file: Path, remove: bool) -> tuple[TrialRequest, int]:
+    """The request and the tuner's pid; the file `remove`d once read (nothing left if the
+    tuner is killed; a group's rank 0 removes it once every rank has read it)."""
+    raw = json.loads(request_file.read_text())
+    if remove:
+        request_file.unlink(missing_ok=True)
+    tuner_pid = raw.pop("parent_pid")
+    raw.pop("phase_file", None)
+    return TrialRequest.from_json(raw), tuner_pid
+
+
+def _serve_or_say(request: TrialRequest, commands: IO[str], answers: IO[str] | None,
+                  tuner_pid: int, request_file: Path | None = None) -> bool:
+    """`serve`; whether it failed, which the answers say (the tuner falls back to fresh
+    rounds) and the log shows."""
     failed = False
     try:
-        serve(request, sys.stdin, answers, tuner_pid, request_file if rank == 0 else None)
-    except BaseException as exc:  # the tuner falls back to fresh rounds, and the log says why
+        serve(request, commands, answers, tuner_pid, request_file)
+    except BaseException as exc:
         failed = True
         traceback.print_exception(exc)
         _say(answers, {"error": f"{type(exc).__name__}: {exc}"[:2000]})
     sys.stderr.flush()
-    # No teardown (DataLoader workers and compile pools can hang it); a failed rank exits
-    # non-zero, so that torchrun stops the others instead of leaving them waiting.
-    os._exit(1 if failed and ranks > 1 else 0)
+    return failed
 
 
 def serve(request: TrialRequest, commands: IO[str], answers: IO[str] | None,

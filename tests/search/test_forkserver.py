@@ -1,5 +1,5 @@
-"""The fork server: torch and the model file imported once, a fresh process forked per trial,
-and nothing left running once the tuner closes it."""
+"""The fork server: torch and the model file imported once, a fresh process forked per trial
+and per warm process, and nothing left running once the tuner closes it."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 
 from autotune.options import MeasureSettings
 from autotune.search.forkserver import ForkServer, ForkServerUnavailable
+from autotune.search.warm import WarmRounds
 from autotune.target import ModelFile
 from autotune.trial.protocol import TrialRequest
 
@@ -85,3 +86,32 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as stat:  # a zombie has ended
         return stat.read().split(")")[-1].split()[0] != "Z"
+
+
+def _parent_of(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_warm_process_forks_from_the_server_and_a_gone_server_leaves_a_new_interpreter(
+        write_model, tmp_path) -> None:
+    """A confirmation's warm process forks from its trials' server (torch and the model file
+    imported once), takes its turns over its socket, and ends at `stop`; with the server gone,
+    the next starts as a new interpreter of its own."""
+    path = write_model(TINY_SOURCE)
+    request = TrialRequest(ModelFile(str(path)), config={"micro_batch_size": 8}, device="cpu",
+                           settings=MeasureSettings(window_steps=2, window_seconds=0.1,
+                                                    warmup_max_seconds=2, profile_steps=0))
+    server = ForkServer(str(path), tmp_path / "server.log", 120)
+    parents = []
+    for name in ("forked", "fresh"):
+        rounds = WarmRounds([request], [tmp_path / f"{name}.log"], 120, server=server)
+        warm = rounds.processes[0].process
+        try:
+            parents.append(_parent_of(warm.pid))
+            runs = [rounds.turn(0) for _ in range(2)]
+        finally:
+            rounds.close()
+        assert all(run is not None and run.samples_per_sec > 0 for run in runs)
+        assert not os.path.exists(f"/proc/{warm.pid}")
+        server.close()
+    assert parents == [server.pid, os.getpid()]
