@@ -24,6 +24,7 @@ import os
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,26 +90,38 @@ def server_for(name: str, scratch: Path) -> tuple[Target, ForkServer]:
     return script, ForkServer(None, log, 600, script_modules=modules)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(doc: str, name: str) -> argparse.Namespace:
+    """The launcher benchmarks' flags: rounds, models and the results' name."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--models", nargs="+", default=list(MODELS),
                         choices=[*MODELS, *SCRIPTS])
-    parser.add_argument("--name", default="trial_overhead")
-    args = parser.parse_args()
+    parser.add_argument("--name", default=name)
+    return parser.parse_args()
+
+
+def alternating(name: str, scratch: Path, rounds: int,
+                measure: Callable[[Target, ForkServer | None, Path], Any]) -> dict[str, list]:
+    """`measure` of model `name` in a new interpreter (its server None) and forked, `rounds`
+    times each, the order flipped every round so that the machine's drift falls on both."""
+    target, server = server_for(name, scratch)
+    runs: dict[str, list] = {"fresh": [], "forked": []}
+    with server:
+        for round_ in range(rounds):
+            order = ("fresh", "forked") if round_ % 2 == 0 else ("forked", "fresh")
+            for launcher in order:
+                runs[launcher].append(measure(target, server if launcher == "forked" else None,
+                                              scratch / f"{name}-{launcher}-{round_}.log"))
+                print(name, launcher, round_, runs[launcher][-1], flush=True)
+    return runs
+
+
+def main() -> None:
+    args = arguments(__doc__, "trial_overhead")
     rows = {}
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.models:
-            target, server = server_for(name, Path(scratch))
-            runs: dict[str, list[dict[str, Any]]] = {"fresh": [], "forked": []}
-            with server:
-                for round_ in range(args.rounds):
-                    order = ("fresh", "forked") if round_ % 2 == 0 else ("forked", "fresh")
-                    for launcher in order:
-                        runs[launcher].append(trial(
-                            target, server if launcher == "forked" else None,
-                            Path(scratch) / f"{name}-{launcher}-{round_}.log"))
-                        print(name, launcher, round_, runs[launcher][-1], flush=True)
+            runs = alternating(name, Path(scratch), args.rounds, trial)
             ok = {k: [r for r in v if r["status"] == "ok"] for k, v in runs.items()}
             ratio = paired_ratio([r["overhead_s"] for r in ok["forked"]],
                                  [r["overhead_s"] for r in ok["fresh"]])

@@ -13,7 +13,6 @@ interval; writes benchmarks/results/<name>.json. It asserts nothing.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -26,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from trial_overhead import MODELS, SCRIPTS, server_for  # noqa: E402
+from trial_overhead import alternating, arguments  # noqa: E402
 
 from autotune.options import MeasureSettings  # noqa: E402
 from autotune.search.forkserver import ForkServer  # noqa: E402
@@ -50,26 +49,11 @@ def warm_start_s(target: Target, server: ForkServer | None, log: Path) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--models", nargs="+", default=list(MODELS),
-                        choices=[*MODELS, *SCRIPTS])
-    parser.add_argument("--name", default="warm_start")
-    args = parser.parse_args()
+    args = arguments(__doc__, "warm_start")
     rows = {}
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.models:
-            target, server = server_for(name, Path(scratch))
-            starts: dict[str, list[float]] = {"fresh": [], "forked": []}
-            with server:
-                for round_ in range(args.rounds):
-                    order = ("fresh", "forked") if round_ % 2 == 0 else ("forked", "fresh")
-                    for launcher in order:
-                        starts[launcher].append(warm_start_s(
-                            target, server if launcher == "forked" else None,
-                            Path(scratch) / f"{name}-{launcher}-{round_}.log"))
-                        print(name, launcher, round_, f"{starts[launcher][-1]:.2f} s",
-                              flush=True)
+            starts = alternating(name, Path(scratch), args.rounds, warm_start_s)
             ratio = paired_ratio(starts["forked"], starts["fresh"])
             rows[name] = {**{f"median_{k}_s": statistics.median(v) for k, v in starts.items()},
                           "starts_s": starts,
