@@ -102,6 +102,9 @@ class Candidate:
     # run next to its own: in warm turns the turn taken beside it (`race._paired_turns`).
     partner: Candidate | None = field(default=None, repr=False, compare=False)
     partner_runs: list[Run | None] = field(default_factory=list, repr=False, compare=False)
+    # The rounds of the race run before it joined (its warm process started once another's
+    # left room in memory: `race._admitted`): its first run pairs with that round's.
+    joined: int = field(default=0, compare=False)
 
     @property
     def variant(self) -> bool:
@@ -204,8 +207,11 @@ def paired(entry: Candidate, reference: Candidate, figure: Figure) -> Ratio:
     against, each of its runs with that one's run beside it (in warm turns, its pair's).
     Where each run's load was measured, read at equal load wherever the load explains a
     measurable part of the rounds' spread (`load_adjusted_ratio`)."""
-    others = entry.partner_runs if entry.partner is reference else reference.runs
-    pairs = [(a, b) for a, b in zip(entry.runs, others) if a is not None and b is not None]
+    mine, others = entry.runs, entry.partner_runs
+    if entry.partner is not reference:  # the same rounds of each, whichever joined later
+        mine = entry.runs[max(0, reference.joined - entry.joined):]
+        others = reference.runs[max(0, entry.joined - reference.joined):]
+    pairs = [(a, b) for a, b in zip(mine, others) if a is not None and b is not None]
     if not pairs:
         return Ratio(float("nan"), None, None, 0)
     numerators, denominators = [figure(a) for a, _ in pairs], [figure(b) for _, b in pairs]

@@ -153,6 +153,43 @@ def _warm_rounds(entries: Sequence[Candidate], how: Measuring, plan: Plan,
     return turns, replace(plan, rounds=least, max_rounds=max(least, most)), tuple(no_room)
 
 
+def _admitted(entries: Sequence[Candidate], racing: list[int], no_room: tuple[TrainConfig, ...],
+              turns: WarmTurns, plan: Plan, how: Measuring, name: str, run_s: float,
+              ) -> tuple[WarmTurns, tuple[TrainConfig, ...]]:
+    """The race's warm turns with the entries the memory held no process of (`no_room`, the
+    proof first) started in the room the candidates out of the race left, as many as it holds
+    and as the time left holds their start and the rounds a change is judged on (`run_s` a
+    run); each joins at the next round. Returns the turns and the configurations still left
+    out."""
+    racers = {id(entries[i]) for i in racing}
+    waiting = [i for i, e in enumerate(entries) if e.config in no_room
+               and (e.taken_from is None or id(e.taken_from) in racers)]
+    pool = how.pool
+    if pool is None:
+        return turns, no_room
+    fits = pool.room_for([entries[i].search_peak_bytes for i in waiting],
+                             [entries[i].config for i in racing])
+    group = waiting[:fits]
+    ends = [e for e in (plan.budget_ends, plan.ends_by) if e is not None]
+    needs_s = pool.start_s * len(group) + JUDGE_ROUNDS * run_s * (len(racing) + len(group))
+    if not group or (ends and time.monotonic() + needs_s > min(ends)):
+        return turns, no_room
+    skip = [i for i in range(len(entries)) if i not in racing and i not in group]
+    configs = [e.config for e in entries]
+    started, why = pool.turns(configs, [e.search_peak_bytes for e in entries], name,
+                                  plan.budget_ends, skip=skip)
+    if started is None:
+        raise WarmUnavailable(why)
+    for i in group:
+        entries[i].joined = len(entries[-1].runs)
+        entries[i].script_answer = started.script_answer(i) or entries[i].script_answer
+        racing.append(i)
+        how.view.note(f"confirmation: {_named(entries, i)} joins the race: the memory holds "
+                      f"its warm process now ({why})")
+    joined = {entries[i].config for i in group}
+    return started, tuple(c for c in no_room if c not in joined)
+
+
 def _proof(entries: Sequence[Candidate]) -> list[int]:
     """The entries that judge the best's changes (the first entry's): each the best less one
     change, raced for that (a variant), or a candidate of the search that is that
@@ -236,13 +273,23 @@ def run_race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
             entries[i].runs.append(run)
         kept_runs += len(order)
         _record_partners(entries, order, racing, runs, partners)
-        for i, why in _eliminated(entries, racing, reference, plan.target):
+        out = _eliminated(entries, racing, reference, plan.target)
+        for i, why in out:
             racing.remove(i)
             view.note(f"confirmation: {_named(entries, i)} is out of the race after round "
                       f"{len(reference.runs)}: {why}")
+        mean_s = (time.monotonic() - start) / kept_runs
+        if out and turns is not None and no_room:
+            try:
+                turns, no_room = _admitted(entries, racing, no_room, turns, plan, how, name,
+                                           mean_s)
+            except WarmUnavailable as exc:
+                view.note(f"a warm process did not start ({exc}): the rest in fresh-process "
+                          "rounds")
+                turns.close()
+                turns, plan, measured = None, fresh_plan, FRESH_ROUNDS
         # The caps go by the slowest run (the race ends when it said); what would still fit
         # goes by the mean (one slow turn does not end a race that has time for dozens).
-        mean_s = (time.monotonic() - start) / kept_runs
         ends = _after_round(entries, racing, plan, rounds, mean_s * len(racing),
                             _follow_up_s(entries, reserve, plan, mean_s, how, turns))
         if ends is not None:
@@ -411,7 +458,9 @@ def _beyond_reach(entries: Sequence[Candidate], undecided: Mapping[int, Ratio],
     reference = entries[-1]
     for i, ratio in undecided.items():
         change = describe_changes(entries[i].taken_from.config, entries[i].config)
-        needs[f"{change} judged"] = rounds_to_judge(ratio) - ratio.rounds
+        # one that joined late is judged on its first rounds before any spread is read
+        judged_by = rounds_to_judge(ratio) if ratio.rounds >= JUDGE_ROUNDS else JUDGE_ROUNDS
+        needs[f"{change} judged"] = judged_by - ratio.rounds
         versus = paired(entries[i], reference, objective)  # a possible answer, once dropped
         if versus.low is not None and versus.includes_one:
             needs[f"the answer without {change} known against your settings"] = \

@@ -395,9 +395,12 @@ class WarmPool:
         self.started = 0
         self.broken = False
 
-    def room_for(self, peaks: Sequence[float | None]) -> int:
-        """How many of `peaks`, the first first, the memory holds beside the warm processes'."""
-        running = [peak for _, _, peak in self.live.values()]
+    def room_for(self, peaks: Sequence[float | None],
+                 staying: Collection[TrainConfig] | None = None) -> int:
+        """How many of `peaks`, the first first, the memory holds beside the warm processes'
+        (those of `staying` alone, where given: the rest end before the new ones start)."""
+        kept = None if staying is None else {config_key(c) for c in staying}
+        running = [peak for key, (_, _, peak) in self.live.items() if kept is None or key in kept]
         return next((n for n in range(len(peaks), 0, -1)
                      if memory_holds([*running, *peaks[:n]], self.warm.capacity)), 0)
 

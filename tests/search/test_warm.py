@@ -357,7 +357,7 @@ class _LoadBySecond(_Turns):
     half speed and is flagged. A round of four turns always holds both."""
 
     def __init__(self, configs: list[TrainConfig]) -> None:
-        self.configs, self.count, self.closed = configs, 0, False
+        self.configs, self.count, self.closed, self.released = configs, 0, False, []
 
     def turn(self, index: int) -> Run:
         loaded = (self.count // 3) % 2 == 1
@@ -370,6 +370,9 @@ class _LoadBySecond(_Turns):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("{}")
         return str(path)
+
+    def release(self, index: int) -> None:
+        self.released.append(index)
 
     def close(self) -> None:
         self.closed = True
@@ -475,21 +478,40 @@ def test_under_a_time_budget_the_proof_starts_before_the_runners_up(
     assert [t.outcome for t in result.taken_back] == ["pays", "pays"]
 
 
-def test_warm_processes_the_memory_cannot_hold_beside_the_best_are_left_out_not_all_of_them(
+def test_a_change_the_memory_held_no_process_of_is_raced_once_a_racer_leaves_room(
         tmp_path, monkeypatch) -> None:
-    """GPT-2-small on an H100: the best and the baseline fit warm, the best less each of its
-    changes did not all fit beside them, and the whole race fell back to fresh rounds (one in
-    the time left: not known). Now as many of them as the memory holds start (fused AdamW
-    alone, 1 GiB; bf16 alone, 3 GiB, would not fit beside the best's 3), the rest are not
-    raced (said as why fused AdamW is not judged), and the race stays in warm turns."""
+    """GPT-2-small on an H100: the best less each of its changes did not all fit beside the
+    best and the baseline, and the race fell back to fresh rounds; then, on an H200, those
+    that fitted raced, but fused AdamW, left out for memory, was never raced though the best
+    less bf16 left the race after round 2, and the user's settings were kept beside a 7.78x.
+    Now as many as the memory holds start (fused AdamW alone, 1 GiB), the rest wait (bf16
+    alone, 2 GiB, does not fit beside the best's 3 on an 8 GiB device at 80%), and join the
+    race in the room a racer leaves: both changes are judged, and the best is the answer."""
     fused, bf16 = BASE.replace(optimizer_impl="fused"), BASE.replace(precision="bf16")
     result, started, view = _slow_starts(
         tmp_path, monkeypatch, CHANGES,
         Plan(top=1, rounds=3, max_rounds=10, target=0.03, budget_ends=1330.0),
-        peaks={BOTH: 3 * GIB, BASE: 1 * GIB, fused: 1 * GIB, bf16: 3 * GIB})
+        peaks={BOTH: 3 * GIB, BASE: 1 * GIB, fused: 1 * GIB, bf16: 2 * GIB})
     assert started[0].configs == [BOTH, BASE] and started[1].configs == [fused]
+    assert started[2].configs == [bf16] and started[1].released == [0]  # its room first
     assert any("the best less each of its changes: 1 of 2 not raced: the memory holds 1 more"
                in n for n in view.lines), view.lines
+    assert any("(the best without fused AdamW) joins the race" in n for n in view.lines)
+    assert result.measured == WARM_TURNS and result.winner.config == BOTH
+    assert [(t.change, t.outcome) for t in result.taken_back] == [("bf16", "pays"),
+                                                                  ("fused AdamW", "pays")]
+
+
+def test_a_change_the_memory_never_holds_a_process_of_is_said_unmeasured(
+        tmp_path, monkeypatch) -> None:
+    """Where the room a racer leaves still holds no process of the best less a change (bf16
+    alone, 3 GiB), that change is never raced, said as why it is not judged, and nothing
+    unproven is recommended."""
+    fused, bf16 = BASE.replace(optimizer_impl="fused"), BASE.replace(precision="bf16")
+    result, _, _ = _slow_starts(
+        tmp_path, monkeypatch, CHANGES,
+        Plan(top=1, rounds=3, max_rounds=10, target=0.03, budget_ends=1330.0),
+        peaks={BOTH: 3 * GIB, BASE: 1 * GIB, fused: 1 * GIB, bf16: 3 * GIB})
     assert result.measured == WARM_TURNS and result.speedup_ci[0] > 1.5
     assert [(t.change, t.outcome) for t in result.taken_back] == [("bf16", "pays"),
                                                                   ("fused AdamW", UNJUDGED)]
