@@ -121,11 +121,14 @@ def _warm_rounds(entries: Sequence[Candidate], how: Measuring, plan: Plan,
     no_room: list[TrainConfig] = []
     # Under a time budget, the best and the baseline start first, then the best less each of
     # its changes (the proof of what it found), then the runners-up (breadth, which shrinks
-    # first), as many of each as the memory holds beside those warm (the rest not raced, the
-    # warm ones kept), each only where its processes' start fits the time left after the
-    # least rounds' pairs of turns.
-    for group, what in ((backs, "the best less each of its changes"),
-                        (runners_up, "the search's runners-up")):
+    # first), as many of each as the memory holds beside those warm (the rest wait for the
+    # room a racer leaves: `_admitted`), each only where its processes' start fits the time
+    # left after the pairs of turns already racing take their least rounds and the group's
+    # theirs: a change is judged on `JUDGE_ROUNDS` (one that pays leaves the race then), a
+    # runner-up races the least rounds against the leader.
+    for group, what, rounds in ((backs, "the best less each of its changes", JUDGE_ROUNDS),
+                                (runners_up, "the search's runners-up",
+                                 plan.rounds * WARM_ROUNDS_PER_ROUND)):
         if turns is None or not group or not later:
             continue
         fits = how.pool.room_for([peaks[i] for i in group])
@@ -136,8 +139,9 @@ def _warm_rounds(entries: Sequence[Candidate], how: Measuring, plan: Plan,
             group = group[:fits]
             if not group:
                 continue
-        least = plan.rounds * WARM_ROUNDS_PER_ROUND * 2 * len(entries) * TURN_SECONDS
-        left = plan.budget_ends - time.monotonic() - least
+        pairs = plan.rounds * WARM_ROUNDS_PER_ROUND * (len(turns.racing()) - 1) + \
+            rounds * len(group)
+        left = plan.budget_ends - time.monotonic() - pairs * 2 * TURN_SECONDS
         if how.pool.start_s * len(group) <= left:
             later = [i for i in later if i not in group]
             turns, why = how.pool.turns(configs, peaks, name, plan.budget_ends, skip=later)

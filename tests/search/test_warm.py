@@ -460,6 +460,20 @@ def test_where_their_processes_would_not_fit_the_time_the_changes_are_not_taken_
         verdict.endswith("your settings kept"), verdict
 
 
+def test_the_proof_is_priced_at_the_rounds_a_change_is_judged_on(
+        tmp_path, monkeypatch) -> None:
+    """GPT-2-small on an H200, 78 s left for the confirmation: the best less each change was
+    priced as if all five entries raced the best's 12 least rounds (60 s), so two processes
+    of 5 s each did not fit, the best and the baseline raced alone, and no change was judged.
+    A change is judged on 3 rounds, and one that pays leaves then: here (each start 60 s,
+    150 s left after the first two) both now start and both are shown to pay."""
+    result, started, _ = _slow_starts(tmp_path, monkeypatch, CHANGES, Plan(
+        top=1, rounds=3, max_rounds=10, target=0.03, budget_ends=1270.0))
+    assert len(started) == 2 and started[0].configs == [BOTH, BASE]
+    assert result.winner.config == BOTH
+    assert [t.outcome for t in result.taken_back] == ["pays", "pays"]
+
+
 def test_under_a_time_budget_the_proof_starts_before_the_runners_up(
         tmp_path, monkeypatch) -> None:
     """Each warm process takes 60 s to start. The best (bf16 + fused AdamW) and the baseline
