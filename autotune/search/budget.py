@@ -49,6 +49,11 @@ FIRST_COMPILE_PRIOR_S = 60.0
 # corner, a follow-up). A time plan gives them their time before the confirmation its share:
 # a proof with nothing found to prove is no answer.
 FIRST_MOVES = 3
+# The last first move may start this many trials after its place in the plan: the tuner's own
+# seconds between trials and a slower trial would otherwise miss it (README command 1 at
+# 51441a4: the third missed its start by 6 s and the answer lacked bf16 alone), the
+# confirmation's time paying for it.
+FIRST_MOVE_SLACK = 0.5
 # The configurations besides the baseline whose checks a plan prices: the best, and the one it
 # becomes where a change of it is taken back. The others are checked only if they become the
 # answer, within the time the rounds leave.
@@ -353,14 +358,15 @@ def plan_time(budget_s: float, started: float, now: float, trial_s: float,
     interval needs; none with no share: no confirmation), and the last search trial room to
     finish. The expert's `FIRST_MOVES` come first: where the time left cannot hold them and
     that share, the confirmation gets what they leave (its first round runs whatever the
-    plan)."""
+    plan), and the last of them may start up to `FIRST_MOVE_SLACK` trials late."""
     ends = started + budget_s
     least_s = price.seconds(candidates, price.least_rounds(MIN_ROUNDS))
     confirm_s = max(share * budget_s, least_s) if share else 0.0
     confirm_s = max(0.0, min(confirm_s, ends - now - FIRST_MOVES * trial_s))
     rounds = min(price.most_rounds(max_rounds),
                  price.rounds_in(min(confirm_s, ends - now), candidates))
-    search_ends = ends - confirm_s - trial_s
+    last_first_move = now + (FIRST_MOVES - 1 + FIRST_MOVE_SLACK) * trial_s
+    search_ends = min(ends - trial_s, max(ends - confirm_s - trial_s, last_first_move))
     search_trials = max(0, math.floor((search_ends - now) / trial_s) + 1)
     return TimePlan(trial_s, search_ends, max(1, rounds), search_trials, price)
 
