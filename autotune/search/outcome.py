@@ -141,7 +141,9 @@ def compile_ran_out_of_time(trial: Trial, result: TrialResult) -> bool:
     """A compiled configuration killed at its limit in its first step, and not yet retried."""
     stored = trial.user_attrs.get(TrialKey.CONFIG)
     compiled = stored is not None and TrainConfig.from_dict(stored).compile_mode != "none"
-    return compiled and result.phase == FIRST_STEP and not trial.user_attrs.get(TrialKey.RETRY)
+    # a script's first step is named after its loop: "first step (...) of the script's ..."
+    first_step = (result.phase or "").startswith(FIRST_STEP)
+    return compiled and first_step and not trial.user_attrs.get(TrialKey.RETRY)
 
 
 def tell_complete(study: optuna.Study, trial: Trial, score: float, feasible: bool) -> None:

@@ -74,3 +74,7 @@ def test_a_compile_that_ran_out_of_time_is_not_a_deterministic_failure() -> None
     assert record(TrainConfig(), compiling) == TrialStatus.TIMEOUT  # no compile
     timing = TrialResult("timeout", "still running", phase="timing")
     assert record(compiled, timing) == TrialStatus.TIMEOUT  # compiled long before
+    # an HF Trainer script compiling on an H200 (32 s limit) was a plain timeout, never retried
+    script = TrialResult("timeout", "still running",
+                         phase=f"{FIRST_STEP} of the script's transformers Trainer")
+    assert record(TrainConfig(compile_mode="default"), script) == TrialStatus.COMPILE_TIMEOUT
