@@ -73,17 +73,16 @@ def test_the_quick_plan_starts_with_a_default_gpt2_small_study_and_fits_540_s(tm
 
 def test_the_follow_up_plan_fits_540_s_and_holds_what_the_quick_one_left_unproven(
         tmp_path) -> None:
-    """The second lease's plan: a default study of a GPT small enough that its warm processes
-    fit together, an HF Trainer script study, then max-autotune compiled; its worst cases
-    within the short lease's 540 s, each command one `run` or `bench`."""
+    """The second lease's plan: an HF Trainer script study under the budget its answer needs,
+    then max-autotune compiled on a GPT of the script's size; its worst cases within the short
+    lease's 540 s, each command one `run` or `bench`."""
     suite = gpu_suite()
     steps = suite.followup_plan()
     assert sum(step.max_s for step in steps) <= suite.QUICK_BUDGET_S
     names = [step.name for step in steps]
-    assert names == ["env", "followup-study-gpt-warm", "followup-script-hf",
-                     "followup-bench-gpt-bf16-max-autotune"]
-    warm = steps[1].args
-    assert warm[0] == "run" and "--budget" in warm and "--set" not in warm
-    assert "n_layer=6" in warm
-    assert suite.command(steps[2], tmp_path)[-2:] == ["--report_to", "none"]
-    assert "compile_mode=max-autotune" in steps[3].args and "precision=bf16" in steps[3].args
+    assert names == ["env", "followup-script-hf", "followup-bench-small-gpt-bf16-max-autotune"]
+    script = steps[1].args
+    assert script[script.index("--budget") + 1] == "320s"
+    assert suite.command(steps[1], tmp_path)[-2:] == ["--report_to", "none"]
+    assert "compile_mode=max-autotune" in steps[2].args and "precision=bf16" in steps[2].args
+    assert "vocab_size=8192" in steps[2].args
