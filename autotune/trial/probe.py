@@ -33,6 +33,8 @@ the device and torch, and probes again when one of them changes.
 from __future__ import annotations
 
 import contextlib
+import copy
+import itertools
 import math
 import statistics
 import time
@@ -70,6 +72,10 @@ SLOWER = 2.0
 # How long each precision is timed for (after one warm-up step), at most.
 TIMING_S = 2.0
 TIMED_STEPS = 3
+# The short runs each take a copy of the first model built, kept on the host where its tensors
+# take at most this much: building GPT-2 small took 7.3 s on this project's CPU, a copy 1.8 s,
+# and the probe builds one for each of its dozen short runs (73 s of probe on an H200).
+PRISTINE_MAX_BYTES = 2 * 2**30
 
 Progress = Callable[[str], None]
 
@@ -81,8 +87,9 @@ def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
     `config` being its baseline."""
     progress("building the dataset")
     dataset = workload.build_dataset()
+    trials = _Trials(workload, dataset, device, progress)
     progress("building the model")
-    model = workload.build_model()
+    model = trials.model()
     report = ProbeReport(baseline=workload.baseline, dataset_size=len(dataset),
                          state_bytes=training_state_bytes(model),
                          parameters=sum(p.numel() for p in model.parameters()),
@@ -91,7 +98,6 @@ def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
     if unsupported_reason(config, describe(device)):  # a BASELINE this device cannot run
         config = from_baseline({"micro_batch_size": config.micro_batch_size,
                                 "grad_accum_steps": config.grad_accum_steps}, device.type)
-    trials = _Trials(workload, dataset, device, progress)
     report.attention = trials.calls_attention()
     offered = _offered(settings.candidates, config, report)
     progress("one baseline step (the reference)")
@@ -168,13 +174,32 @@ class _Trials:
         self.workload, self.dataset, self.device, self.progress = \
             workload, dataset, device, progress
         self.step_s: dict[str, float] = {}
+        self._pristine: torch.nn.Module | None = None
+        self._copies = True
+
+    def model(self) -> torch.nn.Module:
+        """A freshly built model: a copy of the first one built, kept as it was built where
+        all its tensors are on the host and take at most `PRISTINE_MAX_BYTES`, else (or where
+        it does not copy) built again."""
+        if self._pristine is not None:
+            return copy.deepcopy(self._pristine)
+        model = self.workload.build_model()
+        tensors = list(itertools.chain(model.parameters(), model.buffers()))
+        if self._copies and all(t.device.type == "cpu" for t in tensors) and \
+                sum(t.numel() * t.element_size() for t in tensors) <= PRISTINE_MAX_BYTES:
+            try:
+                self._pristine = copy.deepcopy(model)
+            except Exception:  # noqa: BLE001 - a model that does not copy is built each time
+                self._copies = False
+        return model
 
     def run(self, config: TrainConfig, timed: bool = False,
             first_step_bound_s: float = math.inf) -> _Run:
         """The first step's time; with `timed`, the median of a few more steps (the first
         step's instead when it took longer than `first_step_bound_s`: a step that slow has
         answered already)."""
-        setup = setup_from_workload(self.workload, config, self.device, dataset=self.dataset)
+        setup = setup_from_workload(self.workload, config, self.device, model=self.model(),
+                                    dataset=self.dataset)
         batches = setup.batches()
         begun = time.perf_counter()
         setup.step(batches)
@@ -196,7 +221,7 @@ class _Trials:
         self.progress(f"checking the loss under {precision}")
         workload = self.workload
         try:
-            return nonfinite_problem(workload.build_model, self.first_batch(),
+            return nonfinite_problem(self.model, self.first_batch(),
                                      workload.loss_fn(), precision, self.device)
         except Exception:  # noqa: BLE001 - a failure is the timed run's to report
             return None
@@ -211,7 +236,7 @@ class _Trials:
         """Whether one forward of a fresh model calls `scaled_dot_product_attention` (before
         anything fails: a model that breaks the contract is told so by the baseline's step,
         next, with its own micro-batch)."""
-        model = self.workload.build_model().to(self.device)
+        model = self.model().to(self.device)
         batch, loss_fn = self.first_batch(), self.workload.loss_fn()
 
         def forward() -> None:
@@ -282,7 +307,7 @@ def _float8(trials: _Trials, config: TrainConfig, reference: _Run,
     if not wanted:
         return []
     chosen = large_linears()
-    if any(chosen(m, name) for name, m in trials.workload.build_model().named_modules()):
+    if any(chosen(m, name) for name, m in trials.model().named_modules()):
         return []
     return [LeftOut("precision", p, f"no linear layer has both sides >= {MIN_FEATURES} "
                     "features and divisible by 16: float8 would run bf16's matmuls with extra "
@@ -307,7 +332,7 @@ def _checkpointing(trials: _Trials, config: TrainConfig, reference: _Run,
         trials.progress(f"trying activation_checkpointing={mode}")
         try:
             problem = checkpointing_problem(
-                workload.build_model, batch, checked_loss, mode,
+                trials.model, batch, checked_loss, mode,
                 workload.hook("checkpoint_modules"), device, precision=config.precision)
         except Exception as exc:  # noqa: BLE001 - out of memory, or the model's own failure
             if is_oom(exc):
@@ -337,7 +362,7 @@ def _updates_fail(trials: _Trials, config: TrainConfig, impls: Sequence[str]) ->
     trials.progress(f"trying optimizer_impl={', '.join(impls)} on one backward")
     workload = trials.workload
     try:
-        model = workload.build_model().to(trials.device)
+        model = trials.model().to(trials.device)
         workload.loss_fn()(model, trials.first_batch()).backward()
     except Exception:  # noqa: BLE001 - a training step of each says what fails
         return _fail_alone(trials, config, {"optimizer_impl": impls})

@@ -135,6 +135,31 @@ def test_the_workloads_facts_and_the_loader_rates(write_model) -> None:
     assert ProbeReport.from_dict(report.to_dict()) == report
 
 
+COUNTS_BUILDS = TINY_SOURCE + """
+
+_build_model = build_model
+def build_model(dim=8):
+    with open(__file__ + ".builds", "a") as log:
+        log.write("built\\n")
+    return _build_model(dim)
+"""
+
+
+def test_the_model_is_built_once_and_every_short_run_takes_a_copy(write_model,
+                                                                   tmp_path) -> None:
+    """GPT-2 small takes seconds to build, and the probe built it again for each of its dozen
+    short runs (73 s of probe on an H200). Now it is built once and each run takes a copy of
+    it as built: the same facts and values left out as where each run builds its own."""
+    report = probe(write_model, COUNTS_BUILDS)
+    assert (tmp_path / "model.py.builds").read_text().count("built") == 1
+    assert report.parameters == 2 * (8 * 8 + 8) and report.step_s["fp32"] > 0
+    def found(report: ProbeReport) -> dict:  # what fails; bf16's speed is the machine's
+        return {knob: set(values) for knob, values in report.left_out_values().items()
+                if knob != "precision"}
+
+    assert found(report) == found(probe(write_model, TINY_SOURCE))
+
+
 @pytest.mark.slow
 def test_the_loader_settings_timed_are_the_spaces_with_the_baselines_own(write_model) -> None:
     """The probe is sent the values besides a baseline's own; it times the baseline's own
