@@ -230,6 +230,16 @@ class AnswerChecks:
             return Checked(worst, loss, why)
         return Checked(worst, loss)
 
+    def loss_unchecked(self, config: TrainConfig) -> bool:
+        """Whether `config` changes the numerics and its loss was never run (the time budget
+        left no room; not where the check is off or the user's settings did not train, which
+        the summary says)."""
+        target = loss_config(config, self.baseline, self.loss_with_split)
+        if target is None or self.loss_note:
+            return False
+        return config_key(target) not in self._loss and \
+            tuple(getattr(target, knob) for knob in NUMERICS) not in self._worse
+
     @property
     def runs(self) -> int:
         """The check runs made so far (a check whose findings were known makes none)."""

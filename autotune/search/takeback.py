@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from autotune.config import TrainConfig
+from autotune.config import NUMERICS, TrainConfig
 from autotune.formatting import describe_changes
 from autotune.search.conclusion import candidate_summary, versus
 from autotune.search.contenders import (
@@ -32,9 +32,12 @@ from autotune.search.minimal import (
 from autotune.search.race import Race, run_race
 from autotune.search.space import SearchSpace
 from autotune.study.confirmation import (
+    LOSS_NO_TIME,
     NO_TIME,
     NOT_BEATEN,
+    PAYS,
     TOGETHER,
+    UNCHECKED,
     UNJUDGED,
     Confirmation,
     TakenBack,
@@ -122,7 +125,8 @@ def minimal_answer(result: Confirmation, race: Race,
             return result
         pairs, where = _taken_back_race(chosen, backs, plan, how, records, race)
     with_it = where.entries[0] if where is not None else chosen
-    decisions = [_judged(back, v, with_it, where, plan, how) for back, v in pairs]
+    unchecked = how.checks is not None and how.checks.loss_unchecked(chosen.config)
+    decisions = [_judged(back, v, with_it, where, plan, how, unchecked) for back, v in pairs]
     dropped = [i for i, d in enumerate(decisions) if not d.kept]
     follow = [where] if where is not race and where is not None else []
     if _unmeasured(decisions, how):
@@ -153,9 +157,11 @@ def minimal_answer(result: Confirmation, race: Race,
 
 
 def _judged(back: TakeBack, without: Candidate | None, with_it: Candidate, where: Race | None,
-            plan: Plan, how: Measuring) -> TakenBack:
-    """What taking `back` back showed (`minimal.judge`); a change it drops makes the
-    configuration without it a possible answer, which is checked first
+            plan: Plan, how: Measuring, loss_unchecked: bool = False) -> TakenBack:
+    """What taking `back` back showed (`minimal.judge`); a change of the numerics shown to pay
+    where the loss of the configuration with it was never checked (`loss_unchecked`: the time
+    ran out first) is left out, a precision being recommended only with its loss run; a change
+    it drops makes the configuration without it a possible answer, which is checked first
     (`contenders.check_entry`): one the checks rule out keeps the change."""
     raced = without is not None and where is not None
     capped = where.why_unmeasured(without.config) if where and without else \
@@ -163,6 +169,8 @@ def _judged(back: TakeBack, without: Candidate | None, with_it: Candidate, where
     decision = judge(back, paired(without, with_it, objective) if raced else None,
                      without.ok if raced else True, capped,
                      failed=without.excluded if without else "")
+    if loss_unchecked and decision.outcome == PAYS and set(back.knobs) & set(NUMERICS):
+        decision = replace(decision, outcome=UNCHECKED, why=LOSS_NO_TIME)
     if decision.kept or without is None:
         return decision
     check_entry(without, how, plan)

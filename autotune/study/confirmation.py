@@ -30,12 +30,15 @@ FAILS = "fails without it"         # without it, it did not run within memory: k
 TOGETHER = "needed together"       # not shown to pay alone, but with the others: kept
 NOT_SHOWN = "not shown to pay"     # measured, but not measurably slower without it: dropped
 UNJUDGED = "not taken back"        # not measured (`TakenBack.why`): kept
-DROPPED = (NOISE, HURTS, NOT_SHOWN)
+UNCHECKED = "its loss not checked"  # a change of the numerics whose loss run did not fit: dropped
+DROPPED = (NOISE, HURTS, NOT_SHOWN, UNCHECKED)
 # Why a change never measured without it was kept (UNJUDGED): the confirmation's time, its
 # rounds, or the memory for its warm process.
 NO_TIME = "too few paired rounds before the confirmation's time ran out"
 NO_ROUNDS = "too few paired rounds within --confirm-max-rounds"
 NO_MEMORY = "the memory held no warm process of it beside the best's"
+# why a change of the numerics that pays was left out (UNCHECKED)
+LOSS_NO_TIME = "the run's time ended before its loss run"
 # why a change not shown to pay alone was kept (TOGETHER): its drop left the answer no faster
 NOT_BEATEN = "without it the answer did not measurably beat your settings"
 
@@ -134,7 +137,8 @@ class TakenBack:
     change: str                        # in words: "torch.compile max-autotune"
     knobs: tuple[str, ...]
     config: TrainConfig | None         # the recommendation without it (None: none measured)
-    outcome: str                       # PAYS, NOISE, HURTS, NOT_SHOWN, FAILS, TOGETHER, UNJUDGED
+    outcome: str                       # PAYS, NOISE, HURTS, NOT_SHOWN, FAILS, TOGETHER,
+    #                                    UNJUDGED, UNCHECKED
     ratio: float | None = None
     ratio_ci: tuple[float, float] | None = None
     rounds: int = 0
@@ -160,6 +164,7 @@ class TakenBack:
         return {PAYS: "it pays: kept", NOISE: "inside the noise: dropped",
                 HURTS: "faster without it: dropped",
                 NOT_SHOWN: "not shown to pay here: left out",
+                UNCHECKED: f"it pays, but its loss was not checked ({self.why}): left out",
                 FAILS: f"without it {self.failed_text()}: kept",
                 TOGETHER: f"not shown to pay alone, but {self.why}: kept",
                 UNJUDGED: f"not taken back ({self.why}): kept"}[self.outcome]

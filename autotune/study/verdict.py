@@ -10,11 +10,13 @@ from autotune.formatting import describe_changes
 from autotune.study.checks import answer_lines
 from autotune.study.confirmation import (
     HURTS,
+    LOSS_NO_TIME,
     NO_MEMORY,
     NO_ROUNDS,
     NO_TIME,
     NOISE,
     NOT_SHOWN,
+    UNCHECKED,
     CandidateSummary,
     Confirmation,
 )
@@ -124,6 +126,9 @@ def _taken_back(confirmation: Confirmation) -> str:
     if shown := [f"{t.change} ({t.cost_text()} slower without it)"
                  for t in confirmation.dropped if t.outcome == NOT_SHOWN]:
         said.append(f"not shown to pay here, left out: {', '.join(shown)}")
+    if unchecked := [f"{t.change} ({t.cost_text()} slower without it)"
+                     for t in confirmation.dropped if t.outcome == UNCHECKED]:
+        said.append(f"left out as {LOSS_NO_TIME}: {', '.join(unchecked)}")
     return "".join(f"; {clause}" for clause in said)
 
 

@@ -15,6 +15,7 @@ import optuna
 import pytest
 
 from autotune.config import TrainConfig
+from autotune.search.checks import AnswerChecks, CheckPrices
 from autotune.search.confirm import confirm
 from autotune.search.contenders import Plan
 from autotune.search.events import SilentView
@@ -33,6 +34,7 @@ from autotune.stats import paired_ratio
 from autotune.study.confirmation import (
     FRESH_ROUNDS,
     NO_TIME,
+    UNCHECKED,
     UNJUDGED,
     WARM_TURNS,
     Run,
@@ -40,7 +42,7 @@ from autotune.study.confirmation import (
 )
 from autotune.study.records import StudyKey
 from autotune.study.verdict import confirmed_verdict
-from autotune.trial.protocol import Measurement, TrialResult, TrialStatus
+from autotune.trial.protocol import SCANNED, Measurement, SampleSizes, TrialResult, TrialStatus
 
 from .test_confirm import _Notes, _study_of, cpu_request
 
@@ -413,7 +415,7 @@ class _Changes(_LoadBySecond):
 
 
 def _slow_starts(tmp_path, monkeypatch, rates: dict[TrainConfig, float], plan: Plan,
-                 peaks: dict[TrainConfig, int] | None = None,
+                 peaks: dict[TrainConfig, int] | None = None, checks: AnswerChecks | None = None,
                  ) -> tuple[object, list[_Changes], _Notes]:
     """A confirmation of a search that measured `rates` (at 1 GiB peaks, or `peaks`' on an
     8 GiB device), whose warm processes take 60 s each to start (on a clock that moves only
@@ -432,7 +434,7 @@ def _slow_starts(tmp_path, monkeypatch, rates: dict[TrainConfig, float], plan: P
     study.set_user_attr(StudyKey.BASELINE_CONFIG, BASE.to_dict())
     view = _Notes()
     result = confirm(study, plan, cpu_request(_measure_fresh([]), tmp_path, view=view,
-                                              warm=WarmStart(start, 8 * GIB)))
+                                              warm=WarmStart(start, 8 * GIB), checks=checks))
     return result, started, view
 
 
@@ -472,6 +474,31 @@ def test_the_proof_is_priced_at_the_rounds_a_change_is_judged_on(
     assert len(started) == 2 and started[0].configs == [BOTH, BASE]
     assert result.winner.config == BOTH
     assert [t.outcome for t in result.taken_back] == ["pays", "pays"]
+
+
+def test_a_precision_whose_loss_run_did_not_fit_is_left_out_of_the_answer(
+        tmp_path, monkeypatch) -> None:
+    """GPT-2-small on an H200: the loss runs of bf16 (2.4 min priced) did not fit the quick
+    plan's 220 s. A precision is recommended only with its loss run: where the time left held
+    none, bf16 is left out though it pays, said so, and the answer is the best without it
+    (fused AdamW alone, 1.5x), its interval from the same rounds, never a weaker one."""
+    def no_check_fits(config: TrainConfig, job) -> TrialResult:
+        raise AssertionError("no check fits the time left")
+
+    checks = AnswerChecks(no_check_fits, BASE, Scoring("cpu", None, 0.1, 0.0),
+                          sizes=SampleSizes(SCANNED, 10, 10, (0, 1), (64, 64), 64, 64),
+                          capacity_bytes=None, loss_check=True,
+                          prices=CheckPrices(worst_s=1.0, loss_s=10_000.0, loss_steps=120),
+                          time_limit_s=60, device="cpu", view=SilentView())
+    result, _, _ = _slow_starts(tmp_path, monkeypatch, CHANGES, Plan(
+        top=1, rounds=3, max_rounds=10, target=0.03, budget_ends=1330.0), checks=checks)
+    assert [(t.change, t.outcome) for t in result.taken_back] == [
+        ("bf16", UNCHECKED), ("fused AdamW", "pays")]
+    assert result.winner.config == BASE.replace(optimizer_impl="fused")
+    assert 1.4 < result.speedup_ci[0] <= 1.5 <= result.speedup_ci[1] < 1.6
+    verdict = confirmed_verdict(result, BASE)
+    assert verdict.startswith("fused AdamW: 1.5"), verdict
+    assert "left out as the run's time ended before its loss run: bf16 (" in verdict, verdict
 
 
 def test_under_a_time_budget_the_proof_starts_before_the_runners_up(
