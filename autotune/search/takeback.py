@@ -122,7 +122,7 @@ def minimal_answer(result: Confirmation, race: Race,
     if not pairs:
         backs = changes_to_take_back(chosen.config, baseline, space)
         if not backs:
-            return result
+            return _alone(result, race, chosen, baseline, space, how)
         pairs, where = _taken_back_race(chosen, backs, plan, how, records, race)
     with_it = where.entries[0] if where is not None else chosen
     unchecked = how.checks is not None and how.checks.loss_unchecked(chosen.config)
@@ -175,6 +175,18 @@ def _judged(back: TakeBack, without: Candidate | None, with_it: Candidate, where
         return decision
     check_entry(without, how, plan)
     return judge(back, None, True, failed=without.excluded) if without.excluded else decision
+
+
+def _alone(result: Confirmation, race: Race, chosen: Candidate, baseline: TrainConfig,
+           space: SearchSpace | None, how: Measuring) -> Confirmation:
+    """A recommendation of one change, which the race took back itself (the baseline raced
+    beside it): where it changes the numerics and its loss run never fitted the time, the
+    user's settings are kept, it named as the contender (`_unproven`)."""
+    if how.checks is None or not how.checks.loss_unchecked(chosen.config):
+        return result
+    back = take_backs(chosen.config, baseline, space)[0]
+    found = judge(back, paired(race.reference, chosen, objective), True)
+    return _unproven(result, race, chosen, [replace(found, outcome=UNCHECKED, why=LOSS_NO_TIME)])
 
 
 def _inside_the_noise(answer: Candidate, answer_race: Race) -> bool:

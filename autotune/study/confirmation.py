@@ -286,6 +286,11 @@ class Confirmation:
         return tuple(t for t in self.taken_back if t.outcome == UNJUDGED and t.config)
 
     @property
+    def unchecked(self) -> tuple[TakenBack, ...]:
+        """The changes of the numerics left out as their loss run never fitted the time."""
+        return tuple(t for t in self.taken_back if t.outcome == UNCHECKED)
+
+    @property
     def ruled_out(self) -> tuple[CandidateSummary, ...]:
         """The candidates a check ruled out before they could win."""
         return tuple(c for c in self.candidates if c.excluded)

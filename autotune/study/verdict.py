@@ -44,6 +44,12 @@ def confirmed_verdict(confirmation: Confirmation, baseline: TrainConfig) -> str:
                 f"{'was' if len(unjudged) == 1 else 'were'} not measured to pay "
                 f"({_UNJUDGED.get(unjudged[0].why, unjudged[0].why)}), and only what is "
                 "measured to pay is recommended; your settings kept")
+    if contender is not None and (unchecked := confirmation.unchecked):
+        return (f"not known: {describe_changes(contender.config, baseline)} measured "
+                f"{confirmation.speedup:.2f}x your settings {_interval(confirmation.speedup_ci)}"
+                f" in {in_rounds}, but {_listed([t.change for t in unchecked])} changes the "
+                f"numerics and {LOSS_NO_TIME}, and a change of the numerics is recommended only "
+                "with its loss run; your settings kept")
     if contender is None:
         fastest = confirmation.fastest
         if fastest is not None and fastest.config != baseline:

@@ -490,8 +490,8 @@ def test_a_precision_whose_loss_run_did_not_fit_is_left_out_of_the_answer(
                           capacity_bytes=None, loss_check=True,
                           prices=CheckPrices(worst_s=1.0, loss_s=10_000.0, loss_steps=120),
                           time_limit_s=60, device="cpu", view=SilentView())
-    result, _, _ = _slow_starts(tmp_path, monkeypatch, CHANGES, Plan(
-        top=1, rounds=3, max_rounds=10, target=0.03, budget_ends=1330.0), checks=checks)
+    plan = Plan(top=1, rounds=3, max_rounds=10, target=0.03, budget_ends=1330.0)
+    result, _, _ = _slow_starts(tmp_path, monkeypatch, CHANGES, plan, checks=checks)
     assert [(t.change, t.outcome) for t in result.taken_back] == [
         ("bf16", UNCHECKED), ("fused AdamW", "pays")]
     assert result.winner.config == BASE.replace(optimizer_impl="fused")
@@ -499,6 +499,15 @@ def test_a_precision_whose_loss_run_did_not_fit_is_left_out_of_the_answer(
     verdict = confirmed_verdict(result, BASE)
     assert verdict.startswith("fused AdamW: 1.5"), verdict
     assert "left out as the run's time ended before its loss run: bf16 (" in verdict, verdict
+    # bf16 alone, which the race takes back itself: your settings kept, bf16 the contender
+    alone, _, _ = _slow_starts(tmp_path / "alone", monkeypatch,
+                               {BASE: 100.0, BASE.replace(precision="bf16"): 150.0}, plan,
+                               checks=checks)
+    assert alone.winner.config == BASE and alone.contender.config.precision == "bf16"
+    assert confirmed_verdict(alone, BASE).startswith("not known: bf16 measured 1.") and \
+        confirmed_verdict(alone, BASE).endswith(
+            "but bf16 changes the numerics and the run's time ended before its loss run, and a "
+            "change of the numerics is recommended only with its loss run; your settings kept")
 
 
 def test_under_a_time_budget_the_proof_starts_before_the_runners_up(
