@@ -165,14 +165,14 @@ def _admitted(entries: Sequence[Candidate], racing: list[int], no_room: tuple[Tr
     and as the time left holds their start and the rounds a change is judged on (`run_s` a
     run); each joins at the next round. Returns the turns and the configurations still left
     out."""
-    racers = {id(entries[i]) for i in racing}
-    waiting = [i for i, e in enumerate(entries) if e.config in no_room
-               and (e.taken_from is None or id(e.taken_from) in racers)]
     pool = how.pool
     if pool is None:
         return turns, no_room
+    racers = {id(entries[i]) for i in racing}
+    waiting = [i for i, e in enumerate(entries) if e.config in no_room
+               and (e.taken_from is None or id(e.taken_from) in racers)]
     fits = pool.room_for([entries[i].search_peak_bytes for i in waiting],
-                             [entries[i].config for i in racing])
+                         [entries[i].config for i in racing])
     group = waiting[:fits]
     ends = [e for e in (plan.budget_ends, plan.ends_by) if e is not None]
     needs_s = pool.start_s * len(group) + JUDGE_ROUNDS * run_s * (len(racing) + len(group))
@@ -181,7 +181,7 @@ def _admitted(entries: Sequence[Candidate], racing: list[int], no_room: tuple[Tr
     skip = [i for i in range(len(entries)) if i not in racing and i not in group]
     configs = [e.config for e in entries]
     started, why = pool.turns(configs, [e.search_peak_bytes for e in entries], name,
-                                  plan.budget_ends, skip=skip)
+                              plan.budget_ends, skip=skip)
     if started is None:
         raise WarmUnavailable(why)
     for i in group:
