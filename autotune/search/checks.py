@@ -237,8 +237,7 @@ class AnswerChecks:
         target = loss_config(config, self.baseline, self.loss_with_split)
         if target is None or self.loss_note:
             return False
-        return config_key(target) not in self._loss and \
-            tuple(getattr(target, knob) for knob in NUMERICS) not in self._worse
+        return config_key(target) not in self._loss and _numerics(target) not in self._worse
 
     @property
     def runs(self) -> int:
@@ -300,7 +299,7 @@ class AnswerChecks:
         key = config_key(target)
         if key in self._loss:
             return self._loss[key]
-        numerics = tuple(getattr(target, knob) for knob in NUMERICS)
+        numerics = _numerics(target)
         if numerics in self._worse:  # the same numerics learned worse at another split
             return self._worse[numerics]
         runs = 1 if self._base is not None else 1 + len(LOSS_SEEDS)
@@ -338,3 +337,8 @@ class AnswerChecks:
 
     def _named(self, config: TrainConfig) -> str:
         return describe_changes(config, self.baseline)
+
+
+def _numerics(config: TrainConfig) -> tuple[Any, ...]:
+    """What `config` trains in (its `NUMERICS`), the key of numerics that learned worse."""
+    return tuple(getattr(config, knob) for knob in NUMERICS)

@@ -170,7 +170,7 @@ def _judged(back: TakeBack, without: Candidate | None, with_it: Candidate, where
                      without.ok if raced else True, capped,
                      failed=without.excluded if without else "")
     if loss_unchecked and decision.outcome == PAYS and set(back.knobs) & set(NUMERICS):
-        decision = replace(decision, outcome=UNCHECKED, why=LOSS_NO_TIME)
+        decision = _left_unchecked(decision)
     if decision.kept or without is None:
         return decision
     check_entry(without, how, plan)
@@ -186,7 +186,12 @@ def _alone(result: Confirmation, race: Race, chosen: Candidate, baseline: TrainC
         return result
     back = take_backs(chosen.config, baseline, space)[0]
     found = judge(back, paired(race.reference, chosen, objective), True)
-    return _unproven(result, race, chosen, [replace(found, outcome=UNCHECKED, why=LOSS_NO_TIME)])
+    return _unproven(result, race, chosen, [_left_unchecked(found)])
+
+
+def _left_unchecked(decision: TakenBack) -> TakenBack:
+    """A change of the numerics shown to pay, left out as its loss run never fitted."""
+    return replace(decision, outcome=UNCHECKED, why=LOSS_NO_TIME)
 
 
 def _inside_the_noise(answer: Candidate, answer_race: Race) -> bool:

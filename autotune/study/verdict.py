@@ -16,7 +16,6 @@ from autotune.study.confirmation import (
     NO_TIME,
     NOISE,
     NOT_SHOWN,
-    UNCHECKED,
     CandidateSummary,
     Confirmation,
 )
@@ -133,7 +132,7 @@ def _taken_back(confirmation: Confirmation) -> str:
                  for t in confirmation.dropped if t.outcome == NOT_SHOWN]:
         said.append(f"not shown to pay here, left out: {', '.join(shown)}")
     if unchecked := [f"{t.change} ({t.cost_text()} slower without it)"
-                     for t in confirmation.dropped if t.outcome == UNCHECKED]:
+                     for t in confirmation.unchecked]:
         said.append(f"left out as {LOSS_NO_TIME}: {', '.join(unchecked)}")
     return "".join(f"; {clause}" for clause in said)
 
