@@ -116,7 +116,8 @@ def confirmation_price(study: optuna.Study, settings: MeasureSettings, fallback_
     candidate (`confirm.warm_expected`), else in fresh runs; with `taken_back` changes of the
     best taken back beside it, and each process that compiles paying the best's compile
     (`compile_seconds`); and the checks of what it may recommend (`checks`: a run of each, and
-    `loss_changes` numerics changes the space can make)."""
+    `loss_changes` numerics changes it may need a loss run of: the space's, or the measured
+    candidates')."""
     run_s = round_run_seconds(study, settings) or fallback_s
     compile_s = compile_seconds(study)
     baseline = _baseline(study)
@@ -234,8 +235,10 @@ class ConfirmationPrice:
 
     Before the rounds, the checks (`search.checks`): each configuration's worst batch
     (`worst_s` a run; 0: none), and the loss runs: the baseline's two and one for each
-    configuration that changes the numerics, `loss_changes` the numerics changes the space can
-    make (`loss_s` a run); each run of a configuration that compiles compiles too."""
+    configuration that changes the numerics, `loss_changes` the numerics changes the answer
+    may make (the space's for the budget a study grows to; the candidates measured so far for
+    the search's end: none before one changes the numerics) (`loss_s` a run); each run of a
+    configuration that compiles compiles too."""
 
     run_s: float
     turn_s: float | None = None
@@ -272,8 +275,8 @@ class ConfirmationPrice:
         """The checks of the configurations that can be the answer: the baseline and, of
         `candidates` (the baseline among them) and the best less each change, at most
         `ANSWER_CHECKED`. A worst batch each; the baseline's two loss runs and one for each
-        configuration that changes the numerics (priced at two for each numerics change the
-        space can make, at most one a configuration besides the baseline). Where the best
+        configuration that changes the numerics (priced at two for each of `loss_changes`, at
+        most one a configuration besides the baseline). Where the best
         compiles, each check of a configuration that compiles pays its compile: every process
         of a check is new."""
         checked = min(candidates + self.taken_back, 1 + ANSWER_CHECKED)
@@ -344,6 +347,11 @@ class TimePlan:
     search_trials: int          # about this many search trials fit
     price: ConfirmationPrice
 
+    @property
+    def finish_by(self) -> float:
+        """When the last search trial, started by `search_ends_at`, must have ended."""
+        return self.search_ends_at + self.trial_s
+
     def describe(self, budget_s: float, candidates: int) -> str:
         return (f"a trial takes about {format_seconds(self.trial_s)} here: in the "
                 f"{format_seconds(budget_s)} budget, about {self.search_trials} more search "
@@ -353,19 +361,22 @@ class TimePlan:
 
 def plan_time(budget_s: float, started: float, now: float, trial_s: float,
               price: ConfirmationPrice, candidates: int, share: float,
-              max_rounds: int) -> TimePlan:
+              max_rounds: int, first_moves: int = FIRST_MOVES) -> TimePlan:
     """Leave the confirmation its share of the budget (at least the rounds an answer with an
     interval needs; none with no share: no confirmation), and the last search trial room to
-    finish. The expert's `FIRST_MOVES` come first: where the time left cannot hold them and
-    that share, the confirmation gets what they leave (its first round runs whatever the
-    plan), and the last of them may start up to `FIRST_MOVE_SLACK` trials late."""
+    finish. The expert's `first_moves` still to run come first: where the time left cannot
+    hold them and that share, the confirmation gets what they leave (its first round runs
+    whatever the plan), and the last of them may start up to `FIRST_MOVE_SLACK` trials late.
+    The tuner makes the plan anew after each trial, its checks priced for the candidates
+    measured by then."""
     ends = started + budget_s
     least_s = price.seconds(candidates, price.least_rounds(MIN_ROUNDS))
     confirm_s = max(share * budget_s, least_s) if share else 0.0
-    confirm_s = max(0.0, min(confirm_s, ends - now - FIRST_MOVES * trial_s))
+    confirm_s = max(0.0, min(confirm_s, ends - now - first_moves * trial_s))
     rounds = min(price.most_rounds(max_rounds),
                  price.rounds_in(min(confirm_s, ends - now), candidates))
-    last_first_move = now + (FIRST_MOVES - 1 + FIRST_MOVE_SLACK) * trial_s
+    last_first_move = now + (first_moves - 1 + FIRST_MOVE_SLACK) * trial_s if first_moves \
+        else now - trial_s
     search_ends = min(ends - trial_s, max(ends - confirm_s - trial_s, last_first_move))
     search_trials = max(0, math.floor((search_ends - now) / trial_s) + 1)
     return TimePlan(trial_s, search_ends, max(1, rounds), search_trials, price)

@@ -25,7 +25,7 @@ the summary says so (`CheckSummary`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +102,12 @@ def numerics_offered(domains: Mapping[str, Sequence[Any]]) -> int:
     """How many `NUMERICS` knobs a space offers another value of: the numerics changes its
     answer can make (each a loss run, at most)."""
     return sum(len(domains.get(knob, ())) > 1 for knob in NUMERICS)
+
+
+def numerics_changed(configs: Iterable[TrainConfig], baseline: TrainConfig) -> int:
+    """How many `NUMERICS` knobs `configs` (the candidates measured so far) change from the
+    baseline: the loss runs a time plan prices, none before a candidate that needs one."""
+    return len({knob for config in configs for knob in numerics_changes(config, baseline)})
 
 
 def loss_steps(step_s: float | None) -> int:

@@ -26,9 +26,11 @@ from autotune.formatting import format_seconds
 from autotune.hardware import DeviceInfo, core_shares, describe, parse_device
 from autotune.options import DEFAULT_TIME_BUDGET_S, TuneOptions
 from autotune.search.budget import (
+    FIRST_MOVES,
     BudgetGrowth,
     ConfirmationPrice,
     Forecast,
+    TimePlan,
     candidates_that_fit,
     check_prices,
     confirmation_price,
@@ -44,10 +46,11 @@ from autotune.search.checks import (
     AnswerChecks,
     CheckPrices,
     loss_steps,
+    numerics_changed,
     numerics_offered,
 )
 from autotune.search.confirm import ConfirmRequest, confirm, should_confirm
-from autotune.search.contenders import Measuring, Plan
+from autotune.search.contenders import Measuring, Plan, candidates
 from autotune.search.events import SilentView, StudyView
 from autotune.search.heartbeat import recover_orphans, tuner_name
 from autotune.search.minimal import priced_changes
@@ -56,7 +59,7 @@ from autotune.search.outcome import Scoring
 from autotune.search.race import started_at_once, warm_expected
 from autotune.search.runner import ProcessRunner, Runner
 from autotune.search.warm import WarmStart, warm_start
-from autotune.search.worker import Search, measured_trials, run_workers
+from autotune.search.worker import Search, Window, measured_trials, run_workers
 from autotune.study.records import Role, StudyKey, TrialKey
 from autotune.study.results import study_summary
 from autotune.study.storage import JOURNAL_FILE, study_dir, validate_study_name
@@ -184,32 +187,40 @@ class Tuner:
         if startup := startup_note(study):
             self.view.note(startup)
         top = opts.confirm_top
-        deadline = finish_by = min(deadline, self._budget_ends())
+        deadline = min(deadline, self._budget_ends())
         study.set_user_attr(StudyKey.SHORT_BUDGET, None)
-        if trial_s and self.time_budget_s:
-            price = self._price(trial_s)
+        planned = trial_s is not None and self.time_budget_s is not None
+        if planned:
+            # the budget grows for what the space may need checked; the search's end is
+            # planned for what has been measured
+            price = self._price(trial_s, numerics_offered(self.space.domains))
             growth = self._plan_an_answer(price) if opts.confirm_repeats >= 1 else None
             if growth is not None:
                 top = candidates_that_fit(self.time_budget_s, price, opts.confirm_share,
                                           opts.confirm_top)
-            candidates = min(top, max(1, measured_trials(study))) + 1
-            plan = plan_time(self.time_budget_s, self.started, time.monotonic(), trial_s,
-                             price, candidates, opts.confirm_share if opts.confirm_repeats
-                             else 0.0, opts.confirm_max_rounds)
+            first_plan = measured_trials(study)
+            plan = self._plan(top, FIRST_MOVES)
+            search.window = Window(plan.search_ends_at, plan.finish_by)
             self.view.note(announcement(self._budget_ends(), plan.describe(
-                self.time_budget_s, candidates), growth.describe(price) if growth else ""))
-            finish_by, deadline = plan.search_ends_at + plan.trial_s, plan.search_ends_at
+                self.time_budget_s, self._racing(top)),
+                growth.describe(price) if growth else ""))
 
-        def tell_time_left() -> None:
+        def after_trial() -> None:
+            """The plan made anew (its checks priced for the candidates measured now: a loss
+            run once one changes the numerics), and the time left said."""
+            if planned:
+                moved = self._plan(top, max(0, FIRST_MOVES - measured_trials(study) + first_plan))
+                search.window = Window(moved.search_ends_at, moved.finish_by)
             trial_s = search_trial_seconds(study, screening=not opts.plain_tpe)
             if trial_s:
-                self.view.time_left(self._forecast(trial_s, self._price(trial_s), deadline,
-                                                   top).describe())
+                self.view.time_left(self._forecast(
+                    trial_s, self._price(trial_s, self._numerics_measured(top)),
+                    min(deadline, search.window.last_start), top).describe())
 
-        search.after_trial = tell_time_left
-        if not (trial_s and self.time_budget_s):  # else the announcement has just said it
-            tell_time_left()
-        run_workers(search, self.devices, opts.trials, deadline, finish_by)
+        search.after_trial = after_trial
+        if not planned:  # else the announcement has just said it
+            after_trial()
+        run_workers(search, self.devices, opts.trials, deadline)
         study.set_user_attr(StudyKey.TUNING_WALL_S, study.user_attrs.get(
             StudyKey.TUNING_WALL_S, 0.0) + time.monotonic() - started)
         if opts.confirm_repeats >= 1 and should_confirm(study, self.owner, self.view):
@@ -239,10 +250,29 @@ class Tuner:
             baseline_name=opts.target.baseline_name,
             ends_when_stale=self.time_budget_s is not None and not opts.plain_tpe)
 
-    def _price(self, fallback_s: float) -> ConfirmationPrice:
+    def _plan(self, top: int, first_moves: int) -> TimePlan:
+        """The search's end and the proof after it, from now (`budget.plan_time`), the checks
+        priced for the `top` candidates measured so far."""
+        opts, trial_s = self.options, trial_seconds(self.study)
+        return plan_time(self.time_budget_s, self.started, time.monotonic(), trial_s,
+                         self._price(trial_s, self._numerics_measured(top)),
+                         self._racing(top), opts.confirm_share if opts.confirm_repeats
+                         else 0.0, opts.confirm_max_rounds, first_moves)
+
+    def _racing(self, top: int) -> int:
+        """The configurations a confirmation would race now, the baseline among them."""
+        return min(top, max(1, measured_trials(self.study))) + 1
+
+    def _numerics_measured(self, top: int) -> int:
+        """The numerics changes of the `top` candidates measured so far: their loss runs."""
+        return numerics_changed((c.config for c in candidates(self.study, self.baseline, top)),
+                                self.baseline)
+
+    def _price(self, fallback_s: float, loss_changes: int) -> ConfirmationPrice:
         """What confirming costs: in warm turns where the confirmation will take them (memory
         for the processes it starts at once at the baseline's peak each), with the changes of
-        the best taken back beside it (`minimal.priced_changes`)."""
+        the best taken back beside it (`minimal.priced_changes`), and the loss runs of
+        `loss_changes` numerics changes."""
         opts, warm = self.options, self._warm_start()
         taken_back = priced_changes(self.space)
         at_once = started_at_once(opts.confirm_top + 1, taken_back, self.time_budget_s is not None)
@@ -251,7 +281,7 @@ class Tuner:
             return warm_expected(warm, self.scoring, opts.confirm_max_rounds, [peak] * at_once)
 
         return confirmation_price(self.study, opts.settings, fallback_s, holds, taken_back,
-                                  self._check_prices(), numerics_offered(self.space.domains))
+                                  self._check_prices(), loss_changes)
 
     def _check_prices(self) -> CheckPrices | None:
         """What one run of each check of the answer costs here (None before the baseline)."""
@@ -321,7 +351,7 @@ class Tuner:
             now=now, deadline=deadline,
             trials_left=max(0, opts.trials - measured) if opts.trials else None,
             trial_s=trial_s, price=price, workers=len(self.devices),
-            candidates=min(top, max(1, measured)) + 1,
+            candidates=self._racing(top),
             rounds=opts.confirm_repeats, max_rounds=opts.confirm_max_rounds,
             share=opts.confirm_share, ends_by=self._budget_ends(), searched_s=self._searched_s(),
             compile_s=search_compile_s(study, "default" in self.space.domains.get(

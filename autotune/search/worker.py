@@ -78,6 +78,15 @@ MAX_UNMEASURED_IN_A_ROW = 50
 Measure = Callable[[TrainConfig, MeasureJob], TrialResult]
 
 
+@dataclass(frozen=True)
+class Window:
+    """Under a time plan, when the search starts its last trial and when that trial must end
+    (`budget.TimePlan`); the tuner moves it as it makes the plan anew after each trial."""
+
+    last_start: float = math.inf
+    finish_by: float = math.inf
+
+
 @dataclass
 class Search:
     """What the workers of one tuner share: the study and how to propose, measure and record
@@ -101,6 +110,7 @@ class Search:
     # Under a time budget: the search ends when it stops finding (`stopping`), and says why.
     ends_when_stale: bool = False
     ended_early: str | None = None
+    window: Window = field(default_factory=Window)
     # False once a figure measured again was disturbed too: the load is the machine's own, and
     # figures are compared as they are (`_measured_calmly`).
     remeasure: bool = True
@@ -131,7 +141,8 @@ def run_workers(search: Search, devices: Sequence[Any], budget: int | None,
                 deadline: float, finish_by: float | None = None) -> None:
     """One worker per device (or --workers on CPU), each running one trial at a time. No
     trial starts after `deadline`; a trial may run until `finish_by` (the deadline itself
-    unless a plan left room after it for the last trial to end)."""
+    unless a plan left room after it for the last trial to end); each within the search's
+    `window` too, as the tuner moves it."""
     finish_by = deadline if finish_by is None else finish_by
     heartbeat = Heartbeat(search.storage, search.heartbeat_s)
     try:
@@ -175,7 +186,7 @@ def _work(search: Search, heartbeat: Heartbeat, device: Any, budget: int | None,
           deadline: float, finish_by: float, slot: int | None) -> None:
     unmeasured = 0
     while not search.stop.is_set() and search.ended_early is None and \
-            time.monotonic() < deadline:
+            time.monotonic() < min(deadline, search.window.last_start):
         recover_orphans(search.study, search.storage, search.owner, search.view.note)
         with search.lock:
             if budget is not None and measured_trials(search.study) >= budget:
@@ -188,7 +199,8 @@ def _work(search: Search, heartbeat: Heartbeat, device: Any, budget: int | None,
             time.sleep(1.0)  # the rest of the budget is running: wait for its outcome
             continue
         try:
-            measured = run_trial(search, trial, device, finish_by, slot)
+            measured = run_trial(search, trial, device,
+                                 min(finish_by, search.window.finish_by), slot)
         except KeyboardInterrupt:
             _interrupted(search, trial, tid)
             raise Interrupted from None

@@ -120,6 +120,28 @@ def test_the_experts_first_moves_come_before_the_proof_and_a_run_always_tries_on
     assert none.search_trials == 0
 
 
+def test_a_plan_made_anew_keeps_the_first_moves_left_and_prices_only_checks_needed() -> None:
+    """The tuner makes the plan anew after each trial: the first moves left keep their start
+    (the second of three, made after the first, ends the search where the first plan did),
+    none left lets the proof have its share, and a price without the loss runs no candidate
+    needs gives the search their time."""
+    price = ConfirmationPrice(75, turn_s=5.0, taken_back=2, worst_s=100.0, loss_s=120.0)
+    first = plan_time(1800, started=0, now=145, trial_s=110, price=replace(price, loss_changes=1),
+                      candidates=2, share=0.3, max_rounds=10)
+    again = plan_time(1800, started=0, now=255, trial_s=110, price=replace(price, loss_changes=1),
+                      candidates=2, share=0.3, max_rounds=10, first_moves=FIRST_MOVES - 1)
+    assert again.search_ends_at == first.search_ends_at
+    done = plan_time(1800, started=0, now=475, trial_s=110, price=replace(price, loss_changes=1),
+                     candidates=2, share=0.3, max_rounds=10, first_moves=0)
+    assert done.search_trials == 0 and done.search_ends_at < 475
+    needed = plan_time(3600, started=0, now=475, trial_s=110, price=replace(
+        price, loss_changes=1), candidates=2, share=0.3, max_rounds=10, first_moves=0)
+    unneeded = plan_time(3600, started=0, now=475, trial_s=110, price=price, candidates=2,
+                         share=0.3, max_rounds=10, first_moves=0)
+    assert unneeded.search_ends_at - needed.search_ends_at == pytest.approx(
+        replace(price, loss_changes=1).checks_s(2) - price.checks_s(2)) == 480.0
+
+
 def test_the_checks_are_priced_for_the_configurations_that_can_be_the_answer() -> None:
     """Of three candidates and the best less each of four changes, the baseline and
     `ANSWER_CHECKED` more are checked, whatever the race's size: the others are checked only

@@ -18,6 +18,8 @@ from autotune.study.results import load_study
 from autotune.trial.protocol import (
     FIRST_STEP,
     LeftOut,
+    LossRun,
+    LossRunSettings,
     Measurement,
     ProbeReport,
     TrialResult,
@@ -215,3 +217,42 @@ def run(tuner: Tuner) -> None:
         tuner.run()
     finally:
         tuner.close()
+
+
+class Said(Notes):
+    """The notes and the lines of time left, in the order a study prints them."""
+
+    def time_left(self, text: str) -> None:
+        self.lines.append(text)
+
+    def trial(self, number: int, config: TrainConfig) -> None:
+        self.lines.append(f"trial {number}: {config.precision}")
+
+
+def test_a_loss_run_is_priced_once_a_candidate_changes_the_numerics(
+        write_model, tmp_path) -> None:
+    """Issue 49: the plan priced loss runs for every numerics change the space could make
+    before any candidate made one. Now the plan is made anew after each trial, and a loss run
+    is priced, and said, once a candidate measured trains in bf16."""
+    said = Said()
+
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        if isinstance(job.settings, LossRunSettings):
+            return TrialResult(TrialStatus.OK, loss_run=LossRun(
+                seed=job.settings.seed, steps=job.settings.steps, initial_loss=3.0,
+                final_loss=1.0, train_loss=1.0, finite=True))
+        if job.name.startswith("trial-"):
+            said.trial(int(job.name.split("-")[1]), config)
+        fast = 2000.0 if config.precision == "bf16" else 1000.0 + config.micro_batch_size
+        return TrialResult(TrialStatus.OK, "measured", wall_s=20.0,
+                           measurement=replace(METRICS, samples_per_sec=fast))
+
+    tuner = scripted(TuneOptions(model_path=str(write_model(TINY_SOURCE)), device="cpu",
+                                 budget_s=600, trials=4, studies_dir=str(tmp_path),
+                                 seed=0), measure, view=said)
+    run(tuner)
+    plan = next(i for i, line in enumerate(said.lines) if line.startswith("this run ends by"))
+    bf16 = next(i for i, line in enumerate(said.lines) if line.endswith(": bf16"))
+    assert "loss runs" not in said.lines[plan]
+    assert bf16 > plan and not any("loss runs" in line for line in said.lines[:bf16])
+    assert "loss runs" in said.lines[bf16 + 1], said.lines
