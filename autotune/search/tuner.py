@@ -14,6 +14,7 @@ import shutil
 import threading
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -198,23 +199,24 @@ class Tuner:
             if growth is not None:
                 top = candidates_that_fit(self.time_budget_s, price, opts.confirm_share,
                                           opts.confirm_top)
-            first_plan = measured_trials(study)
-            plan = self._plan(top, FIRST_MOVES)
+            first_plan, racing = measured_trials(study), self._racing(top)
+            at_baseline = self._price(trial_s, 0)
+            plan = self._plan(at_baseline, trial_s, racing, top, FIRST_MOVES)
             search.window = Window(plan.search_ends_at, plan.finish_by)
             self.view.note(announcement(self._budget_ends(), plan.describe(
-                self.time_budget_s, self._racing(top)),
-                growth.describe(price) if growth else ""))
+                self.time_budget_s, racing), growth.describe(price) if growth else ""))
 
         def after_trial() -> None:
-            """The plan made anew (its checks priced for the candidates measured now: a loss
-            run once one changes the numerics), and the time left said."""
+            """The plan made anew (a loss run priced once a candidate measured changes the
+            numerics), and the time left said."""
             if planned:
-                moved = self._plan(top, max(0, FIRST_MOVES - measured_trials(study) + first_plan))
+                moved = self._plan(at_baseline, trial_s, racing, top,
+                                   max(0, FIRST_MOVES - measured_trials(study) + first_plan))
                 search.window = Window(moved.search_ends_at, moved.finish_by)
-            trial_s = search_trial_seconds(study, screening=not opts.plain_tpe)
-            if trial_s:
+            search_s = search_trial_seconds(study, screening=not opts.plain_tpe)
+            if search_s:
                 self.view.time_left(self._forecast(
-                    trial_s, self._price(trial_s, self._numerics_measured(top)),
+                    search_s, self._price(search_s, self._numerics_measured(top)),
                     min(deadline, search.window.last_start), top).describe())
 
         search.after_trial = after_trial
@@ -250,14 +252,19 @@ class Tuner:
             baseline_name=opts.target.baseline_name,
             ends_when_stale=self.time_budget_s is not None and not opts.plain_tpe)
 
-    def _plan(self, top: int, first_moves: int) -> TimePlan:
-        """The search's end and the proof after it, from now (`budget.plan_time`), the checks
-        priced for the `top` candidates measured so far."""
-        opts, trial_s = self.options, trial_seconds(self.study)
+    def _plan(self, at_baseline: ConfirmationPrice, trial_s: float, racing: int, top: int,
+              first_moves: int) -> TimePlan:
+        """The search's end and the proof after it, from now (`budget.plan_time`): a trial at
+        `trial_s` and the proof of `racing` configurations as the baseline priced them, and a
+        loss run for each numerics change of the `top` candidates measured so far. Not the
+        search's first compile: its price is no guide to a confirmation's, which finds the
+        study's compile cache warm (per_feature_towers at a1b939e: a 60 s first compile priced
+        into every process cut the search to three trials; its warm processes started in 13 s)."""
+        opts = self.options
         return plan_time(self.time_budget_s, self.started, time.monotonic(), trial_s,
-                         self._price(trial_s, self._numerics_measured(top)),
-                         self._racing(top), opts.confirm_share if opts.confirm_repeats
-                         else 0.0, opts.confirm_max_rounds, first_moves)
+                         replace(at_baseline, loss_changes=self._numerics_measured(top)),
+                         racing, opts.confirm_share if opts.confirm_repeats else 0.0,
+                         opts.confirm_max_rounds, first_moves)
 
     def _racing(self, top: int) -> int:
         """The configurations a confirmation would race now, the baseline among them."""

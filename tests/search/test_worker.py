@@ -256,3 +256,27 @@ def test_a_loss_run_is_priced_once_a_candidate_changes_the_numerics(
     assert "loss runs" not in said.lines[plan]
     assert bf16 > plan and not any("loss runs" in line for line in said.lines[:bf16])
     assert "loss runs" in said.lines[bf16 + 1], said.lines
+
+
+def test_a_first_compile_measured_does_not_cut_the_search_short(write_model, tmp_path) -> None:
+    """per_feature_towers at a1b939e: the plan made anew after its compiled trial priced that
+    trial's 60 s first compile into every process of the proof, and the search ended at
+    trial 3 with 8 minutes left. A confirmation finds the compile cache warm: the plan keeps
+    the baseline's price, and the search goes on."""
+    trials: list[str] = []
+    said = Said()
+
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        if job.name.startswith("trial-"):
+            trials.append(config.compile_mode)
+        compiled = config.compile_mode != "none"
+        figures = replace(METRICS, samples_per_sec=3000.0 if compiled else 1000.0,
+                          time_to_first_step_s=200.0 if compiled else 0.5)
+        return TrialResult(TrialStatus.OK, "measured", wall_s=2.0, measurement=figures)
+
+    tuner = scripted(TuneOptions(model_path=str(write_model(TINY_SOURCE)), device="cpu",
+                                 budget_s=600, trials=8, studies_dir=str(tmp_path), seed=0,
+                                 fixes={"precision": "fp32"}), measure, view=said)
+    run(tuner)
+    first = next(i for i, mode in enumerate(trials) if mode != "none")
+    assert first < len(trials) - 1 and len(trials) == 8, "\n".join(said.lines)
