@@ -13,11 +13,12 @@ The fast corner bundles every usually-fast value. Where it does not win clearly 
 not above the point it was measured from by more than the noise, `clearly_faster`: the
 baseline with the bottleneck fixes that won, which it bundles too), one of its changes may
 still be a large win hidden behind another that loses on this machine (fused AdamW behind
-bf16 on a CPU). An expert then measures each change alone, from the baseline, cheapest and
-likeliest first (`ONE_CHANGE_ORDER`: compiling is the dearest trial), and the changes that
-won alone together. A knob whose every value the space offers lost alone (`lost`) is kept at
-the baseline's value by the sampler afterwards (`kept_at_baseline`): it is not bundled again
-without evidence.
+bf16 on a CPU). An expert then measures each change alone, from the point the corner was
+measured from (a change from the baseline alone would be screened out beside a bottleneck fix
+that won several times over: one_pays at 96d7a3f), cheapest and likeliest first
+(`ONE_CHANGE_ORDER`: compiling is the dearest trial), and the changes that won alone together.
+A knob whose every value the space offers lost alone (`lost`) is kept at the baseline's value
+by the sampler afterwards (`kept_at_baseline`): it is not bundled again without evidence.
 
 Where the corner does win clearly, a loser may still ride along in it (bf16 on a CPU without
 native bf16, beside a larger micro-batch that wins several times over). The expert then
@@ -148,7 +149,7 @@ def next_expert_trial(records: Sequence[TrialRecord], space: SearchSpace,
                       first: Sequence[str] = ()) -> ExpertTrial | None:
     """The next trial to queue after the fast corner, one per call, each once: where it did
     not win clearly over the point it was measured from (the baseline with the bottleneck
-    fixes that won, `bottleneck_point`), each of its changes alone from the baseline, in
+    fixes that won, `bottleneck_point`), each of its changes alone from that point, in
     `one_change_order`, then, once every one has settled, those that won clearly alone
     together (when two or more did; `_one_changes`); where it won clearly, the corner with
     each change taken back in turn, then the corner without all those whose taking back won
@@ -161,10 +162,11 @@ def next_expert_trial(records: Sequence[TrialRecord], space: SearchSpace,
     # The corner as the space builds it: what the DataLoader plan changed is not its own.
     bundle = space.fast_corner(corner.config.micro_batch_size)
     knobs = one_change_order(space.baseline, bundle, first)
+    point = bottleneck_point(records, baseline)
     if len(knobs) >= 2:  # else the corner was itself the one change
         queued = (_taken_back(records, space, bundle, corner, knobs)
-                  if clearly_faster(corner, bottleneck_point(records, baseline))
-                  else _one_changes(records, space, bundle, baseline, knobs))
+                  if clearly_faster(corner, point)
+                  else _one_changes(records, space, bundle, point, knobs))
         if queued is not None:
             return queued
         if any(r.under_way for r in records if r.role in EXPERT_ROLES):
@@ -177,25 +179,28 @@ EXPERT_ROLES = (Role.ONE_CHANGE, Role.TAKEN_BACK, Role.WINNERS, Role.COMPILED_BE
 
 
 def _one_changes(records: Sequence[TrialRecord], space: SearchSpace, bundle: TrainConfig,
-                 baseline: TrialRecord, knobs: Sequence[str]) -> ExpertTrial | None:
-    """After a corner that did not win clearly: each of its changes alone from the baseline,
-    then those that won clearly alone, together (when two or more did)."""
+                 point: TrialRecord, knobs: Sequence[str]) -> ExpertTrial | None:
+    """After a corner that did not win clearly: each of its changes alone from `point` (the
+    baseline with the bottleneck fixes that won; a change it already has is not one), then
+    those that won clearly alone, together (when two or more did)."""
     singles = [r for r in records if r.role == Role.ONE_CHANGE]
     queued = {r.changed for r in singles}
+    fixes = changes_from(point.config, space.baseline) if point.config is not None else {}
     for knob in knobs:
-        if (knob,) in queued:
+        if (knob,) in queued or fixes.get(knob, getattr(space.baseline, knob)) == \
+                getattr(bundle, knob):
             continue
-        params = _params(space, {knob: getattr(bundle, knob)})
+        params = _params(space, {**fixes, knob: getattr(bundle, knob)})
         if params is not None:
             return ExpertTrial(params, Role.ONE_CHANGE, (knob,))
     if any(r.under_way for r in singles) or \
             any(r.role == Role.WINNERS for r in records):
         return None
-    winners = tuple(k for k in knobs if any(r.changed == (k,) and clearly_faster(r, baseline)
+    winners = tuple(k for k in knobs if any(r.changed == (k,) and clearly_faster(r, point)
                                             for r in singles))
     if len(winners) < 2:
         return None
-    params = _params(space, {k: getattr(bundle, k) for k in winners})
+    params = _params(space, {**fixes, **{k: getattr(bundle, k) for k in winners}})
     return ExpertTrial(params, Role.WINNERS, winners) if params is not None else None
 
 
@@ -241,14 +246,16 @@ def _compiled_best(records: Sequence[TrialRecord], space: SearchSpace) -> Expert
 
 def kept_at_baseline(records: Sequence[TrialRecord], space: SearchSpace) -> dict[str, Any]:
     """The Optuna parameters the sampler keeps at the baseline's value: knobs whose every
-    value the space offers besides the baseline's was measured alone and lost."""
+    value the space offers besides the baseline's was measured alone (from the point the
+    corner was measured from) and lost."""
     baseline, _ = _baseline_and_corner(records)
     if baseline is None:
         return {}
+    point = bottleneck_point(records, baseline)
     losers: dict[str, set[Any]] = {}
     for r in records:
         if r.role == Role.ONE_CHANGE and r.config is not None and len(r.changed) == 1 and \
-                lost(r, baseline):
+                lost(r, point):
             knob = r.changed[0]
             losers.setdefault(knob, set()).add(getattr(r.config, knob))
     kept = {}

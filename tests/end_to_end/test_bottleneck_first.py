@@ -90,20 +90,21 @@ def test_an_optimizer_bound_step_gets_a_fused_adamw_first(
 
 def test_a_win_hidden_behind_a_losing_corner_is_found_alone(
         optimizer_bound: OptimizerBound) -> None:
-    """The fast corner bundles fused AdamW with channels_last, and loses: each change is
-    measured alone next (fused AdamW's is the first move again, a repeat that costs nothing),
+    """The fast corner bundles fused AdamW with channels_last, and loses to the fused AdamW it
+    was measured from: each change is measured alone from that fix next (fused AdamW's is the
+    fix itself, not queued; channels-last's is the corner again, a repeat that costs nothing),
     and fused AdamW is the best."""
     every = trial_records(optimizer_bound.study)
     trials = [t for t in every if not t.duplicate]
-    assert [(t.role, t.changed) for t in trials] == [
-        ("baseline", ()), ("bottleneck", ("optimizer_impl",)), ("fast-corner", ()),
-        ("one-change", ("memory_format",))], optimizer_bound.run.stderr
-    baseline, fused, corner, layout = trials
-    assert any(t.duplicate and t.changed == ("optimizer_impl",) for t in every)
+    assert [(t.role, t.changed) for t in trials[:3]] == [
+        ("baseline", ()), ("bottleneck", ("optimizer_impl",)), ("fast-corner", ())], \
+        optimizer_bound.run.stderr
+    baseline, fused, corner = trials[:3]
+    assert [t.changed for t in every if t.role == "one-change"] == [("memory_format",)]
+    assert any(t.duplicate and t.changed == ("memory_format",) for t in every)
     assert (corner.config.memory_format, corner.config.optimizer_impl) == \
         ("channels_last", "fused")
     assert fused.config == baseline.config.replace(optimizer_impl="fused")
-    assert layout.config == baseline.config.replace(memory_format="channels_last")
     assert fused.score > corner.score and fused.score > baseline.score
     assert max(trials, key=lambda t: t.score or 0) is fused
 
