@@ -138,29 +138,27 @@ def measured_trials(study: optuna.Study) -> int:
 
 
 def run_workers(search: Search, devices: Sequence[Any], budget: int | None,
-                deadline: float, finish_by: float | None = None) -> None:
+                deadline: float) -> None:
     """One worker per device (or --workers on CPU), each running one trial at a time. No
-    trial starts after `deadline`; a trial may run until `finish_by` (the deadline itself
-    unless a plan left room after it for the last trial to end); each within the search's
-    `window` too, as the tuner moves it."""
-    finish_by = deadline if finish_by is None else finish_by
+    trial starts or runs after `deadline`, nor outside the search's `window` (a time plan's:
+    its last trial may run past its last start), as the tuner moves it."""
     heartbeat = Heartbeat(search.storage, search.heartbeat_s)
     try:
         if len(devices) == 1:
-            _work(search, heartbeat, devices[0], budget, deadline, finish_by, None)
+            _work(search, heartbeat, devices[0], budget, deadline, None)
         else:
-            _in_threads(search, heartbeat, devices, budget, deadline, finish_by)
+            _in_threads(search, heartbeat, devices, budget, deadline)
     finally:
         heartbeat.close()
 
 
 def _in_threads(search: Search, heartbeat: Heartbeat, devices: Sequence[Any],
-                budget: int | None, deadline: float, finish_by: float) -> None:
+                budget: int | None, deadline: float) -> None:
     errors: list[BaseException] = []
 
     def work(device: Any, slot: int) -> None:
         try:
-            _work(search, heartbeat, device, budget, deadline, finish_by, slot)
+            _work(search, heartbeat, device, budget, deadline, slot)
         except BaseException as exc:
             errors.append(exc)
             search.stop.set()
@@ -183,7 +181,7 @@ def _in_threads(search: Search, heartbeat: Heartbeat, devices: Sequence[Any],
 
 
 def _work(search: Search, heartbeat: Heartbeat, device: Any, budget: int | None,
-          deadline: float, finish_by: float, slot: int | None) -> None:
+          deadline: float, slot: int | None) -> None:
     unmeasured = 0
     while not search.stop.is_set() and search.ended_early is None and \
             time.monotonic() < min(deadline, search.window.last_start):
@@ -200,7 +198,7 @@ def _work(search: Search, heartbeat: Heartbeat, device: Any, budget: int | None,
             continue
         try:
             measured = run_trial(search, trial, device,
-                                 min(finish_by, search.window.finish_by), slot)
+                                 min(deadline, search.window.finish_by), slot)
         except KeyboardInterrupt:
             _interrupted(search, trial, tid)
             raise Interrupted from None
