@@ -208,16 +208,18 @@ class Tuner:
 
         def after_trial() -> None:
             """The plan made anew (a loss run priced once a candidate measured changes the
-            numerics), and the time left said."""
+            numerics), and the time left said, the proof priced as the plan prices it."""
+            numerics = self._numerics_measured(top)
             if planned:
                 moved = self._plan(at_baseline, trial_s, racing, top,
                                    max(0, FIRST_MOVES - measured_trials(study) + first_plan))
                 search.window = Window(moved.search_ends_at, moved.finish_by)
             search_s = search_trial_seconds(study, screening=not opts.plain_tpe)
             if search_s:
+                price = replace(at_baseline, loss_changes=numerics) if planned \
+                    else self._price(search_s, numerics)
                 self.view.time_left(self._forecast(
-                    search_s, self._price(search_s, self._numerics_measured(top)),
-                    min(deadline, search.window.last_start), top).describe())
+                    search_s, price, min(deadline, search.window.last_start), top).describe())
 
         search.after_trial = after_trial
         if not planned:  # else the announcement has just said it

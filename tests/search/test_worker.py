@@ -280,3 +280,9 @@ def test_a_first_compile_measured_does_not_cut_the_search_short(write_model, tmp
     run(tuner)
     first = next(i for i, mode in enumerate(trials) if mode != "none")
     assert first < len(trials) - 1 and len(trials) == 8, "\n".join(said.lines)
+    # the time left told after each trial prices the proof as the plan does: not 200 s of
+    # compile in every process and check, which cut its rounds to one
+    rounds = [int(line.split(" confirmation round")[0].split()[-1]) for line in said.lines
+              if line.startswith("about ") and " confirmation round" in line]
+    assert len(rounds) == len(trials) - 1  # after each trial but the baseline (its plan)
+    assert min(rounds[first - 1:]) >= 3, said.lines
