@@ -26,6 +26,7 @@ from autotune.errors import Interrupted, RunFailed
 from autotune.formatting import format_disturbance
 from autotune.search.events import StudyView
 from autotune.search.expert import (
+    Fix,
     kept_at_baseline,
     next_bottleneck_trial,
     next_expert_trial,
@@ -51,7 +52,7 @@ from autotune.search.shortcuts import (
 )
 from autotune.search.space import SearchSpace
 from autotune.search.stopping import stopped_finding
-from autotune.study.bottleneck import Diagnosis, diagnose
+from autotune.study.bottleneck import DATA_WAIT, KNOBS, Diagnosis, diagnose
 from autotune.study.confirmation import worst_batch_peaks
 from autotune.study.records import (
     COUNTS_AGAINST_BUDGET,
@@ -247,11 +248,7 @@ def _queue_expert(search: Search, records: Sequence[TrialRecord]) -> None:
     corner when due, else the expert's next trial; and keep the knobs that lost alone at the
     baseline's value in the sampler's proposals."""
     space, memory_limit = search.space, search.scoring.memory_limit_bytes
-
-    def fix(knob: str, current: TrialRecord) -> dict[str, Any] | None:
-        return bottleneck_fix(knob, current, records, space, search.loader_rates,
-                              search.scoring.device_type, memory_limit, search.state_bytes)
-
+    fix = _fix(search, records)
     move = next_bottleneck_trial(records, space, search.diagnose, fix)
     if move is not None:
         search.study.enqueue_trial(move.params, user_attrs={
@@ -273,6 +270,31 @@ def _queue_expert(search: Search, records: Sequence[TrialRecord]) -> None:
         search.view.note("kept at the baseline's value, having lost alone: " +
                          ", ".join(f"{k}={v}" for k, v in kept.items()))
         search.study.sampler = PartialFixedSampler(kept, search.sampler)
+
+
+def _fix(search: Search, records: Sequence[TrialRecord]) -> Fix:
+    """The values of a knob that address its share of a trial's step (`bottleneck_fix`)."""
+    def fix(knob: str, current: TrialRecord) -> dict[str, Any] | None:
+        return bottleneck_fix(knob, current, records, search.space, search.loader_rates,
+                              search.scoring.device_type, search.scoring.memory_limit_bytes,
+                              search.state_bytes)
+    return fix
+
+
+def _unaddressed(search: Search, baseline: TrialRecord, diagnosis: Diagnosis) -> str | None:
+    """Why the dominant share of the baseline's step gets no move of its own, where nothing
+    the search offers changes it from the baseline (mlp on this CPU: "Waiting for data first",
+    then the fast corner, and no word of the loader); None where a move addresses it."""
+    kind = diagnosis.dominant
+    share = next((s for s in diagnosis.shares if s.kind == kind), None)
+    fix = _fix(search, [baseline])
+    if share is None or any(fix(knob, baseline) for knob in KNOBS[kind]):
+        return None
+    if kind == DATA_WAIT and workers_share_cores(search.scoring.device_type,
+                                                 search.loader_rates):
+        return (f"{share.words}: no DataLoader workers planned for it: on this CPU they would "
+                "take the cores training runs on (its loader computes, it does not wait)")
+    return f"{share.words}: nothing the search offers changes it from your settings"
 
 
 def run_trial(search: Search, trial: Trial, device: Any, finish_by: float,
@@ -331,6 +353,8 @@ def run_trial(search: Search, trial: Trial, device: Any, finish_by: float,
     search.view.trial_finished(record)
     if baseline and (diagnosis := search.diagnose(record)) is not None:
         search.view.note(f"where your step's time goes: {diagnosis.describe()}")
+        if (why := _unaddressed(search, record, diagnosis)) is not None:
+            search.view.note(why)
     if baseline and record.status == TrialStatus.DIVERGED:
         raise RunFailed(f"the baseline ({search.baseline_name}) diverged: {record.message}; "
                         "a speedup over a run that does not train means nothing, so the study "

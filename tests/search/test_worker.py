@@ -18,6 +18,7 @@ from autotune.study.results import load_study
 from autotune.trial.protocol import (
     FIRST_STEP,
     LeftOut,
+    LoaderRate,
     LossRun,
     LossRunSettings,
     Measurement,
@@ -28,7 +29,7 @@ from autotune.trial.protocol import (
 )
 
 from ..conftest import TINY_SOURCE
-from .scripted import scripted
+from .scripted import TINY_PROBE, scripted
 from .test_checks import Notes
 
 METRICS = Measurement(samples_per_sec=1000.0, window_samples=800, window_steps=10,
@@ -286,3 +287,31 @@ def test_a_first_compile_measured_does_not_cut_the_search_short(write_model, tmp
               if line.startswith("about ") and " confirmation round" in line]
     assert len(rounds) == len(trials) - 1  # after each trial but the baseline (its plan)
     assert min(rounds[first - 1:]) >= 3, said.lines
+
+
+@pytest.mark.parametrize("loader_waits", [False, True])
+def test_a_dominant_wait_for_data_no_worker_can_fix_here_is_said(
+        write_model, tmp_path, loader_waits: bool) -> None:
+    """mlp on this CPU: "Waiting for data first", then the fast corner, and no word of the
+    loader. A loader that computes on the cores training runs on gets no workers planned, and
+    the run says so after the diagnosis; one that waits on storage gets its workers first."""
+    said, first = Said(), []
+    share = 0.02 if loader_waits else 1.0
+    probe = replace(TINY_PROBE, loader_rates=[
+        LoaderRate(0, None, 2000.0, cpu_share=share), LoaderRate(2, 2, 3000.0)])
+
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        first.append(config)
+        return TrialResult(TrialStatus.OK, "measured", measurement=replace(
+            METRICS, data_wait_fraction=0.6, host_syncs_per_step=0.0))
+
+    tuner = scripted(TuneOptions(model_path=str(write_model(TINY_SOURCE)), device="cpu",
+                                 trials=2, studies_dir=str(tmp_path), confirm_repeats=0,
+                                 seed=0), measure, probe=probe, view=said)
+    run(tuner)
+    diagnosis = next(i for i, line in enumerate(said.lines)
+                     if line.startswith("where your step's time goes: waiting for data 60%"))
+    why = "waiting for data: no DataLoader workers planned for it: on this CPU they would " \
+        "take the cores training runs on (its loader computes, it does not wait)"
+    assert (said.lines[diagnosis + 1:diagnosis + 2] == [why]) is not loader_waits, said.lines
+    assert (first[1].num_workers > 0) is loader_waits
