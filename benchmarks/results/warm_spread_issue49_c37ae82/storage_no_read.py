@@ -1,39 +1,15 @@
-"""Never seen by autotune before issue 38's bar: a small image classifier whose samples are
-decoded one at a time from slow storage (each read waits 4 ms, as a network disk does), trained
-the way most people start: PyTorch's default DataLoader (no workers)."""
+"""storage_images without its read cost (each read 0 ms, not 4): all compute, what
+warm_spread.py's `spread_fast_*` runs measured a 32-worker configuration against."""
 
-import time
+import sys
+from pathlib import Path
 
-import torch
-from torch import nn
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "expert_bar"))
 
-BASELINE = {"micro_batch_size": 32}
+from storage_images import BASELINE, SlowImages, build_model, loss_fn  # noqa: E402
 
-
-class SlowImages(torch.utils.data.Dataset):
-    def __init__(self, count: int, read_ms: float) -> None:
-        self.count, self.read_s = count, read_ms / 1000
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        time.sleep(self.read_s)  # the read: off the CPU, waiting on storage
-        g = torch.Generator().manual_seed(i)
-        return torch.randn(3, 32, 32, generator=g), torch.tensor(i % 10)
+__all__ = ["BASELINE", "build_model", "loss_fn", "build_dataset"]
 
 
-def build_model() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 8 * 8, 10))
-
-
-def build_dataset(count: int = 20_000, read_ms: float = 0.0) -> SlowImages:
-    return SlowImages(count, read_ms)
-
-
-def loss_fn(model: nn.Module, batch) -> torch.Tensor:
-    x, y = batch
-    return nn.functional.cross_entropy(model(x), y)
+def build_dataset(count: int = 20_000) -> SlowImages:
+    return SlowImages(count, read_ms=0.0)
