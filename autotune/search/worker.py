@@ -290,8 +290,8 @@ def _unaddressed(search: Search, baseline: TrialRecord, diagnosis: Diagnosis) ->
     fix = _fix(search, [baseline])
     if share is None or any(fix(knob, baseline) for knob in KNOBS[kind]):
         return None
-    if kind == DATA_WAIT and workers_share_cores(search.scoring.device_type,
-                                                 search.loader_rates):
+    if kind == DATA_WAIT and search.loader_rates and \
+            workers_share_cores(search.scoring.device_type, search.loader_rates):
         return (f"{share.words}: no DataLoader workers planned for it: on this CPU they would "
                 "take the cores training runs on (its loader computes, it does not wait)")
     return f"{share.words}: nothing the search offers changes it from your settings"
