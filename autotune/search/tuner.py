@@ -201,7 +201,8 @@ class Tuner:
                                           opts.confirm_top)
             first_plan, racing = measured_trials(study), self._racing(top)
             at_baseline = self._price(trial_s, 0)
-            plan = self._plan(at_baseline, trial_s, racing, top, FIRST_MOVES)
+            plan = self._plan(replace(at_baseline, loss_changes=self._numerics_measured(top)),
+                              trial_s, racing, FIRST_MOVES)
             search.window = Window(plan.search_ends_at, plan.finish_by)
             self.view.note(announcement(self._budget_ends(), plan.describe(
                 self.time_budget_s, racing), growth.describe(price) if growth else ""))
@@ -210,14 +211,14 @@ class Tuner:
             """The plan made anew (a loss run priced once a candidate measured changes the
             numerics), and the time left said, the proof priced as the plan prices it."""
             numerics = self._numerics_measured(top)
-            if planned:
-                moved = self._plan(at_baseline, trial_s, racing, top,
+            proof = replace(at_baseline, loss_changes=numerics) if planned else None
+            if proof is not None:
+                moved = self._plan(proof, trial_s, racing,
                                    max(0, FIRST_MOVES - measured_trials(study) + first_plan))
                 search.window = Window(moved.search_ends_at, moved.finish_by)
             search_s = search_trial_seconds(study, screening=not opts.plain_tpe)
             if search_s:
-                price = replace(at_baseline, loss_changes=numerics) if planned \
-                    else self._price(search_s, numerics)
+                price = proof if proof is not None else self._price(search_s, numerics)
                 self.view.time_left(self._forecast(
                     search_s, price, min(deadline, search.window.last_start), top).describe())
 
@@ -254,17 +255,17 @@ class Tuner:
             baseline_name=opts.target.baseline_name,
             ends_when_stale=self.time_budget_s is not None and not opts.plain_tpe)
 
-    def _plan(self, at_baseline: ConfirmationPrice, trial_s: float, racing: int, top: int,
+    def _plan(self, proof: ConfirmationPrice, trial_s: float, racing: int,
               first_moves: int) -> TimePlan:
         """The search's end and the proof after it, from now (`budget.plan_time`): a trial at
-        `trial_s` and the proof of `racing` configurations as the baseline priced them, and a
-        loss run for each numerics change of the `top` candidates measured so far. Not the
-        search's first compile: its price is no guide to a confirmation's, which finds the
-        study's compile cache warm (per_feature_towers at a1b939e: a 60 s first compile priced
-        into every process cut the search to three trials; its warm processes started in 13 s)."""
+        `trial_s` and the proof of `racing` configurations priced at `proof`: as the baseline
+        priced it, with a loss run for each numerics change of the candidates measured so far.
+        Not the search's first compile: its price is no guide to a confirmation's, which finds
+        the study's compile cache warm (per_feature_towers at a1b939e: a 60 s first compile
+        priced into every process cut the search to three trials; its warm processes started
+        in 13 s)."""
         opts = self.options
-        return plan_time(self.time_budget_s, self.started, time.monotonic(), trial_s,
-                         replace(at_baseline, loss_changes=self._numerics_measured(top)),
+        return plan_time(self.time_budget_s, self.started, time.monotonic(), trial_s, proof,
                          racing, opts.confirm_share if opts.confirm_repeats else 0.0,
                          opts.confirm_max_rounds, first_moves)
 
