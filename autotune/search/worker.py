@@ -294,7 +294,10 @@ def _unaddressed(search: Search, baseline: TrialRecord, diagnosis: Diagnosis) ->
             workers_share_cores(search.scoring.device_type, search.loader_rates):
         return (f"{share.words}: no DataLoader workers planned for it: on this CPU they would "
                 "take the cores training runs on (its loader computes, it does not wait)")
-    return f"{share.words}: nothing the search offers changes it from your settings"
+    held = [f"{knob}={domain[0]}" for knob in KNOBS[kind]
+            if len(domain := search.space.domains.get(knob, ())) == 1]
+    return f"{share.words}: nothing the search offers changes it from your settings" + \
+        (f" ({', '.join(held)}: one value in this study's space)" if held else "")
 
 
 def run_trial(search: Search, trial: Trial, device: Any, finish_by: float,

@@ -289,12 +289,14 @@ def test_a_first_compile_measured_does_not_cut_the_search_short(write_model, tmp
     assert min(rounds[first - 1:]) >= 3, said.lines
 
 
-@pytest.mark.parametrize("loader_waits", [False, True])
+@pytest.mark.parametrize("loader_waits,fixes", [(False, {}), (True, {}),
+                                                (True, {"num_workers": 0})])
 def test_a_dominant_wait_for_data_no_worker_can_fix_here_is_said(
-        write_model, tmp_path, loader_waits: bool) -> None:
+        write_model, tmp_path, loader_waits: bool, fixes: dict) -> None:
     """mlp on this CPU: "Waiting for data first", then the fast corner, and no word of the
     loader. A loader that computes on the cores training runs on gets no workers planned, and
-    the run says so after the diagnosis; one that waits on storage gets its workers first."""
+    the run says so after the diagnosis; one that waits on storage gets its workers first,
+    unless `--fix num_workers=0` holds them, which is said too."""
     said, first = Said(), []
     share = 0.02 if loader_waits else 1.0
     probe = replace(TINY_PROBE, loader_rates=[
@@ -307,11 +309,14 @@ def test_a_dominant_wait_for_data_no_worker_can_fix_here_is_said(
 
     tuner = scripted(TuneOptions(model_path=str(write_model(TINY_SOURCE)), device="cpu",
                                  trials=2, studies_dir=str(tmp_path), confirm_repeats=0,
-                                 seed=0), measure, probe=probe, view=said)
+                                 seed=0, fixes=fixes), measure, probe=probe, view=said)
     run(tuner)
     diagnosis = next(i for i, line in enumerate(said.lines)
                      if line.startswith("where your step's time goes: waiting for data 60%"))
     why = "waiting for data: no DataLoader workers planned for it: on this CPU they would " \
-        "take the cores training runs on (its loader computes, it does not wait)"
-    assert (said.lines[diagnosis + 1:diagnosis + 2] == [why]) is not loader_waits, said.lines
-    assert (first[1].num_workers > 0) is loader_waits
+        "take the cores training runs on (its loader computes, it does not wait)" \
+        if not loader_waits else "waiting for data: nothing the search offers changes it " \
+        "from your settings (num_workers=0: one value in this study's space)"
+    moved = loader_waits and not fixes
+    assert (said.lines[diagnosis + 1:diagnosis + 2] == [why]) is not moved, said.lines
+    assert (first[1].num_workers > 0) is moved
