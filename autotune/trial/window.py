@@ -7,7 +7,8 @@ autotune's own (`trial/measure`), a library's step callback in a script trial
 - `WarmUp`: until the last `steady_steps` step times agree within the tolerance, or a cap;
   steps that compiled or recorded a CUDA graph are not steady, however fast they were.
 - `WindowTimer`: at least N optimizer steps and T seconds, then on until the median step time
-  is known within ±`window_precision` or a cap; the device synchronised only at the window's
+  is known within ±`window_precision` or a cap (a warm turn that waited on its loader's
+  workers: on to many rounds of them); the device synchronised only at the window's
   edges, per-step times from CUDA events (read once completed) or the host clock on CPU,
   bracketed by the contention probe. A window already disturbed at its minimum is not
   lengthened.
@@ -134,6 +135,12 @@ class _StepClock:
         return self.done
 
 
+# A window that waited on its loader this share of its time or more is the loader's rate: its
+# turn goes on to `window_loader_steps`, within `LOADER_TURN_SLACK` x the turn's seconds.
+LOADER_BOUND_SHARE = 0.1
+LOADER_TURN_SLACK = 8.0
+
+
 class WindowTimer:
     """One timed window, started at a step boundary and told each step after it: `step`
     says when the window is full; `finish` synchronises and reads it."""
@@ -167,6 +174,10 @@ class WindowTimer:
         elapsed = training_clock.now() - self.start
         if self.steps < settings.window_steps or elapsed < settings.window_seconds:
             return False
+        if self.steps < settings.window_loader_steps and \
+                elapsed < settings.window_max_seconds and \
+                self.data_wait_s >= LOADER_BOUND_SHARE * elapsed:
+            return False
         capped = self.steps >= settings.window_max_steps or \
             elapsed >= settings.window_max_seconds
         if capped or (not self._lengthening and self.probe.disturbed_so_far()):
@@ -189,11 +200,14 @@ class WindowTimer:
                       training_clock.compiles() - self._compiled)
 
 
-def turn_settings(settings: MeasureSettings, steps: int, seconds: float) -> MeasureSettings:
+def turn_settings(settings: MeasureSettings, steps: int, seconds: float,
+                  loader_steps: int = 0) -> MeasureSettings:
     """A warm process's turn: a window of exactly `steps` steps or `seconds`, whichever is
-    longer (no lengthening for precision: the rounds give the interval)."""
-    return replace(settings, window_steps=steps, window_seconds=seconds,
-                   window_max_seconds=seconds, window_max_steps=steps)
+    longer (no lengthening for precision: the rounds give the interval); one that waited on
+    its loader's workers goes on to `loader_steps`, within `LOADER_TURN_SLACK` x `seconds`."""
+    cap = seconds * LOADER_TURN_SLACK if loader_steps else seconds
+    return replace(settings, window_steps=steps, window_seconds=seconds, window_max_seconds=cap,
+                   window_max_steps=steps, window_loader_steps=loader_steps)
 
 
 def screen_settings(settings: MeasureSettings) -> MeasureSettings:
