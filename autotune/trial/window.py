@@ -138,7 +138,7 @@ class _StepClock:
 # A window that waited on its loader this share of its time or more is the loader's rate: its
 # turn goes on to `window_loader_steps`, within `LOADER_TURN_SLACK` x the turn's seconds.
 LOADER_BOUND_SHARE = 0.1
-LOADER_TURN_SLACK = 8.0
+LOADER_TURN_SLACK = 4.0
 
 
 class WindowTimer:
