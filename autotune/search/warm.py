@@ -375,7 +375,8 @@ def warm_or_why(warm: WarmStart | None, configs: Sequence[TrainConfig],
         return None, f"measuring in fresh-process rounds: a warm process did not start: {exc}"
     return rounds, (f"measuring in {WARM_TURNS}: {_processes(len(configs))} warmed up in "
                     f"{time.monotonic() - began:.0f} s, each now timed in turns of "
-                    f"{TURN_SECONDS:g} s")
+                    f"{TURN_SECONDS:g} s" + (" (longer where one waits on its loader's workers)"
+                                             if any(c.num_workers for c in configs) else ""))
 
 
 def _processes(count: int) -> str:
