@@ -154,7 +154,7 @@ def test_a_warm_turn_that_waits_on_its_loaders_workers_spans_many_batches_of_eac
                                SlowDataset(0.002), config, "cpu", loss_fn=loss_fn)
         batches = setup.batches()
         warm_up(setup, batches, SETTINGS)
-        return timed_turn(setup, batches, SETTINGS, 1, 0.1)
+        return timed_turn(setup, batches, SETTINGS, 1, 0.3)
 
     workers = turn(TrainConfig(micro_batch_size=8, num_workers=2, prefetch_factor=2,
                                persistent_workers=True))
