@@ -151,10 +151,10 @@ def test_a_warm_turn_that_waits_on_its_loaders_workers_spans_many_batches_of_eac
     keeps the length asked."""
     def turn(config: TrainConfig):
         setup = setup_training(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)),
-                               SlowDataset(0.002), config, "cpu", loss_fn=loss_fn)
+                               SlowDataset(0.004), config, "cpu", loss_fn=loss_fn)
         batches = setup.batches()
         warm_up(setup, batches, SETTINGS)
-        return timed_turn(setup, batches, SETTINGS, 1, 0.3)
+        return timed_turn(setup, batches, SETTINGS, 1, 0.25)
 
     workers = turn(TrainConfig(micro_batch_size=8, num_workers=2, prefetch_factor=2,
                                persistent_workers=True))
