@@ -342,18 +342,19 @@ def test_a_hugging_face_scripts_counted_flops_are_a_model_files_for_the_same_mod
 
 def test_a_loop_that_evaluates_every_epoch_is_timed_on_its_training_alone(
         tmp_path: Path) -> None:
-    """timm's habit: an evaluation and a checkpoint at each epoch's end (here several times
-    its 4 training steps). A window across epochs counts neither: its rate is its steps' own
-    (the samples of a median step over its time); counted, it would be a fraction of it."""
+    """timm's habit: an evaluation and a checkpoint at each epoch's end (here about four times
+    its 4 training steps). A window across epochs counts neither: its rate is near its steps'
+    own (the samples of a median step over its time; a step that starts an epoch's loader is
+    slower, and tiny steps jitter: 0.64-1.0 of it in CI); counted, it would be a quarter."""
     need("transformers", "examples")
     settings = MeasureSettings(window_steps=8, window_seconds=0.0, window_max_steps=16,
                                window_max_seconds=5.0, warmup_max_steps=2, screen_steps=0,
                                profile_steps=0, contention_retries=0)
     observer = MeasuringObserver(settings, torch.device("cpu"))
     run_script(SCRIPTS / "loop_timm_style.py", [
-        "--eval-batches", "15", "--output", str(tmp_path / "out")],
+        "--eval-batches", "60", "--output", str(tmp_path / "out")],
         ScriptTrial(torch.device("cpu"), observer, tmp_path / "scratch"))
     figures = observer.measurement(0.0)
     assert figures.window_steps >= 8  # two epochs' ends inside the window at least
     steps_own = 8 / figures.step_time_median_s
-    assert figures.samples_per_sec > 0.7 * steps_own, (figures.samples_per_sec, steps_own)
+    assert figures.samples_per_sec > 0.45 * steps_own, (figures.samples_per_sec, steps_own)
