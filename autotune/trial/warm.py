@@ -137,13 +137,13 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str] | None,
         limit_memory(device, request.memory_limit_bytes)
     match request.target:
         case Script():  # the script's own loop takes the turns
-            from autotune.trial.script.job import answer_of, run_under, trained_precision
+            from autotune.trial.script.job import answer_of, run_under, trained_config
             from autotune.trial.script.turns import TurnObserver
 
             ranks = world.size if world else 1
             observer = TurnObserver(settings, device, told,
                                     lambda message: _say(answers, message), tuner_pid,
-                                    trained_precision(request, device.type, ranks),
+                                    trained_config(request, device.type, ranks),
                                     answer_of(request, device.type, ranks))
             run_under(request, request.target, device, world.size if world else 1, observer,
                       lambda phase: None)

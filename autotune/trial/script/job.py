@@ -162,23 +162,18 @@ def _measure_settings(request: TrialRequest) -> MeasureSettings:
     return job
 
 
-def trained_precision(request: TrialRequest, device_type: str, world_size: int) -> str | None:
-    """The precision a measurement of the request trains in (the script's own where the
-    request asks for none), whose peak its MFU divides by; None where neither is known."""
-    trained = _trained(request, device_type, world_size)
-    return trained.precision if trained else None
-
-
 def answer_of(request: TrialRequest, device_type: str, world_size: int) -> ScriptAnswer | None:
     """The request's configuration in the script's own terms, as its trial's measurement says
     it (None where the probe has not read the script's own settings)."""
-    own, trained = _own(request), _trained(request, device_type, world_size)
+    own, trained = _own(request), trained_config(request, device_type, world_size)
     return terms.answer(trained, own, device_type, world_size) if own and trained else None
 
 
-def _trained(request: TrialRequest, device_type: str, world_size: int) -> TrainConfig | None:
+def trained_config(request: TrialRequest, device_type: str, world_size: int,
+                   ) -> TrainConfig | None:
     """The configuration a measurement of the request trains: the one it asks for, else the
-    script's own (None where neither is known)."""
+    script's own (None where neither is known). Its precision is the peak its MFU divides by;
+    its loader workers, how its warm turns open and how long they last."""
     own = _own(request)
     return _asked(request) or (own.config(device_type, world_size) if own else None)
 

@@ -1,15 +1,16 @@
-"""A training script as a warm process (`autotune.trial.warm`): its own loop runs the first
-step and warms up as a trial's does (`MeasuringObserver`), then pauses at a step boundary
-(blocked in the library's step callback) until the tuner asks for a turn: at least N optimizer
-steps and S seconds timed as a model file's turn is (`window.WindowTimer`: data loading
-included, the contention probe around it, the tuner's other warm processes its own),
-answered as a `WarmTurn`; or a profiler trace of a few steps; or `stop`, which ends the loop
-as a trial's end does. So a script's candidates take paired turns seconds apart, as a model
-file's do, instead of a fresh run of the script each round. In a process group every rank's
-loop pauses at the same step: each is told the same commands (`trial.warm` reads them on rank
-0), every decision to end a turn is rank 0's, and the turn is the group's (`group_turn`). A turn
-in which torch.compile compiled (the script's smaller last batch of an epoch) is timed again
-once, at once, as a trial's window is (`window.Remeasures`)."""
+"""A training script as a warm process (`autotune.trial.warm`): its own loop runs the first step
+and warms up as a trial's does (`MeasuringObserver`), then pauses at a step boundary (blocked in
+the library's step callback) until the tuner asks for a turn: at least N optimizer steps and S
+seconds timed as a model file's turn is (`measure.timed_turn`: the batches its loader workers
+prefetched while paused taken untimed first, data loading included, a turn that waits on its
+workers on to many batches of each, the contention probe around it, the tuner's other warm
+processes its own), answered as a `WarmTurn`; or a profiler trace of a few steps; or `stop`,
+which ends the loop as a trial's end does. So a script's candidates take paired turns seconds
+apart, as a model file's do, instead of a fresh run of the script each round. In a process group
+every rank's loop pauses at the same step: each is told the same commands (`trial.warm` reads
+them on rank 0), every decision to end a turn is rank 0's, and the turn is the group's
+(`group_turn`). A turn in which torch.compile compiled (the script's smaller last batch of an
+epoch) is timed again once, at once, as a trial's window is (`window.Remeasures`)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,18 @@ from typing import Any
 
 import torch
 
+from autotune.config import TrainConfig
 from autotune.hardware import describe, peak_flops
 from autotune.options import MeasureSettings
 from autotune.trial import distributed
 from autotune.trial.contention import ContentionProbe
-from autotune.trial.measure import group_turn, peak_memory, utilization
+from autotune.trial.measure import (
+    group_turn,
+    loader_turn_steps,
+    peak_memory,
+    prefetched_steps,
+    utilization,
+)
 from autotune.trial.profiling import ProfilerWindow
 from autotune.trial.protocol import ScriptAnswer, WarmTurn
 from autotune.trial.script.measuring import FIRST, WARMUP, MeasuringObserver
@@ -35,20 +43,26 @@ STOP = "stop"
 
 class TurnObserver:
     """The `StepObserver` of a script's warm process: warm-up as a trial's, then turns on
-    request, each step boundary between them a pause in the script's own loop."""
+    request, each step boundary between them a pause in the script's own loop. `config`, what
+    the script trains (None where not known): the precision of the peak its MFU divides by,
+    and the loader workers its turns drain and span."""
 
     def __init__(self, settings: MeasureSettings, device: torch.device,
                  commands: Iterator[Any], say: Callable[[Any], None],
-                 tuner_pid: int | None = None, precision: str | None = None,
+                 tuner_pid: int | None = None, config: TrainConfig | None = None,
                  answer: ScriptAnswer | None = None) -> None:
         self.settings, self.device = settings, device
         self.commands, self._say = commands, say
         # FLOPs counted where a trial's are (on CUDA), for each turn's MFU
         self.warming = MeasuringObserver(settings, device, count_flops=device.type == "cuda")
-        self.peak = peak_flops(describe(device), precision) if precision else None
+        self.peak = peak_flops(describe(device), config.precision) if config else None
+        self.prefetched = prefetched_steps(config) if config else 0
+        self.loader_steps = loader_turn_steps(config) if config else 0
         self.tuner_pid = tuner_pid
         self.answer = answer
         self.ready = False
+        self._asked: MeasureSettings | None = None  # the turn asked for, its timer not started
+        self._untimed = 0  # steps of it still to take before its timer starts
         self._turn: WindowTimer | None = None
         self._retimed = False  # this turn was timed again after a compile
         self._trace: tuple[ProfilerWindow, str] | None = None
@@ -69,6 +83,11 @@ class TurnObserver:
             return self._next()
         if self._trace is not None:
             return self._traced()
+        if self._untimed:
+            self._untimed -= 1
+            if not self._untimed:
+                self._start_turn()
+            return False
         turn = self._turn
         assert turn is not None
         if not distributed.decided(turn.step(samples, loss, data_wait_s)):
@@ -104,13 +123,20 @@ class TurnObserver:
             window.start()
             self._trace = (window, command["trace"])
             return False
+        self._retimed = False
+        self._asked = turn_settings(self.settings, int(command["steps"]),
+                                    float(command["seconds"]), self.loader_steps)
+        self._untimed = self.prefetched
+        if not self._untimed:
+            self._start_turn()
+        return False
+
+    def _start_turn(self) -> None:
+        """Start timing the turn asked for, at this step boundary."""
+        assert self._asked is not None
         probe = ContentionProbe(self.settings.contention_threshold, self.device,
                                 family=self.tuner_pid)
-        self._retimed = False
-        self._turn = WindowTimer(
-            turn_settings(self.settings, int(command["steps"]), float(command["seconds"])),
-            self.device, probe)
-        return False
+        self._turn = WindowTimer(self._asked, self.device, probe)
 
     def _traced(self) -> bool:
         assert self._trace is not None

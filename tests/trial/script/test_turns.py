@@ -91,3 +91,27 @@ def test_a_turn_in_which_the_script_compiled_a_graph_is_timed_again() -> None:
             break
     turns = [WarmTurn.from_json(m) for m in said if isinstance(m, dict) and "samples" in m]
     assert turn_steps == 4 and len(turns) == 1 and turns[0].samples == 2 * 8
+
+
+def test_a_turn_that_waits_on_its_loaders_workers_drains_their_queue_then_spans_many_batches(
+        ) -> None:
+    """A script whose two loader workers prefetch two batches each, and whose every step waits
+    on them: a turn first takes the four batches they queued while paused, untimed, then times
+    16 batches of each worker (32 steps), though 0.02 s asked for would end at about 18."""
+    said: list = []
+    observer = TurnObserver(MeasureSettings(steady_steps=2, steady_tolerance=100.0,
+                                            warmup_max_seconds=5, screen_steps=0),
+                            torch.device("cpu"), iter([{"steps": 2, "seconds": 0.02}, STOP]),
+                            said.append, config=TrainConfig(micro_batch_size=8, num_workers=2,
+                                                            prefetch_factor=2))
+    observer.on_train_start(TrainInfo("transformers", torch.device("cpu"), nn.Linear(4, 4), None,
+                                      8, 1, startup_s=0.1, dataset_size=64))
+    turn_steps = 0
+    for _ in range(200):
+        turn_steps += observer.ready
+        time.sleep(0.001)  # the step, all of it waiting for the next batch
+        if observer.on_step_end(8, torch.tensor(1.0), 0.001):
+            break
+    turns = [WarmTurn.from_json(m) for m in said if isinstance(m, dict) and "samples" in m]
+    assert len(turns) == 1 and turns[0].samples == 32 * 8
+    assert turn_steps == 4 + 32
