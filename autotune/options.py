@@ -148,7 +148,7 @@ class MeasureSettings:
     screen_below: float | None = None
     # A window that waited on its loader for `window.LOADER_BOUND_SHARE` of its time goes on to
     # this many steps, within its cap (a warm turn with DataLoader workers: many rounds of them,
-    # `trial.measure.loader_turn_steps`).
+    # `trial.window.loader_turn_steps`).
     window_loader_steps: int = 0
     # A window in which other processes took more than this share of the trial's CPUs is
     # measured again, up to `contention_retries` times, after 1, 2, 4... x the back-off.

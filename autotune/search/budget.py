@@ -22,7 +22,7 @@ from autotune.search.checks import (
 from autotune.search.confirm import CLAIM_SETTLE_S
 from autotune.search.runner import ROUND_WINDOW_STEPS
 from autotune.search.takeback import SHORT_RACE
-from autotune.search.warm import WARM_MAX_ROUNDS, WARM_ROUNDS_PER_ROUND, turn_seconds
+from autotune.search.warm import WARM_MAX_ROUNDS, WARM_ROUNDS_PER_ROUND, turn_price_s
 from autotune.study.records import COUNTS_AGAINST_BUDGET, Role, TrialRecord, trial_records
 from autotune.trial.protocol import Measurement, SampleSizes, TrialStatus
 
@@ -125,8 +125,21 @@ def confirmation_price(study: optuna.Study, settings: MeasureSettings, fallback_
               "loss_changes": loss_changes if checks.loss_s else 0} if checks else {}
     if baseline is None or not warm_holds(baseline.peak_memory_bytes):
         return ConfirmationPrice(run_s, taken_back=taken_back, compile_s=compile_s, **priced)
-    return ConfirmationPrice(run_s, turn_seconds(baseline.measurement.step_time_median_s),
-                             taken_back, compile_s, **priced)
+    return ConfirmationPrice(run_s, _race_turn_s(study, baseline, taken_back), taken_back,
+                             compile_s, **priced)
+
+
+def _race_turn_s(study: optuna.Study, baseline: TrialRecord, taken_back: int) -> float:
+    """A warm turn of the race, on average: of its pairs (the best and the baseline, the best
+    and each of `taken_back` less one change) one turn in 2 + 2 x `taken_back` is the
+    baseline's, the rest priced as the fastest configuration measured (`turn_price_s`: a turn
+    that waits on its loader's workers lasts longer)."""
+    base_s = turn_price_s(baseline.config, baseline.measurement)
+    measured = [r for r in _measured(study) if r.status == TrialStatus.OK and r.config
+                and r.samples_per_sec and r.measurement is not None]
+    best = max(measured, key=lambda r: r.samples_per_sec, default=None)
+    best_s = turn_price_s(best.config, best.measurement) if best else base_s
+    return (base_s + best_s * (1 + 2 * taken_back)) / (2 + 2 * taken_back)
 
 
 def compile_seconds(study: optuna.Study) -> float:

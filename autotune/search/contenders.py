@@ -21,9 +21,7 @@ from autotune.options import (
 from autotune.search.checks import AnswerChecks
 from autotune.search.events import StudyView
 from autotune.search.outcome import Scoring
-from autotune.search.warm import (
-    WarmPool,
-)
+from autotune.search.warm import WarmPool, turn_price_s
 from autotune.search.worker import Measure
 from autotune.stats import Ratio, load_adjusted_ratio, paired_ratio
 from autotune.study.checks import LossCheck, WorstBatchCheck
@@ -86,6 +84,7 @@ class Candidate:
     search_precision: float | None = None  # the search trial's median known within ±this
     search_peak_bytes: float | None = None  # its peak memory in the search (warm processes')
     search_disturbed: bool = False  # its search trial's window saw another process's load
+    search_turn_s: float | None = None  # a warm turn of it, from its search trial (`turn_price_s`)
     trace: str | None = None  # its profiler trace, where its warm process was asked for one
     # A script's configuration in its own terms, as its warm process or a fresh run said it
     script_answer: ScriptAnswer | None = None
@@ -135,7 +134,8 @@ def candidates(study: optuna.Study, baseline: TrainConfig, top: int) -> list[Can
         if len(chosen) < top and key not in chosen:
             chosen[key] = Candidate(r.config, r.number, True, r.samples_per_sec,
                                     search_precision=precision_of(r), search_peak_bytes=peak_of(r),
-                                    search_disturbed=r.disturbed)
+                                    search_disturbed=r.disturbed,
+                                    search_turn_s=turn_price_s(r.config, r.measurement))
     baseline_trial = next((r for r in records if r.role == Role.BASELINE
                            and r.state == TrialState.COMPLETE.name), None)
     reference = Candidate(
@@ -144,7 +144,9 @@ def candidates(study: optuna.Study, baseline: TrainConfig, top: int) -> list[Can
         baseline_trial.samples_per_sec if baseline_trial else None,
         search_precision=precision_of(baseline_trial) if baseline_trial else None,
         search_peak_bytes=peak_of(baseline_trial) if baseline_trial else None,
-        search_disturbed=bool(baseline_trial and baseline_trial.disturbed))
+        search_disturbed=bool(baseline_trial and baseline_trial.disturbed),
+        search_turn_s=turn_price_s(baseline, baseline_trial.measurement)
+        if baseline_trial else None)
     return [*chosen.values(), reference]  # the baseline last, as the reference
 
 

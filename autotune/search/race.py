@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -124,8 +125,9 @@ def _warm_rounds(entries: Sequence[Candidate], how: Measuring, plan: Plan,
     # first), as many of each as the memory holds beside those warm (the rest wait for the
     # room a racer leaves: `_admitted`), each only where its processes' start fits the time
     # left after the pairs of turns already racing take their least rounds and the group's
-    # theirs: a change is judged on `JUDGE_ROUNDS` (one that pays leaves the race then), a
-    # runner-up races the least rounds against the leader.
+    # theirs (each turn priced as its search trial says, `turn_price_s`): a change is judged
+    # on `JUDGE_ROUNDS` (one that pays leaves the race then), a runner-up races the least
+    # rounds against the leader.
     for group, what, rounds in ((backs, "the best less each of its changes", JUDGE_ROUNDS),
                                 (runners_up, "the search's runners-up",
                                  plan.rounds * WARM_ROUNDS_PER_ROUND)):
@@ -141,7 +143,9 @@ def _warm_rounds(entries: Sequence[Candidate], how: Measuring, plan: Plan,
                 continue
         pairs = plan.rounds * WARM_ROUNDS_PER_ROUND * (len(turns.racing()) - 1) + \
             rounds * len(group)
-        left = plan.budget_ends - time.monotonic() - pairs * 2 * TURN_SECONDS
+        turn_s = statistics.mean(entries[i].search_turn_s or TURN_SECONDS
+                                 for i in [*turns.racing(), *group])
+        left = plan.budget_ends - time.monotonic() - pairs * 2 * turn_s
         if how.pool.start_s * len(group) <= left:
             later = [i for i in later if i not in group]
             turns, why = how.pool.turns(configs, peaks, name, plan.budget_ends, skip=later)

@@ -31,6 +31,7 @@ from autotune.search.minimal import (
 )
 from autotune.search.race import Race, run_race
 from autotune.search.space import SearchSpace
+from autotune.search.warm import turn_price_s
 from autotune.study.confirmation import (
     LOSS_NO_TIME,
     NO_TIME,
@@ -93,6 +94,7 @@ def _variant(config: TrainConfig, records: Sequence[TrialRecord], parent: Candid
                      record.samples_per_sec if record else None,
                      search_precision=precision_of(record) if record else None,
                      search_peak_bytes=peak, search_disturbed=bool(record and record.disturbed),
+                     search_turn_s=turn_price_s(config, record.measurement) if record else None,
                      taken_from=parent)
 
 
@@ -101,7 +103,8 @@ def _again(entry: Candidate) -> Candidate:
     return Candidate(entry.config, entry.trial, entry.feasible, entry.search_samples_per_sec,
                      search_precision=entry.search_precision,
                      search_peak_bytes=entry.search_peak_bytes,
-                     search_disturbed=entry.search_disturbed, checked=entry.checked,
+                     search_disturbed=entry.search_disturbed,
+                     search_turn_s=entry.search_turn_s, checked=entry.checked,
                      worst=entry.worst, loss=entry.loss, excluded=entry.excluded)
 
 

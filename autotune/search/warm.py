@@ -51,7 +51,19 @@ from autotune.search.isolation import (
 from autotune.search.runner import MeasureJob, ProcessRunner
 from autotune.study.confirmation import WARM_TURNS, Run
 from autotune.study.records import config_key
-from autotune.trial.protocol import ScriptAnswer, TrialRequest, TrialStatus, WarmTurn
+from autotune.trial.protocol import (
+    Measurement,
+    ScriptAnswer,
+    TrialRequest,
+    TrialStatus,
+    WarmTurn,
+)
+from autotune.trial.window import (
+    LOADER_BOUND_SHARE,
+    LOADER_TURN_SLACK,
+    loader_turn_steps,
+    prefetched_steps,
+)
 
 # Of the memory a trial may use, what the warm processes together may take (the rest: the
 # tuner, and what a peak measured once leaves out).
@@ -95,6 +107,25 @@ def _wait_s(time_limit_s: float, ends_by: float | None) -> float:
 def turn_seconds(step_s: float | None) -> float:
     """What one turn takes: `TURN_STEPS` steps of `step_s`, at least `TURN_SECONDS`."""
     return max(TURN_SECONDS, TURN_STEPS * (step_s or 0.0))
+
+
+def turn_price_s(config: TrainConfig | None, measured: Measurement | None) -> float:
+    """What one warm turn of `config` takes, from its search trial's figures (`measured`; the
+    least turn where there are none): `turn_seconds` of its step; with loader workers, the
+    untimed steps that drain what they queued (`window.prefetched_steps`, each the step less
+    its wait for data), and, where its window waited on them (`window.LOADER_BOUND_SHARE`),
+    the batches of each a turn then spans (`window.loader_turn_steps`), within the turn's
+    cap."""
+    step_s = measured.step_time_median_s if measured else None
+    least = turn_seconds(step_s)
+    if measured is None or not step_s or config is None or not config.num_workers:
+        return least
+    waits = measured.data_wait_fraction or 0.0
+    timed = least
+    if waits >= LOADER_BOUND_SHARE:
+        timed = max(least, min(TURN_SECONDS * LOADER_TURN_SLACK,
+                               loader_turn_steps(config) * step_s))
+    return timed + prefetched_steps(config) * step_s * (1 - waits)
 
 
 class PairJudge:

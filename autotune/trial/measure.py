@@ -29,7 +29,6 @@ drives them as a script trial's library loop does (`trial/script/measuring`).
 from __future__ import annotations
 
 import itertools
-import math
 import resource
 import statistics
 import time
@@ -65,6 +64,8 @@ from autotune.trial.window import (
     WarmUp,
     Window,
     WindowTimer,
+    loader_turn_steps,
+    prefetched_steps,
     screen_settings,
     screens_out,
     synchronize,
@@ -76,8 +77,6 @@ Progress = Callable[[str], None]
 # A rank whose own work in a step (its step time less its share in collectives) is this much
 # longer than the fastest rank's holds the others back.
 STRAGGLER = 0.10
-# A warm turn that waits on its loader's workers spans this many batches of each of them.
-LOADER_TURN_ROUNDS = 16
 
 
 def measure_config(workload: Workload, config: TrainConfig, device: torch.device,
@@ -371,30 +370,6 @@ def timed_turn(setup: TrainingSetup, batches: Iterator[Any], settings: MeasureSe
                     load=window.contention.other_cpu_share)
     turn = group_turn(turn, setup.world)
     return replace(turn, mfu=utilization(flops, turn.samples_per_sec, peak))
-
-
-def prefetched_steps(config: TrainConfig) -> int:
-    """The untimed steps that open a warm turn of a configuration with loader workers: as
-    many as the batches its workers prefetched while the other processes took their turns
-    (`num_workers` x `prefetch_factor`), so the timed window starts from the queue it keeps
-    while training, not from one filled while idle, which made a loader-bound turn look fast
-    by as much as it held. What the workers make while these steps run stays a head start of
-    that many steps' time, small beside a turn of seconds."""
-    if not config.num_workers:
-        return 0
-    queued = config.num_workers * (config.prefetch_factor or 2)
-    return math.ceil(queued / config.grad_accum_steps)
-
-
-def loader_turn_steps(config: TrainConfig) -> int:
-    """The optimizer steps of `LOADER_TURN_ROUNDS` rounds of the loader's workers (each makes
-    the next batch in turn): how long a turn that waits on them lasts. Where a turn spans only
-    a few of a worker's batches, how far along each one was when it began moves the figure
-    (storage_images, 8 workers: cv 8.5-11% in 0.5 s turns, 3-4 batches a worker; 2.0-2.8% in
-    2 s, the baseline's 1.3-2.0%). 0 without workers."""
-    if not config.num_workers:
-        return 0
-    return math.ceil(LOADER_TURN_ROUNDS * config.num_workers / config.grad_accum_steps)
 
 
 def group_turn(turn: WarmTurn, world: World | None) -> WarmTurn:

@@ -20,7 +20,6 @@ from autotune.options import MeasureSettings
 from autotune.trial.compile_events import compile_count
 from autotune.trial.flops import SampleFlops
 from autotune.trial.measure import (
-    LOADER_TURN_ROUNDS,
     count_flops_per_sample,
     measure_config,
     measure_setup,
@@ -29,6 +28,7 @@ from autotune.trial.measure import (
 )
 from autotune.trial.protocol import Measurement, WarmTurn
 from autotune.trial.training import setup_training
+from autotune.trial.window import LOADER_TURN_ROUNDS
 from autotune.trial.workload import load_workload
 
 from ..conftest import ROOT, TINY_SOURCE

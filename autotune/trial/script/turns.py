@@ -25,18 +25,17 @@ from autotune.hardware import describe, peak_flops
 from autotune.options import MeasureSettings
 from autotune.trial import distributed
 from autotune.trial.contention import ContentionProbe
-from autotune.trial.measure import (
-    group_turn,
-    loader_turn_steps,
-    peak_memory,
-    prefetched_steps,
-    utilization,
-)
+from autotune.trial.measure import group_turn, peak_memory, utilization
 from autotune.trial.profiling import ProfilerWindow
 from autotune.trial.protocol import ScriptAnswer, WarmTurn
 from autotune.trial.script.measuring import FIRST, WARMUP, MeasuringObserver
 from autotune.trial.script.observer import TrainInfo
-from autotune.trial.window import WindowTimer, turn_settings
+from autotune.trial.window import (
+    WindowTimer,
+    loader_turn_steps,
+    prefetched_steps,
+    turn_settings,
+)
 
 STOP = "stop"
 
