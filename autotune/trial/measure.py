@@ -64,7 +64,6 @@ from autotune.trial.window import (
     WarmUp,
     Window,
     WindowTimer,
-    loader_turn_steps,
     prefetched_steps,
     screen_settings,
     screens_out,
@@ -360,7 +359,7 @@ def timed_turn(setup: TrainingSetup, batches: Iterator[Any], settings: MeasureSe
     for _ in range(prefetched_steps(setup.config)):
         setup.step(batches)
     synchronize(setup.device)
-    settings = turn_settings(settings, steps, seconds, loader_turn_steps(setup.config))
+    settings = turn_settings(settings, steps, seconds, setup.config)
     window = _timed_window(setup, batches, settings, probe)
     if setup.decide(window.compiling):  # timed again once, as a trial's window is
         window = _timed_window(setup, batches, settings, probe)

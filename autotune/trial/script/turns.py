@@ -32,7 +32,6 @@ from autotune.trial.script.measuring import FIRST, WARMUP, MeasuringObserver
 from autotune.trial.script.observer import TrainInfo
 from autotune.trial.window import (
     WindowTimer,
-    loader_turn_steps,
     prefetched_steps,
     turn_settings,
 )
@@ -55,8 +54,8 @@ class TurnObserver:
         # FLOPs counted where a trial's are (on CUDA), for each turn's MFU
         self.warming = MeasuringObserver(settings, device, count_flops=device.type == "cuda")
         self.peak = peak_flops(describe(device), config.precision) if config else None
+        self.config = config
         self.prefetched = prefetched_steps(config) if config else 0
-        self.loader_steps = loader_turn_steps(config) if config else 0
         self.tuner_pid = tuner_pid
         self.answer = answer
         self.ready = False
@@ -124,7 +123,7 @@ class TurnObserver:
             return False
         self._retimed = False
         self._asked = turn_settings(self.settings, int(command["steps"]),
-                                    float(command["seconds"]), self.loader_steps)
+                                    float(command["seconds"]), self.config)
         self._untimed = self.prefetched
         if not self._untimed:
             self._start_turn()

@@ -96,8 +96,9 @@ def test_a_turn_in_which_the_script_compiled_a_graph_is_timed_again() -> None:
 def test_a_turn_that_waits_on_its_loaders_workers_drains_their_queue_then_spans_many_batches(
         ) -> None:
     """A script whose two loader workers prefetch two batches each, and whose every step waits
-    on them: a turn first takes the four batches they queued while paused, untimed, then times
-    16 batches of each worker (32 steps), though 0.02 s asked for would end at about 18."""
+    on them: a turn first takes the four batches they queued while paused and one more,
+    untimed, then times 16 batches of each worker (32 steps), though 0.02 s asked for would
+    end at about 18."""
     said: list = []
     observer = TurnObserver(MeasureSettings(steady_steps=2, steady_tolerance=100.0,
                                             warmup_max_seconds=5, screen_steps=0),
@@ -114,4 +115,4 @@ def test_a_turn_that_waits_on_its_loaders_workers_drains_their_queue_then_spans_
             break
     turns = [WarmTurn.from_json(m) for m in said if isinstance(m, dict) and "samples" in m]
     assert len(turns) == 1 and turns[0].samples == 32 * 8
-    assert turn_steps == 4 + 32
+    assert turn_steps == 4 + 1 + 32
