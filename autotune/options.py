@@ -146,9 +146,9 @@ class MeasureSettings:
     # below `screen_below` samples/sec stops (status `screened`) without the full window.
     screen_steps: int = 3
     screen_below: float | None = None
-    # A window that waited on its loader for `window.LOADER_BOUND_SHARE` of its time goes on to
+    # A window that waited on its loader for `protocol.LOADER_BOUND_SHARE` of its time goes on to
     # this many steps, within its cap (a warm turn with DataLoader workers: many rounds of them,
-    # `trial.window.loader_turn_steps`), and ends on a multiple of `window_loader_round` steps.
+    # `trial.protocol.loader_turn_steps`), and ends on a multiple of `window_loader_round` steps.
     window_loader_steps: int = 0
     window_loader_round: int = 1
     # A window in which other processes took more than this share of the trial's CPUs is

@@ -52,15 +52,13 @@ from autotune.search.runner import MeasureJob, ProcessRunner
 from autotune.study.confirmation import WARM_TURNS, Run
 from autotune.study.records import config_key
 from autotune.trial.protocol import (
+    LOADER_BOUND_SHARE,
+    LOADER_TURN_SLACK,
     Measurement,
     ScriptAnswer,
     TrialRequest,
     TrialStatus,
     WarmTurn,
-)
-from autotune.trial.window import (
-    LOADER_BOUND_SHARE,
-    LOADER_TURN_SLACK,
     loader_turn_steps,
     prefetched_steps,
 )
@@ -112,9 +110,9 @@ def turn_seconds(step_s: float | None) -> float:
 def turn_price_s(config: TrainConfig | None, measured: Measurement | None) -> float:
     """What one warm turn of `config` takes, from its search trial's figures (`measured`; the
     least turn where there are none): `turn_seconds` of its step; with loader workers, the
-    untimed steps that drain what they queued (`window.prefetched_steps`, each the step less
-    its wait for data), and, where its window waited on them (`window.LOADER_BOUND_SHARE`),
-    the batches of each a turn then spans (`window.loader_turn_steps`), within the turn's
+    untimed steps that drain what they queued (`protocol.prefetched_steps`, each the step less
+    its wait for data), and, where its window waited on them (`protocol.LOADER_BOUND_SHARE`),
+    the batches of each a turn then spans (`protocol.loader_turn_steps`), within the turn's
     cap."""
     step_s = measured.step_time_median_s if measured else None
     least = turn_seconds(step_s)

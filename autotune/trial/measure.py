@@ -57,14 +57,20 @@ from autotune.trial.diagnosis import SyncSite, diagnose, trace_host_syncs
 from autotune.trial.distributed import World
 from autotune.trial.flops import ModelFlopCounter, SampleFlops
 from autotune.trial.profiling import ProfileSummary, collection_paused, profile_steps
-from autotune.trial.protocol import FIRST_STEP, Finding, Measurement, PhaseTimes, WarmTurn
+from autotune.trial.protocol import (
+    FIRST_STEP,
+    Finding,
+    Measurement,
+    PhaseTimes,
+    WarmTurn,
+    prefetched_steps,
+)
 from autotune.trial.training import TrainingSetup, move_to_device, setup_from_workload
 from autotune.trial.window import (
     Remeasures,
     WarmUp,
     Window,
     WindowTimer,
-    prefetched_steps,
     screen_settings,
     screens_out,
     synchronize,

@@ -26,9 +26,8 @@ from autotune.trial.measure import (
     timed_turn,
     warm_up,
 )
-from autotune.trial.protocol import Measurement, WarmTurn
+from autotune.trial.protocol import LOADER_TURN_ROUNDS, Measurement, WarmTurn
 from autotune.trial.training import setup_training
-from autotune.trial.window import LOADER_TURN_ROUNDS
 from autotune.trial.workload import load_workload
 
 from ..conftest import ROOT, TINY_SOURCE

@@ -27,14 +27,10 @@ from autotune.trial import distributed
 from autotune.trial.contention import ContentionProbe
 from autotune.trial.measure import group_turn, peak_memory, utilization
 from autotune.trial.profiling import ProfilerWindow
-from autotune.trial.protocol import ScriptAnswer, WarmTurn
+from autotune.trial.protocol import ScriptAnswer, WarmTurn, prefetched_steps
 from autotune.trial.script.measuring import FIRST, WARMUP, MeasuringObserver
 from autotune.trial.script.observer import TrainInfo
-from autotune.trial.window import (
-    WindowTimer,
-    prefetched_steps,
-    turn_settings,
-)
+from autotune.trial.window import WindowTimer, turn_settings
 
 STOP = "stop"
 
