@@ -162,11 +162,12 @@ def test_a_warm_turn_that_waits_on_its_loaders_workers_spans_many_batches_of_eac
 
 
 def test_a_warm_turn_that_waits_on_its_loaders_workers_reads_their_rate() -> None:
-    """Four workers each make a batch of 8 in 64 ms (500 samples/s in all) for a step of next
+    """Four workers each make a batch of 8 in 128 ms (250 samples/s in all) for a step of next
     to nothing. After an idle second, as while the other warm processes take their turns, a
     turn asked for 0.1 s reaches its 0.4 s cap and goes on to a whole round of the workers:
     each made as many batches in it, and the turn reads their rate (ended at the cap, mid
-    round, such turns read 11% low: `benchmarks/results/loader_rounds_toy/`)."""
+    round, such turns read 11-25% low: `benchmarks/results/loader_rounds_toy/`; the sleeps'
+    own overhead takes 2-5% off the rate, more on a slow minute)."""
     class Endless(SlowDataset):
         def __len__(self) -> int:
             return 100_000
@@ -174,7 +175,7 @@ def test_a_warm_turn_that_waits_on_its_loaders_workers_reads_their_rate() -> Non
     config = TrainConfig(micro_batch_size=8, num_workers=4, prefetch_factor=2,
                          persistent_workers=True)
     setup = setup_training(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)),
-                           Endless(0.008), config, "cpu", loss_fn=loss_fn)
+                           Endless(0.016), config, "cpu", loss_fn=loss_fn)
     batches = setup.batches()
     warm_up(setup, batches, SETTINGS)
     rates = []
@@ -183,7 +184,7 @@ def test_a_warm_turn_that_waits_on_its_loaders_workers_reads_their_rate() -> Non
         turn = timed_turn(setup, batches, SETTINGS, 1, 0.1)
         assert turn.seconds >= 0.4
         rates.append(turn.samples_per_sec)
-    assert 0.95 * 500 <= statistics.median(rates) <= 1.02 * 500, rates
+    assert 0.9 * 250 <= statistics.median(rates) <= 1.02 * 250, rates
 
 
 def test_a_warm_turn_has_the_mfu_a_trial_of_its_rate_would_have() -> None:
