@@ -6,7 +6,9 @@ import dataclasses
 import os
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -27,7 +29,7 @@ from autotune.trial.measure import (
     warm_up,
 )
 from autotune.trial.protocol import LOADER_TURN_ROUNDS, Measurement, WarmTurn
-from autotune.trial.training import setup_training
+from autotune.trial.training import TrainingSetup, setup_training
 from autotune.trial.workload import load_workload
 
 from ..conftest import ROOT, TINY_SOURCE
@@ -54,6 +56,17 @@ class SlowDataset(torch.utils.data.Dataset):
 def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     x, y = batch
     return nn.functional.mse_loss(model(x).squeeze(1), y)
+
+
+def warmed(dataset: torch.utils.data.Dataset, config: TrainConfig,
+           ) -> tuple[TrainingSetup, Iterator[Any]]:
+    """The tiny model on `dataset` in `config`, warmed up as a warm process is: its set-up and
+    its batches."""
+    setup = setup_training(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)),
+                           dataset, config, "cpu", loss_fn=loss_fn)
+    batches = setup.batches()
+    warm_up(setup, batches, SETTINGS)
+    return setup, batches
 
 
 def measure(delay: float, config: TrainConfig, settings: MeasureSettings = SETTINGS) -> Measurement:
@@ -126,10 +139,7 @@ def test_a_warm_turn_after_an_idle_wait_times_the_loader_it_keeps_while_training
     queue is drained stay a small share of a turn."""
     config = TrainConfig(micro_batch_size=8, num_workers=2, prefetch_factor=8,
                          persistent_workers=True)
-    setup = setup_training(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)),
-                           SlowDataset(0.004), config, "cpu", loss_fn=loss_fn)
-    batches = setup.batches()
-    warm_up(setup, batches, SETTINGS)
+    setup, batches = warmed(SlowDataset(0.004), config)
 
     def rate(turn) -> float:
         return turn.samples / turn.seconds
@@ -149,10 +159,7 @@ def test_a_warm_turn_that_waits_on_its_loaders_workers_spans_many_batches_of_eac
     waits on its workers goes on to `LOADER_TURN_ROUNDS` batches of each; one without workers
     keeps the length asked."""
     def turn(config: TrainConfig):
-        setup = setup_training(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)),
-                               SlowDataset(0.004), config, "cpu", loss_fn=loss_fn)
-        batches = setup.batches()
-        warm_up(setup, batches, SETTINGS)
+        setup, batches = warmed(SlowDataset(0.004), config)
         return timed_turn(setup, batches, SETTINGS, 1, 0.25)
 
     workers = turn(TrainConfig(micro_batch_size=8, num_workers=2, prefetch_factor=2,
@@ -174,10 +181,7 @@ def test_a_warm_turn_that_waits_on_its_loaders_workers_reads_their_rate() -> Non
 
     config = TrainConfig(micro_batch_size=8, num_workers=4, prefetch_factor=2,
                          persistent_workers=True)
-    setup = setup_training(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)),
-                           Endless(0.016), config, "cpu", loss_fn=loss_fn)
-    batches = setup.batches()
-    warm_up(setup, batches, SETTINGS)
+    setup, batches = warmed(Endless(0.016), config)
     rates = []
     for _ in range(3):
         time.sleep(1.0)
@@ -191,11 +195,7 @@ def test_a_warm_turn_has_the_mfu_a_trial_of_its_rate_would_have() -> None:
     """An answer confirmed in warm turns carries its MFU (on CUDA, where a trial's FLOPs and
     peak are known; here both are given): the model's FLOPs a sample times the turn's rate
     over the peak, as a trial's window has it."""
-    setup = setup_training(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)),
-                           SlowDataset(0.0), TrainConfig(micro_batch_size=8), "cpu",
-                           loss_fn=loss_fn)
-    batches = setup.batches()
-    warm_up(setup, batches, SETTINGS)
+    setup, batches = warmed(SlowDataset(0.0), TrainConfig(micro_batch_size=8))
     flops, peak = SampleFlops(3.0e6, "given"), PeakFlops(1.0e12, "a peak given here")
     turn = timed_turn(setup, batches, SETTINGS, 5, 0.1, flops=flops, peak=peak)
     assert turn.mfu == pytest.approx(3.0e6 * turn.samples_per_sec / 1.0e12)
