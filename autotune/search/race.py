@@ -101,18 +101,19 @@ def started_at_once(candidates: int, taken_back: int, timed: bool) -> int:
     return 2 if timed else candidates + taken_back
 
 
-def _warm_rounds(entries: Sequence[Candidate], how: Measuring, plan: Plan,
-                 name: str) -> tuple[WarmTurns | None, Plan, tuple[TrainConfig, ...]]:
+def _warm_rounds(entries: Sequence[Candidate], how: Measuring, plan: Plan, name: str,
+                 ) -> tuple[WarmTurns | None, Plan, tuple[TrainConfig, ...], tuple[int, ...]]:
     """Warm processes for the candidates, where the plan has room for more rounds than they
     cost to start, the objective is a rate, and the memory holds those started at once (under
-    a time budget the best's and the baseline's, then as many of the rest as it holds); with
-    the plan's rounds counted in warm ones, and the configurations the memory held no more."""
+    a time budget the best's and the baseline's, then as many of the best less each change as
+    it holds); with the plan's rounds counted in warm ones, the configurations the memory held
+    no more, and the runners-up left to join once rounds are measured (`_breadth_admitted`)."""
     if plan.max_rounds <= WARM_WORTH_ROUNDS or how.pool is None:
-        return None, plan, ()
+        return None, plan, (), ()
     if how.scoring.train_steps:
         how.view.note("measuring in fresh-process rounds: --train-steps times whole runs from "
                       "their first step")
-        return None, plan, ()
+        return None, plan, (), ()
     configs, peaks = [e.config for e in entries], [e.search_peak_bytes for e in entries]
     backs = _proof(entries)
     runners_up = [i for i in range(1, len(entries) - 1) if i not in backs]
@@ -121,44 +122,50 @@ def _warm_rounds(entries: Sequence[Candidate], how: Measuring, plan: Plan,
     how.view.note(why)
     no_room: list[TrainConfig] = []
     # Under a time budget, the best and the baseline start first, then the best less each of
-    # its changes (the proof of what it found), then the runners-up (breadth, which shrinks
-    # first), as many of each as the memory holds beside those warm (the rest wait for the
-    # room a racer leaves: `_admitted`), each only where its processes' start fits the time
-    # left after the pairs of turns already racing take their least rounds and the group's
-    # theirs (each turn priced as its search trial says, `turn_price_s`): a change is judged
-    # on `JUDGE_ROUNDS` (one that pays leaves the race then), a runner-up races the least
-    # rounds against the leader.
-    for group, what, rounds in ((backs, "the best less each of its changes", JUDGE_ROUNDS),
-                                (runners_up, "the search's runners-up",
-                                 plan.rounds * WARM_ROUNDS_PER_ROUND)):
-        if turns is None or not group or not later:
-            continue
+    # its changes (the proof of what it found), as many as the memory holds beside those warm
+    # (the rest wait for the room a racer leaves: `_admitted`), only where their processes'
+    # start fits the time left after the pairs of turns already racing take their least rounds
+    # and theirs the rounds a change is judged on (`JUDGE_ROUNDS`: one that pays leaves the
+    # race then), each turn priced as its search trial says (`turn_price_s`). The runners-up
+    # (breadth, which shrinks first) wait for rounds measured at the machine's present pace.
+    group = backs
+    if turns is not None and group and later:
+        what = "the best less each of its changes"
         fits = how.pool.room_for([peaks[i] for i in group])
         if fits < len(group):
             how.view.note(f"{what}: {len(group) - fits} of {len(group)} not raced: the memory "
                           f"holds {fits} more warm processes beside those warm")
             no_room += [configs[i] for i in group[fits:]]
             group = group[:fits]
-            if not group:
-                continue
         pairs = plan.rounds * WARM_ROUNDS_PER_ROUND * (len(turns.racing()) - 1) + \
-            rounds * len(group)
-        turn_s = statistics.mean(entries[i].search_turn_s or TURN_SECONDS
-                                 for i in [*turns.racing(), *group])
-        left = plan.budget_ends - time.monotonic() - pairs * 2 * turn_s
-        if how.pool.start_s * len(group) <= left:
+            JUDGE_ROUNDS * len(group)
+        left = plan.budget_ends - time.monotonic() - pairs * _priced_run_s(
+            entries, [*turns.racing(), *group])
+        if group and how.pool.start_s * len(group) <= left:
             later = [i for i in later if i not in group]
             turns, why = how.pool.turns(configs, peaks, name, plan.budget_ends, skip=later)
             how.view.note(f"{what}: {why}")
-        else:
+        elif group:
             how.view.note(f"{what} not raced: {len(group)} more processes at about "
                           f"{format_seconds(how.pool.start_s)} each would not fit the time left")
     if turns is None:
-        return None, plan, ()
+        return None, plan, (), ()
+    breadth = tuple(i for i in runners_up if i in later)
+    if breadth:
+        how.view.note(f"the search's runners-up ({len(breadth)}) join the race after its first "
+                      "round, where the time that round measured holds their rounds beside "
+                      "the proof's")
     least = plan.rounds * WARM_ROUNDS_PER_ROUND
     timed = plan.ends_by is not None or plan.budget_ends is not None
     most = WARM_MAX_ROUNDS if timed else plan.max_rounds * WARM_ROUNDS_PER_ROUND
-    return turns, replace(plan, rounds=least, max_rounds=max(least, most)), tuple(no_room)
+    return turns, replace(plan, rounds=least, max_rounds=max(least, most)), tuple(no_room), \
+        breadth
+
+
+def _priced_run_s(entries: Sequence[Candidate], indices: Sequence[int]) -> float:
+    """A run of a race in warm turns as the search trials price it: a pair of turns, each the
+    mean of the entries' turns (`turn_price_s`)."""
+    return 2 * statistics.mean(entries[i].search_turn_s or TURN_SECONDS for i in indices)
 
 
 def _admitted(entries: Sequence[Candidate], racing: list[int], no_room: tuple[TrainConfig, ...],
@@ -169,33 +176,66 @@ def _admitted(entries: Sequence[Candidate], racing: list[int], no_room: tuple[Tr
     and as the time left holds their start and the rounds a change is judged on (`run_s` a
     run); each joins at the next round. Returns the turns and the configurations still left
     out."""
-    pool = how.pool
-    if pool is None:
+    if how.pool is None:
         return turns, no_room
     racers = {id(entries[i]) for i in racing}
     waiting = [i for i, e in enumerate(entries) if e.config in no_room
                and (e.taken_from is None or id(e.taken_from) in racers)]
-    fits = pool.room_for([entries[i].search_peak_bytes for i in waiting],
-                         [entries[i].config for i in racing])
+    fits = how.pool.room_for([entries[i].search_peak_bytes for i in waiting],
+                             [entries[i].config for i in racing])
     group = waiting[:fits]
     ends = [e for e in (plan.budget_ends, plan.ends_by) if e is not None]
-    needs_s = pool.start_s * len(group) + JUDGE_ROUNDS * run_s * (len(racing) + len(group))
+    needs_s = how.pool.start_s * len(group) + JUDGE_ROUNDS * run_s * (len(racing) + len(group))
     if not group or (ends and time.monotonic() + needs_s > min(ends)):
         return turns, no_room
+    started = _join(entries, racing, group, how, plan, name, "the memory holds its warm "
+                    "process now")
+    joined = {entries[i].config for i in group}
+    return started, tuple(c for c in no_room if c not in joined)
+
+
+def _breadth_admitted(entries: Sequence[Candidate], racing: list[int], breadth: tuple[int, ...],
+                      turns: WarmTurns, plan: Plan, how: Measuring, name: str, run_s: float,
+                      reserve: int) -> tuple[WarmTurns, tuple[int, ...]]:
+    """The race's warm turns with as many of the runners-up waiting (`breadth`) as the memory
+    holds and as the time left holds their start, the least rounds of the race with them in
+    it and the short races after it (`reserve`), at `run_s` a run (as measured, or as the
+    search priced it where that is more): a load that slows the turns three times keeps them
+    out, and the proof's rounds stay. Returns the turns and the runners-up still waiting."""
+    if how.pool is None or plan.budget_ends is None:
+        return turns, breadth
+    fits = how.pool.room_for([entries[i].search_peak_bytes for i in breadth],
+                             [entries[i].config for i in racing])
+    ends = min(e for e in (plan.budget_ends, plan.ends_by) if e is not None)
+    run_s = max(run_s, _priced_run_s(entries, [*racing, *breadth[:fits]]))
+    slack_s = _follow_up_s(entries, reserve, plan, run_s, how, turns)
+    for count in range(fits, 0, -1):
+        needs_s = how.pool.start_s * count + plan.rounds * run_s * (len(racing) + count)
+        if time.monotonic() + needs_s + slack_s <= ends:
+            group = list(breadth[:count])
+            started = _join(entries, racing, group, how, plan, name,
+                            f"its rounds fit the time left at {format_seconds(run_s)} a run")
+            return started, breadth[count:]
+    return turns, breadth
+
+
+def _join(entries: Sequence[Candidate], racing: list[int], group: Sequence[int], how: Measuring,
+          plan: Plan, name: str, why: str) -> WarmTurns:
+    """The warm turns of the racing entries and `group`, whose processes start now; each of
+    `group` joins the race at its next round, said with `why`."""
     skip = [i for i in range(len(entries)) if i not in racing and i not in group]
-    configs = [e.config for e in entries]
-    started, why = pool.turns(configs, [e.search_peak_bytes for e in entries], name,
-                              plan.budget_ends, skip=skip)
+    started, started_why = how.pool.turns([e.config for e in entries],
+                                          [e.search_peak_bytes for e in entries], name,
+                                          plan.budget_ends, skip=skip)
     if started is None:
-        raise WarmUnavailable(why)
+        raise WarmUnavailable(started_why)
     for i in group:
         entries[i].joined = len(entries[-1].runs)
         entries[i].script_answer = started.script_answer(i) or entries[i].script_answer
         racing.append(i)
-        how.view.note(f"confirmation: {_named(entries, i)} joins the race: the memory holds "
-                      f"its warm process now ({why})")
-    joined = {entries[i].config for i in group}
-    return started, tuple(c for c in no_room if c not in joined)
+        how.view.note(f"confirmation: {_named(entries, i)} joins the race: {why} "
+                      f"({started_why})")
+    return started
 
 
 def _proof(entries: Sequence[Candidate]) -> list[int]:
@@ -217,7 +257,7 @@ def run_race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
     reference, view = entries[-1], how.view
     fresh_plan = plan
     try:
-        turns, plan, no_room = _warm_rounds(entries, how, plan, name)
+        turns, plan, no_room, breadth = _warm_rounds(entries, how, plan, name)
     except WarmOutOfTime as exc:  # no round fits, warm or fresh
         view.note(f"confirmation: {exc}: no paired round fits in it")
         return Race(entries, WARM_TURNS, 0, 0.0, 0.0, NO_TIME,
@@ -226,10 +266,10 @@ def run_race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
     racing = turns.racing() if turns is not None else list(range(len(entries)))
     for i in racing if turns is not None else ():
         entries[i].script_answer = turns.script_answer(i) or entries[i].script_answer
-    left_out = len(racing) < len(entries)  # for the time left: judged by none
     shuffle = random.Random(0)
     start, rounds, kept_disturbed, run_s = time.monotonic(), 0, 0, 0.0
     kept_runs = 0  # the runs of the kept rounds: the race's time over them, retakes included
+    joining_s = 0.0  # the starts of processes that joined the race: not a run's time
     capped = NO_ROUNDS  # unless time or the race's own end ends it first
     judge = PairJudge()
     while rounds < plan.max_rounds:
@@ -286,16 +326,21 @@ def run_race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
             racing.remove(i)
             view.note(f"confirmation: {_named(entries, i)} is out of the race after round "
                       f"{len(reference.runs)}: {why}")
-        mean_s = (time.monotonic() - start) / kept_runs
-        if out and turns is not None and no_room:
-            try:
+        mean_s = (time.monotonic() - start - joining_s) / kept_runs
+        joins_from = time.monotonic()
+        try:
+            if out and turns is not None and no_room:
                 turns, no_room = _admitted(entries, racing, no_room, turns, plan, how, name,
                                            mean_s)
-            except WarmUnavailable as exc:
-                view.note(f"a warm process did not start ({exc}): the rest in fresh-process "
-                          "rounds")
-                turns.close()
-                turns, plan, measured = None, fresh_plan, FRESH_ROUNDS
+            if turns is not None and breadth:
+                turns, breadth = _breadth_admitted(entries, racing, breadth, turns, plan, how,
+                                                   name, mean_s, reserve)
+        except WarmUnavailable as exc:
+            view.note(f"a warm process did not start ({exc}): the rest in fresh-process "
+                      "rounds")
+            turns.close()
+            turns, plan, measured = None, fresh_plan, FRESH_ROUNDS
+        joining_s += time.monotonic() - joins_from
         # The caps go by the slowest run (the race ends when it said); what would still fit
         # goes by the mean (one slow turn does not end a race that has time for dozens).
         ends = _after_round(entries, racing, plan, rounds, mean_s * len(racing),
@@ -309,6 +354,11 @@ def run_race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
             _tell_time_left(entries, racing, plan, rounds, run_s, view)
     if turns is not None:
         _warm_traces(entries, racing, turns, how.directory / "traces", name, view)
+    if breadth and turns is not None:
+        view.note(f"the search's runners-up not raced: {len(breadth)} more processes and their "
+                  "rounds never fitted the time left beside the proof's, at the rounds' pace "
+                  "measured")
+    left_out = any(not e.runs for e in entries)  # for the time left: judged by none
     return Race(entries, measured, kept_disturbed, time.monotonic() - start, run_s,
                 NO_TIME if left_out else capped, [e for e in ruled_out if not e.variant],
                 no_room if turns is not None else ())
@@ -474,9 +524,11 @@ def _beyond_reach(entries: Sequence[Candidate], undecided: Mapping[int, Ratio],
             needs[f"the answer without {change} known against your settings"] = \
                 rounds_for(versus, abs(math.log(versus.value))) - versus.rounds
     for i, ratio in rivals.items():
-        if ratio.includes_one:
+        if ratio.includes_one:  # one that joined late races its first rounds first
+            more = rounds_for(ratio, abs(math.log(ratio.value))) \
+                if ratio.rounds >= JUDGE_ROUNDS else JUDGE_ROUNDS
             needs[f"{describe_changes(entries[i].config, reference.config)} against the "
-                  "leader"] = rounds_for(ratio, abs(math.log(ratio.value))) - ratio.rounds
+                  "leader"] = more - ratio.rounds
     if lead is not None:
         to_target = rounds_for(lead, math.log1p(plan.target))
         if lead.includes_one:

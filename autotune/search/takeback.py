@@ -127,6 +127,16 @@ def minimal_answer(result: Confirmation, race: Race,
         if not backs:
             return _alone(result, race, chosen, baseline, space, how)
         pairs, where = _taken_back_race(chosen, backs, plan, how, records, race)
+        best = race.entries[0]
+        if where is None and judged and _not_slower(best, chosen):
+            # the simplest as fast cannot be proven in the time left; the race's best, as
+            # fast and its changes taken back in the race, is judged instead
+            how.view.note(f"confirmation: {describe_changes(chosen.config, baseline)} is as "
+                          "fast, but the time left holds no race taking back its changes: "
+                          f"{describe_changes(best.config, baseline)}, whose changes the race "
+                          "took back, is judged instead")
+            chosen, pairs, where = best, judged, race
+            result = _recommending(result, best, race)
     with_it = where.entries[0] if where is not None else chosen
     unchecked = how.checks is not None and how.checks.loss_unchecked(chosen.config)
     decisions = [_judged(back, v, with_it, where, plan, how, unchecked) for back, v in pairs]
@@ -268,18 +278,31 @@ def _answer(result: Confirmation, race: Race, chosen: Candidate, answer: Candida
             answer_race: Race, decisions: Sequence[TakenBack]) -> Confirmation:
     """The confirmation with `answer` (measured in `answer_race`) as the recommendation, in
     place of `chosen`, the race's, less the changes `decisions` drop."""
-    reference = answer_race.reference
-    ratio, interval, search, widened = versus(answer, reference)
-    summary = candidate_summary(answer, reference)
+    return replace(_recommending(result, answer, answer_race), taken_back=tuple(decisions),
+                   taken_from=candidate_summary(chosen, race.reference),
+                   answer_rounds=len(answer_race.reference.runs)
+                   if answer_race is not race else None)
+
+
+def _recommending(result: Confirmation, entry: Candidate, race: Race) -> Confirmation:
+    """The confirmation with `entry` (measured in `race`) as the recommendation, its speedup
+    over that race's baseline as the rounds measured it."""
+    ratio, interval, search, widened = versus(entry, race.reference)
+    summary = candidate_summary(entry, race.reference)
     return replace(result, winner=summary, contender=summary, speedup=ratio.value,
                    speedup_ci=interval,
                    no_measurable_difference=interval[0] <= 1.0 <= interval[1]
                    if interval else None,
                    search_speedup=search[0] if search else None, widened=widened,
-                   load_adjusted=ratio.load_adjusted,
-                   taken_back=tuple(decisions),
-                   taken_from=candidate_summary(chosen, race.reference),
-                   answer_rounds=len(reference.runs) if answer_race is not race else None)
+                   load_adjusted=ratio.load_adjusted)
+
+
+def _not_slower(entry: Candidate, other: Candidate) -> bool:
+    """Whether `entry` ran every round and the rounds do not show it slower than `other`."""
+    if not entry.ok or not entry.runs or entry.excluded:
+        return False
+    ratio = paired(entry, other, objective)
+    return ratio.high is None or ratio.high >= 1.0
 
 
 def _unmeasured(decisions: Sequence[TakenBack], how: Measuring) -> bool:

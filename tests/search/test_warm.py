@@ -14,7 +14,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.config import TrainConfig
+from autotune.config import TrainConfig, taken_back
 from autotune.search.checks import AnswerChecks, CheckPrices
 from autotune.search.confirm import confirm
 from autotune.search.contenders import Plan
@@ -406,27 +406,35 @@ CHANGES = {BASE: 100.0, BOTH: 160.0, BASE.replace(precision="bf16"): 105.0,
 
 class _Changes(_LoadBySecond):
     rates = CHANGES
+    spread = 0.01
 
     def turn(self, index: int) -> Run:
         rate = self.rates[self.configs[index]] * \
-            random.Random(self.count).lognormvariate(0, 0.01)
+            random.Random(self.count).lognormvariate(0, self.spread)
         self.count += 1
         return Run("ok", samples_per_sec=rate, objective=rate)
 
 
 def _slow_starts(tmp_path, monkeypatch, rates: dict[TrainConfig, float], plan: Plan,
                  peaks: dict[TrainConfig, int] | None = None, checks: AnswerChecks | None = None,
+                 turn_s: float = 0.0, spread: float = 0.01,
                  ) -> tuple[object, list[_Changes], _Notes]:
     """A confirmation of a search that measured `rates` (at 1 GiB peaks, or `peaks`' on an
-    8 GiB device), whose warm processes take 60 s each to start (on a clock that moves only
-    then): its result, the processes started, by start, and its notes."""
+    8 GiB device, each turn spread by a lognormal `spread`), whose warm processes take 60 s each
+    to start and whose turns `turn_s` each (on a clock that moves only then): its result, the
+    processes started, by start, and its notes."""
     clock = [1000.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     started: list[_Changes] = []
 
+    def timed_turn(turns: _Changes, index: int) -> Run:
+        clock[0] += turn_s
+        return _Changes.turn(turns, index)
+
     def start(configs, prefix: str, ends_by: float | None = None) -> _Changes:
         clock[0] += 60.0 * len(configs)
-        started.append(type("Turns", (_Changes,), {"rates": rates})(list(configs)))
+        started.append(type("Turns", (_Changes,), {"rates": rates, "turn": timed_turn,
+                                                   "spread": spread})(list(configs)))
         return started[-1]
 
     study = _study_of(tmp_path, [(config, rate, "ok") for config, rate in rates.items()],
@@ -513,19 +521,29 @@ def test_a_precision_whose_loss_run_did_not_fit_is_left_out_of_the_answer(
 def test_under_a_time_budget_the_proof_starts_before_the_runners_up(
         tmp_path, monkeypatch) -> None:
     """Each warm process takes 60 s to start. The best (bf16 + fused AdamW) and the baseline
-    start first, then the best less each of its changes, and the search's runner-up
-    (channels-last) only where time is left after them: here it is not, so the breadth
-    shrinks and the proof stays, and both changes are shown to pay."""
+    start first, then the best less each of its changes; the search's runner-up
+    (channels-last) joins after the first round, only where the time that round measured
+    holds its rounds after the proof's. storage_images beside a load of one process busy 2 s,
+    idle 2 s: its runners-up started with the proof on turns priced at a third of what the
+    load made them, took its rounds, and the run ended "not known". Here half-second turns
+    leave it room; turns three times slower than the search priced them do not, so the breadth
+    shrinks, the proof stays, and both changes are shown to pay."""
     runner_up = BASE.replace(memory_format="channels_last")
     rates = {**CHANGES, runner_up: 155.0}  # second in the search, ahead of the best less one
-    result, started, view = _slow_starts(tmp_path, monkeypatch, rates, Plan(
-        top=2, rounds=3, max_rounds=10, target=0.03, budget_ends=1330.0))
-    assert started[0].configs == [BOTH, BASE] and len(started) == 2
-    assert set(started[1].configs) == {BASE.replace(optimizer_impl="fused"),
-                                       BASE.replace(precision="bf16")}
+    plan = Plan(top=2, rounds=3, max_rounds=10, target=0.03, budget_ends=1500.0)
+    backs = {BASE.replace(optimizer_impl="fused"), BASE.replace(precision="bf16")}
+    quiet, started, view = _slow_starts(tmp_path, monkeypatch, rates, plan, turn_s=0.5)
+    assert started[0].configs == [BOTH, BASE] and set(started[1].configs) == backs
+    assert started[2].configs == [runner_up] and started[2].count > 0
+    assert any("(channels-last tensors) joins the race: its rounds fit" in n
+               for n in view.lines), "\n".join(view.lines)
+    assert quiet.winner.config == BOTH
+    loaded, started, view = _slow_starts(tmp_path / "loaded", monkeypatch, rates, plan,
+                                         turn_s=1.5)
+    assert len(started) == 2 and set(started[1].configs) == backs
     assert any("the search's runners-up not raced: 1 more processes" in n for n in view.lines)
-    assert result.winner.config == BOTH
-    assert [t.outcome for t in result.taken_back] == ["pays", "pays"]
+    assert loaded.winner.config == BOTH
+    assert [t.outcome for t in loaded.taken_back] == ["pays", "pays"]
 
 
 def test_a_change_the_memory_held_no_process_of_is_raced_once_a_racer_leaves_room(
@@ -580,3 +598,29 @@ def test_under_a_time_budget_warm_turns_are_expected_where_the_first_two_fit() -
     scoring = Scoring("cpu", None, 0.1, 0.0)
     assert warm_expected(warm, scoring, 10, peaks(timed=True))
     assert not warm_expected(warm, scoring, 10, peaks(timed=False))
+
+
+def test_a_simpler_runner_up_as_fast_whose_changes_no_time_is_left_to_take_back_is_not_the_answer(
+        tmp_path, monkeypatch) -> None:
+    """storage_images beside a load of one process busy 2 s, idle 2 s: the race's best
+    (fused AdamW + 16 loader workers + channels-last) raced beside itself less each change,
+    and a runner-up of fewer changes (bf16 + fused AdamW + 16 workers) measured as fast; the
+    simplest as fast was recommended, no time was left to take its changes back, and the run
+    ended "not known" with the best's own proof in hand. Now the race's best, as fast and
+    proven, is judged instead: here each of its four changes pays, and it is the answer."""
+    best = BOTH.replace(memory_format="channels_last", micro_batch_size=128)
+    simpler = BOTH.replace(activation_checkpointing="full")
+    rates = {BASE: 100.0, best: 173.0, simpler: 168.0,
+             **{taken_back(best, (knob,), BASE): 140.0 for knob in (
+                 "precision", "optimizer_impl", "memory_format", "micro_batch_size")},
+             **{taken_back(simpler, (knob,), BASE): 140.0 for knob in (
+                 "precision", "optimizer_impl", "activation_checkpointing")}}
+    result, started, view = _slow_starts(tmp_path, monkeypatch, rates, Plan(
+        top=2, rounds=3, max_rounds=10, target=0.03, budget_ends=1610.0), turn_s=0.5,
+        spread=0.03)
+    assert [simpler] in [s.configs for s in started]
+    assert any("is as fast, but the time left holds no race taking back its changes" in n
+               for n in view.lines), "\n".join(view.lines)
+    assert result.winner.config == best
+    assert [t.outcome for t in result.taken_back] == ["pays"] * 4
+    assert result.speedup_ci[0] > 1.5
