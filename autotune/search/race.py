@@ -208,7 +208,7 @@ def _breadth_admitted(entries: Sequence[Candidate], racing: list[int], breadth: 
                              [entries[i].config for i in racing])
     ends = min(e for e in (plan.budget_ends, plan.ends_by) if e is not None)
     run_s = max(run_s, _priced_run_s(entries, [*racing, *breadth[:fits]]))
-    slack_s = _follow_up_s(entries, reserve, plan, run_s, how, turns)
+    slack_s = _follow_up_s(entries, reserve, plan, run_s, how, turns, plan.rounds)
     for count in range(fits, 0, -1):
         needs_s = how.pool.start_s * count + plan.rounds * run_s * (len(racing) + count)
         if time.monotonic() + needs_s + slack_s <= ends:
@@ -274,8 +274,15 @@ def run_race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
     judge = PairJudge()
     while rounds < plan.max_rounds:
         next_ends = time.monotonic() + run_s * len(racing)
+        # Beyond its least rounds the race keeps room for the short races after it; before
+        # them, once changes can be judged and two or more are not shown to pay, room for the
+        # answer less them at the rounds a change is judged on (a load that slows the rounds
+        # must not spend that proof on least rounds it cannot finish).
         beyond = len(reference.runs) >= plan.rounds
-        slack = _follow_up_s(entries, reserve, plan, run_s, how, turns) if beyond else 0.0
+        doubted = not beyond and len(reference.runs) >= JUDGE_ROUNDS and _in_doubt(entries) > 1
+        slack = _follow_up_s(entries, reserve, plan, run_s, how, turns,
+                             JUDGE_ROUNDS if doubted else plan.rounds) \
+            if beyond or doubted else 0.0
         if (rounds and plan.budget_ends is not None and next_ends + slack > plan.budget_ends) \
                 or (beyond and plan.ends_by is not None and next_ends + slack > plan.ends_by):
             capped = NO_TIME
@@ -344,7 +351,8 @@ def run_race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
         # The caps go by the slowest run (the race ends when it said); what would still fit
         # goes by the mean (one slow turn does not end a race that has time for dozens).
         ends = _after_round(entries, racing, plan, rounds, mean_s * len(racing),
-                            _follow_up_s(entries, reserve, plan, mean_s, how, turns))
+                            _follow_up_s(entries, reserve, plan, mean_s, how, turns,
+                                         plan.rounds))
         if ends is not None:
             if ends:
                 view.note(f"confirmation: ended after round {len(reference.runs)}: {ends}")
@@ -478,9 +486,17 @@ def _record_partners(entries: Sequence[Candidate], order: Sequence[int], racing:
         entry.partner_runs.append(beside if entries[j] is entry.partner else None)
 
 
+def _in_doubt(entries: Sequence[Candidate]) -> int:
+    """How many of the best's changes its taking back has not (yet) shown to pay."""
+    best = entries[0]
+    return sum(1 for i in _proof(entries)
+               if not ((ratio := paired(entries[i], best, objective)).high is not None
+                       and ratio.high < 1.0))
+
+
 def _follow_up_s(entries: Sequence[Candidate], reserve: int, plan: Plan, run_s: float,
-                 how: Measuring, turns: WarmTurns | None) -> float:
-    """The time the short races after this race take, at its least rounds and `run_s` a run:
+                 how: Measuring, turns: WarmTurns | None, rounds: int) -> float:
+    """The time the short races after this race take, at `rounds` and `run_s` a run:
     `reserve` configurations (the answer less several changes, `takeback`), and where the
     leader is not the configuration whose changes race beside it (the first entry), before it
     a race of the leader, the baseline and the leader less each of its changes; in warm turns
@@ -494,7 +510,7 @@ def _follow_up_s(entries: Sequence[Candidate], reserve: int, plan: Plan, run_s: 
         taken = len(changes(leader.config, reference.config))
         configurations, new = configurations + 2 + taken, new + taken
     start = how.pool.start_s if turns is not None and how.pool is not None else 0.0
-    return configurations * plan.rounds * run_s + new * start
+    return configurations * rounds * run_s + new * start
 
 
 def _beyond_reach(entries: Sequence[Candidate], undecided: Mapping[int, Ratio],

@@ -477,9 +477,9 @@ def test_the_proof_is_priced_at_the_rounds_a_change_is_judged_on(
     of 5 s each did not fit, the best and the baseline raced alone, and no change was judged.
     A change is judged on 3 rounds, and one that pays leaves then: here (each start 60 s,
     150 s left after the first two) both now start and both are shown to pay."""
-    result, started, _ = _slow_starts(tmp_path, monkeypatch, CHANGES, Plan(
+    result, started, view = _slow_starts(tmp_path, monkeypatch, CHANGES, Plan(
         top=1, rounds=3, max_rounds=10, target=0.03, budget_ends=1270.0))
-    assert len(started) == 2 and started[0].configs == [BOTH, BASE]
+    assert len(started) == 2 and started[0].configs == [BOTH, BASE], "\n".join(view.lines)
     assert result.winner.config == BOTH
     assert [t.outcome for t in result.taken_back] == ["pays", "pays"]
 
@@ -623,4 +623,27 @@ def test_a_simpler_runner_up_as_fast_whose_changes_no_time_is_left_to_take_back_
                for n in view.lines), "\n".join(view.lines)
     assert result.winner.config == best
     assert [t.outcome for t in result.taken_back] == ["pays"] * 4
+    assert result.speedup_ci[0] > 1.5
+
+
+def test_rounds_a_load_slows_keep_room_for_the_short_race_of_the_answer_less_its_drops(
+        tmp_path, monkeypatch) -> None:
+    """storage_images beside a load of one process busy 2 s, idle 2 s: rounds of six loader
+    processes took 52 s each, the race ran 6 of its 12 least rounds to the budget's end, and
+    with bf16 and channels-last not shown to pay, the answer less both had no time left to
+    run: "not known". Once changes can be judged, the race now keeps room for that short race
+    (at the rounds a change is judged on): here fused AdamW pays, bf16 and channels-last do
+    nothing, and fused AdamW alone is the answer, measured in a short race of its own."""
+    best = BOTH.replace(memory_format="channels_last")
+    rates = {BASE: 100.0, best: 160.0, best.replace(precision="fp32"): 160.0,
+             best.replace(memory_format="contiguous"): 160.0,
+             best.replace(optimizer_impl="for_loop"): 100.0, FAST: 160.0}
+    result, _, view = _slow_starts(tmp_path, monkeypatch, rates, Plan(
+        top=1, rounds=3, max_rounds=10, target=0.03, budget_ends=1450.0), turn_s=2.0)
+    assert any("(the answer less every change not shown to pay) in a short race" in n
+               for n in view.lines), "\n".join(view.lines)
+    assert result.winner.config == FAST
+    assert {t.change: t.kept for t in result.taken_back} == {
+        "bf16": False, "fused AdamW": True, "channels-last tensors": False}
+    assert [t.outcome for t in result.taken_back if t.kept] == ["pays"]
     assert result.speedup_ci[0] > 1.5
