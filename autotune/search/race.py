@@ -116,7 +116,10 @@ def _warm_rounds(entries: Sequence[Candidate], how: Measuring, plan: Plan, name:
         return None, plan, (), ()
     configs, peaks = [e.config for e in entries], [e.search_peak_bytes for e in entries]
     backs = _proof(entries)
-    runners_up = [i for i in range(1, len(entries) - 1) if i not in backs]
+    # breadth: neither the proof nor what another entry is judged against (a short race's
+    # recommendation, its partner)
+    runners_up = [i for i in range(1, len(entries) - 1) if i not in backs
+                  and not any(e.partner is entries[i] for e in entries)]
     later = [*backs, *runners_up] if plan.budget_ends is not None else []
     turns, why = how.pool.turns(configs, peaks, name, plan.budget_ends, skip=later)
     how.view.note(why)

@@ -642,6 +642,9 @@ def test_rounds_a_load_slows_keep_room_for_the_short_race_of_the_answer_less_its
         top=1, rounds=3, max_rounds=10, target=0.03, budget_ends=1450.0), turn_s=2.0)
     assert any("(the answer less every change not shown to pay) in a short race" in n
                for n in view.lines), "\n".join(view.lines)
+    # the short race's recommendation, which the answer is judged against, is no runner-up
+    # left to wait: it starts with the answer
+    assert not any("runners-up" in n for n in view.lines), "\n".join(view.lines)
     assert result.winner.config == FAST
     assert {t.change: t.kept for t in result.taken_back} == {
         "bf16": False, "fused AdamW": True, "channels-last tensors": False}
