@@ -35,6 +35,7 @@ from autotune.search.warm import turn_price_s
 from autotune.study.confirmation import (
     LOSS_NO_TIME,
     NO_TIME,
+    NO_TIME_TOGETHER,
     NOT_BEATEN,
     PAYS,
     TOGETHER,
@@ -241,7 +242,7 @@ def _without_all(config: TrainConfig | None, with_it: Candidate, race: Race,
     if config == baseline:
         return TOGETHER, "without all of them it is your settings, which the race measured"
     if not _time_for(SHORT_RACE, 1, plan, how, race.run_s):
-        return UNJUDGED, NO_TIME
+        return UNJUDGED, NO_TIME_TOGETHER
     how.view.note(f"confirmation: {describe_changes(config, baseline)} (the answer less every "
                   "change not shown to pay) in a short race")
     answer = _variant(config, records, with_it, race.reference)
@@ -306,11 +307,11 @@ def _not_slower(entry: Candidate, other: Candidate) -> bool:
 
 
 def _unmeasured(decisions: Sequence[TakenBack], how: Measuring) -> bool:
-    """Whether changes were never measured to pay or not (the time or the rounds ended first),
-    said as a note."""
+    """Whether changes were never measured to pay or not (the time or the rounds ended first,
+    before the race without each, or the short race without them all), said as a note."""
     unjudged = [d for d in decisions if d.outcome == UNJUDGED and d.config]
     if unjudged:
-        how.view.note(f"confirmation: not measured without {', '.join(d.change for d in unjudged)}"
+        how.view.note(f"confirmation: not measured to pay: {', '.join(d.change for d in unjudged)}"
                       f" ({unjudged[0].why}): your settings kept")
     return bool(unjudged)
 

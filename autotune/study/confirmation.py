@@ -37,6 +37,9 @@ DROPPED = (NOISE, HURTS, NOT_SHOWN, UNCHECKED)
 NO_TIME = "too few paired rounds before the confirmation's time ran out"
 NO_ROUNDS = "too few paired rounds within --confirm-max-rounds"
 NO_MEMORY = "the memory held no warm process of it beside the best's"
+# why changes each measured alone and not shown to pay were kept unjudged (UNJUDGED, with a
+# ratio): whether they pay together was never measured
+NO_TIME_TOGETHER = "the time left held no short race of the answer less all of them"
 # why a change of the numerics that pays was left out (UNCHECKED)
 LOSS_NO_TIME = "the run's time ended before its loss run"
 # why a change not shown to pay alone was kept (TOGETHER): its drop left the answer no faster
@@ -151,7 +154,7 @@ class TakenBack:
     def describe(self) -> str:
         """In words: "taking back torch.compile cost 0.4% [-1.2%, +2.0%], inside the noise:
         dropped"."""
-        if self.outcome == UNJUDGED:
+        if self.outcome == UNJUDGED and self.ratio is None:
             return f"{self.change} was not taken back ({self.why}): kept"
         if self.outcome == FAILS:
             return f"without {self.change} {self.failed_text()}: kept"
@@ -167,7 +170,8 @@ class TakenBack:
                 UNCHECKED: f"it pays, but its loss was not checked ({self.why}): left out",
                 FAILS: f"without it {self.failed_text()}: kept",
                 TOGETHER: f"not shown to pay alone, but {self.why}: kept",
-                UNJUDGED: f"not taken back ({self.why}): kept"}[self.outcome]
+                UNJUDGED: f"not taken back ({self.why}): kept" if self.ratio is None
+                else f"not shown to pay alone, but {self.why}: kept"}[self.outcome]
 
     def failed_text(self) -> str:
         """What went wrong without the change: a check that ruled it out (`why`), else its

@@ -20,7 +20,7 @@ from autotune.search.outcome import Scoring
 from autotune.search.runner import MeasureJob
 from autotune.search.verify import verify
 from autotune.show.report import result_rows, speedup_text
-from autotune.study.confirmation import NO_TIME, Confirmation, Run
+from autotune.study.confirmation import NO_TIME_TOGETHER, Confirmation, Run
 from autotune.study.records import MEMORY_CONSTRAINT, StudyKey, TrialKey, config_key
 from autotune.study.results import study_summary
 from autotune.study.storage import open_storage
@@ -526,14 +526,19 @@ def test_a_short_race_after_the_race_starts_only_within_the_confirmations_share(
     would end after it, so it does not start, and the run keeps the time it announced. The
     answer without the three was never measured, and the best single drop still holds two
     changes not shown to pay: nothing unmeasured is recommended, the user's settings are
-    kept and the verdict says what was not measured."""
+    kept and the verdict says what was not measured: the answer less them all, not each (each
+    was measured alone and reads as such)."""
     study, result, view, _ = _loader_with_riders(tmp_path, Plan(
         top=1, rounds=3, max_rounds=6, target=0.03, ends_by=time.monotonic()))
     assert not any("in a short race" in line for line in view.lines)
     assert result.winner.config == BASE and result.contender.config == result.taken_from.config
-    assert len([t for t in result.taken_back if t.why == NO_TIME]) == 2
+    apart = [t for t in result.taken_back if t.why == NO_TIME_TOGETHER]
+    assert len(apart) == 2 and all(t.ratio is not None for t in apart)
+    assert all(t.describe().startswith(f"taking back {t.change} cost ") for t in apart)
+    assert not any("not measured without" in line for line in view.lines)
     verdict = study_summary(study).verdict
-    assert verdict.startswith("not known: ") and "were not measured to pay" in verdict
+    assert verdict.startswith("not known: ") and "were not measured to pay (each was measured " \
+        "alone, not the answer less all of them" in verdict, verdict
 
 
 def test_changes_that_each_do_the_same_work_keep_one(tmp_path) -> None:
