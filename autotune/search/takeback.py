@@ -35,12 +35,12 @@ from autotune.search.warm import turn_price_s
 from autotune.study.confirmation import (
     LOSS_NO_TIME,
     NO_TIME,
-    NO_TIME_TOGETHER,
     NOT_BEATEN,
     PAYS,
     TOGETHER,
     UNCHECKED,
     UNJUDGED,
+    UNMEASURED_TOGETHER,
     Confirmation,
     TakenBack,
 )
@@ -117,7 +117,8 @@ def minimal_answer(result: Confirmation, race: Race,
     the configurations without each (`minimal.judge`), raced beside it (the search's best),
     else in a short race of their own; where several are dropped, the configuration without
     them all races it and the baseline, and is the answer unless it is measurably slower,
-    else the best of the single drops is."""
+    else the best of the single drops is. An answer no longer measurably faster than the
+    baseline keeps the drops together, where its rounds (`JUDGE_ROUNDS` at least) can say so."""
     if result.winner is None or result.winner.config == baseline:
         return result
     chosen = next(e for e in race.entries if not e.variant and e.config == result.winner.config)
@@ -162,6 +163,12 @@ def minimal_answer(result: Confirmation, race: Race,
             if _unmeasured(decisions, how):
                 return _with_extra(_unproven(result, race, chosen, decisions), follow)
     if result.no_measurable_difference is False and _inside_the_noise(answer, answer_race):
+        if len(answer_race.reference.runs) < JUDGE_ROUNDS:
+            # too few rounds to tell the answer less them from your settings: unjudged
+            decisions = [d if d.kept else replace(d, outcome=UNJUDGED, why=UNMEASURED_TOGETHER)
+                         for d in decisions]
+            _unmeasured(decisions, how)
+            return _with_extra(_unproven(result, race, chosen, decisions), follow)
         # no drop shown to pay alone, yet the answer less them no longer measurably beats
         # the baseline that the race's recommendation beat: the drops are kept together
         decisions = [replace(d, outcome=TOGETHER, why=NOT_BEATEN) if not d.kept else d
@@ -242,7 +249,7 @@ def _without_all(config: TrainConfig | None, with_it: Candidate, race: Race,
     if config == baseline:
         return TOGETHER, "without all of them it is your settings, which the race measured"
     if not _time_for(SHORT_RACE, 1, plan, how, race.run_s):
-        return UNJUDGED, NO_TIME_TOGETHER
+        return UNJUDGED, UNMEASURED_TOGETHER
     how.view.note(f"confirmation: {describe_changes(config, baseline)} (the answer less every "
                   "change not shown to pay) in a short race")
     answer = _variant(config, records, with_it, race.reference)

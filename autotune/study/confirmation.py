@@ -38,8 +38,8 @@ NO_TIME = "too few paired rounds before the confirmation's time ran out"
 NO_ROUNDS = "too few paired rounds within --confirm-max-rounds"
 NO_MEMORY = "the memory held no warm process of it beside the best's"
 # why changes each measured alone and not shown to pay were kept unjudged (UNJUDGED, with a
-# ratio): whether they pay together was never measured
-NO_TIME_TOGETHER = "the time left held no short race of the answer less all of them"
+# ratio): the answer less all of them never ran, or too few rounds for its interval to say
+UNMEASURED_TOGETHER = "the answer less all of them was measured in too few paired rounds"
 # why a change of the numerics that pays was left out (UNCHECKED)
 LOSS_NO_TIME = "the run's time ended before its loss run"
 # why a change not shown to pay alone was kept (TOGETHER): its drop left the answer no faster

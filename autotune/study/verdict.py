@@ -14,9 +14,9 @@ from autotune.study.confirmation import (
     NO_MEMORY,
     NO_ROUNDS,
     NO_TIME,
-    NO_TIME_TOGETHER,
     NOISE,
     NOT_SHOWN,
+    UNMEASURED_TOGETHER,
     CandidateSummary,
     Confirmation,
 )
@@ -142,8 +142,8 @@ def _taken_back(confirmation: Confirmation) -> str:
 _UNJUDGED = {NO_TIME: "the run's time ended first: a longer --budget measures it",
              NO_ROUNDS: "--confirm-max-rounds ended the rounds first",
              NO_MEMORY: "the device's memory held no warm process of it beside the best's",
-             NO_TIME_TOGETHER: "each was measured alone, not the answer less all of them: a "
-             "longer --budget measures it"}
+             UNMEASURED_TOGETHER: "each was measured alone, the answer less all of them in too "
+             "few rounds: a longer --budget measures it"}
 
 
 def _count(n: int, noun: str) -> str:

@@ -20,7 +20,7 @@ from autotune.search.outcome import Scoring
 from autotune.search.runner import MeasureJob
 from autotune.search.verify import verify
 from autotune.show.report import result_rows, speedup_text
-from autotune.study.confirmation import NO_TIME_TOGETHER, Confirmation, Run
+from autotune.study.confirmation import UNJUDGED, UNMEASURED_TOGETHER, Confirmation, Run
 from autotune.study.records import MEMORY_CONSTRAINT, StudyKey, TrialKey, config_key
 from autotune.study.results import study_summary
 from autotune.study.storage import open_storage
@@ -532,13 +532,13 @@ def test_a_short_race_after_the_race_starts_only_within_the_confirmations_share(
         top=1, rounds=3, max_rounds=6, target=0.03, ends_by=time.monotonic()))
     assert not any("in a short race" in line for line in view.lines)
     assert result.winner.config == BASE and result.contender.config == result.taken_from.config
-    apart = [t for t in result.taken_back if t.why == NO_TIME_TOGETHER]
+    apart = [t for t in result.taken_back if t.why == UNMEASURED_TOGETHER]
     assert len(apart) == 2 and all(t.ratio is not None for t in apart)
     assert all(t.describe().startswith(f"taking back {t.change} cost ") for t in apart)
     assert not any("not measured without" in line for line in view.lines)
     verdict = study_summary(study).verdict
     assert verdict.startswith("not known: ") and "were not measured to pay (each was measured " \
-        "alone, not the answer less all of them" in verdict, verdict
+        "alone, the answer less all of them in too few rounds" in verdict, verdict
 
 
 def test_changes_that_each_do_the_same_work_keep_one(tmp_path) -> None:
@@ -738,6 +738,31 @@ def test_drops_that_leave_an_answer_inside_the_noise_are_kept_together(tmp_path)
     verdict = study_summary(study).verdict
     assert verdict.startswith("foreach AdamW + 2 loader workers, prefetch 4 + persistent "
                               "workers + torch.compile") and "dropped" not in verdict
+
+
+def test_drops_whose_answer_ran_too_few_rounds_are_not_kept_together(tmp_path) -> None:
+    """As above, but the rounds end at two (--confirm-max-rounds 2), and in the short race of
+    the best less its three riders the runs spread 60%: two rounds cannot tell that answer from
+    your settings, which is no sign the riders pay together. They are unjudged, none is
+    recommended, and the verdict says what is missing (they were kept together before)."""
+    best = BASE.replace(num_workers=2, prefetch_factor=4, persistent_workers=True,
+                        optimizer_impl="foreach", compile_mode="max-autotune-no-cudagraphs",
+                        memory_format="channels_last")
+    rate = lambda c: 340.0 if c.num_workers else 100.0  # noqa: E731
+    race, _ = _scripted(rate)
+    spread, _ = _scripted(rate, shared=0.0, own=0.6)
+
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        return (spread if job.name.startswith("minimal") else race)(config, job)
+
+    study = _minimal_study(tmp_path, best, 346.0)
+    result = confirm(study, Plan(top=1, rounds=2, max_rounds=2, target=0.03),
+                     cpu_request(measure, tmp_path))
+    assert result.winner.config == BASE and result.contender.config == best
+    riders = [t for t in result.taken_back if not t.change.startswith("2 loader workers")]
+    assert {(t.outcome, t.why) for t in riders} == {(UNJUDGED, UNMEASURED_TOGETHER)}
+    verdict = study_summary(study).verdict
+    assert verdict.startswith("not known: ") and verdict.endswith("your settings kept")
 
 
 def test_the_rounds_end_once_every_change_is_judged_not_at_the_cap(tmp_path) -> None:
