@@ -204,9 +204,8 @@ def _breadth_admitted(entries: Sequence[Candidate], racing: list[int], breadth: 
     holds and as the time left holds their start, the least rounds of the race with them in
     it and the short races after it (`reserve`), at `run_s` a run (as measured, or as the
     search priced it where that is more): a load that slows the turns three times keeps them
-    out, and the proof's rounds stay. Returns the turns and the runners-up still waiting."""
-    if how.pool is None or plan.budget_ends is None:
-        return turns, breadth
+    out, and the proof's rounds stay. Returns the turns and the runners-up still waiting
+    (there are some only under a time budget, with a pool: `_warm_rounds`)."""
     fits = how.pool.room_for([entries[i].search_peak_bytes for i in breadth],
                              [entries[i].config for i in racing])
     ends = min(e for e in (plan.budget_ends, plan.ends_by) if e is not None)
