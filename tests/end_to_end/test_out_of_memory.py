@@ -38,16 +38,19 @@ class OutOfMemory:
 
 @pytest.fixture(scope="module")
 def out_of_memory(tmp_path_factory) -> OutOfMemory:
-    """Micro-batches of 2048 and more cannot fit 660 MiB (less the 10% kept free: the
-    training's peak RSS with 1024 samples of 16,384 features is ~530 MiB, with 2048 ~660 MiB).
+    """Micro-batches of 2048 and more cannot fit 880 MiB (less the 10% kept free, 792 MiB: the
+    training's peak RSS with 1024 samples of 32,768 features is 617 MiB on an AMD EPYC host,
+    with 2048 873 MiB; an Intel Xeon host's process is about 90 MiB larger, which at 16,384
+    features and 660 MiB let 2048 fit on the AMD host, so the samples are wide enough for both).
     On CPU the peak is the process's resident set, which accumulation also grows, so
     accumulation is held at 1; the AdamW implementation is searched beside the micro-batch."""
     knobs = ["precision=fp32", "activation_checkpointing=none", "num_workers=0",
              "grad_accum_steps=1"]
     studies = tmp_path_factory.mktemp("out_of_memory") / "studies"
     run = tune("--model", str(TEST_MODELS / "wide_inputs.py"), "--device", "cpu",
-               "--studies-dir", str(studies), "--free-batch-size", "16:65536", "--memory-limit",
-               "660MiB", *[a for k in knobs for a in ("--fix", k)], *NO_COMPILE, *FAST,
+               "--studies-dir", str(studies), "--model-arg", "features=32768",
+               "--free-batch-size", "16:65536", "--memory-limit", "880MiB",
+               *[a for k in knobs for a in ("--fix", k)], *NO_COMPILE, *FAST,
                "--trials", "14", "--seed", "3", "--confirm-top", "1", *CONFIRM_ONCE, "--json",
                timeout=900)
     assert run.returncode == 0, run.stderr
