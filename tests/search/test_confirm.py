@@ -482,14 +482,23 @@ def test_every_change_that_pays_is_kept(tmp_path) -> None:
     assert "dropped" not in study_summary(study).verdict
 
 
+# loader workers that do the work, and a best where three changes ride along with them
+LOADER = BASE.replace(num_workers=2, prefetch_factor=4, persistent_workers=True)
+RIDERS = LOADER.replace(optimizer_impl="foreach", compile_mode="max-autotune-no-cudagraphs",
+                        memory_format="channels_last")
+
+
+def _loader_rate(config: TrainConfig) -> float:
+    """3.4x with loader workers, whatever rides along."""
+    return 340.0 if config.num_workers else 100.0
+
+
 def _loader_with_riders(tmp_path, plan: Plan):
     """The confirmation of a best whose loader workers do the work (3.4x) while foreach AdamW,
     torch.compile and channels-last ride along inside the noise: the study, the result, the
     notes said and the configurations measured."""
-    best = BASE.replace(num_workers=2, prefetch_factor=4, persistent_workers=True,
-                        optimizer_impl="foreach", compile_mode="max-autotune-no-cudagraphs",
-                        memory_format="channels_last")
-    measure, calls = _scripted(lambda c: 340.0 if c.num_workers else 100.0)
+    best = RIDERS
+    measure, calls = _scripted(_loader_rate)
     study = _minimal_study(tmp_path, best, 346.0)
     view = _Notes()
     result = confirm(study, plan, cpu_request(measure, tmp_path, view=view))
@@ -503,7 +512,7 @@ def test_a_compile_that_does_not_measurably_pay_is_dropped_with_the_rest(tmp_pat
     answer; the verdict names the three."""
     study, result, view, calls = _loader_with_riders(tmp_path, Plan(top=1, rounds=3,
                                                                      max_rounds=6, target=0.03))
-    loader = BASE.replace(num_workers=2, prefetch_factor=4, persistent_workers=True)
+    loader = LOADER
     assert result.winner.config == loader and result.answer_rounds >= 3
     dropped = {t.change for t in result.dropped}
     assert dropped == {"foreach AdamW", "torch.compile max-autotune-no-cudagraphs",
@@ -716,10 +725,8 @@ def test_drops_that_leave_an_answer_inside_the_noise_are_kept_together(tmp_path)
     measurably beats your settings: nothing is dropped, the race's answer stands, and each
     change says why it was kept (a new user's nanoGPT loop was answered "fused AdamW: 0.95x
     your settings [0.68-1.34]" before)."""
-    best = BASE.replace(num_workers=2, prefetch_factor=4, persistent_workers=True,
-                        optimizer_impl="foreach", compile_mode="max-autotune-no-cudagraphs",
-                        memory_format="channels_last")
-    race, _ = _scripted(lambda c: 340.0 if c.num_workers else 100.0)
+    best = RIDERS
+    race, _ = _scripted(_loader_rate)
     moved, _ = _scripted(lambda c: 100.0, shared=0.0)
 
     def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
@@ -745,12 +752,9 @@ def test_drops_whose_answer_ran_too_few_rounds_are_not_kept_together(tmp_path) -
     the best less its three riders the runs spread 60%: two rounds cannot tell that answer from
     your settings, which is no sign the riders pay together. They are unjudged, none is
     recommended, and the verdict says what is missing (they were kept together before)."""
-    best = BASE.replace(num_workers=2, prefetch_factor=4, persistent_workers=True,
-                        optimizer_impl="foreach", compile_mode="max-autotune-no-cudagraphs",
-                        memory_format="channels_last")
-    rate = lambda c: 340.0 if c.num_workers else 100.0  # noqa: E731
-    race, _ = _scripted(rate)
-    spread, _ = _scripted(rate, shared=0.0, own=0.6)
+    best = RIDERS
+    race, _ = _scripted(_loader_rate)
+    spread, _ = _scripted(_loader_rate, shared=0.0, own=0.6)
 
     def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
         return (spread if job.name.startswith("minimal") else race)(config, job)
