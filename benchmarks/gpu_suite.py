@@ -102,7 +102,9 @@ STUDY = ["--timeout", f"{STUDY_TIMEOUT_S}s", "--trial-time-limit", str(STUDY_TRI
          "--confirm-top", "1", "--confirm-repeats", "1", "--seed", "0", *WINDOWS]
 # The quick plan: every step's worst case together within QUICK_BUDGET_S.
 QUICK_BUDGET_S = 540
-QUICK_STUDY_BUDGET_S = 220
+# The GPT-2-small study at the 4 minutes issue 52 allows: at 220 s on the H200 (268a5c1) its
+# proof had 36 s after 85 s of loss runs, and fused AdamW was never raced.
+QUICK_STUDY_BUDGET_S = 240
 QUICK_LOADER_BUDGET_S = 100
 # The HF script study's budget: at 120 s the H200 said "an answer needs 5.2 min".
 FOLLOWUP_SCRIPT_BUDGET_S = 320
@@ -176,7 +178,7 @@ def quick_plan() -> list[Step]:
                  "run", "--model", "benchmarks/results/expert_bar/storage_images.py", "--study",
                  "loader", "--budget", f"{QUICK_LOADER_BUDGET_S}s", "--seed", "0"),
                   QUICK_LOADER_BUDGET_S + 25)]
-    for mode, max_s in (("default", 70), ("reduce-overhead", 60)):
+    for mode, max_s in (("default", 60), ("reduce-overhead", 60)):  # 43 and 45 s so far
         steps.append(Step(f"quick-bench-gpt2-bf16-{mode}", (
             "bench", "--model", "models/gpt.py", "--set", "precision=bf16", "--set",
             f"compile_mode={mode}", *QUICK_WINDOWS, "--time-limit", str(max_s - 5)), max_s))

@@ -287,14 +287,15 @@ class ConfirmationPrice:
     def checks_s(self, candidates: int) -> float:
         """The checks of the configurations that can be the answer: the baseline and, of
         `candidates` (the baseline among them) and the best less each change, at most
-        `ANSWER_CHECKED`. A worst batch each; the baseline's two loss runs and one for each
-        configuration that changes the numerics (priced at two for each of `loss_changes`, at
-        most one a configuration besides the baseline). Where the best
+        `ANSWER_CHECKED`. A worst batch each; the baseline's loss run (its second seed runs
+        only where a loss is beyond the floor, and only where the time left holds it) and one
+        for each configuration that changes the numerics (priced at two for each of
+        `loss_changes`, at most one a configuration besides the baseline). Where the best
         compiles, each check of a configuration that compiles pays its compile: every process
         of a check is new."""
         checked = min(candidates + self.taken_back, 1 + ANSWER_CHECKED)
         changed = min(2 * self.loss_changes, checked - 1) if self.loss_changes else 0
-        loss = 2 + changed if self.loss_changes else 0
+        loss = 1 + changed if self.loss_changes else 0
         compiles = (self.compiling(checked) if self.worst_s else 0) + \
             (min(changed, self.compiling(checked)) if self.loss_s else 0)
         return checked * self.worst_s + loss * self.loss_s + compiles * self.compile_s

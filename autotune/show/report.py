@@ -449,6 +449,11 @@ def check_rows(summary: StudySummary) -> list[tuple[str, str, str]]:
         rows.append(("loss (your settings)", f"{first:.4g} | {second:.4g}",
                      f"after {checks.loss_steps} steps from two seeds: a spread of "
                      f"{checks.spread:.1%}, what a loss is compared against"))
+    elif checks.baseline_losses:
+        rows.append(("loss (your settings)", f"{checks.baseline_losses[0]:.4g}",
+                     f"after {checks.loss_steps} steps from one seed, what a loss is compared "
+                     "against (a second seed, for their spread, runs only where a loss is "
+                     "beyond the floor)"))
     rows += [("ruled out", short_config(out.config), out.why)
              for out in confirmed.ruled_out]
     return rows

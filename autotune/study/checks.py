@@ -98,14 +98,15 @@ class LossCheck:
     settings: each trained `steps` optimizer steps from the same weights on the same batches,
     and the loss then on the same samples (`loss`, `baseline_loss`; None where it went NaN or
     inf). Worse (`worse`) where it is above the user's by more than `tolerance` (relative: the
-    larger of their own seed-to-seed `spread` and a floor), or where its run did not train to
-    its end (`failed`: how it ended)."""
+    larger of their own seed-to-seed `spread` and a floor; None: their second seed was not
+    run, a loss inside the floor needing none), or where its run did not train to its end
+    (`failed`: how it ended)."""
 
     changes: str
     steps: int
     loss: float | None
     baseline_loss: float
-    spread: float
+    spread: float | None
     tolerance: float
     worse: bool
     failed: str = ""
@@ -120,23 +121,28 @@ class LossCheck:
     def describe(self, owner: str = "its") -> str:
         """In words, of `owner`'s loss: "its loss after 300 steps is within 0.4% of your
         settings', inside their seed-to-seed spread of 0.9%"."""
-        delta, spread = self.delta, f"{self.spread:.1%}"
+        delta = self.delta
         after = f"{owner} loss after {self.steps:,} steps"
         if self.failed:
             return f"{owner} loss run did not train {self.steps:,} steps: it {self.failed}"
         if delta is None:
             return f"{owner} loss went NaN or inf within {self.steps:,} steps"
         beside = f"{abs(delta):.1%} {'above' if delta > 0 else 'below'} your settings'"
+        floor = f"the {self.tolerance:.0%} floor"
+        if self.spread is None:
+            bound = f"{floor} (their seed-to-seed spread not measured)" if self.worse else floor
+        elif self.worse:
+            bound = f"their seed-to-seed spread of {self.spread:.1%}" + \
+                (f" and {floor}" if self.tolerance > self.spread else "")
+        else:
+            bound = f"their seed-to-seed spread of {self.spread:.1%}" \
+                if self.spread >= self.tolerance else \
+                f"{floor} (their seed-to-seed spread is {self.spread:.1%})"
         if self.worse:
-            floor = (f" and the {self.tolerance:.0%} floor" if self.tolerance > self.spread
-                     else "")
-            return f"{after} is {beside}, beyond their seed-to-seed spread of {spread}{floor}"
-        inside = (f"inside their seed-to-seed spread of {spread}" if self.spread >= self.tolerance
-                  else f"inside the {self.tolerance:.0%} floor (their seed-to-seed spread is "
-                  f"{spread})")
+            return f"{after} is {beside}, beyond {bound}"
         if delta <= 0:
-            return f"{after} is {beside}, {inside}"
-        return f"{after} is within {delta:.1%} of your settings', {inside}"
+            return f"{after} is {beside}, inside {bound}"
+        return f"{after} is within {delta:.1%} of your settings', inside {bound}"
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -149,9 +155,9 @@ class LossCheck:
 @dataclass(frozen=True)
 class CheckSummary:
     """How the confirmation's checks were made: the samples' sizes as the probe found them (in
-    words), the user's settings' loss after `loss_steps` for each of two seeds (their spread
-    is what a loss is compared against), and for each check why it was not made, where it was
-    not (empty: made)."""
+    words), the user's settings' loss after `loss_steps` for each seed run (the second, for
+    their spread, only where a loss was beyond the floor), and for each check why it was not
+    made, where it was not (empty: made)."""
 
     sizes: str = ""
     worst_batch_note: str = ""

@@ -179,13 +179,16 @@ class TakenBack:
         return self.why or "it did not run in every round"
 
     def cost_text(self) -> str:
-        """The speed lost without it, with its interval: "0.4% [-1.2%, +2.0%]"."""
+        """The speed lost without it, with its interval: "0.4% [-1.2%, +2.0%]" (measured in
+        one round: "86.0% [1 round: no interval]")."""
         if self.ratio is None:
             return "unknown"
         text = f"{1 - self.ratio:.1%}"
         if self.ratio_ci:
             low, high = self.ratio_ci
             text += f" [{1 - high:+.1%}, {1 - low:+.1%}]"
+        elif self.rounds:
+            text += f" [{self.rounds} round{'s' if self.rounds != 1 else ''}: no interval]"
         return text
 
     def gain_text(self) -> str:

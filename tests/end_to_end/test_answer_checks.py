@@ -10,6 +10,7 @@ import json
 import pytest
 
 from autotune.config import TrainConfig
+from autotune.search.checks import LOSS_FLOOR
 from autotune.study.confirmation import stored_confirmation
 from autotune.study.records import StudyKey, trial_records
 from autotune.study.results import load_study
@@ -139,8 +140,9 @@ def test_a_hugging_face_scripts_answer_is_checked_on_its_longest_samples_and_its
     script's own settings, or a larger micro-batch) is a run of the script on the longest
     samples. Its peak is the answer's, above what its trials' random batches reached. Every
     configuration tried is bf16 (--fix): before one is recommended, the script's own training
-    loss in bf16 is compared with its settings' from two seeds, over the steps the study
-    priced (at most the script's own 200)."""
+    loss in bf16 is compared with its settings' from the same seed (a second seed of theirs
+    where it is beyond the floor), over the steps the study priced (at most the script's own
+    200)."""
     need("transformers", "examples")
     done = run_cli("run", "--script", "tests/models/scripts/hf_rare_long.py", "--device",
                    "cpu", *NO_COMPILE, *FAST, "--studies-dir", str(tmp_path), "--trials", "3",
@@ -152,8 +154,6 @@ def test_a_hugging_face_scripts_answer_is_checked_on_its_longest_samples_and_its
     checks = summary["checks"]
     assert checks["sizes"].endswith("(a scan of all 8,000 samples)")
     assert checks["loss_note"] == "" and 10 <= checks["loss_steps"] <= 200
-    assert len(checks["baseline_losses"]) == 2 and \
-        checks["baseline_losses"][0] != checks["baseline_losses"][1]
     best, worst = summary["best_config"], summary["worst_batch"]
     assert worst["outcome"] == "fits" and worst["samples"] == best["micro_batch_size"]
     assert summary["best_peak_memory_bytes"] == worst["peak_memory_bytes"]
@@ -167,3 +167,6 @@ def test_a_hugging_face_scripts_answer_is_checked_on_its_longest_samples_and_its
     loss = [c.loss_check for c in confirmation.candidates if c.loss_check is not None]
     assert loss and all(c.changes == "bf16" and c.steps == checks["loss_steps"] and
                         c.loss is not None for c in loss)
+    # their second seed only where a loss was beyond the floor, for their spread
+    beyond = any(c.loss - c.baseline_loss > LOSS_FLOOR * abs(c.baseline_loss) for c in loss)
+    assert len(checks["baseline_losses"]) == (2 if beyond else 1)

@@ -139,7 +139,7 @@ def test_a_plan_made_anew_keeps_the_first_moves_left_and_prices_only_checks_need
     unneeded = plan_time(3600, started=0, now=475, trial_s=110, price=price, candidates=2,
                          share=0.3, max_rounds=10, first_moves=0)
     assert unneeded.search_ends_at - needed.search_ends_at == pytest.approx(
-        replace(price, loss_changes=1).checks_s(2) - price.checks_s(2)) == 480.0
+        replace(price, loss_changes=1).checks_s(2) - price.checks_s(2)) == 360.0
 
 
 def test_the_checks_are_priced_for_the_configurations_that_can_be_the_answer() -> None:
@@ -148,8 +148,8 @@ def test_the_checks_are_priced_for_the_configurations_that_can_be_the_answer() -
     where they become the answer."""
     price = ConfirmationPrice(10, taken_back=4, worst_s=100.0, loss_s=10.0, loss_changes=1)
     assert ANSWER_CHECKED == 2
-    assert price.checks_s(3) == price.checks_s(2) == 3 * 100.0 + (2 + 2) * 10.0
-    assert replace(price, taken_back=0).checks_s(2) == 2 * 100.0 + (2 + 1) * 10.0
+    assert price.checks_s(3) == price.checks_s(2) == 3 * 100.0 + (1 + 2) * 10.0
+    assert replace(price, taken_back=0).checks_s(2) == 2 * 100.0 + (1 + 1) * 10.0
 
 
 def test_the_time_left_counts_the_search_and_the_confirmation_within_its_share() -> None:
@@ -464,7 +464,7 @@ def test_the_answers_checks_are_priced_before_the_rounds_and_the_search_leaves_t
     assert uniform.worst_s == 0.0 == uniform.loss_s
     price = confirmation_price(study, MeasureSettings(), 99.0, lambda peak: False,
                                checks=prices, loss_changes=1)
-    checks_s = 3 * prices.worst_s + (2 + 2) * prices.loss_s
+    checks_s = 3 * prices.worst_s + (1 + 2) * prices.loss_s
     assert price.checks_s(3) == pytest.approx(checks_s)
     bare = confirmation_price(study, MeasureSettings(), 99.0, lambda peak: False)
     assert price.seconds(3, 3) == pytest.approx(bare.seconds(3, 3) + checks_s)

@@ -181,7 +181,7 @@ def test_what_runs_out_of_memory_on_its_worst_batch_or_learns_worse_is_ruled_out
     kinds = [(kind, c.micro_batch_size, c.precision, s.get("seed")) for kind, c, s in measure.jobs]
     assert kinds == [("worst_batch", 8, "fp32", None), ("worst_batch", 32, "fp32", None),
                      ("worst_batch", 16, "bf16", None), ("loss_run", 8, "fp32", 0),
-                     ("loss_run", 8, "fp32", 1), ("loss_run", 16, "bf16", 0)]
+                     ("loss_run", 16, "bf16", 0), ("loss_run", 8, "fp32", 1)]
     again = answer.check(BASE.replace(micro_batch_size=16, grad_accum_steps=2, precision="bf16"))
     assert again == bf16 and len(measure.jobs) == 6  # each run once
     ruled = [line for line in view.lines if "is ruled out" in line]
@@ -193,6 +193,28 @@ def test_what_runs_out_of_memory_on_its_worst_batch_or_learns_worse_is_ruled_out
     assert not summary.worst_batch_note and not summary.loss_note
     assert "51.2x" not in summary.sizes and "the largest sample is 40.0x the median" in \
         summary.sizes
+
+
+def test_your_second_seed_runs_only_where_a_loss_is_beyond_the_floor() -> None:
+    """Within the floor, no spread of theirs can make a loss worse: their second seed (on a
+    GPU a run of their fp32 as long as the proof) is not run, and the report says so."""
+    measure = Scripted({8: 300 * MiB, 16: 300 * MiB},
+                       {("fp32", 0): 1.0, ("fp32", 1): 1.03, ("bf16", 0): 1.005,
+                        ("fp16", 0): 1.02})
+    view = Notes()
+    answer = checks(measure, view=view)
+    bf16 = answer.check(BASE.replace(precision="bf16"))
+    assert not bf16.why_out and bf16.loss.spread is None
+    assert bf16.loss.describe() == ("its loss after 100 steps is within 0.5% of your "
+                                    "settings', inside the 1% floor")
+    assert [s["seed"] for kind, _, s in measure.jobs if kind == "loss_run"] == [0, 0]
+    assert answer.summary().baseline_losses == (1.0,) and answer.summary().spread is None
+    fp16 = answer.check(BASE.replace(precision="fp16"))  # 2% above seed 0, inside their 3%
+    assert not fp16.why_out and fp16.loss.spread == pytest.approx(0.03)
+    assert [s["seed"] for kind, _, s in measure.jobs if kind == "loss_run"] == [0, 0, 0, 1]
+    assert view.lines[-1] == ("checking the loss: your settings from seed 1 too, for their own "
+                              "spread (fp16 is 2.0% above seed 0's)")
+    assert answer.summary().baseline_losses == (1.0, 1.03)
 
 
 def test_checks_that_are_not_needed_off_or_out_of_time_say_why() -> None:

@@ -13,6 +13,7 @@ from autotune.config import DISTRIBUTED_KNOBS, TrainConfig
 from autotune.show.report import (
     OPERATOR_TABLE_TITLES,
     bench_tables,
+    check_rows,
     diagnosis_lines,
     knob_rows,
     speedup_text,
@@ -23,6 +24,7 @@ from autotune.show.report import (
 )
 from autotune.show.report_page import build_report
 from autotune.study.bottleneck import COMPUTE, Diagnosis, Share
+from autotune.study.checks import CheckSummary
 from autotune.study.confirmation import NOISE, PAYS, TakenBack
 from autotune.study.records import StudyKey, TrialRecord
 from autotune.study.results import applicable_knobs, load_study, study_summary
@@ -123,6 +125,23 @@ def test_summary_shows_best_beside_baseline_in_both_forms() -> None:
     assert markdown.startswith("# autotune study `mlp`")
     assert "| precision | fp32 | **bf16** |" in markdown
     assert "- disturbed: 2: #2, #3 (trials timed while other processes used the CPUs" in markdown
+
+
+def test_your_settings_loss_row_says_one_seed_or_two() -> None:
+    """Their second seed runs only where a loss was beyond the floor: one loss is said as
+    such, two with their spread."""
+    one = CheckSummary(loss_steps=50, baseline_losses=(10.77,))
+    rows = {name: (value, how) for name, value, how in check_rows(_summary(
+        confirmation=_confirmed(checks=one, ruled_out=())))}
+    assert rows["loss (your settings)"] == (
+        "10.77", "after 50 steps from one seed, what a loss is compared against (a second "
+        "seed, for their spread, runs only where a loss is beyond the floor)")
+    two = replace(one, baseline_losses=(10.77, 10.9))
+    rows = {name: (value, how) for name, value, how in check_rows(_summary(
+        confirmation=_confirmed(checks=two, ruled_out=())))}
+    assert rows["loss (your settings)"] == (
+        "10.77 | 10.9", "after 50 steps from two seeds: a spread of 1.2%, what a loss is "
+        "compared against")
 
 
 def _stored_summary(tmp_path, nproc_per_node: int, base: TrainConfig, best: TrainConfig,

@@ -6,7 +6,14 @@ import json
 from dataclasses import replace
 
 from autotune.config import TrainConfig
-from autotune.study.confirmation import NOISE, PAYS, UNJUDGED, Confirmation, TakenBack
+from autotune.study.confirmation import (
+    NOISE,
+    NOT_SHOWN,
+    PAYS,
+    UNJUDGED,
+    Confirmation,
+    TakenBack,
+)
 
 from .test_summary import _confirmation
 
@@ -48,5 +55,9 @@ def test_the_changes_taken_back_read_back_and_say_what_they_cost() -> None:
     assert backs[1].describe() == ("taking back 2 loader workers cost 69.0% [+68.0%, +70.0%], "
                                    "it pays: kept")
     assert backs[2].describe().startswith("fused AdamW was not taken back (the search space")
+    # a figure of one round has no interval, and says so where the interval would be
+    once = TakenBack("bf16", ("precision",), TrainConfig(), NOT_SHOWN, 0.14, None, 1)
+    assert once.describe() == ("taking back bf16 cost 86.0% [1 round: no interval], not shown "
+                               "to pay here: left out")
     assert outcome.dropped == backs[:1] and outcome.unjudged == ()
     assert outcome.in_rounds == "12 paired rounds"
