@@ -45,6 +45,7 @@ from autotune.study.checks import (
     OVER,
     CheckSummary,
     LossCheck,
+    StoredLossRuns,
     WorstBatchCheck,
     largest_samples,
 )
@@ -185,12 +186,13 @@ class AnswerChecks:
     def __init__(self, measure: Measure, baseline: TrainConfig, scoring: Scoring, *,
                  sizes: SampleSizes | None, capacity_bytes: int | None, loss_check: bool,
                  prices: CheckPrices, time_limit_s: float, device: str, view: StudyView,
-                 loss_with_split: bool = True) -> None:
+                 loss_with_split: bool = True, stored: StoredLossRuns | None = None) -> None:
         self.measure, self.baseline, self.scoring = measure, baseline, scoring
         self.sizes, self.capacity_bytes = sizes, capacity_bytes
         self.prices, self.time_limit_s, self.device, self.view = \
             prices, time_limit_s, device, view
         self.loss_with_split = loss_with_split  # `loss_config`'s: False for a script
+        self.stored = stored  # the loss runs of the study's earlier runs, and where new ones go
         self._worst: dict[str, WorstBatchCheck | None] = {}
         self._loss: dict[str, LossCheck | None] = {}
         self._base: list[LossRun] = []  # the user's settings' loss runs, by seed
@@ -318,17 +320,16 @@ class AnswerChecks:
             return None
         changes = describe_changes(target, self.baseline)
         if not self._base:
-            self.view.note(f"checking the loss: your settings for {self.prices.loss_steps} "
-                           f"steps from seed {LOSS_SEEDS[0]}")
-            first = self._loss_run(self.baseline, LOSS_SEEDS[0])
+            first = self._loss_run(self.baseline, LOSS_SEEDS[0], "checking the loss: your "
+                                   f"settings for {self.prices.loss_steps} steps from seed "
+                                   f"{LOSS_SEEDS[0]}")
             if not isinstance(first, LossRun) or not first.finite:
                 why = first if isinstance(first, str) else "its loss went NaN or inf"
                 self.loss_note = f"your settings did not train to the end: {why}"
                 return None
             self._base = [first]
-        self.view.note(f"checking the loss of {changes} for {self.prices.loss_steps} steps "
-                       f"from seed {LOSS_SEEDS[0]}")
-        run = self._loss_run(target, LOSS_SEEDS[0])
+        run = self._loss_run(target, LOSS_SEEDS[0], f"checking the loss of {changes} for "
+                             f"{self.prices.loss_steps} steps from seed {LOSS_SEEDS[0]}")
         if not isinstance(run, LossRun):
             found = LossCheck(changes, self.prices.loss_steps, None, self._base[0].final_loss,
                               None, LOSS_FLOOR, worse=True, failed=run)
@@ -346,10 +347,9 @@ class AnswerChecks:
         if not found.worse or found.spread is not None or found.loss is None or \
                 not self._in_time(self.prices.loss_s, deadline):
             return found
-        self.view.note(f"checking the loss: your settings from seed {LOSS_SEEDS[1]} too, for "
-                       f"their own spread ({changes} is {found.delta:.1%} above seed "
-                       f"{LOSS_SEEDS[0]}'s)")
-        second = self._loss_run(self.baseline, LOSS_SEEDS[1])
+        second = self._loss_run(self.baseline, LOSS_SEEDS[1], "checking the loss: your "
+                                f"settings from seed {LOSS_SEEDS[1]} too, for their own spread "
+                                f"({changes} is {found.delta:.1%} above seed {LOSS_SEEDS[0]}'s)")
         if isinstance(second, LossRun) and second.finite:
             self._base.append(second)
         return judge_loss(run, self._base[0], self._second(), changes)
@@ -357,10 +357,19 @@ class AnswerChecks:
     def _second(self) -> LossRun | None:
         return self._base[1] if len(self._base) > 1 else None
 
-    def _loss_run(self, config: TrainConfig, seed: int) -> LossRun | str:
-        """The run's losses, or how it failed, in words."""
+    def _loss_run(self, config: TrainConfig, seed: int, note: str) -> LossRun | str:
+        """The run's losses (one the study made before, where it has it), or how it failed,
+        in words; `note` says it."""
+        key = StoredLossRuns.key(config, seed, self.prices.loss_steps)
+        known = self.stored.get(key) if self.stored is not None else None
+        if known is not None:
+            self.view.note(f"{note}: kept from an earlier run of this study")
+            return known
+        self.view.note(note)
         result = self._job(config, LossRunSettings(seed, self.prices.loss_steps))
         if result.status == TrialStatus.OK and result.loss_run is not None:
+            if self.stored is not None:
+                self.stored.put(key, result.loss_run)
             return result.loss_run
         message = result.message.strip().splitlines()[-1] if result.message.strip() else ""
         return f"ended as {result.status}: {message}"[:300]

@@ -61,6 +61,7 @@ from autotune.search.race import started_at_once, warm_expected
 from autotune.search.runner import ProcessRunner, Runner
 from autotune.search.warm import WarmStart, warm_start
 from autotune.search.worker import Search, Window, measured_trials, run_workers
+from autotune.study.checks import StoredLossRuns
 from autotune.study.records import Role, StudyKey, TrialKey
 from autotune.study.results import study_summary
 from autotune.study.storage import JOURNAL_FILE, study_dir, validate_study_name
@@ -306,7 +307,8 @@ class Tuner:
                             sizes=self.probe.sizes, capacity_bytes=self.capacity_bytes,
                             loss_check=not opts.no_loss_check, prices=prices,
                             time_limit_s=opts.trial_time_limit_s, device=str(self.device),
-                            view=self.view, loss_with_split=opts.target.loss_with_split)
+                            view=self.view, loss_with_split=opts.target.loss_with_split,
+                            stored=StoredLossRuns(self.study))
 
     def _warm_start(self) -> WarmStart | None:
         return warm_start(self.runner, str(self.device), self.options.trial_time_limit_s) \

@@ -15,7 +15,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+import optuna
+
+from autotune.config import TrainConfig
 from autotune.formatting import format_bytes
+from autotune.study.records import StudyKey, config_key
+from autotune.trial.protocol import LossRun
 
 # How a configuration's worst batch went (`WorstBatchCheck.outcome`).
 FITS = "fits"                  # its peak within the memory allowed
@@ -211,3 +216,25 @@ def ruled_out_status(worst: WorstBatchCheck | None, loss: LossCheck | None) -> s
     """The status of a configuration its checks ruled out: it learns worse (its loss, or its
     loss run, failed the check), else its worst batch does not fit or fails."""
     return LEARNS_WORSE if loss is not None and loss.worse else WORST_BATCH_FAILS
+
+
+class StoredLossRuns:
+    """The loss runs a study has made (`LossRun`, by configuration, seed and steps), kept in
+    the study as each ends, so that a resumed run does not train them again: on the H200 the
+    user's fp32 runs of GPT-2 small took 104 s of a resumed 200 s call."""
+
+    def __init__(self, study: optuna.Study) -> None:
+        self.study = study
+
+    @staticmethod
+    def key(config: TrainConfig, seed: int, steps: int) -> str:
+        return f"{config_key(config)}|{seed}|{steps}"
+
+    def get(self, key: str) -> LossRun | None:
+        found = (self.study.user_attrs.get(StudyKey.LOSS_RUNS) or {}).get(key)
+        return LossRun.from_json(found) if found is not None else None
+
+    def put(self, key: str, run: LossRun) -> None:
+        runs = dict(self.study.user_attrs.get(StudyKey.LOSS_RUNS) or {})
+        runs[key] = asdict(run)
+        self.study.set_user_attr(StudyKey.LOSS_RUNS, runs)

@@ -108,6 +108,7 @@ class StudyKey:
     CONFIRMATION = "confirmation"
     CONFIRMATION_CLAIM = "confirmation_claim"
     VERIFICATIONS = "verifications"        # `autotune verify`'s checks of the answer, in order
+    LOSS_RUNS = "loss_runs"                # the checks' loss runs made, kept for a resumed run
     # The default budget, grown its most, could not hold an answer with an interval: what it
     # kept, what an answer needs, the --timeout that would answer it (None: it could).
     SHORT_BUDGET = "short_budget"

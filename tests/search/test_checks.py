@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 
+import optuna
 import pytest
 
 from autotune.config import TrainConfig
@@ -26,7 +27,8 @@ from autotune.search.checks import (
 from autotune.search.events import SilentView
 from autotune.search.outcome import Scoring
 from autotune.search.runner import MeasureJob
-from autotune.study.checks import FAILED, FITS, NO_TIME, OOM, OVER
+from autotune.study.checks import FAILED, FITS, NO_TIME, OOM, OVER, StoredLossRuns
+from autotune.study.storage import open_storage
 from autotune.trial.protocol import (
     SCANNED,
     LossRun,
@@ -158,11 +160,13 @@ class Notes(SilentView):
 
 
 def checks(measure: Scripted, sizes: SampleSizes | None = SIZES, loss_check: bool = True,
-           view: SilentView | None = None) -> AnswerChecks:
+           view: SilentView | None = None,
+           stored: StoredLossRuns | None = None) -> AnswerChecks:
     return AnswerChecks(measure, BASE, Scoring("cpu", 600 * MiB, 0.1, 0.0), sizes=sizes,
                         capacity_bytes=700 * MiB, loss_check=loss_check,
                         prices=CheckPrices(worst_s=1.0, loss_s=1.0, loss_steps=120),
-                        time_limit_s=60, device="cpu", view=view or SilentView())
+                        time_limit_s=60, device="cpu", view=view or SilentView(),
+                        stored=stored)
 
 
 def test_what_runs_out_of_memory_on_its_worst_batch_or_learns_worse_is_ruled_out() -> None:
@@ -215,6 +219,31 @@ def test_your_second_seed_runs_only_where_a_loss_is_beyond_the_floor() -> None:
     assert view.lines[-1] == ("checking the loss: your settings from seed 1 too, for their own "
                               "spread (fp16 is 2.0% above seed 0's)")
     assert answer.summary().baseline_losses == (1.0, 1.03)
+
+
+def test_a_resumed_run_keeps_the_loss_runs_the_study_made(tmp_path) -> None:
+    """Each loss run is kept in the study as it ends: the run that resumes the study (a new
+    process, the study read back from its journal) judges the same configuration without
+    training anything again, and says where the figures came from."""
+    study = optuna.create_study(storage=open_storage(None, tmp_path), study_name="s")
+    losses = {("fp32", 0): 1.0, ("fp32", 1): 1.01, ("bf16", 0): 1.3}
+    first = Scripted({8: 300 * MiB}, losses)
+    bf16 = BASE.replace(precision="bf16")
+    before = checks(first, stored=StoredLossRuns(study)).check(bf16)
+    assert [s["seed"] for kind, _, s in first.jobs if kind == "loss_run"] == [0, 0, 1]
+    again = Scripted({8: 300 * MiB}, {})  # no loss to give: a run would fail the test
+    view = Notes()
+    resumed = optuna.load_study(study_name="s", storage=open_storage(None, tmp_path))
+    after = checks(again, view=view, stored=StoredLossRuns(resumed)).check(bf16)
+    assert after.loss == before.loss and after.why_out == before.why_out
+    assert [kind for kind, _, _ in again.jobs] == ["worst_batch"]
+    assert [line for line in view.lines if line.startswith("checking the loss")] == [
+        "checking the loss: your settings for 120 steps from seed 0: kept from an earlier run "
+        "of this study",
+        "checking the loss of bf16 for 120 steps from seed 0: kept from an earlier run of this "
+        "study",
+        "checking the loss: your settings from seed 1 too, for their own spread (bf16 is 30.0% "
+        "above seed 0's): kept from an earlier run of this study"]
 
 
 def test_checks_that_are_not_needed_off_or_out_of_time_say_why() -> None:
