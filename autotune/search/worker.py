@@ -127,7 +127,8 @@ class Search:
 
     def diagnose(self, record: TrialRecord) -> Diagnosis | None:
         """Where a measured trial's step goes (`study/bottleneck`)."""
-        return diagnose(record.measurement, self.scoring.memory_limit_bytes) \
+        larger = max(self.space.domains["micro_batch_size"]) > record.config.micro_batch_size
+        return diagnose(record.measurement, self.scoring.memory_limit_bytes, larger) \
             if record.measurement else None
 
 

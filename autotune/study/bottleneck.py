@@ -73,6 +73,13 @@ class Diagnosis:
     memory_free: float | None = None  # share of the memory limit free at the step's peak
     work: tuple[tuple[WorkKind, float], ...] = ()
     kernels_per_step: float | None = None
+    larger_batch: bool = True  # whether the search space holds a larger micro-batch
+
+    @property
+    def roomy(self) -> bool:
+        """Whether the memory left points to a larger micro-batch: free enough, and one the
+        space holds (a fixed global batch of 16 x 1 holds none)."""
+        return self.memory_free is not None and self.memory_free >= ROOMY and self.larger_batch
 
     def share(self, kind: str) -> float | None:
         return next((s.fraction for s in self.shares if s.kind == kind), None)
@@ -84,16 +91,14 @@ class Diagnosis:
         fixable = [s for s in self.shares if s.kind in FIXABLE and s.fraction >= DOMINANT]
         if fixable:
             return max(fixable, key=lambda s: s.fraction).kind
-        if self.memory_free is not None and self.memory_free >= ROOMY:
-            return MEMORY
-        return None
+        return MEMORY if self.roomy else None
 
     def to_fix(self) -> tuple[str, ...]:
         """The kinds worth a fix, in the order an engineer takes them: each fixable share of at
         least `DOMINANT`, the largest first, then the memory where it is roomy."""
         kinds = [s.kind for s in sorted(self.shares, key=lambda s: -s.fraction)
                  if s.kind in FIXABLE and s.fraction >= DOMINANT]
-        if self.memory_free is not None and self.memory_free >= ROOMY:
+        if self.roomy:
             kinds.append(MEMORY)
         return tuple(kinds)
 
@@ -118,6 +123,9 @@ class Diagnosis:
             text += f"; {self.memory_free:.0%} of the memory free at the peak"
             if self.dominant == MEMORY:
                 text += f" (-> {_FIXES[MEMORY]})"
+            elif self.memory_free >= ROOMY and not self.larger_batch:
+                text += (" (the space holds no larger micro-batch: --free-batch-size MIN:MAX "
+                         "lets your global batch change)")
         if not first:
             return text
         if self.dominant is None:
@@ -150,20 +158,22 @@ class Diagnosis:
         return {"shares": {s.kind: s.fraction for s in self.shares},
                 "device_idle": self.device_idle, "memory_free": self.memory_free,
                 "dominant": self.dominant, "work": {k.value: v for k, v in self.work},
-                "kernels_per_step": self.kernels_per_step}
+                "kernels_per_step": self.kernels_per_step, "larger_batch": self.larger_batch}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Diagnosis:
         return cls(tuple(Share(k, v) for k, v in data["shares"].items()),
                    data.get("device_idle"), data.get("memory_free"),
                    tuple((WorkKind(k), v) for k, v in (data.get("work") or {}).items()),
-                   data.get("kernels_per_step"))
+                   data.get("kernels_per_step"), data.get("larger_batch", True))
 
 
-def diagnose(m: Measurement, memory_limit_bytes: int | None) -> Diagnosis | None:
+def diagnose(m: Measurement, memory_limit_bytes: int | None,
+             larger_batch: bool = True) -> Diagnosis | None:
     """The shares of one measured step, or None for a measurement without a profile (a
     screened trial, `--profile-steps 0`). The profiled steps fetch their batches ahead, so the
-    profile's shares divide the step less its data wait."""
+    profile's shares divide the step less its data wait. `larger_batch`: whether the search
+    space holds a micro-batch larger than the step's, for the memory left to point to."""
     if not m.step_time_median_s or m.host_syncs_per_step is None:
         return None
     wait = min(1.0, m.data_wait_fraction or 0.0)
@@ -180,7 +190,7 @@ def diagnose(m: Measurement, memory_limit_bytes: int | None) -> Diagnosis | None
     if memory_limit_bytes and m.peak_memory_bytes:
         free = max(0.0, 1.0 - m.peak_memory_bytes / memory_limit_bytes)
     return Diagnosis(tuple(shares), m.device_idle_fraction, free,
-                     tuple((m.work_shares or {}).items()), m.kernels_per_step)
+                     tuple((m.work_shares or {}).items()), m.kernels_per_step, larger_batch)
 
 
 def before_and_after(before: Diagnosis, after: Diagnosis | None) -> str | None:

@@ -151,8 +151,9 @@ def study_summary(study: optuna.Study) -> StudySummary:
     if unknown := _left_unknown(attrs.get(StudyKey.SHORT_BUDGET), figures.get("confirmation")):
         verdict = f"{verdict.rstrip('.')}. {unknown}"
     limit = (attrs.get(StudyKey.MEMORY) or {}).get("limit_bytes")
-    diagnosis = _diagnosis(baseline_trial, limit)
-    answer_diagnosis = _diagnosis(_profiled(records, best_config), limit) \
+    space = attrs.get(StudyKey.SPACE)
+    diagnosis = _diagnosis(baseline_trial, limit, space)
+    answer_diagnosis = _diagnosis(_profiled(records, best_config), limit, space) \
         if best_config is not None and best_config != baseline_config else None
     if diagnosis and (words := before_and_after(diagnosis, answer_diagnosis)):
         verdict = f"{words[0].upper()}{words[1:]}. {verdict}"
@@ -231,9 +232,15 @@ def _run_warnings(attrs: dict, best_config: TrainConfig | None,
     return warnings
 
 
-def _diagnosis(record: TrialRecord | None, memory_limit: int | None) -> Diagnosis | None:
-    return diagnose(record.measurement, memory_limit) \
-        if record is not None and record.measurement else None
+def _diagnosis(record: TrialRecord | None, memory_limit: int | None,
+               space: Mapping[str, Any] | None) -> Diagnosis | None:
+    """Where `record`'s step goes, the memory left pointing to a larger micro-batch only where
+    the study's space (`space`, as stored) holds one."""
+    if record is None or not record.measurement:
+        return None
+    micros = ((space or {}).get("domains") or {}).get("micro_batch_size")
+    larger = not micros or max(micros) > record.config.micro_batch_size
+    return diagnose(record.measurement, memory_limit, larger)
 
 
 def _profiled(records: Iterable[TrialRecord], config: TrainConfig) -> TrialRecord | None:

@@ -55,6 +55,15 @@ def test_overhead_and_memory_point_to_the_micro_batch() -> None:
     roomy = diagnose(measured(peak=10 * 2**20), memory_limit_bytes=100 * 2**20)
     assert roomy.dominant == MEMORY and roomy.memory_free == pytest.approx(0.9)
     assert "90% of the memory free at the peak (-> a larger micro-batch)" in roomy.describe()
+    # a global batch of 16 x 1, fixed: the space holds no larger micro-batch to point to
+    fixed = diagnose(measured(peak=3 * 2**20), memory_limit_bytes=100 * 2**20,
+                     larger_batch=False)
+    assert fixed.dominant is None and MEMORY not in fixed.to_fix()
+    assert fixed.describe() == (
+        "forward and backward 100% (-> bf16, torch.compile); 97% of the memory free at the peak "
+        "(the space holds no larger micro-batch: --free-batch-size MIN:MAX lets your global "
+        "batch change). No single bottleneck: the usual fast settings first")
+    assert Diagnosis.from_json(fixed.to_json()) == fixed
     full = diagnose(measured(optimizer=0.1, peak=90 * 2**20), memory_limit_bytes=100 * 2**20)
     assert full.dominant is None
     assert full.describe().endswith("No single bottleneck: the usual fast settings first")
