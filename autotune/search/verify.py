@@ -40,22 +40,23 @@ from autotune.trial.protocol import ProbeReport
 RETAKES = 3
 
 
-def claim(study: optuna.Study) -> tuple[TrainConfig, float | None, tuple[float, float] | None]:
+def claim(study: optuna.Study
+          ) -> tuple[TrainConfig, float | None, tuple[float, float] | None, bool]:
     """What the study claims, to check: the recommendation and its speedup over the baseline,
-    or, where the baseline was kept, the closest contender and its figure."""
+    or, where the baseline was kept (the last, True), the closest contender and its figure."""
     summary = study_summary(study)
     baseline = summary.baseline_config
     if not summary.best_config or baseline is None:
         raise ConfigError(f"study {study.study_name!r} has no answer to verify yet")
     if summary.best_config != baseline:
         interval = summary.confirmation.speedup_ci if summary.confirmation else None
-        return summary.best_config, summary.speedup, interval
+        return summary.best_config, summary.speedup, interval, False
     confirmation = stored_confirmation(study.user_attrs.get(StudyKey.CONFIRMATION))
     contender = confirmation.contender if confirmation else None
     if contender is None:
         raise ConfigError(f"study {study.study_name!r} kept your settings and measured no "
                           "contender against them: nothing to verify")
-    return contender.config, contender.speedup, contender.speedup_ci
+    return contender.config, contender.speedup, contender.speedup_ci, True
 
 
 def verify(study: optuna.Study, measure: Measure, scoring: Scoring, view: StudyView, *,
@@ -65,7 +66,7 @@ def verify(study: optuna.Study, measure: Measure, scoring: Scoring, view: StudyV
     alternates): `WARM_ROUNDS_PER_ROUND` times as many in warm turns where `warm` starts them,
     memory holds both and more than `WARM_WORTH_ROUNDS` are asked, else in fresh processes;
     the verification is appended to the study's and returned."""
-    subject, claimed, claimed_ci = claim(study)
+    subject, claimed, claimed_ci, kept = claim(study)
     baseline = TrainConfig.from_dict(study.user_attrs[StudyKey.BASELINE_CONFIG])
     pair = [Candidate(subject, None, True), Candidate(baseline, None, True)]
     turns = None
@@ -96,7 +97,7 @@ def verify(study: optuna.Study, measure: Measure, scoring: Scoring, view: StudyV
         speedup=ratio.value if ratio.rounds else None,
         speedup_ci=(ratio.low, ratio.high) if ratio.low is not None else None,
         claimed=claimed, claimed_ci=claimed_ci,
-        measured=WARM_TURNS if turns is not None else FRESH_ROUNDS)
+        measured=WARM_TURNS if turns is not None else FRESH_ROUNDS, kept=kept)
     study.set_user_attr(StudyKey.VERIFICATIONS, [
         *study.user_attrs.get(StudyKey.VERIFICATIONS, []), verification.to_json()])
     return verification

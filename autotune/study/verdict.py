@@ -106,13 +106,14 @@ def _listed(names: list[str], most: int = 3) -> str:
 def search_verdict(best: TrainConfig | None, speedup: float | None,
                    baseline: TrainConfig | None, tried: bool = True) -> str:
     """The verdict of a study with no confirmation: the search's single trials; where no
-    configuration besides the baseline was `tried` (the time ended first), not known."""
+    configuration besides the baseline was `tried` (the time or `--trials` ended first), not
+    known."""
     if best is None:
         return "no answer: no configuration was measured within memory"
     if not tried:
-        return ("not known: the run's time ended before any configuration besides your "
-                "settings was tried; run it again with more time (--budget): the study resumes "
-                "with its probe's findings")
+        return ("not known: the run ended (its time or its --trials) before any configuration "
+                "besides your settings was tried; run it again with more (--budget, --trials): "
+                "the study resumes with its probe's findings")
     if baseline is None or best == baseline:
         return "kept your settings: no configuration measured faster in the search"
     figure = f" {speedup:.2f}x your settings" if speedup else ""

@@ -1,5 +1,7 @@
 """A claim checked again later: `autotune verify` re-measures the study's answer against the
-baseline in fresh paired rounds and records here whether the claimed speedup still holds."""
+baseline in fresh paired rounds and records here whether the claimed speedup still holds (where
+the study kept your settings: whether its closest contender still does not measurably beat
+them)."""
 
 from __future__ import annotations
 
@@ -28,11 +30,16 @@ class Verification:
     claimed: float | None
     claimed_ci: tuple[float, float] | None
     measured: str = FRESH_ROUNDS  # WARM_TURNS or FRESH_ROUNDS (a verification from before)
+    kept: bool = False  # the study kept your settings: `subject` is its closest contender
 
     @property
     def holds(self) -> bool | None:
         """The fresh figure inside the claimed interval (or, with no claimed interval, the
-        claimed figure inside the fresh one); None when either side has no figure."""
+        claimed figure inside the fresh one); where the study kept your settings, the
+        contender not measurably faster than them in the fresh rounds (its figure may move:
+        the verdict is that it does not pay). None when a side it needs has no figure."""
+        if self.kept:
+            return None if self.speedup_ci is None else self.speedup_ci[0] <= 1.0
         if self.speedup is None or self.claimed is None:
             return None
         if self.claimed_ci is not None:
@@ -52,7 +59,13 @@ class Verification:
         found = f"{what} is {self.speedup:.2f}x{_interval(self.speedup_ci)} in {self.rounds} " \
             f"{how.format('s' if self.rounds != 1 else '')}"
         claim = f"{self.claimed:.2f}x{_interval(self.claimed_ci)}" if self.claimed else "none"
-        if self.holds is None:
+        if self.kept:
+            verdict = {None: "whether your settings still win cannot be said (no interval)",
+                       True: f"your settings kept still holds: not measurably faster (the "
+                             f"study measured {claim})",
+                       False: f"your settings kept no longer holds: it is measurably faster "
+                              f"now (the study measured {claim})"}[self.holds]
+        elif self.holds is None:
             verdict = f"the claim ({claim}) cannot be checked"
         elif self.holds:
             verdict = f"the claim holds ({claim})"

@@ -4,6 +4,7 @@ or by how much it moved."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from autotune.config import TrainConfig
 from autotune.study.verification import Verification
@@ -40,3 +41,20 @@ def test_without_a_claimed_interval_the_fresh_one_decides_and_it_reads_back() ->
     check = _checked(1.18, (1.10, 1.27))
     stored = json.loads(json.dumps(check.to_json()))
     assert stored["holds"] is True and Verification.from_json(stored) == check
+
+
+def test_where_your_settings_were_kept_the_contender_moving_is_no_failure() -> None:
+    """The study kept your settings beside a contender of 0.92x [0.85-1.00]: a fresh 1.02x
+    [0.97-1.07] moved the figure, not the verdict (it still does not measurably pay); a
+    contender now measurably faster does move it. (The diffusers script's verify exited 1 on
+    the first.)"""
+    still = replace(_checked(1.02, (0.97, 1.07), claimed=0.92, claimed_ci=(0.85, 1.00)),
+                    kept=True)
+    assert still.holds is True
+    assert still.describe().endswith(
+        "bf16 is 1.02x [0.97-1.07] in 5 fresh paired rounds; your settings kept still holds: "
+        "not measurably faster (the study measured 0.92x [0.85-1.00])")
+    beats = replace(still, speedup=1.20, speedup_ci=(1.10, 1.30))
+    assert beats.holds is False and "your settings kept no longer holds" in beats.describe()
+    assert replace(still, speedup_ci=None).holds is None
+    assert Verification.from_json(json.loads(json.dumps(still.to_json()))) == still
