@@ -63,7 +63,7 @@ def test_the_quick_plan_starts_with_a_default_gpt2_small_study_and_fits_540_s(tm
     assert steps[2].name == "quick-study-loader" and loader[0] == "run" and "--budget" in loader
     assert (ROOT / loader[loader.index("--model") + 1]).is_file()
     assert [step.name for step in steps[3:]] == [
-        "quick-bench-gpt2-bf16-default", "quick-bench-gpt2-bf16-reduce-overhead"]
+        "quick-bench-gpt2-answer-default", "quick-bench-gpt2-answer-reduce-overhead"]
     assert sum(step.max_s for step in steps) <= suite.QUICK_BUDGET_S == 540
     parser = build_parser()
     for step in steps[1:]:  # every command parses, each of its flags known
