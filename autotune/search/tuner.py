@@ -204,7 +204,7 @@ class Tuner:
             at_baseline = self._price(trial_s, 0)
             plan = self._plan(replace(at_baseline, loss_changes=self._numerics_measured(top)),
                               trial_s, racing, FIRST_MOVES)
-            search.window = Window(plan.search_ends_at, plan.finish_by)
+            search.window = Window(plan.search_ends_at, plan.finish_by, self._compile_s())
             self.view.note(announcement(self._budget_ends(), plan.describe(
                 self.time_budget_s, racing), growth.describe(price) if growth else ""))
 
@@ -216,7 +216,8 @@ class Tuner:
             if proof is not None:
                 moved = self._plan(proof, trial_s, racing,
                                    max(0, FIRST_MOVES - measured_trials(study) + first_plan))
-                search.window = Window(moved.search_ends_at, moved.finish_by)
+                search.window = Window(moved.search_ends_at, moved.finish_by,
+                                       self._compile_s())
             search_s = search_trial_seconds(study, screening=not opts.plain_tpe)
             if search_s:
                 price = proof if proof is not None else self._price(search_s, numerics)
@@ -366,8 +367,12 @@ class Tuner:
             candidates=self._racing(top),
             rounds=opts.confirm_repeats, max_rounds=opts.confirm_max_rounds,
             share=opts.confirm_share, ends_by=self._budget_ends(), searched_s=self._searched_s(),
-            compile_s=search_compile_s(study, "default" in self.space.domains.get(
-                "compile_mode", ())))
+            compile_s=self._compile_s())
+
+    def _compile_s(self) -> float:
+        """What the search's first compiled trial, still to come, adds to a trial's time."""
+        return search_compile_s(self.study, "default" in self.space.domains.get(
+            "compile_mode", ()))
 
     def _searched_s(self) -> float:
         """The study's wall time so far: this run's, or all its runs' trials where more."""

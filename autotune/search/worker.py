@@ -23,7 +23,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 
 from autotune.config import TrainConfig
 from autotune.errors import Interrupted, RunFailed
-from autotune.formatting import format_disturbance
+from autotune.formatting import format_disturbance, format_seconds
 from autotune.search.events import StudyView
 from autotune.search.expert import (
     Fix,
@@ -82,10 +82,17 @@ Measure = Callable[[TrainConfig, MeasureJob], TrialResult]
 @dataclass(frozen=True)
 class Window:
     """Under a time plan, when the search starts its last trial and when that trial must end
-    (`budget.TimePlan`); the tuner moves it as it makes the plan anew after each trial."""
+    (`budget.TimePlan`), and what a first compile adds to a trial where none has run
+    (`budget.search_compile_s`); the tuner moves it as it makes the plan anew after each
+    trial."""
 
     last_start: float = math.inf
     finish_by: float = math.inf
+    compile_s: float = 0.0
+
+    def holds_a_compile(self) -> bool:
+        """Whether a trial that compiles first, started now, ends by `finish_by`."""
+        return time.monotonic() + self.compile_s <= self.last_start
 
 
 @dataclass
@@ -112,6 +119,7 @@ class Search:
     ends_when_stale: bool = False
     ended_early: str | None = None
     window: Window = field(default_factory=Window)
+    compile_left: bool = False  # the compiled best was left for want of time (said once)
     # False once a figure measured again was disturbed too: the load is the machine's own, and
     # figures are compared as they are (`_measured_calmly`).
     remeasure: bool = True
@@ -262,6 +270,15 @@ def _queue_expert(search: Search, records: Sequence[TrialRecord]) -> None:
     baseline = next((r for r in records if r.role == Role.BASELINE and r.measurement), None)
     diagnosis = search.diagnose(baseline) if baseline else None
     expert = next_expert_trial(records, space, diagnosis.first_knobs() if diagnosis else ())
+    if expert is not None and expert.role == Role.COMPILED_BEST and \
+            not search.window.holds_a_compile():
+        if not search.compile_left:
+            search.compile_left = True
+            search.view.note("the best so far compiled is not tried: its first compile (about "
+                             f"{format_seconds(search.window.compile_s)}) would not end within "
+                             "the search's time left; a resumed run, or a longer --budget, "
+                             "tries it")
+        expert = None
     if expert is not None:
         search.study.enqueue_trial(expert.params, user_attrs={
             TrialKey.ROLE: expert.role, TrialKey.CHANGED: list(expert.changed)})

@@ -13,7 +13,7 @@ from autotune.config import TrainConfig
 from autotune.options import TuneOptions
 from autotune.search.runner import MeasureJob
 from autotune.search.tuner import Tuner
-from autotune.study.records import trial_records
+from autotune.study.records import Role, trial_records
 from autotune.study.results import load_study
 from autotune.trial.protocol import (
     FIRST_STEP,
@@ -287,6 +287,30 @@ def test_a_first_compile_measured_does_not_cut_the_search_short(write_model, tmp
               if line.startswith("about ") and " confirmation round" in line]
     assert len(rounds) == len(trials) - 1  # after each trial but the baseline (its plan)
     assert min(rounds[first - 1:]) >= 3, said.lines
+
+
+def test_the_compiled_best_starts_only_where_its_first_compile_ends_in_the_search(
+        write_model, tmp_path) -> None:
+    """The H200's resumed GPT-2 study started the best compiled with 21.6 s of the search
+    left, killed it compiling, and left it queued: time the proof lacked. Under a 40 s budget
+    a first compile priced at a minute is not started; the run says so, once."""
+    said = Said()
+
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        return TrialResult(TrialStatus.OK, "measured", wall_s=2.0, measurement=replace(
+            METRICS, samples_per_sec=1000.0 + config.micro_batch_size))
+
+    tuner = scripted(TuneOptions(model_path=str(write_model(TINY_SOURCE)), device="cpu",
+                                 budget_s=40, trials=8, studies_dir=str(tmp_path), seed=0,
+                                 fixes={"precision": "fp32"}, confirm_repeats=0), measure,
+                     view=said)
+    run(tuner)
+    roles = [r.role for r in trial_records(load_study(tuner.study.study_name, tmp_path))]
+    assert Role.COMPILED_BEST not in roles and Role.FAST_CORNER in roles
+    left = [line for line in said.lines if line.startswith("the best so far compiled")]
+    assert left == ["the best so far compiled is not tried: its first compile (about 60.00 s) "
+                    "would not end within the search's time left; a resumed run, or a longer "
+                    "--budget, tries it"]
 
 
 @pytest.mark.parametrize("loader_waits,fixes", [(False, {}), (True, {}),
