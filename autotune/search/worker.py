@@ -135,9 +135,10 @@ class Search:
 
     def diagnose(self, record: TrialRecord) -> Diagnosis | None:
         """Where a measured trial's step goes (`study/bottleneck`)."""
+        if not record.measurement or record.config is None:
+            return None
         larger = max(self.space.domains["micro_batch_size"]) > record.config.micro_batch_size
-        return diagnose(record.measurement, self.scoring.memory_limit_bytes, larger) \
-            if record.measurement else None
+        return diagnose(record.measurement, self.scoring.memory_limit_bytes, larger)
 
 
 def measured_trials(study: optuna.Study) -> int:

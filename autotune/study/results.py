@@ -236,7 +236,7 @@ def _diagnosis(record: TrialRecord | None, memory_limit: int | None,
                space: Mapping[str, Any] | None) -> Diagnosis | None:
     """Where `record`'s step goes, the memory left pointing to a larger micro-batch only where
     the study's space (`space`, as stored) holds one."""
-    if record is None or not record.measurement:
+    if record is None or not record.measurement or record.config is None:
         return None
     micros = ((space or {}).get("domains") or {}).get("micro_batch_size")
     larger = not micros or max(micros) > record.config.micro_batch_size
