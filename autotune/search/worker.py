@@ -52,7 +52,7 @@ from autotune.search.shortcuts import (
 )
 from autotune.search.space import SearchSpace
 from autotune.search.stopping import stopped_finding
-from autotune.study.bottleneck import DATA_WAIT, KNOBS, Diagnosis, diagnose
+from autotune.study.bottleneck import DATA_WAIT, KNOBS, Diagnosis, diagnose, holds_larger_batch
 from autotune.study.confirmation import worst_batch_peaks
 from autotune.study.records import (
     COUNTS_AGAINST_BUDGET,
@@ -137,8 +137,8 @@ class Search:
         """Where a measured trial's step goes (`study/bottleneck`)."""
         if not record.measurement or record.config is None:
             return None
-        larger = max(self.space.domains["micro_batch_size"]) > record.config.micro_batch_size
-        return diagnose(record.measurement, self.scoring.memory_limit_bytes, larger)
+        return diagnose(record.measurement, self.scoring.memory_limit_bytes, holds_larger_batch(
+            self.space.domains["micro_batch_size"], record.config.micro_batch_size))
 
 
 def measured_trials(study: optuna.Study) -> int:

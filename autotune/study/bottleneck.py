@@ -13,7 +13,7 @@ says what the answer did to the dominant share.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,6 +166,12 @@ class Diagnosis:
                    data.get("device_idle"), data.get("memory_free"),
                    tuple((WorkKind(k), v) for k, v in (data.get("work") or {}).items()),
                    data.get("kernels_per_step"), data.get("larger_batch", True))
+
+
+def holds_larger_batch(micro_batches: Sequence[int] | None, micro_batch: int) -> bool:
+    """Whether a search space's micro-batches (None: not known) hold one larger than
+    `micro_batch`, for the memory left to point to (`Diagnosis.larger_batch`)."""
+    return not micro_batches or max(micro_batches) > micro_batch
 
 
 def diagnose(m: Measurement, memory_limit_bytes: int | None,

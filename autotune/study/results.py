@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 from autotune.config import CONDITIONS, DISTRIBUTED_KNOBS, TrainConfig, knob_names
 from autotune.errors import ConfigError
 from autotune.formatting import format_disturbance, format_seconds, mfu_basis, short_config
-from autotune.study.bottleneck import Diagnosis, before_and_after, diagnose
+from autotune.study.bottleneck import Diagnosis, before_and_after, diagnose, holds_larger_batch
 from autotune.study.checks import ruled_out_status
 from autotune.study.confirmation import Confirmation, stored_confirmation
 from autotune.study.records import (
@@ -239,8 +239,8 @@ def _diagnosis(record: TrialRecord | None, memory_limit: int | None,
     if record is None or not record.measurement or record.config is None:
         return None
     micros = ((space or {}).get("domains") or {}).get("micro_batch_size")
-    larger = not micros or max(micros) > record.config.micro_batch_size
-    return diagnose(record.measurement, memory_limit, larger)
+    return diagnose(record.measurement, memory_limit,
+                    holds_larger_batch(micros, record.config.micro_batch_size))
 
 
 def _profiled(records: Iterable[TrialRecord], config: TrainConfig) -> TrialRecord | None:
