@@ -26,13 +26,24 @@ from autotune.trial.training import make_loader
 TIMED_BATCHES = 5
 # The most workers a waiting loader is timed with: each is a process with a copy of the dataset.
 MAX_WAITING_WORKERS = 32
+# A setting this many times faster than the training consumes at the probe's reference step is
+# far ahead: whether it feeds what the search finds (workers must outrun the step 1.5x,
+# `loader_plan.LOADER_MARGIN`; the answers of models fed in time are at most about 10x their
+# baseline) does not hang on its precise rate, so its timing ends with its first batches, not
+# its seconds (GPT-2 small on an H200: 11 settings took 13 s of a 4-minute study, for a loader
+# 257x ahead of the step).
+FAR_AHEAD = 100.0
 
 
 def measure_loader_rates(dataset: Dataset, collate: Callable[[list[Any]], Any] | None,
                          micro_batch_size: int,
                          settings: Iterable[tuple[int, int | None]],
-                         seconds: float) -> list[LoaderRate]:
-    """Each setting's rate over at least TIMED_BATCHES batches and `seconds` seconds."""
+                         seconds: float, consumption: float | None = None) -> list[LoaderRate]:
+    """Each setting's rate over at least TIMED_BATCHES batches and `seconds` seconds; where the
+    training consumes `consumption` samples/sec, a setting with workers `FAR_AHEAD` of it ends
+    at its batches (and those its workers had ready), not its seconds. Loading in the training
+    process keeps its seconds: its CPU share says whether the loader waits."""
+    enough = FAR_AHEAD * consumption if consumption else math.inf
     rates = []
     for workers, prefetch in settings:
         # Not persistent: the workers must end with the probe, not live on in the tuner.
@@ -43,10 +54,14 @@ def measure_loader_rates(dataset: Dataset, collate: Callable[[list[Any]], Any] |
         # has one almost ready, loaded while nothing was timed: those are not timed either.
         for _ in range(max(1, workers)):
             next(batches)
+        least = TIMED_BATCHES + workers * (prefetch or 2)
         count, start, cpu = 0, time.perf_counter(), time.process_time()
         while count < TIMED_BATCHES or time.perf_counter() - start < seconds:
             next(batches)
             count += 1
+            if workers and count >= least and \
+                    count * micro_batch_size / (time.perf_counter() - start) >= enough:
+                break
         wall = time.perf_counter() - start
         # the workers' CPU time is their own processes': only in-process loading is read
         share = min(1.0, (time.process_time() - cpu) / wall) if workers == 0 else None

@@ -121,8 +121,10 @@ def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
               if not any(x.knob == "num_workers" and x.value == w for x in report.left_out)}
     progress("timing the DataLoader alone")
     collate = workload.hook("collate_fn")
+    consumption = config.micro_batch_size * config.grad_accum_steps / reference.step_s
     report.loader_rates = measure_loader_rates(dataset, collate, config.micro_batch_size,
-                                               sorted(usable, key=str), settings.loader_seconds)
+                                               sorted(usable, key=str), settings.loader_seconds,
+                                               consumption)
     # a loader that waits is timed with more workers than cores, where workers can load at all
     more = waiting_worker_counts(report.loader_rates, usable_cpus()) \
         if any(w > 0 for w, _ in usable) else []
@@ -132,7 +134,7 @@ def probe_job(workload: Workload, config: TrainConfig, device: torch.device,
         prefetch = sorted({p for w, p in usable if w > 0}, key=lambda v: v or 0)
         report.loader_rates += measure_loader_rates(
             dataset, collate, config.micro_batch_size, [(w, p) for w in more for p in prefetch],
-            settings.loader_seconds)
+            settings.loader_seconds, consumption)
     report.sizes = sizes_or_none(dataset, collate, progress)
     return report
 
