@@ -17,6 +17,8 @@ bf16 on a CPU). An expert then measures each change alone, from the point the co
 measured from (a change from the baseline alone would be screened out beside a bottleneck fix
 that won several times over: one_pays at 96d7a3f), cheapest and likeliest first
 (`ONE_CHANGE_ORDER`: compiling is the dearest trial), and the changes that won alone together.
+A change that left some trial far slower than the same trial without it (bf16 on a CPU without
+native bf16) was measured alone already: its one-change trial repeats that trial, no process.
 A knob whose every value the space offers lost alone (`lost`) is kept at the baseline's value
 by the sampler afterwards (`kept_at_baseline`): it is not bundled again without evidence.
 
@@ -52,6 +54,11 @@ MIN_CLEAR_MARGIN = 0.05
 SETTLED = RAN_A_PROCESS - {TrialStatus.COMPILE_TIMEOUT}
 # The most bottleneck moves before the fast corner.
 MAX_BOTTLENECK_MOVES = 4
+# A change that left a trial at under this share of the same trial without it was measured
+# alone already, from there: no other point makes it pay, so its one-change trial is that
+# measurement (bf16 on a CPU without native bf16: a LoRA fine-tune's corner at 1 sample/s
+# against 17.9 for its micro-batch alone, and bf16 alone from the baseline took 3 minutes more).
+FAR_SLOWER = 0.5
 
 # A trial's diagnosis (None without a profile), and the knob values that fix one knob from a
 # trial's configuration (None where there is nothing to change: the knob's fix is applied).
@@ -181,16 +188,20 @@ EXPERT_ROLES = (Role.ONE_CHANGE, Role.TAKEN_BACK, Role.WINNERS, Role.COMPILED_BE
 def _one_changes(records: Sequence[TrialRecord], space: SearchSpace, bundle: TrainConfig,
                  point: TrialRecord, knobs: Sequence[str]) -> ExpertTrial | None:
     """After a corner that did not win clearly: each of its changes alone from `point` (the
-    baseline with the bottleneck fixes that won; a change it already has is not one), then
-    those that won clearly alone, together (when two or more did)."""
+    baseline with the bottleneck fixes that won; a change it already has is not one), or,
+    where a trial far slower with it than without it was measured (`_far_slower_with`), that
+    trial again (a repeat: no process); then those that won clearly alone, together (when two
+    or more did)."""
     singles = [r for r in records if r.role == Role.ONE_CHANGE]
     queued = {r.changed for r in singles}
     fixes = changes_from(point.config, space.baseline) if point.config is not None else {}
     for knob in knobs:
-        if (knob,) in queued or fixes.get(knob, getattr(space.baseline, knob)) == \
-                getattr(bundle, knob):
+        value = getattr(bundle, knob)
+        if (knob,) in queued or fixes.get(knob, getattr(space.baseline, knob)) == value:
             continue
-        params = _params(space, {**fixes, knob: getattr(bundle, knob)})
+        slower = _far_slower_with(records, point, knob, value)
+        params = (slower and space.params_for(slower.config)) or \
+            _params(space, {**fixes, knob: value})
         if params is not None:
             return ExpertTrial(params, Role.ONE_CHANGE, (knob,))
     if any(r.under_way for r in singles) or \
@@ -202,6 +213,30 @@ def _one_changes(records: Sequence[TrialRecord], space: SearchSpace, bundle: Tra
         return None
     params = _params(space, {**fixes, **{k: getattr(bundle, k) for k in winners}})
     return ExpertTrial(params, Role.WINNERS, winners) if params is not None else None
+
+
+def _far_slower_with(records: Sequence[TrialRecord], point: TrialRecord, knob: str,
+                     value: Any) -> TrialRecord | None:
+    """A trial with `knob` at `value` that scored under `FAR_SLOWER` of a trial the same but
+    for that knob (the accumulation aside), one no faster than `point` beyond the noise (so it
+    lost against the point too); None where none did."""
+    for slow in records:
+        if slow.config is None or not slow.score or getattr(slow.config, knob) != value:
+            continue
+        for other in records:
+            if other.config is not None and other.score and \
+                    slow.score < FAR_SLOWER * other.score and \
+                    not clearly_faster(other, point) and \
+                    _differ_in(other.config, slow.config) == {knob}:
+                return slow
+    return None
+
+
+def _differ_in(a: TrainConfig, b: TrainConfig) -> set[str]:
+    """The knobs two configurations set apart (the accumulation aside: it follows the
+    micro-batch)."""
+    theirs = b.to_dict()
+    return {k for k, v in a.to_dict().items() if k != "grad_accum_steps" and v != theirs[k]}
 
 
 def _taken_back(records: Sequence[TrialRecord], space: SearchSpace, bundle: TrainConfig,

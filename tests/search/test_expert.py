@@ -178,6 +178,37 @@ def test_a_corner_is_judged_against_the_bottleneck_fix_it_was_measured_from() ->
     assert next_expert_trial(trials, SPACE).role == Role.TAKEN_BACK
 
 
+def test_a_change_far_slower_beside_the_same_trial_without_it_is_not_measured_again() -> None:
+    """A trial of fused AdamW and micro-batches of 1024 runs within the noise of the baseline;
+    the corner, that and bf16, at a tenth of it: bf16 was measured alone there. Its one-change
+    trial is the corner again (a repeat, no process), and bf16 lost alone: fp32 is kept. Where
+    the trial without bf16 beat the baseline beyond the noise, or the corner lost only 30% to
+    it, bf16 is measured alone from the baseline."""
+    beside = SPACE.with_changes({"optimizer_impl": "fused", "micro_batch_size": 1024})
+    trials = [record(0, BASELINE, 100.0, Role.BASELINE), record(1, beside, 102.0),
+              record(2, CORNER, 10.0, Role.FAST_CORNER)]
+    alone = {"optimizer_impl": SPACE.with_changes({"optimizer_impl": "fused"}),
+             "micro_batch_size": SPACE.with_changes({"micro_batch_size": 1024})}
+    order = []
+    while (queued := next_expert_trial(trials, SPACE)) and queued.role == Role.ONE_CHANGE:
+        (knob,) = queued.changed
+        config = SPACE.suggest(FixedTrial(queued.params))
+        assert config == alone.get(knob, CORNER)
+        trials.append(record(len(trials), config, 10.0 if knob == "precision" else 101.0,
+                             Role.ONE_CHANGE, queued.changed))
+        order.append(knob)
+    assert order == ["optimizer_impl", "precision", "micro_batch_size"]
+    assert kept_at_baseline(trials, SPACE) == {"precision": "fp32"}
+    for faster_beside, corner in ((130.0, 10.0), (102.0, 70.0)):
+        trials = [record(0, BASELINE, 100.0, Role.BASELINE), record(1, beside, faster_beside),
+                  record(2, CORNER, corner, Role.FAST_CORNER),
+                  record(3, alone["optimizer_impl"], 101.0, Role.ONE_CHANGE,
+                         ("optimizer_impl",))]
+        queued = next_expert_trial(trials, SPACE)
+        assert queued.changed == ("precision",) and SPACE.suggest(FixedTrial(
+            queued.params)) == SPACE.with_changes({"precision": "bf16"})
+
+
 def test_a_corner_inside_the_noise_is_split() -> None:
     assert next_expert_trial(started(corner=104.0), SPACE) is not None
     # Medians known within ±4% each: 8% apart is still noise.
