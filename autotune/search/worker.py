@@ -126,9 +126,11 @@ class Search:
     baseline_name: str = ModelFile.baseline_name  # the baseline in messages
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
-    # The study's own sampler; knobs that lost alone are fixed around it (`_queue_expert`).
+    # The study's own sampler; knobs that lost alone (`kept`), and compiling where a first
+    # compile would not end in the search's time, are held around it (`held`, `_queue_expert`).
     sampler: BaseSampler = field(init=False)
     kept: dict[str, Any] = field(init=False, default_factory=dict)
+    held: dict[str, Any] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.sampler = self.study.sampler
@@ -288,7 +290,13 @@ def _queue_expert(search: Search, records: Sequence[TrialRecord]) -> None:
         search.kept = kept
         search.view.note("kept at the baseline's value, having lost alone: " +
                          ", ".join(f"{k}={v}" for k, v in kept.items()))
-        search.study.sampler = PartialFixedSampler(kept, search.sampler)
+    # where a first compile would not end in the search's time, the sampler does not start one
+    held = {**kept, **({"compile_mode": "none"} if search.window.compile_s and
+                       not search.window.holds_a_compile() else {})}
+    if held != search.held:
+        search.held = held
+        search.study.sampler = PartialFixedSampler(held, search.sampler) if held \
+            else search.sampler
 
 
 def _fix(search: Search, records: Sequence[TrialRecord]) -> Fix:

@@ -293,10 +293,13 @@ def test_the_compiled_best_starts_only_where_its_first_compile_ends_in_the_searc
         write_model, tmp_path) -> None:
     """The H200's resumed GPT-2 study started the best compiled with 21.6 s of the search
     left, killed it compiling, and left it queued: time the proof lacked. Under a 40 s budget
-    a first compile priced at a minute is not started; the run says so, once."""
-    said = Said()
+    a first compile priced at a minute is not started, by the expert or the sampler (a LoRA
+    script's run said so, then its sampler started a compile that timed out); the run says
+    so, once."""
+    said, measured = Said(), []
 
     def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        measured.append(config)
         return TrialResult(TrialStatus.OK, "measured", wall_s=2.0, measurement=replace(
             METRICS, samples_per_sec=1000.0 + config.micro_batch_size))
 
@@ -307,6 +310,7 @@ def test_the_compiled_best_starts_only_where_its_first_compile_ends_in_the_searc
     run(tuner)
     roles = [r.role for r in trial_records(load_study(tuner.study.study_name, tmp_path))]
     assert Role.COMPILED_BEST not in roles and Role.FAST_CORNER in roles
+    assert len(measured) > 4 and {c.compile_mode for c in measured} == {"none"}
     left = [line for line in said.lines if line.startswith("the best so far compiled")]
     assert left == ["the best so far compiled is not tried: its first compile (about 60.00 s) "
                     "would not end within the search's time left; a resumed run, or a longer "
