@@ -57,7 +57,7 @@ MAX_BOTTLENECK_MOVES = 4
 # A change that left a trial at under this share of the same trial without it was measured
 # alone already, from there: no other point makes it pay, so its one-change trial is that
 # measurement (bf16 on a CPU without native bf16: a LoRA fine-tune's corner at 1 sample/s
-# against 17.9 for its micro-batch alone, and bf16 alone from the baseline took 3 minutes more).
+# against 17.9 for its micro-batch alone, then bf16 alone from the baseline ran to its 86 s limit).
 FAR_SLOWER = 0.5
 
 # A trial's diagnosis (None without a profile), and the knob values that fix one knob from a
