@@ -100,8 +100,7 @@ def one_change_order(baseline: TrainConfig, corner: TrainConfig,
     """The knobs the corner changed from the baseline, those the diagnosis points to first
     (`first`), then in `ONE_CHANGE_ORDER` (others after, by name); the accumulation follows
     the micro-batch and is no change of its own."""
-    changed = [k for k, v in corner.to_dict().items()
-               if k != "grad_accum_steps" and v != getattr(baseline, k)]
+    changed = list(changes_from(corner, baseline))
     rank = {knob: i for i, knob in enumerate(dict.fromkeys([*first, *ONE_CHANGE_ORDER]))}
     return sorted(changed, key=lambda k: (rank.get(k, len(rank)), k))
 
@@ -200,8 +199,8 @@ def _one_changes(records: Sequence[TrialRecord], space: SearchSpace, bundle: Tra
         if (knob,) in queued or fixes.get(knob, getattr(space.baseline, knob)) == value:
             continue
         slower = _far_slower_with(records, point, knob, value)
-        params = (slower and space.params_for(slower.config)) or \
-            _params(space, {**fixes, knob: value})
+        params = space.params_for(slower.config) if slower is not None else None
+        params = params or _params(space, {**fixes, knob: value})
         if params is not None:
             return ExpertTrial(params, Role.ONE_CHANGE, (knob,))
     if any(r.under_way for r in singles) or \
@@ -227,16 +226,9 @@ def _far_slower_with(records: Sequence[TrialRecord], point: TrialRecord, knob: s
             if other.config is not None and other.score and \
                     slow.score < FAR_SLOWER * other.score and \
                     not clearly_faster(other, point) and \
-                    _differ_in(other.config, slow.config) == {knob}:
+                    changes_from(slow.config, other.config).keys() == {knob}:
                 return slow
     return None
-
-
-def _differ_in(a: TrainConfig, b: TrainConfig) -> set[str]:
-    """The knobs two configurations set apart (the accumulation aside: it follows the
-    micro-batch)."""
-    theirs = b.to_dict()
-    return {k for k, v in a.to_dict().items() if k != "grad_accum_steps" and v != theirs[k]}
 
 
 def _taken_back(records: Sequence[TrialRecord], space: SearchSpace, bundle: TrainConfig,
