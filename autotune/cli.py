@@ -327,7 +327,7 @@ def cmd_report(options: ReportOptions, console: Console) -> int:
 
         page = build_report(study)
     write_output(path, page)
-    console.print(str(path))
+    console.print(str(path), soft_wrap=True)  # a path a shell can open, however long
     return EXIT_OK
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from .lanes import Lane, open_lanes
+
 ROOT = Path(__file__).resolve().parent.parent
 TEST_MODELS = Path(__file__).resolve().parent / "models"
 # Short windows: the tests check behaviour, not figures.
@@ -49,6 +51,25 @@ def need(module: str, extra: str = "examples") -> None:
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
+
+
+LANE = pytest.StashKey["Lane | None"]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    open_lanes(config)
+    config.stash[LANE] = Lane.of_this_worker()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    """A test in its lane (tests/lanes.py), or on the whole machine where it is marked so."""
+    lane = item.config.stash[LANE]
+    if lane is None:
+        return (yield)
+    whole = item.get_closest_marker("whole_machine") is not None
+    with lane.whole_machine() if whole else lane.shared():
+        return (yield)
 
 
 @pytest.fixture

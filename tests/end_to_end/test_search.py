@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from autotune.hardware import usable_cpus
 from autotune.options import MeasureSettings, TuneOptions
+from autotune.search.domains import powers_of_two
 from autotune.search.runner import MeasureJob
 from autotune.search.tuner import Tuner
 from autotune.study.records import FEASIBLE, trial_records
@@ -34,7 +36,8 @@ def test_a_study_plans_the_loader_screens_and_optimizes_time_to_train(tmp_path) 
     else:
         assert summary["verdict"] == \
             "kept your settings: no configuration measured faster in the search", done.stderr
-    assert len(summary["loader_rates"]) == 5  # workers 0, then 1 and 2 with prefetch 2 or 4
+    # workers 0, then each count up to the cores (1 and 2 on two) with prefetch 2 or 4
+    assert len(summary["loader_rates"]) == 1 + 2 * len(powers_of_two(usable_cpus()))
     trials = load_study("mlp", tmp_path).get_trials(deepcopy=False)
     ran = [r for r in trial_records(load_study("mlp", tmp_path)) if r.status in FEASIBLE]
     for r in ran:  # the objective is samples/sec over the whole run, start-up included

@@ -24,6 +24,7 @@ from .scripted import scripted
 
 
 @pytest.mark.slow
+@pytest.mark.whole_machine
 def test_parallel_trials_run_on_their_own_share_of_the_cores(write_model, tmp_path) -> None:
     """Each parallel worker's trial (threads and DataLoader workers alike) keeps to its own
     cores; a trial that runs alone, as confirmation does, has them all."""

@@ -79,6 +79,7 @@ def trial(write_model, tmp_path, on_phase=None, settings=SETTINGS, **config) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.whole_machine
 def test_a_load_there_all_along_is_flagged_not_measured_again(write_model, tmp_path) -> None:
     """Busy loops on every core from before the trial to its end: the warm-up and screening saw
     the load and the timed window the same, about half the CPUs, so it is the machine's state:
@@ -105,6 +106,7 @@ def test_the_same_load_in_two_windows_is_the_machines_state_a_passing_one_is_not
 
 
 @pytest.mark.slow
+@pytest.mark.whole_machine
 def test_a_window_disturbed_for_a_while_is_measured_again_once_it_is_quiet(
         write_model, tmp_path) -> None:
     """The burners start with the timed window (the warm-up was quiet: a load that came) and
@@ -131,6 +133,7 @@ def test_a_window_disturbed_for_a_while_is_measured_again_once_it_is_quiet(
 
 
 @pytest.mark.slow
+@pytest.mark.whole_machine
 def test_the_same_trial_on_a_quiet_machine_is_not_flagged(write_model, tmp_path) -> None:
     """Its DataLoader worker is its own process, not another's."""
     wait_for_a_quiet_machine()

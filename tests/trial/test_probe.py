@@ -180,7 +180,9 @@ def test_checkpointing_without_blocks_is_left_out_with_the_reason(write_model) -
 def test_workers_that_cannot_load_batches_are_left_out(write_model) -> None:
     report = probe(write_model, WORKERS_FAIL)
     reasons = report.left_out_values()["num_workers"]
-    assert set(reasons) == {1, 2} and "only the main process has" in reasons[1]
+    offered = probe_candidates(describe(CPU), True)["num_workers"]
+    assert set(reasons) == {n for n in offered if n > 0}
+    assert "only the main process has" in reasons[1]
     assert {r.num_workers for r in report.loader_rates} == {0}
 
 

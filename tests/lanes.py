@@ -1,0 +1,90 @@
+"""The suite in lanes: under pytest-xdist (`-n N`, as CI runs it) each worker runs on its own
+share of the cores, and everything its tests start inherits it. A trial times itself against
+its own cores' load (autotune/trial/contention.py), so two tests at once never disturb each
+other's figures, and the suite uses the cores that a test training on one would leave idle.
+
+A test marked `whole_machine` (it needs every core, or judges the machine's own load) waits
+for the other lanes' tests to end, holds them back, and runs on all the cores. Two lock files
+do it: each test passes a turnstile and holds the machine shared; a whole-machine test keeps
+the turnstile, so no new test starts, and holds the machine alone."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+# The folder of the lock files, made by the controller and named to its workers.
+FOLDER = "AUTOTUNE_TEST_LANES"
+
+
+def open_lanes(config: pytest.Config) -> None:
+    """In the controller of `-n N`: the lock files' folder, removed when the run ends."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", 0):
+        return
+    folder = tempfile.mkdtemp(prefix="autotune-lanes-")
+    os.environ[FOLDER] = folder
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One worker's share of the cores, and the machine's, which a whole-machine test gets."""
+
+    own: list[int]
+    everything: list[int]
+    folder: Path
+
+    @classmethod
+    def of_this_worker(cls) -> Lane | None:
+        """This worker pinned to its share; None outside `-n N`, or with fewer cores than
+        lanes (every lane then shares them all)."""
+        worker, folder = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get(FOLDER)
+        if worker is None or folder is None:
+            return None
+        everything = sorted(os.sched_getaffinity(0))
+        lanes = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+        share = len(everything) // lanes
+        if share == 0:
+            return None
+        lane = int(worker.removeprefix("gw")) % lanes  # a worker that replaced a crashed one
+        own = everything[lane * share:(lane + 1) * share]
+        os.sched_setaffinity(0, own)
+        return cls(own, everything, Path(folder))
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        turnstile = _locked(self.folder / "turnstile", fcntl.LOCK_EX)
+        machine = _locked(self.folder / "machine", fcntl.LOCK_SH)
+        turnstile.close()
+        try:
+            yield
+        finally:
+            machine.close()
+
+    @contextmanager
+    def whole_machine(self) -> Iterator[None]:
+        turnstile = _locked(self.folder / "turnstile", fcntl.LOCK_EX)
+        machine = _locked(self.folder / "machine", fcntl.LOCK_EX)
+        os.sched_setaffinity(0, self.everything)
+        try:
+            yield
+        finally:
+            os.sched_setaffinity(0, self.own)
+            machine.close()
+            turnstile.close()
+
+
+def _locked(path: Path, kind: int) -> IO[str]:
+    """`path` opened and locked; closing it unlocks."""
+    handle = path.open("a")
+    fcntl.flock(handle, kind)
+    return handle
