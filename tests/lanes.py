@@ -22,6 +22,8 @@ from typing import IO
 
 import pytest
 
+from autotune.hardware import core_shares
+
 # The folder of the lock files, made by the controller and named to its workers.
 FOLDER = "AUTOTUNE_TEST_LANES"
 
@@ -52,11 +54,10 @@ class Lane:
             return None
         everything = sorted(os.sched_getaffinity(0))
         lanes = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
-        share = len(everything) // lanes
-        if share == 0:
+        if lanes > len(everything):
             return None
         lane = int(worker.removeprefix("gw")) % lanes  # a worker that replaced a crashed one
-        own = everything[lane * share:(lane + 1) * share]
+        own = core_shares(lanes)[lane]  # as parallel trials share them
         os.sched_setaffinity(0, own)
         return cls(own, everything, Path(folder))
 
