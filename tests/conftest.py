@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .lanes import Lane, open_lanes
+from .lanes import Lane, open_lanes, schedule
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_MODELS = Path(__file__).resolve().parent / "models"
@@ -59,6 +59,12 @@ LANE = pytest.StashKey["Lane | None"]()
 def pytest_configure(config: pytest.Config) -> None:
     open_lanes(config)
     config.stash[LANE] = Lane.of_this_worker()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a lane, the files in the order the lanes take them (tests/lanes.py)."""
+    if config.stash[LANE] is not None:
+        schedule(items)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -168,6 +168,7 @@ def test_a_warm_turn_that_waits_on_its_loaders_workers_spans_many_batches_of_eac
     assert turn(TrainConfig(micro_batch_size=8)).samples < LOADER_TURN_ROUNDS * 2 * 8
 
 
+@pytest.mark.whole_machine
 def test_a_warm_turn_that_waits_on_its_loaders_workers_reads_their_rate() -> None:
     """Four workers each make a batch of 8 in 128 ms (250 samples/s in all) for a step of next
     to nothing. After an idle second, as while the other warm processes take their turns, a
