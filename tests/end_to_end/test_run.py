@@ -5,6 +5,7 @@ a stranger's load."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -351,8 +352,11 @@ def test_a_burner_started_halfway_is_flagged_and_the_speedup_keeps_its_interval(
     burners: list[subprocess.Popen] = []
     try:
         _wait_for(lambda: tuner.poll() is not None or _mid_trial_2(studies), timeout=300)
+        # one on each of the cores the study runs on (a lane's one, under -n): each trial's
+        # every thread shares its core with a burner
         burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                                    start_new_session=True) for _ in range(2)]
+                                    start_new_session=True)
+                   for _ in os.sched_getaffinity(0)]
         out, err = tuner.communicate(timeout=900)
     finally:
         for burner in burners:
