@@ -10,7 +10,7 @@ the turnstile, so no new test starts, and holds the machine alone.
 
 The files go to the lanes in the order `schedule` gives (xdist's own reorder is off): those
 with a whole-machine test first, that test first in its file, so that it waits on the other
-lane's opening tests, not on a study mid-file (their waits took 132 s of a lane in a 25-minute
+lane's opening tests, not on a study mid-file (their waits took 132 s of a lane in a 35-minute
 run); then the files of real studies, longest first, so that the lanes end on short files."""
 
 from __future__ import annotations
@@ -114,8 +114,8 @@ def schedule(items: list[pytest.Item]) -> None:
 def _run_on(cores: list[int]) -> None:
     """This process on `cores`, and its own torch work (a test that trains in-process) in as
     many threads: torch, imported before the lane pinned itself, sized its threads to every
-    core, and two threads on a lane's one core ran in-process tests up to 15x slower (a Trainer
-    script's loss runs: 4.8 s, then 36.6 s in a lane that began with a whole-machine test)."""
+    core, and two threads on a lane's one core ran in-process tests up to 11x slower (a Trainer
+    script's loss runs in one lane, the same minute: 34.2 s with two threads, 3.0 s with one)."""
     os.sched_setaffinity(0, cores)
     torch.set_num_threads(len(cores))
 
