@@ -5,7 +5,6 @@ a stranger's load."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -17,6 +16,7 @@ import optuna
 import pytest
 
 from autotune.config import TrainConfig
+from autotune.hardware import usable_cpus
 from autotune.study.records import TrialRecord, trial_records
 from autotune.study.results import load_study
 from autotune.study.storage import open_storage
@@ -356,7 +356,7 @@ def test_a_burner_started_halfway_is_flagged_and_the_speedup_keeps_its_interval(
         # every thread shares its core with a burner
         burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
                                     start_new_session=True)
-                   for _ in os.sched_getaffinity(0)]
+                   for _ in range(usable_cpus())]
         out, err = tuner.communicate(timeout=900)
     finally:
         for burner in burners:
