@@ -122,7 +122,7 @@ def main() -> None:
     parser.add_argument("--name", default="run_end")
     parser.add_argument("extra", nargs="*", help="more flags for autotune run (after --)")
     args = parser.parse_args()
-    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / args.name).parent.mkdir(parents=True, exist_ok=True)  # a name may hold a folder
     runs = []
     for load in args.loads:
         transcript = RESULTS / f"{args.name}_{load}.txt"
