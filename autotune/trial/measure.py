@@ -152,7 +152,7 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
     before.start()
     report("warming up")
     start = time.perf_counter()
-    warmup_steps, steady = warm_up(setup, batches, settings)
+    warm = warm_up(setup, batches, settings)
     warmup_s = time.perf_counter() - start
 
     probe = ContentionProbe(settings.contention_threshold, device)
@@ -161,7 +161,7 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
     phase_start = time.perf_counter()
     if settings.screen_steps > 0:
         report("screening")
-        window = _timed_window(setup, batches, screen_settings(settings), probe)
+        window = _timed_window(setup, batches, screen_settings(settings, warm.hopeless), probe)
         screen_rate = window.samples_per_sec
         screen_done = setup_s + time.perf_counter() - begun
         screened = screens_out(window, settings.screen_below)
@@ -211,8 +211,8 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
         phases=PhaseTimes(build_s=setup_s, first_step_s=time_to_first, warmup_s=warmup_s,
                           screen_s=screen_s, window_s=first_s, remeasure_s=remeasure_s,
                           sync_tracing_s=sync_tracing_s, profile_s=profile_s),
-        time_to_first_step_s=time_to_first, setup_s=setup_s, warmup_steps=warmup_steps,
-        steady=steady, warmup_s=warmup_s,
+        time_to_first_step_s=time_to_first, setup_s=setup_s, warmup_steps=len(warm.times),
+        steady=warm.steady, warmup_s=warmup_s,
         flops=flops, peak=peak_flops(info, setup.config.precision), findings=tuple(findings),
         screen_samples_per_sec=screen_rate, screen_done_s=screen_done, screened=screened,
         graphs_compiled=compiled.graphs, graphs_compiled_in_window=in_window.graphs,
@@ -331,17 +331,16 @@ def findings_of(prof: Any, config: TrainConfig, summary: ProfileSummary, step_s:
                         idle_fraction=summary.device_idle_fraction, sync_sites=sites)
 
 
-def warm_up(setup: TrainingSetup, batches: Iterator[Any],
-             settings: MeasureSettings) -> tuple[int, bool]:
-    """Step until the last `steady_steps` step times agree within the tolerance, or give up
-    (`window.WarmUp`): its steps, and whether it got steady."""
+def warm_up(setup: TrainingSetup, batches: Iterator[Any], settings: MeasureSettings) -> WarmUp:
+    """Step until the last `steady_steps` step times agree within the tolerance, give up, or
+    see a step far below the screening's bar (`window.WarmUp`): its steps and how it ended."""
     warm = WarmUp(settings)
     while not setup.decide(warm.done):
         step_start = time.perf_counter()
-        setup.step(batches)
+        samples = setup.step(batches).samples
         synchronize(setup.device)
-        warm.step(time.perf_counter() - step_start)
-    return len(warm.times), warm.steady
+        warm.step(time.perf_counter() - step_start, samples)
+    return warm
 
 
 def utilization(flops: SampleFlops | None, samples_per_sec: float,

@@ -156,9 +156,9 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str] | None,
     peak = peak_flops(describe(device), config.precision) if flops else None
     batches = setup.batches()
     setup.step(batches)
-    warmup_steps, steady = warm_up(setup, batches, settings)
-    print(f"autotune warm: {config.to_dict()} on {device}, steady={steady} after "
-          f"{warmup_steps} steps", flush=True)
+    warm = warm_up(setup, batches, settings)
+    print(f"autotune warm: {config.to_dict()} on {device}, steady={warm.steady} after "
+          f"{len(warm.times)} steps", flush=True)
     _say(answers, {"ready": True})
     for command in told:
         if command == STOP:

@@ -5,7 +5,8 @@ autotune's own (`trial/measure`), a library's step callback in a script trial
 `trial/script/turns`), so each measures the same way.
 
 - `WarmUp`: until the last `steady_steps` step times agree within the tolerance, or a cap;
-  steps that compiled or recorded a CUDA graph are not steady, however fast they were.
+  steps that compiled or recorded a CUDA graph are not steady, however fast they were. Where
+  a screening comes next, a step far below its bar ends it (`hopeless`): one step screens.
 - `WindowTimer`: at least N optimizer steps and T seconds, then on until the median step time
   is known within ±`window_precision` or a cap (a warm turn that waited on its loader's
   workers: on to many rounds of them); the device synchronised only at the window's
@@ -82,28 +83,39 @@ def screens_out(window: Window, below: float | None) -> bool:
         and not window.contention.disturbed and not window.compiling
 
 
+# A warm-up step (nothing compiled in it) this many times slower than the screening's bar ends
+# the warm-up as `hopeless`: the configuration is screened on one step, not warmed up to steady
+# and screened on three (bf16 on a CPU without native bf16, 16 s a step: about two minutes).
+FAR_BELOW = 2.0
+
+
 class WarmUp:
-    """Warm-up, told each step's (synchronised) time: `done` once steady or at a cap."""
+    """Warm-up, told each step's (synchronised) time and samples: `done` once steady, at a
+    cap, or `hopeless`: a step far below the screening's bar (`FAR_BELOW`)."""
 
     def __init__(self, settings: MeasureSettings) -> None:
         self.settings = settings
         self.times: list[float] = []
         self.steady = False
+        self.hopeless = False
         self.done = settings.warmup_max_steps <= 0 or settings.warmup_max_seconds <= 0
         self._quiet_since = 0  # steps before this one compiled something
         self._compiled = training_clock.compiles()
         self._start = time.perf_counter()
 
-    def step(self, step_s: float) -> None:
+    def step(self, step_s: float, samples: int) -> None:
         settings, times = self.settings, self.times
         times.append(step_s)
         compiled = training_clock.compiles()
         if compiled != self._compiled:
             self._quiet_since, self._compiled = len(times), compiled
         recent = times[-settings.steady_steps:]
-        self.steady = len(times) - self._quiet_since >= settings.steady_steps and \
+        quiet = len(times) - self._quiet_since
+        self.steady = quiet >= settings.steady_steps and \
             max(recent) <= min(recent) * (1 + settings.steady_tolerance)
-        self.done = self.steady or len(times) >= settings.warmup_max_steps or \
+        bar = settings.screen_below if settings.screen_steps > 0 else None
+        self.hopeless = bar is not None and quiet > 0 and samples * FAR_BELOW < bar * step_s
+        self.done = self.steady or self.hopeless or len(times) >= settings.warmup_max_steps or \
             time.perf_counter() - self._start >= settings.warmup_max_seconds
 
 
@@ -220,9 +232,10 @@ def turn_settings(settings: MeasureSettings, steps: int, seconds: float,
                    window_loader_round=loader_round_steps(config) if config else 1)
 
 
-def screen_settings(settings: MeasureSettings) -> MeasureSettings:
-    """The screening window: `screen_steps` steps, however long they take."""
-    steps = settings.screen_steps
+def screen_settings(settings: MeasureSettings, hopeless: bool = False) -> MeasureSettings:
+    """The screening window: `screen_steps` steps, however long they take; one step after a
+    `hopeless` warm-up (`WarmUp`)."""
+    steps = 1 if hopeless else settings.screen_steps
     return replace(settings, window_steps=steps, window_seconds=0.0, window_max_steps=steps)
 
 

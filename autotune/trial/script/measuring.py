@@ -114,7 +114,7 @@ class MeasuringObserver:
             now, ended = time.perf_counter(), training_clock.now()
             step_s, self._last = ended - self._last, ended
             if self.phase == WARMUP:
-                self.warm.step(step_s)
+                self.warm.step(step_s, samples)
                 if distributed.decided(self.warm.done):
                     self.warmup_s = now - self._phase_start - self.sync_tracing_s
                     self.progress("timing")
@@ -210,8 +210,8 @@ class MeasuringObserver:
         if phase == WINDOW and self.windows is None:
             self.windows = Remeasures(settings, self.probe, self.beside.stop(), self.progress)
         self.phase, self._phase_start = phase, time.perf_counter()
-        self.timer = WindowTimer(screen_settings(settings) if phase == SCREEN else settings,
-                                 self.device, self.probe)
+        window = screen_settings(settings, self.warm.hopeless) if phase == SCREEN else settings
+        self.timer = WindowTimer(window, self.device, self.probe)
 
     def _screen(self) -> bool:
         assert self.timer is not None

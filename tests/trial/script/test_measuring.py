@@ -123,11 +123,20 @@ def test_after_the_window_the_profiler_sees_the_loops_next_steps(tmp_path) -> No
     assert figures.phases.build_s == 1.5  # the script's start-up prices its confirmation runs
 
 
-def test_a_slow_configuration_stops_at_screening() -> None:
-    observer = _started(MeasureSettings(**{**vars(SETTINGS), "screen_below": 1e9}))
-    _steps(observer, [1.0] * 100)
-    figures = observer.measurement(startup_s=0.0)
-    assert figures.screened and figures.window_steps == 2
+def test_a_slow_configuration_stops_at_screening_and_one_far_below_its_bar_at_once() -> None:
+    """8 samples in 50 ms steps (160/s at most): below a bar of 170/s, warmed up to steady and
+    screened on the 2-step window; far below one of 1,600/s (a precision this CPU emulates),
+    the first warm-up step ends the warm-up and one step screens."""
+    for bar, steps_to_screened in ((170.0, None), (1600.0, 1 + 1 + 1)):
+        observer = _started(MeasureSettings(**{**vars(SETTINGS), "screen_below": bar}))
+        steps = _steps(observer, [1.0] * 100, step_s=0.05)
+        figures = observer.measurement(startup_s=0.0)
+        assert figures.screened
+        if steps_to_screened is None:
+            assert figures.steady and figures.warmup_steps >= 3 and figures.window_steps == 2
+            assert steps == 1 + figures.warmup_steps + 2
+        else:
+            assert (steps, figures.warmup_steps, figures.window_steps) == (3, 1, 1)
 
 
 def test_a_non_finite_loss_in_the_window_is_seen() -> None:
