@@ -96,6 +96,26 @@ def search_compile_s(study: optuna.Study, offers_compile: bool) -> float:
     return FIRST_COMPILE_PRIOR_S
 
 
+def compile_start_s(study: optuna.Study, offers_compile: bool) -> float:
+    """What a trial that compiles adds to one that does not, for the search not to start a
+    compile its time left cannot end (`worker.Window`): before one has run,
+    `FIRST_COMPILE_PRIOR_S`; after, the longest a compile took (a measured trial's first step
+    over the baseline's, or the wall time of one that ran out of time compiling), since another
+    mode compiles anew (per_feature_towers at 848bbbe: the sampler started
+    max-autotune-no-cudagraphs with 73 s of the search left, after the default mode's 64 s, and
+    it timed out compiling). Where the space offers no compile: 0."""
+    if not offers_compile:
+        return 0.0
+    baseline = _baseline(study)
+    own = (baseline.measurement.time_to_first_step_s or 0.0) if baseline is not None else 0.0
+    took = [r.wall_s if r.status == TrialStatus.COMPILE_TIMEOUT else
+            max(0.0, r.measurement.time_to_first_step_s - own)
+            for r in _measured(study) if r.config is not None and r.config.compile_mode != "none"
+            and (r.status == TrialStatus.COMPILE_TIMEOUT or (
+                r.measurement is not None and r.measurement.time_to_first_step_s is not None))]
+    return max(took, default=FIRST_COMPILE_PRIOR_S)
+
+
 def round_run_seconds(study: optuna.Study, settings: MeasureSettings) -> float | None:
     """A confirmation run's wall time (`run_price_s`), priced at the baseline's trial (the
     baseline runs in every round; a compiled trial's start-up would price every run at its

@@ -34,6 +34,7 @@ from autotune.search.budget import (
     TimePlan,
     candidates_that_fit,
     check_prices,
+    compile_start_s,
     confirmation_price,
     forecast,
     grow_budget,
@@ -204,7 +205,8 @@ class Tuner:
             at_baseline = self._price(trial_s, 0)
             plan = self._plan(replace(at_baseline, loss_changes=self._numerics_measured(top)),
                               trial_s, racing, FIRST_MOVES)
-            search.window = Window(plan.search_ends_at, plan.finish_by, self._compile_s())
+            search.window = Window(plan.search_ends_at, plan.finish_by,
+                                   self._compile_start_s())
             self.view.note(announcement(self._budget_ends(), plan.describe(
                 self.time_budget_s, racing), growth.describe(price) if growth else ""))
 
@@ -217,7 +219,7 @@ class Tuner:
                 moved = self._plan(proof, trial_s, racing,
                                    max(0, FIRST_MOVES - measured_trials(study) + first_plan))
                 search.window = Window(moved.search_ends_at, moved.finish_by,
-                                       self._compile_s())
+                                       self._compile_start_s())
             search_s = search_trial_seconds(study, screening=not opts.plain_tpe)
             if search_s:
                 price = proof if proof is not None else self._price(search_s, numerics)
@@ -371,8 +373,15 @@ class Tuner:
 
     def _compile_s(self) -> float:
         """What the search's first compiled trial, still to come, adds to a trial's time."""
-        return search_compile_s(self.study, "default" in self.space.domains.get(
-            "compile_mode", ()))
+        return search_compile_s(self.study, self._offers_compile())
+
+    def _compile_start_s(self) -> float:
+        """What a trial that compiles adds to one that does not, compiled before or not."""
+        return compile_start_s(self.study, self._offers_compile())
+
+    def _offers_compile(self) -> bool:
+        """Whether the search may start a compile (the expert's compiled best among them)."""
+        return "default" in self.space.domains.get("compile_mode", ())
 
     def _searched_s(self) -> float:
         """The study's wall time so far: this run's, or all its runs' trials where more."""

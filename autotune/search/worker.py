@@ -82,9 +82,9 @@ Measure = Callable[[TrainConfig, MeasureJob], TrialResult]
 @dataclass(frozen=True)
 class Window:
     """Under a time plan, when the search starts its last trial and when that trial must end
-    (`budget.TimePlan`), and what a first compile adds to a trial where none has run
-    (`budget.search_compile_s`); the tuner moves it as it makes the plan anew after each
-    trial."""
+    (`budget.TimePlan`), and what a trial that compiles adds to one that does not
+    (`budget.compile_start_s`: a first compile, or the longest one measured, as another mode
+    compiles anew); the tuner moves it as it makes the plan anew after each trial."""
 
     last_start: float = math.inf
     finish_by: float = math.inf
@@ -290,9 +290,10 @@ def _queue_expert(search: Search, records: Sequence[TrialRecord]) -> None:
         search.kept = kept
         search.view.note("kept at the baseline's value, having lost alone: " +
                          ", ".join(f"{k}={v}" for k, v in kept.items()))
-    # where a first compile would not end in the search's time, the sampler does not start one
+    # where a compile would not end in the search's time, the sampler does not start one
     held = {**kept, **({"compile_mode": "none"} if search.window.compile_s and
-                       not search.window.holds_a_compile() else {})}
+                       not search.window.holds_a_compile() and
+                       "none" in search.space.domains.get("compile_mode", ()) else {})}
     if held != search.held:
         search.held = held
         search.study.sampler = PartialFixedSampler(held, search.sampler) if held \

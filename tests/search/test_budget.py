@@ -22,6 +22,7 @@ from autotune.search.budget import (
     candidates_that_fit,
     check_prices,
     compile_seconds,
+    compile_start_s,
     confirmation_price,
     forecast,
     grow_budget,
@@ -397,6 +398,35 @@ def test_a_first_compile_still_to_come_is_priced_in_the_search(tmp_path) -> None
         trial.set_user_attr(key, value)
     study.tell(trial, 56.3)
     assert search_compile_s(study, offers_compile=True) == 0.0
+
+
+def test_a_compile_after_one_ran_is_priced_as_the_longest_compile_so_far(tmp_path) -> None:
+    """Another compile mode compiles anew: what the search holds a compile against (`Window`)
+    is, before any compile, the prior; after, the longest a compile took, a measured trial's
+    first step over the baseline's (64.3 s, per_feature_towers' default mode), or the wall time
+    of a trial killed compiling (73.4 s, its max-autotune-no-cudagraphs beside a load)."""
+    study = optuna.create_study(storage=open_storage(None, tmp_path), study_name="s",
+                                direction="maximize")
+    assert compile_start_s(study, offers_compile=True) == FIRST_COMPILE_PRIOR_S
+    base = TrainConfig(micro_batch_size=64)
+    for role, status, config, first_step, wall_s in (
+            ("baseline", "ok", base, 0.5, 20.0),
+            ("compiled-best", "ok", base.replace(compile_mode="default"), 64.8, 90.0),
+            ("search", "compile_timeout",
+             base.replace(compile_mode="max-autotune-no-cudagraphs"), None, 73.4)):
+        trial = study.ask()
+        attrs = {TrialKey.STATUS: status, TrialKey.ROLE: role, TrialKey.WALL_S: wall_s,
+                 TrialKey.CONFIG: config.to_dict()}
+        if first_step is not None:
+            attrs[TrialKey.MEASUREMENT] = Measurement(
+                samples_per_sec=100.0, time_to_first_step_s=first_step).to_json()
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+        study.tell(trial, 100.0)
+        if role == "compiled-best":
+            assert compile_start_s(study, offers_compile=True) == pytest.approx(64.3)
+    assert compile_start_s(study, offers_compile=True) == 73.4
+    assert compile_start_s(study, offers_compile=False) == 0.0
 
 
 def test_a_compiled_best_prices_each_process_that_compiles(tmp_path) -> None:

@@ -317,6 +317,30 @@ def test_the_compiled_best_starts_only_where_its_first_compile_ends_in_the_searc
                     "--budget, tries it"]
 
 
+def test_after_a_compile_the_search_starts_none_its_time_left_cannot_end(
+        write_model, tmp_path) -> None:
+    """per_feature_towers beside a load at 848bbbe: after the default mode's 64 s compile, the
+    sampler started max-autotune-no-cudagraphs with 73 s of the search left, and it timed out
+    compiling. A compile measured at 100 s holds the sampler at no compile for a search of
+    less than that; the compiled best still ran while the search had the time."""
+    measured: list[TrainConfig] = []
+
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        measured.append(config)
+        compiled = config.compile_mode != "none"
+        return TrialResult(TrialStatus.OK, "measured", wall_s=2.0, measurement=replace(
+            METRICS, samples_per_sec=1000.0 + config.micro_batch_size + 500 * compiled,
+            time_to_first_step_s=100.5 if compiled else 0.5))
+
+    tuner = scripted(TuneOptions(model_path=str(write_model(TINY_SOURCE)), device="cpu",
+                                 budget_s=90, trials=16, studies_dir=str(tmp_path), seed=0,
+                                 fixes={"precision": "fp32"}, confirm_repeats=0), measure)
+    run(tuner)
+    modes = [c.compile_mode for c in measured]
+    first = modes.index("default")
+    assert len(modes) > first + 3 and set(modes[first + 1:]) == {"none"}, modes
+
+
 @pytest.mark.parametrize("loader_waits,fixes", [(False, {}), (True, {}),
                                                 (True, {"num_workers": 0})])
 def test_a_dominant_wait_for_data_no_worker_can_fix_here_is_said(
