@@ -143,9 +143,12 @@ class MeasureSettings:
         "trials and each candidate's first confirmation run (0: none; each step costs torch "
         "about 0.1 ms per recorded operator to read back)", default=1, kind=int)
     # Multi-fidelity: a short window right after warm-up; a configuration whose rate there is
-    # below `screen_below` samples/sec stops (status `screened`) without the full window.
+    # below `screen_below` samples/sec stops (status `screened`) without the full window. The
+    # bar's own load (`screen_load`: other processes' share of the CPUs in its window, 0 where
+    # it was quiet): a disturbed screening window is compared with it only at about that load.
     screen_steps: int = 3
     screen_below: float | None = None
+    screen_load: float = 0.0
     # A window that waited on its loader for `protocol.LOADER_BOUND_SHARE` of its time goes on to
     # this many steps, within its cap (a warm turn with DataLoader workers: many rounds of them,
     # `trial.protocol.loader_turn_steps`), and ends on a multiple of `window_loader_round` steps.

@@ -49,6 +49,7 @@ class MeasureJob:
     device: str
     number: int | None = None
     screen_below: float | None = None
+    screen_load: float = 0.0  # the bar's own load: `MeasureSettings.screen_load`
     trace: Path | None = None
     slot: int | None = None  # which of the parallel workers runs it (its share of the cores)
     profile: bool = True  # the profiler window after the timed one (stalls, findings, trace)
@@ -212,6 +213,7 @@ class ProcessRunner:
             self.target, config=config.to_dict(), device=job.device,
             settings=job.settings or replace(
                 self.settings, **{"screen_below": job.screen_below,
+                                  "screen_load": job.screen_load,
                                   **({} if job.profile else {"profile_steps": 0}),
                                   **(self._round_window() if job.round_run else {}),
                                   **(CHECK_RUN if job.check_run else {})}),

@@ -78,10 +78,24 @@ def micro_cap(records: Sequence[TrialRecord], space: SearchSpace, memory_limit: 
 
 def screen_below(records: Sequence[TrialRecord]) -> float | None:
     """The screening threshold: a share of the best-scoring full measurement's rate."""
+    best = _screening_best(records)
+    return SCREEN_FRACTION * best.samples_per_sec if best is not None else None
+
+
+def screen_load(records: Sequence[TrialRecord]) -> float:
+    """The load the screening threshold was measured beside: other processes' share of the
+    CPUs in the best full measurement's window where another process disturbed it, else 0."""
+    best = _screening_best(records)
+    figures = best.measurement if best is not None else None
+    if figures is None or not figures.disturbed:
+        return 0.0
+    return figures.other_cpu_share or 0.0
+
+
+def _screening_best(records: Sequence[TrialRecord]) -> TrialRecord | None:
+    """The best-scoring full measurement: the screening's reference."""
     full = [r for r in records if r.status == TrialStatus.OK and r.score]
-    if not full:
-        return None
-    return SCREEN_FRACTION * max(full, key=lambda r: r.score).samples_per_sec
+    return max(full, key=lambda r: r.score) if full else None
 
 
 def planned_loader(records: Sequence[TrialRecord], rates: Sequence[LoaderRate],

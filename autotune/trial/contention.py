@@ -79,6 +79,11 @@ def same_load(earlier: Contention, later: Contention) -> bool:
     a, b = earlier.other_cpu_share, later.other_cpu_share
     if a is None or b is None:
         return a is None and b is None
+    return similar_shares(a, b)
+
+
+def similar_shares(a: float, b: float) -> bool:
+    """Two loads' shares of the CPUs within a factor of two of each other."""
     return min(a, b) >= 0.5 * max(a, b)
 
 

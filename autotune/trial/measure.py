@@ -164,7 +164,7 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
         window = _timed_window(setup, batches, screen_settings(settings, warm.hopeless), probe)
         screen_rate = window.samples_per_sec
         screen_done = setup_s + time.perf_counter() - begun
-        screened = screens_out(window, settings.screen_below)
+        screened = screens_out(window, settings.screen_below, settings.screen_load)
     screen_s = time.perf_counter() - phase_start
     seen = before.stop()
     remeasured, first_s, remeasure_s = 0, 0.0, 0.0

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from autotune.config import TrainConfig
 from autotune.hardware import DeviceInfo
-from autotune.search.shortcuts import SCREEN_FRACTION, next_corner, planned_loader, screen_below
+from autotune.search.shortcuts import (
+    SCREEN_FRACTION,
+    next_corner,
+    planned_loader,
+    screen_below,
+    screen_load,
+)
 from autotune.search.space import build_space
 from autotune.study.records import Role, TrialRecord
 from autotune.trial.protocol import LoaderRate, Measurement, TrialStatus
@@ -68,11 +74,16 @@ def test_without_a_memory_limit_the_corner_starts_at_the_largest_micro_batch() -
     assert next_corner(under_way, SPACE, None, lambda: 0) is None
 
 
-def test_screening_threshold_is_a_share_of_the_best_full_rate() -> None:
+def test_screening_threshold_is_a_share_of_the_best_full_rate_at_its_load() -> None:
     assert screen_below([]) is None
     trials = [record(0, BASELINE, "ok", rate=100.0), record(1, BASELINE, "ok", rate=300.0),
               record(2, BASELINE, "screened", rate=900.0), record(3, BASELINE, "oom")]
     assert screen_below(trials) == SCREEN_FRACTION * 300.0
+    # and the load it was measured beside: none where its window was quiet, else that share
+    assert screen_load([]) == 0.0 == screen_load(trials)
+    busy = Measurement(samples_per_sec=300.0, other_cpu_share=0.17, disturbed=True)
+    trials[1] = TrialRecord(**{**vars(trials[1]), "measurement": busy})
+    assert screen_load(trials) == 0.17
 
 
 def test_the_loader_plan_follows_the_fastest_model_measured() -> None:

@@ -219,7 +219,8 @@ class MeasuringObserver:
         now = time.perf_counter()
         self.screen_s, self.screen_done_s = now - self._phase_start, now - self._began
         self.screen_rate = window.samples_per_sec
-        self.screened = distributed.decided(screens_out(window, self.settings.screen_below))
+        self.screened = distributed.decided(screens_out(
+            window, self.settings.screen_below, self.settings.screen_load))
         if not self.screened:
             self._start_window(WINDOW)
         return self.screened

@@ -40,17 +40,18 @@ SETTINGS = MeasureSettings(window_steps=4, window_seconds=0.0, window_max_second
 
 
 class _Probe:
-    """A contention probe whose windows are disturbed while `busy` says so."""
+    """A contention probe whose windows are disturbed while `busy` says so, other processes
+    then on `share` of the CPUs."""
 
-    def __init__(self, busy: list[bool]) -> None:
-        self.busy, self.cpus, self.waits = busy, [0, 1], []
+    def __init__(self, busy: list[bool], share: float = 0.6) -> None:
+        self.busy, self.share, self.cpus, self.waits = busy, share, [0, 1], []
 
     def start(self) -> None:
         pass
 
     def stop(self) -> Contention:
         disturbed = self.busy.pop(0) if self.busy else False
-        return Contention(0.6 if disturbed else 0.0, 2, disturbed=disturbed)
+        return Contention(self.share if disturbed else 0.0, 2, disturbed=disturbed)
 
     def disturbed_so_far(self) -> bool:
         return bool(self.busy and self.busy[0])
@@ -152,14 +153,14 @@ def test_training_that_ends_before_the_window_says_so() -> None:
         observer.measurement(startup_s=0.0)
 
 
-def _probed(busy: list[bool], beside: bool = False,
+def _probed(busy: list[bool], beside: bool = False, share: float = 0.6,
             **settings: object) -> tuple[MeasuringObserver, _Probe]:
     """An observer whose windows are disturbed while `busy` says so, and its warm-up and
     screening where `beside` does (at the same share)."""
-    probe = _Probe(busy)
+    probe = _Probe(busy, share)
     observer = MeasuringObserver(
         MeasureSettings(**{**vars(SETTINGS), "contention_backoff_s": 0.01, **settings}),
-        torch.device("cpu"), probe=probe, beside=_Probe([beside]))
+        torch.device("cpu"), probe=probe, beside=_Probe([beside], share))
     observer.on_train_start(TrainInfo("transformers", torch.device("cpu"), nn.Linear(2, 2),
                                       None, 8, 1, startup_s=0.0))
     return observer, probe
@@ -184,11 +185,25 @@ def test_a_window_that_stays_disturbed_is_flagged_and_never_screened_out() -> No
                               contention_remeasures=2)
     _steps(observer, [1.0] * 100)
     figures = observer.measurement(startup_s=0.0)
-    assert not figures.screened  # a busy machine's screening rate decides nothing
+    assert not figures.screened  # against a bar set on a quiet machine: nothing
     assert figures.disturbed and figures.other_cpu_share == 0.6
     assert figures.windows_remeasured == 2 and probe.waits == [0.01, 0.02]
     # the warm-up was quiet: a load that came with the windows, not the machine's state
     assert figures.machine_load == 0.0 and not figures.steady_load
+
+
+@pytest.mark.parametrize("bar_load,screened", [(0.2, True), (0.0, False), (0.6, False)])
+def test_beside_a_load_the_bar_was_set_at_too_a_slow_configuration_is_screened_out(
+        bar_load: float, screened: bool) -> None:
+    """Beside a steady load every window is disturbed: per_feature_towers measured in full a
+    trial at a sixth of its bar, set beside the same load. A disturbed screening window (other
+    processes on a quarter of the CPUs) far below its bar screens out where the bar saw about
+    that load, not where it was quiet or under a load twice as heavy."""
+    observer, _ = _probed([True] * 20, beside=True, share=0.25, screen_below=1e9,
+                          screen_load=bar_load)
+    _steps(observer, [1.0] * 100)
+    figures = observer.measurement(startup_s=0.0)
+    assert figures.disturbed and figures.screened == screened
 
 
 def test_a_load_the_warm_up_saw_too_is_the_machines_state_and_not_waited_out() -> None:
