@@ -107,13 +107,21 @@ def compile_start_s(study: optuna.Study, offers_compile: bool) -> float:
     if not offers_compile:
         return 0.0
     baseline = _baseline(study)
-    own = (baseline.measurement.time_to_first_step_s or 0.0) if baseline is not None else 0.0
-    took = [r.wall_s if r.status == TrialStatus.COMPILE_TIMEOUT else
-            max(0.0, r.measurement.time_to_first_step_s - own)
-            for r in _measured(study) if r.config is not None and r.config.compile_mode != "none"
-            and (r.status == TrialStatus.COMPILE_TIMEOUT or (
-                r.measurement is not None and r.measurement.time_to_first_step_s is not None))]
-    return max(took, default=FIRST_COMPILE_PRIOR_S)
+    took = [_compile_took_s(r, baseline) for r in _measured(study)
+            if r.config is not None and r.config.compile_mode != "none"]
+    return max((s for s in took if s is not None), default=FIRST_COMPILE_PRIOR_S)
+
+
+def _compile_took_s(compiled: TrialRecord, baseline: TrialRecord | None) -> float | None:
+    """How long a compiled trial compiled: its first step's time over the baseline's, or the
+    wall time of one killed compiling; None where its first step was not timed."""
+    if compiled.status == TrialStatus.COMPILE_TIMEOUT:
+        return compiled.wall_s
+    first = compiled.measurement.time_to_first_step_s if compiled.measurement else None
+    if first is None:
+        return None
+    own = baseline.measurement.time_to_first_step_s if baseline is not None else None
+    return max(0.0, first - (own or 0.0))
 
 
 def round_run_seconds(study: optuna.Study, settings: MeasureSettings) -> float | None:
@@ -172,8 +180,7 @@ def compile_seconds(study: optuna.Study) -> float:
     best = max(measured, key=lambda r: r.samples_per_sec, default=None)
     if baseline is None or best is None or best.config.compile_mode == "none":
         return 0.0
-    return max(0.0, best.measurement.time_to_first_step_s -
-               (baseline.measurement.time_to_first_step_s or 0.0))
+    return _compile_took_s(best, baseline) or 0.0
 
 
 def startup_note(study: optuna.Study) -> str | None:
