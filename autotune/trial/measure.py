@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from autotune.config import TrainConfig
+from autotune.formatting import format_seconds
 from autotune.hardware import (
     DeviceInfo,
     PeakFlops,
@@ -56,7 +57,14 @@ from autotune.trial.contention import Contention, ContentionProbe
 from autotune.trial.diagnosis import SyncSite, diagnose, trace_host_syncs
 from autotune.trial.distributed import World
 from autotune.trial.flops import ModelFlopCounter, SampleFlops
-from autotune.trial.profiling import ProfileSummary, collection_paused, profile_steps
+from autotune.trial.profiling import (
+    FRAMES_READBACK_S,
+    ProfileSummary,
+    collection_paused,
+    frames_readback_s,
+    profile_steps,
+    recorded_events,
+)
 from autotune.trial.protocol import (
     FIRST_STEP,
     Finding,
@@ -192,12 +200,12 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
         phase_start = time.perf_counter()
         report("profiling")
         captured: list[Any] = []
+        frames = frames_fit(setup, batches, settings.profile_steps, report)
         profiled = prefetched(setup, batches, settings.profile_steps)
         rank0 = setup.world is None or setup.world.rank == 0
         profile = profile_steps(lambda: setup.step(profiled), settings.profile_steps, device,
                                 trace_path=trace_path if rank0 else None,
-                                with_stack=python_stacks(setup),
-                                on_profile=captured.append)
+                                with_stack=frames, on_profile=captured.append)
         findings = findings_of(captured[0], setup.config, profile, median,
                              window.data_wait_s / window.seconds, sites)
         profile_s = time.perf_counter() - phase_start
@@ -311,6 +319,22 @@ def python_stacks(setup: TrainingSetup) -> bool:
     return setup.config.compile_mode == "none"
 
 
+def frames_fit(setup: TrainingSetup, batches: Iterator[Any], steps: int,
+               report: Progress) -> bool:
+    """Whether a profiler window of `steps` steps records Python frames: where they name the
+    user's functions (`python_stacks`) and its events read back with them within
+    `profiling.FRAMES_READBACK_S` (one step's counted first), or this torch does not count
+    them. In a process group, rank 0's answer."""
+    if not python_stacks(setup):
+        return False
+    events = recorded_events(lambda: setup.step(batches), setup.device)
+    fit = events is None or frames_readback_s(events * steps) <= FRAMES_READBACK_S
+    if not fit:
+        report(f"profiling without Python frames: {events:,} events a step would take about "
+               f"{format_seconds(frames_readback_s(events * steps))} to read back with them")
+    return setup.decide(fit)
+
+
 def sync_sites(setup: TrainingSetup, batches: Iterator[Any], report: Progress) -> list[SyncSite]:
     """One traced step for the lines that read tensors back; compiled models are left alone."""
     if setup.config.compile_mode != "none":
@@ -398,10 +422,11 @@ def traced_turn(setup: TrainingSetup, batches: Iterator[Any], steps: int,
                 trace_path: str) -> None:
     """`steps` optimizer steps under the profiler, their trace written to `trace_path`: what a
     trial's profiler window leaves for the report, asked of a warm process after its turns."""
+    frames = frames_fit(setup, batches, steps, lambda said: None)
     profiled = prefetched(setup, batches, steps)
     rank0 = setup.world is None or setup.world.rank == 0
     profile_steps(lambda: setup.step(profiled), steps, setup.device,
-                  trace_path=trace_path if rank0 else None, with_stack=python_stacks(setup))
+                  trace_path=trace_path if rank0 else None, with_stack=frames)
 
 
 def _undisturbed_window(setup: TrainingSetup, batches: Iterator[Any], settings: MeasureSettings,

@@ -384,3 +384,17 @@ def test_a_warm_turn_in_which_a_graph_compiled_is_timed_again() -> None:
     turn = timed_turn(setup, batches, MeasureSettings(), steps=2, seconds=0.0)
     assert (compile_count() - before).graphs == 1  # the turn's second step, at length 6
     assert drawn == [4, 4, 6, 6, 6] and turn.samples == 2 * 4
+
+
+def test_a_model_of_many_small_operators_is_profiled_without_python_frames() -> None:
+    """Frames would make its events several times as many, each costly to read back: the
+    profiler window leaves them out, says so, and still names the costliest operators."""
+    layers = [nn.Linear(2, 2) for _ in range(300)]
+    model = nn.Sequential(nn.Linear(16, 2), *layers, nn.Linear(2, 1))
+    setup = setup_training(model, SlowDataset(0.0), TrainConfig(micro_batch_size=4), "cpu",
+                           loss_fn=loss_fn)
+    said: list[str] = []
+    measured = measure_setup(setup, replace(SETTINGS, profile_steps=1),
+                             describe(torch.device("cpu")), progress=said.append)
+    assert any(line.startswith("profiling without Python frames") for line in said), said
+    assert "aten::addmm" in [op.name for op in measured.top_operators]
