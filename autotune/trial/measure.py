@@ -198,7 +198,7 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
         sites: list[SyncSite] = []
         # the traced step's events, counted without reading them back, say whether frames fit
         events = recorded_events(lambda: sites.extend(sync_sites(setup, batches, report)),
-                                 device)
+                                 device) if python_stacks(setup) else None
         sync_tracing_s = time.perf_counter() - phase_start
         phase_start = time.perf_counter()
         report("profiling")
@@ -424,7 +424,8 @@ def traced_turn(setup: TrainingSetup, batches: Iterator[Any], steps: int,
                 trace_path: str) -> None:
     """`steps` optimizer steps under the profiler, their trace written to `trace_path`: what a
     trial's profiler window leaves for the report, asked of a warm process after its turns."""
-    events = recorded_events(lambda: setup.step(batches), setup.device)
+    events = recorded_events(lambda: setup.step(batches), setup.device) \
+        if python_stacks(setup) else None
     frames = frames_fit(setup, events, steps, lambda said: None)
     profiled = prefetched(setup, batches, steps)
     rank0 = setup.world is None or setup.world.rank == 0
