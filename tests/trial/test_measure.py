@@ -397,4 +397,4 @@ def test_a_model_of_many_small_operators_is_profiled_without_python_frames() -> 
     measured = measure_setup(setup, replace(SETTINGS, profile_steps=1),
                              describe(torch.device("cpu")), progress=said.append)
     assert any(line.startswith("profiling without Python frames") for line in said), said
-    assert "aten::addmm" in [op.name for op in measured.top_operators]
+    assert measured.top_operators and measured.top_operators[0].share > 0
