@@ -32,6 +32,8 @@ from autotune.trial.protocol import LoaderRate, TrialStatus
 # Multi-fidelity: a trial whose screening rate is below this share of the best full
 # measurement so far stops after its screening window.
 SCREEN_FRACTION = 0.75
+# The expert's first moves: the bottleneck's fixes and the fast corner.
+FIRST_MOVES = (Role.BOTTLENECK, Role.FAST_CORNER)
 
 
 def next_corner(records: Sequence[TrialRecord], space: SearchSpace, memory_limit: int | None,
@@ -82,9 +84,14 @@ def screen_below(records: Sequence[TrialRecord]) -> float | None:
     return SCREEN_FRACTION * best.samples_per_sec if best is not None else None
 
 
-def screen_load(records: Sequence[TrialRecord]) -> float:
+def screen_load(records: Sequence[TrialRecord], role: str = Role.SEARCH) -> float:
     """The load the screening threshold was measured beside: other processes' share of the
-    CPUs in the best full measurement's window where another process disturbed it, else 0."""
+    CPUs in the best full measurement's window where another process disturbed it, else 0. 0
+    for an expert's first move (`FIRST_MOVES`): a disturbed window never screens it out, since
+    a burst of the load can slow it 8x (per_feature_towers at 063ac43: fused AdamW, the
+    bottleneck's fix, screened at 237 samples/s beside a baseline of 1,943 at the same load)."""
+    if role in FIRST_MOVES:
+        return 0.0
     best = _screening_best(records)
     figures = best.measurement if best is not None else None
     if figures is None or not figures.disturbed:

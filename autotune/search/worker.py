@@ -371,7 +371,7 @@ def run_trial(search: Search, trial: Trial, device: Any, finish_by: float,
                  else math.inf)
     job = MeasureJob(f"trial-{trial.number}", min(search.trial_time_limit_s, remaining),
                      str(device), trial.number, screen_below(records) if shortcuts else None,
-                     screen_load(records), slot=slot)
+                     screen_load(records, role), slot=slot)
     result = _measured_calmly(search, config, job, baseline, finish_by)
     try:
         record_measurement(study, trial, result, search.scoring)

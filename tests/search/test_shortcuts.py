@@ -84,6 +84,8 @@ def test_screening_threshold_is_a_share_of_the_best_full_rate_at_its_load() -> N
     busy = Measurement(samples_per_sec=300.0, other_cpu_share=0.17, disturbed=True)
     trials[1] = TrialRecord(**{**vars(trials[1]), "measurement": busy})
     assert screen_load(trials) == 0.17
+    # an expert's first move is screened out by a quiet window only
+    assert screen_load(trials, Role.BOTTLENECK) == 0.0 == screen_load(trials, Role.FAST_CORNER)
 
 
 def test_the_loader_plan_follows_the_fastest_model_measured() -> None:
