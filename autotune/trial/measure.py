@@ -197,13 +197,12 @@ def measure_setup(setup: TrainingSetup, settings: MeasureSettings, info: DeviceI
         phase_start = time.perf_counter()
         sites: list[SyncSite] = []
         # the traced step's events, counted without reading them back, say whether frames fit
-        events = recorded_events(lambda: sites.extend(sync_sites(setup, batches, report)),
-                                 device) if python_stacks(setup) else None
+        frames = frames_fit(setup, lambda: sites.extend(sync_sites(setup, batches, report)),
+                            settings.profile_steps, report)
         sync_tracing_s = time.perf_counter() - phase_start
         phase_start = time.perf_counter()
         report("profiling")
         captured: list[Any] = []
-        frames = frames_fit(setup, events, settings.profile_steps, report)
         profiled = prefetched(setup, batches, settings.profile_steps)
         rank0 = setup.world is None or setup.world.rank == 0
         profile = profile_steps(lambda: setup.step(profiled), settings.profile_steps, device,
@@ -322,14 +321,16 @@ def python_stacks(setup: TrainingSetup) -> bool:
     return setup.config.compile_mode == "none"
 
 
-def frames_fit(setup: TrainingSetup, events: int | None, steps: int,
+def frames_fit(setup: TrainingSetup, count_on: Callable[[], object], steps: int,
                report: Progress) -> bool:
     """Whether a profiler window of `steps` steps records Python frames: where they name the
-    user's functions (`python_stacks`) and its events, from one step's `events` without them
-    (`profiling.recorded_events`), read back with them within `profiling.FRAMES_READBACK_S`,
-    or this torch does not count them. In a process group, rank 0's answer."""
+    user's functions (`python_stacks`) and its events, counted on the step `count_on` runs
+    without them (`profiling.recorded_events`), read back with them within
+    `profiling.FRAMES_READBACK_S`, or this torch does not count them; `count_on` runs only
+    there. In a process group, rank 0's answer."""
     if not python_stacks(setup):
         return False
+    events = recorded_events(count_on, setup.device)
     fit = events is None or frames_readback_s(events * steps) <= FRAMES_READBACK_S
     if not fit:
         report(f"profiling without Python frames: {events:,} events a step would take about "
@@ -424,9 +425,7 @@ def traced_turn(setup: TrainingSetup, batches: Iterator[Any], steps: int,
                 trace_path: str) -> None:
     """`steps` optimizer steps under the profiler, their trace written to `trace_path`: what a
     trial's profiler window leaves for the report, asked of a warm process after its turns."""
-    events = recorded_events(lambda: setup.step(batches), setup.device) \
-        if python_stacks(setup) else None
-    frames = frames_fit(setup, events, steps, lambda said: None)
+    frames = frames_fit(setup, lambda: setup.step(batches), steps, lambda said: None)
     profiled = prefetched(setup, batches, steps)
     rank0 = setup.world is None or setup.world.rank == 0
     profile_steps(lambda: setup.step(profiled), steps, setup.device,

@@ -296,6 +296,13 @@ def trace_file(out_dir: Path) -> Path:
     return out_dir / "trace" / f"{socket.gethostname()}_{os.getpid()}.pt.trace.json"
 
 
+def _activities(device: torch.device) -> list[ProfilerActivity]:
+    """The CPU's, and the GPU's kernels on CUDA."""
+    if device.type == "cuda":
+        return [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    return [ProfilerActivity.CPU]
+
+
 class ProfilerWindow:
     """torch.profiler over `steps` training steps of a loop that tells it each step's end: a
     library's own loop (a script trial), or `profile_steps`'. Each step is a marked range from
@@ -319,11 +326,8 @@ class ProfilerWindow:
         self.done = 0
 
     def start(self) -> None:
-        activities = [ProfilerActivity.CPU]
-        if self.device.type == "cuda":
-            activities.append(ProfilerActivity.CUDA)
         _synchronize(self.device)
-        self._profiler = profile(activities=activities, **self._options)
+        self._profiler = profile(activities=_activities(self.device), **self._options)
         self._profiler.__enter__()
         self._step.enter_context(marked(f"{STEP_MARKER}0"))
 
@@ -368,10 +372,7 @@ def recorded_events(run_step: Callable[[], object], device: torch.device) -> int
     """The events torch.profiler records in one step without Python frames, counted without
     reading them back (0.14 s for 213,817); None where this torch does not say."""
     _synchronize(device)
-    activities = [ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
-    with collection_paused(), profile(activities=activities) as prof:
+    with collection_paused(), profile(activities=_activities(device)) as prof:
         run_step()
         _synchronize(device)
     results = getattr(prof.profiler, "kineto_results", None)
