@@ -475,7 +475,8 @@ COMMANDS = {
         "your settings were kept) against your settings in paired rounds, which of the "
         "two runs first alternating (warm turns, each kept warm in its own process, where "
         "memory holds both; else fresh processes), and say whether the claimed speedup still "
-        "holds: the fresh figure inside the claimed interval, or by how much it moved. "
+        "holds: the fresh figure and the claim no further apart than both intervals allow, "
+        "or by how much it moved. "
         "Recorded in the study; `show` and the report list it. Run it before you change "
         "your training, and on the target machine when the study ran elsewhere. Exit 0 when "
         "the claim holds (or cannot be checked), 1 when it moved, 2 for bad input."),

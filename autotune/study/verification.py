@@ -5,6 +5,7 @@ them)."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -34,14 +35,23 @@ class Verification:
 
     @property
     def holds(self) -> bool | None:
-        """The fresh figure inside the claimed interval (or, with no claimed interval, the
-        claimed figure inside the fresh one); where the study kept your settings, the
-        contender not measurably faster than them in the fresh rounds (its figure may move:
-        the verdict is that it does not pay). None when a side it needs has no figure."""
+        """The fresh figure and the claim no further apart than both intervals allow (with
+        one interval only, the other figure inside it); where the study kept your settings,
+        the contender not measurably faster than them in the fresh rounds (its figure may
+        move: the verdict is that it does not pay). None when a side it needs has no figure.
+
+        Each figure is a sample: a fresh 1.66x [1.56-1.77] against a claim of 1.73x
+        [1.68-1.78] agrees with it, though outside its interval. On the log scale the two
+        differ measurably where the difference exceeds the root of the sum of the squares of
+        the intervals' half-widths: the 95% test of a difference of two independent estimates."""
         if self.kept:
             return None if self.speedup_ci is None else self.speedup_ci[0] <= 1.0
         if self.speedup is None or self.claimed is None:
             return None
+        if self.claimed_ci is not None and self.speedup_ci is not None:
+            apart = abs(math.log(self.speedup / self.claimed))
+            return apart <= math.hypot(_log_half_width(self.claimed_ci),
+                                       _log_half_width(self.speedup_ci))
         if self.claimed_ci is not None:
             return self.claimed_ci[0] <= self.speedup <= self.claimed_ci[1]
         if self.speedup_ci is not None:
@@ -87,6 +97,11 @@ class Verification:
         for key in ("subject", "baseline"):
             values[key] = TrainConfig.from_dict(values[key])
         return cls(**values)
+
+
+def _log_half_width(interval: tuple[float, float]) -> float:
+    low, high = interval
+    return math.log(high / low) / 2
 
 
 def _interval(interval: tuple[float, float] | None) -> str:
