@@ -128,7 +128,11 @@ def minimal_answer(result: Confirmation, race: Race,
         backs = changes_to_take_back(chosen.config, baseline, space)
         if not backs:
             return _alone(result, race, chosen, baseline, space, how)
-        pairs, where = _taken_back_race(chosen, backs, plan, how, records, race)
+        beside = _raced_beside(race, backs)
+        if all(v is not None or back.config is None for back, v in beside):
+            pairs, where = [(back, v) for back, v in beside], race
+        else:
+            pairs, where = _taken_back_race(chosen, backs, plan, how, records, race)
         best = race.entries[0]
         if where is None and judged and _not_slower(best, chosen):
             # the simplest as fast cannot be proven in the time left; the race's best, as
@@ -139,9 +143,14 @@ def minimal_answer(result: Confirmation, race: Race,
                           "took back, is judged instead")
             chosen, pairs, where = best, judged, race
             result = _recommending(result, best, race)
-    with_it = where.entries[0] if where is not None else chosen
+    with_it = where.entries[0] if where is not None and where is not race else chosen
     unchecked = how.checks is not None and how.checks.loss_unchecked(chosen.config)
-    decisions = [_judged(back, v, with_it, where, plan, how, unchecked) for back, v in pairs]
+    # no short race fitted: a change whose taking back raced beside `chosen` is judged there
+    raced = [v for _, v in _raced_beside(race, [back for back, _ in pairs])] if where is None \
+        else [None] * len(pairs)
+    pairs = [(back, there or v) for (back, v), there in zip(pairs, raced)]
+    decisions = [_judged(back, v, with_it, race if there else where, plan, how, unchecked)
+                 for (back, v), there in zip(pairs, raced)]
     dropped = [i for i, d in enumerate(decisions) if not d.kept]
     follow = [where] if where is not race and where is not None else []
     if _unmeasured(decisions, how):
@@ -175,6 +184,16 @@ def minimal_answer(result: Confirmation, race: Race,
                      for d in decisions]
         return _with_extra(replace(result, taken_back=tuple(decisions)), follow)
     return _with_extra(_answer(result, race, chosen, answer, answer_race, decisions), follow)
+
+
+def _raced_beside(race: Race, backs: Sequence[TakeBack]) -> list[tuple[TakeBack, Candidate | None]]:
+    """Each change of `backs` with the race's entry of the configuration without it, where one
+    raced (a runner-up that is the race's recommendation less a change): their rounds together
+    judge it, as a short race would (the ignite script of 2026-12-02: fused AdamW's taking back
+    raced 6 rounds beside bf16 + fused AdamW and was measurably slower, yet, with no time for a
+    short race, was said never measured)."""
+    return [(back, next((e for e in race.entries if back.config is not None
+                         and e.config == back.config and e.runs), None)) for back in backs]
 
 
 def _judged(back: TakeBack, without: Candidate | None, with_it: Candidate, where: Race | None,

@@ -418,11 +418,12 @@ class _Changes(_LoadBySecond):
 def _slow_starts(tmp_path, monkeypatch, rates: dict[TrainConfig, float], plan: Plan,
                  peaks: dict[TrainConfig, int] | None = None, checks: AnswerChecks | None = None,
                  turn_s: float = 0.0, spread: float = 0.01,
+                 search: dict[TrainConfig, float] | None = None,
                  ) -> tuple[object, list[_Changes], _Notes]:
-    """A confirmation of a search that measured `rates` (at 1 GiB peaks, or `peaks`' on an
-    8 GiB device, each turn spread by a lognormal `spread`), whose warm processes take 60 s each
-    to start and whose turns `turn_s` each (on a clock that moves only then): its result, the
-    processes started, by start, and its notes."""
+    """A confirmation of a search that measured `rates` (or `search`, where its trials were
+    luckier; at 1 GiB peaks, or `peaks`' on an 8 GiB device, each turn spread by a lognormal
+    `spread`), whose warm processes take 60 s each to start and whose turns `turn_s` each (on a
+    clock that moves only then): its result, the processes started, by start, and its notes."""
     clock = [1000.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     started: list[_Changes] = []
@@ -437,8 +438,8 @@ def _slow_starts(tmp_path, monkeypatch, rates: dict[TrainConfig, float], plan: P
                                                    "spread": spread})(list(configs)))
         return started[-1]
 
-    study = _study_of(tmp_path, [(config, rate, "ok") for config, rate in rates.items()],
-                      peak=1 * GIB, peaks=peaks)
+    measured = [(config, rate, "ok") for config, rate in (search or rates).items()]
+    study = _study_of(tmp_path, measured, peak=1 * GIB, peaks=peaks)
     study.set_user_attr(StudyKey.BASELINE_CONFIG, BASE.to_dict())
     view = _Notes()
     result = confirm(study, plan, cpu_request(_measure_fresh([]), tmp_path, view=view,
@@ -624,6 +625,27 @@ def test_a_simpler_runner_up_as_fast_whose_changes_no_time_is_left_to_take_back_
     assert result.winner.config == best
     assert [t.outcome for t in result.taken_back] == ["pays"] * 4
     assert result.speedup_ci[0] > 1.5
+
+
+def test_a_change_taken_back_beside_the_recommendation_in_the_race_is_judged_on_those_rounds(
+        tmp_path, monkeypatch) -> None:
+    """An Ignite script (`--trials 5`): the search's best, bf16 alone, raced beside bf16 +
+    fused AdamW, which led; bf16 alone, the leader less fused AdamW, was out after round 6,
+    measurably slower. No time was left for a short race taking back the leader's changes, and
+    the verdict said neither change was measured. Now fused AdamW is judged on the race's
+    rounds (it pays); bf16, whose taking back never raced, is not measured, and only what is
+    measured to pay is recommended: your settings are kept, the leader named."""
+    bf16 = BASE.replace(precision="bf16")
+    rates = {BASE: 100.0, BOTH: 160.0, bf16: 140.0, FAST: 150.0}
+    result, started, view = _slow_starts(
+        tmp_path, monkeypatch, rates, Plan(top=2, rounds=3, max_rounds=10, target=0.03,
+                                           budget_ends=1250.0),
+        turn_s=0.5, search={BASE: 100.0, bf16: 172.0, BOTH: 170.0})
+    assert [c for s in started for c in s.configs].count(FAST) == 0, "\n".join(view.lines)
+    assert result.winner.config == BASE and result.contender.config == BOTH
+    judged = {t.change: t for t in result.taken_back}
+    assert judged["fused AdamW"].outcome == "pays" and judged["fused AdamW"].ratio_ci[1] < 1.0
+    assert judged["bf16"].outcome == UNJUDGED and judged["bf16"].rounds == 0
 
 
 def test_rounds_a_load_slows_keep_room_for_the_short_race_of_the_answer_less_its_drops(
