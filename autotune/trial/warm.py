@@ -149,6 +149,11 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str] | None,
                       lambda phase: None)
             if not observer.ready:
                 raise RuntimeError("the script's training ended before its steps were steady")
+            if not observer.stopped:
+                raise RuntimeError(
+                    f"the script's own run ended after {observer.steps} optimizer steps, "
+                    "during a turn: a longer run of it (more epochs or steps) keeps its warm "
+                    "process for every round")
             return
     workload = load_workload(request.target.path, request.target.args)
     config = workload.train_config(request.config, device.type, world.size if world else 1)

@@ -55,6 +55,8 @@ class TurnObserver:
         self.tuner_pid = tuner_pid
         self.answer = answer
         self.ready = False
+        self.steps = 0  # the script's optimizer steps so far
+        self.stopped = False  # by `stop` (or the tuner gone), not by the script's own end
         self._asked: MeasureSettings | None = None  # the turn asked for, its timer not started
         self._untimed = 0  # steps of it still to take before its timer starts
         self._turn: WindowTimer | None = None
@@ -65,6 +67,7 @@ class TurnObserver:
         self.warming.on_train_start(info)
 
     def on_step_end(self, samples: int, loss: torch.Tensor | None, data_wait_s: float) -> bool:
+        self.steps += 1
         if not self.ready:
             self.warming.on_step_end(samples, loss, data_wait_s)
             if self.warming.phase in (FIRST, WARMUP):
@@ -101,13 +104,14 @@ class TurnObserver:
         return self._next()
 
     def on_train_end(self) -> None:
-        """The script's own run ended (its steps ran out): the tuner sees the process exit."""
+        """The script's own run ended (its steps ran out): `trial.warm` tells the tuner so."""
 
     def _next(self) -> bool:
         """Wait, paused at this step boundary, for the tuner's next request; True (stop the
         loop) on `stop` or when the tuner is gone."""
         command = next(self.commands, STOP)
         if command == STOP:
+            self.stopped = True
             return True
         if "trace" in command:
             world = distributed.current()

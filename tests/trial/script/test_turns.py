@@ -14,7 +14,7 @@ from torch import nn
 from autotune.config import TrainConfig
 from autotune.options import MeasureSettings
 from autotune.search.isolation import run_isolated
-from autotune.search.warm import WarmRounds
+from autotune.search.warm import WarmRounds, WarmUnavailable
 from autotune.target import Script
 from autotune.trial.protocol import ProbeSettings, TrialRequest, WarmTurn
 from autotune.trial.script.observer import TrainInfo
@@ -65,6 +65,29 @@ def test_a_scripts_own_loop_takes_warm_turns_and_is_stopped_between_them(tmp_pat
     assert not out.exists()
     assert all(folder is not None and not folder.exists() for folder in scratch)
 
+
+@pytest.mark.slow
+def test_a_scripts_own_run_that_ends_during_a_turn_says_so(tmp_path) -> None:
+    """A script trains as long as it says (an Ignite script's 10 epochs, 560 steps, ran out
+    during the race's turns, and the race said only "the warm process stopped: it exited"):
+    the turn it could not finish is answered with why, so the race's note, before its rounds
+    go on fresh, tells the user what would keep the process."""
+    script = Script(LOOP, ("--out_dir", str(tmp_path / "out"), "--max_iters", "30"))
+    probe = run_isolated(TrialRequest(script, config={}, device="cpu",
+                                      settings=ProbeSettings(candidates={})),
+                         300, tmp_path / "probe.log").probe
+    assert probe is not None, (tmp_path / "probe.log").read_text()[-3000:]
+    request = TrialRequest(script, device="cpu", settings=SETTINGS,
+                           config=TrainConfig(micro_batch_size=8, grad_accum_steps=2).to_dict(),
+                           script_baseline=probe.script_baseline)
+    with pytest.raises(WarmUnavailable, match="the script's own run ended after 30 optimizer "
+                       r"steps, during a turn: a longer run of it \(more epochs or steps\)"):
+        rounds = WarmRounds([request], [tmp_path / "warm.log"], 120)  # its first turn, too
+        try:
+            for _ in range(30):
+                rounds.turn(0)
+        finally:
+            rounds.close()
 
 
 def test_a_turn_in_which_the_script_compiled_a_graph_is_timed_again() -> None:
