@@ -87,6 +87,10 @@ class WarmUnavailable(RunFailed):
     """A warm process did not start or stopped answering: fresh rounds instead."""
 
 
+class WarmRunEnded(WarmUnavailable):
+    """A script's own run ended during its warm process's turn: another may take its place."""
+
+
 class WarmOutOfTime(WarmUnavailable):
     """The run's time budget ended before the warm processes were ready: no round fits, fresh
     or warm."""
@@ -244,7 +248,8 @@ class _WarmProcess:
         self._send({"steps": TURN_STEPS, "seconds": TURN_SECONDS})
         answer = self._answer(time_limit_s)
         if "error" in answer:
-            raise WarmUnavailable(f"{answer['error']} (log: {self.log})")
+            stopped = WarmRunEnded if answer.get("ended") else WarmUnavailable
+            raise stopped(f"{answer['error']} (log: {self.log})")
         return WarmTurn.from_json(answer)
 
     def trace(self, path: Path, time_limit_s: float) -> str:
@@ -304,20 +309,40 @@ class WarmRounds:
                  time_limit_s: float, ends_by: float | None = None,
                  server: ForkServer | None = None) -> None:
         self.time_limit_s = time_limit_s
+        self._starts = list(zip(requests, logs))
+        self._ends_by, self._server = ends_by, server
         self.processes: list[_WarmProcess | None] = []
         try:
-            for request, log in zip(requests, logs):
+            for request, log in self._starts:
                 self.processes.append(_WarmProcess(request, log, time_limit_s, ends_by,
                                                    server))
-            for process in self.processes:
-                process.turn(time_limit_s)
+            for index in range(len(self.processes)):
+                self._turn(index)
         except BaseException:
             self.close()
             raise
 
+    def _turn(self, index: int) -> WarmTurn:
+        """Configuration i's next turn; where its script's own run ended during it (its epochs
+        ran out: an Ignite script's 10 epochs lasted 17 rounds), a new process of it in its
+        place, settled by a turn, then the turn again: once, as a run that ends again at once
+        is too short to take turns."""
+        process = self.processes[index]
+        assert process is not None
+        try:
+            return process.turn(self.time_limit_s)
+        except WarmRunEnded:
+            process.close()
+            self.processes[index] = None
+        request, log = self._starts[index]
+        self.processes[index] = process = _WarmProcess(request, log, self.time_limit_s,
+                                                       self._ends_by, self._server)
+        process.turn(self.time_limit_s)
+        return process.turn(self.time_limit_s)
+
     def turn(self, index: int) -> Run | None:
         """A turn's figures as a run; None when its loss stopped being finite (diverged)."""
-        turn = self.processes[index].turn(self.time_limit_s)
+        turn = self._turn(index)
         if not turn.loss_finite:
             return None
         return Run(status=TrialStatus.OK.value, samples_per_sec=turn.samples_per_sec,

@@ -13,7 +13,8 @@ of a few steps is written there (what a fresh run's profiler window leaves for t
 until `stop`, the channel's end, or the tuner that started it is gone. Whatever the model file
 prints goes to the log, never into the answers.
 A training script's request runs the script itself, its own loop taking the turns
-(`autotune.trial.script.turns`).
+(`autotune.trial.script.turns`); where the script's own run ends during a turn, the turn is
+answered `{"error": ..., "ended": true}` (`ScriptRunEnded`), and the tuner may start another.
 
 A process group's warm process is torchrun's ranks of this module (`-m autotune.trial.warm`):
 they join the group as a trial's ranks do, rank 0 alone reads the commands and tells the
@@ -61,6 +62,11 @@ def warm_main() -> None:
     os._exit(1 if failed and ranks > 1 else 0)
 
 
+class ScriptRunEnded(RuntimeError):
+    """A script's own run ended (its epochs or steps ran out) while its warm process took a
+    turn: not a failure of the configuration, and a new process of it may take its place."""
+
+
 def serve_forked(request_file: Path, channel: str) -> None:
     """Entry point of a warm process forked by the fork server (`trial.server`), its prints
     already in its log: its commands and answers on the tuner's socket at `channel`. It ends
@@ -94,6 +100,10 @@ def _serve_or_say(request: TrialRequest, commands: IO[str], answers: IO[str] | N
     failed = False
     try:
         serve(request, commands, answers, tuner_pid, request_file)
+    except ScriptRunEnded as exc:
+        failed = True
+        print(f"autotune warm: {exc}", flush=True)
+        _say(answers, {"error": str(exc), "ended": True})
     except BaseException as exc:
         failed = True
         traceback.print_exception(exc)
@@ -150,7 +160,7 @@ def serve(request: TrialRequest, commands: IO[str], answers: IO[str] | None,
             if not observer.ready:
                 raise RuntimeError("the script's training ended before its steps were steady")
             if not observer.stopped:
-                raise RuntimeError(
+                raise ScriptRunEnded(
                     f"the script's own run ended after {observer.steps} optimizer steps, "
                     "during a turn: a longer run of it (more epochs or steps) keeps its warm "
                     "process for every round")
