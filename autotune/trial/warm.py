@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from autotune.errors import RunFailed
 from autotune.target import Script
 from autotune.trial.child import limit_memory, place_rank, watch_parent, watch_tuner
 from autotune.trial.protocol import TrialRequest
@@ -62,7 +63,7 @@ def warm_main() -> None:
     os._exit(1 if failed and ranks > 1 else 0)
 
 
-class ScriptRunEnded(RuntimeError):
+class ScriptRunEnded(RunFailed):
     """A script's own run ended (its epochs or steps ran out) while its warm process took a
     turn: not a failure of the configuration, and a new process of it may take its place."""
 

@@ -121,9 +121,10 @@ def check_accounted(study: optuna.Study, budget: int, lost: int, confirmed: bool
     assert len(reruns) == 1 and reruns[0].state == TrialState.COMPLETE, \
         [(t.number, t.state.name, t.user_attrs) for t in reruns]
     assert reruns[0].params == orphan.params
-    if confirmed:
-        assert study.user_attrs["confirmation"]["winner"] is not None, \
-            study.user_attrs["confirmation"]
+    if confirmed:  # (once missing on a CI run 1.6x slower than usual: say what ran)
+        assert (study.user_attrs.get("confirmation") or {}).get("winner") is not None, (
+            study.user_attrs.get("confirmation"),
+            [(t.number, t.state.name, t.user_attrs.get("status"), t.value) for t in trials])
 
 
 class SharedStudy:
