@@ -130,9 +130,11 @@ def minimal_answer(result: Confirmation, race: Race,
             return _alone(result, race, chosen, baseline, space, how)
         beside = _raced_beside(race, backs)
         if all(v is not None or back.config is None for back, v in beside):
-            pairs, where = [(back, v) for back, v in beside], race
+            pairs, where = beside, race
         else:
             pairs, where = _taken_back_race(chosen, backs, plan, how, records, race)
+        if where is None:  # no short race fitted: what raced beside `chosen` is judged there
+            pairs = [(back, there or v) for (back, v), (_, there) in zip(pairs, beside)]
         best = race.entries[0]
         if where is None and judged and _not_slower(best, chosen):
             # the simplest as fast cannot be proven in the time left; the race's best, as
@@ -145,12 +147,8 @@ def minimal_answer(result: Confirmation, race: Race,
             result = _recommending(result, best, race)
     with_it = where.entries[0] if where is not None and where is not race else chosen
     unchecked = how.checks is not None and how.checks.loss_unchecked(chosen.config)
-    # no short race fitted: a change whose taking back raced beside `chosen` is judged there
-    raced = [v for _, v in _raced_beside(race, [back for back, _ in pairs])] if where is None \
-        else [None] * len(pairs)
-    pairs = [(back, there or v) for (back, v), there in zip(pairs, raced)]
-    decisions = [_judged(back, v, with_it, race if there else where, plan, how, unchecked)
-                 for (back, v), there in zip(pairs, raced)]
+    decisions = [_judged(back, v, with_it, race if where is None and _in(race, v) else where,
+                         plan, how, unchecked) for back, v in pairs]
     dropped = [i for i, d in enumerate(decisions) if not d.kept]
     follow = [where] if where is not race and where is not None else []
     if _unmeasured(decisions, how):
@@ -194,6 +192,11 @@ def _raced_beside(race: Race, backs: Sequence[TakeBack]) -> list[tuple[TakeBack,
     short race, was said never measured)."""
     return [(back, next((e for e in race.entries if back.config is not None
                          and e.config == back.config and e.runs), None)) for back in backs]
+
+
+def _in(race: Race, entry: Candidate | None) -> bool:
+    """Whether `entry` raced in `race` (itself, not an equal configuration raced elsewhere)."""
+    return any(entry is e for e in race.entries)
 
 
 def _judged(back: TakeBack, without: Candidate | None, with_it: Candidate, where: Race | None,
