@@ -46,14 +46,22 @@ PRICED_CHANGES = 4
 
 
 def priced_changes(space: SearchSpace) -> int:
-    """How many changes of the best the confirmation's price counts taken back: those the space
-    can make from the baseline (a knob, or a group of `CHANGE_GROUPS`, with another value to
-    take), at most `PRICED_CHANGES`; none where it can make one only (the race itself takes
-    that one back)."""
+    """How many changes of the best the confirmation's price counts taken back, before a best
+    is measured: those the space can make from the baseline (a knob, or a group of
+    `CHANGE_GROUPS`, with another value to take), at most `PRICED_CHANGES`; none where it can
+    make one only (the race itself takes that one back)."""
     grouped = {knob: group for group in CHANGE_GROUPS for knob in group}
     offered = {grouped.get(knob, (knob,)) for knob, values in space.domains.items()
                if len(values) > 1}
     return min(len(offered), PRICED_CHANGES) if len(offered) > 1 else 0
+
+
+def changes_priced(best: TrainConfig, baseline: TrainConfig, space: SearchSpace) -> int:
+    """How many changes of a measured best the confirmation's price counts taken back: those
+    the space can take back, at most `PRICED_CHANGES`; none of a best of one change."""
+    backs = take_backs(best, baseline, space)
+    held = sum(back.config is not None for back in backs) if len(backs) > 1 else 0
+    return min(held, PRICED_CHANGES)
 
 
 @dataclass(frozen=True)

@@ -269,6 +269,7 @@ def run_race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
     for i in racing if turns is not None else ():
         entries[i].script_answer = turns.script_answer(i) or entries[i].script_answer
     shuffle = random.Random(0)
+    restarted = turns.restarts() if turns is not None else 0
     start, rounds, kept_disturbed, run_s = time.monotonic(), 0, 0, 0.0
     kept_runs = 0  # the runs of the kept rounds: the race's time over them, retakes included
     joining_s = 0.0  # the starts of processes that joined the race: not a run's time
@@ -301,7 +302,7 @@ def run_race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
             except WarmUnavailable as exc:
                 view.note(f"a warm process stopped ({exc}): the rest in fresh-process rounds")
                 turns.close()
-                turns, plan, measured = None, fresh_plan, FRESH_ROUNDS
+                turns, plan, measured = None, _fresh_after(fresh_plan, rounds - 1), FRESH_ROUNDS
             else:
                 if paired_turns is None:  # a pair never kept (`PairJudge`): taken again
                     run_s = max(run_s, (time.monotonic() - began) / len(order))
@@ -348,7 +349,7 @@ def run_race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
             view.note(f"a warm process did not start ({exc}): the rest in fresh-process "
                       "rounds")
             turns.close()
-            turns, plan, measured = None, fresh_plan, FRESH_ROUNDS
+            turns, plan, measured = None, _fresh_after(fresh_plan, rounds), FRESH_ROUNDS
         joining_s += time.monotonic() - joins_from
         # The caps go by the slowest run (the race ends when it said); what would still fit
         # goes by the mean (one slow turn does not end a race that has time for dozens).
@@ -363,6 +364,7 @@ def run_race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
         if turns is None or len(reference.runs) % WARM_REPORT_EVERY == 0:
             _tell_time_left(entries, racing, plan, rounds, run_s, view)
     if turns is not None:
+        _say_restarts(turns.restarts() - restarted, view)
         _warm_traces(entries, racing, turns, how.directory / "traces", name, view)
     if breadth and turns is not None:
         view.note(f"the search's runners-up not raced: {len(breadth)} more processes and their "
@@ -372,6 +374,13 @@ def run_race(entries: list[Candidate], name: str, plan: Plan, how: Measuring, *,
     return Race(entries, measured, kept_disturbed, time.monotonic() - start, run_s,
                 NO_TIME if left_out else capped, [e for e in ruled_out if not e.variant],
                 no_room if turns is not None else ())
+
+
+def _fresh_after(plan: Plan, warm_rounds: int) -> Plan:
+    """The race's plan in fresh rounds after `warm_rounds` rounds of warm turns: its cap on
+    rounds counts the fresh ones from there (a warm process that stopped late must not end the
+    race at the next round)."""
+    return replace(plan, max_rounds=warm_rounds + plan.max_rounds)
 
 
 def _after_round(entries: Sequence[Candidate], racing: Sequence[int], plan: Plan, rounds: int,
@@ -567,6 +576,15 @@ def _named(entries: Sequence[Candidate], index: int) -> str:
         return (f"candidate {index + 1} (the best without "
                 f"{describe_changes(entry.taken_from.config, entry.config)})")
     return f"candidate {index + 1} ({describe_changes(entry.config, entries[-1].config)})"
+
+
+def _say_restarts(again: int, view: StudyView) -> None:
+    """Where a script's own run ended during turns of this race (its epochs or steps ran out),
+    how often its warm process was started again: each start cost the race its time."""
+    if again:
+        view.note(f"a script's own run ended during {again} warm turn{'s' if again != 1 else ''}"
+                  " of this race (its epochs or steps ran out): each time a new process of it "
+                  "started, settled and took the turn again")
 
 
 def _warm_traces(entries: Sequence[Candidate], racing: Sequence[int], turns: WarmTurns,

@@ -55,7 +55,7 @@ from autotune.search.confirm import ConfirmRequest, confirm, should_confirm
 from autotune.search.contenders import Measuring, Plan, candidates
 from autotune.search.events import SilentView, StudyView
 from autotune.search.heartbeat import recover_orphans, tuner_name
-from autotune.search.minimal import priced_changes
+from autotune.search.minimal import changes_priced, priced_changes
 from autotune.search.opening import StudyOpener
 from autotune.search.outcome import Scoring
 from autotune.search.race import started_at_once, warm_expected
@@ -196,25 +196,24 @@ class Tuner:
         if planned:
             # the budget grows for what the space may need checked; the search's end is
             # planned for what has been measured
-            price = self._price(trial_s, numerics_offered(self.space.domains))
+            price = self._price(trial_s, numerics_offered(self.space.domains),
+                                priced_changes(self.space))
             growth = self._plan_an_answer(price) if opts.confirm_repeats >= 1 else None
             if growth is not None:
                 top = candidates_that_fit(self.time_budget_s, price, opts.confirm_share,
                                           opts.confirm_top)
             first_plan, racing = measured_trials(study), self._racing(top)
-            at_baseline = self._price(trial_s, 0)
-            plan = self._plan(replace(at_baseline, loss_changes=self._numerics_measured(top)),
-                              trial_s, racing, FIRST_MOVES)
+            at_baseline = self._price(trial_s, 0, 0)
+            plan = self._plan(self._proof(at_baseline, top), trial_s, racing, FIRST_MOVES)
             search.window = Window(plan.search_ends_at, plan.finish_by,
                                    self._compile_start_s())
             self.view.note(announcement(self._budget_ends(), plan.describe(
                 self.time_budget_s, racing), growth.describe(price) if growth else ""))
 
         def after_trial() -> None:
-            """The plan made anew (a loss run priced once a candidate measured changes the
-            numerics), and the time left said, the proof priced as the plan prices it."""
-            numerics = self._numerics_measured(top)
-            proof = replace(at_baseline, loss_changes=numerics) if planned else None
+            """The plan made anew (the proof priced for the best measured so far), and the time
+            left said, the proof priced as the plan prices it."""
+            proof = self._proof(at_baseline, top) if planned else None
             if proof is not None:
                 moved = self._plan(proof, trial_s, racing,
                                    max(0, FIRST_MOVES - measured_trials(study) + first_plan))
@@ -222,7 +221,8 @@ class Tuner:
                                        self._compile_start_s())
             search_s = search_trial_seconds(study, screening=not opts.plain_tpe)
             if search_s:
-                price = proof if proof is not None else self._price(search_s, numerics)
+                price = proof if proof is not None else self._price(
+                    search_s, self._numerics_measured(top), self._taken_back())
                 self.view.time_left(self._forecast(
                     search_s, price, min(deadline, search.window.last_start), top).describe())
 
@@ -282,13 +282,26 @@ class Tuner:
         return numerics_changed((c.config for c in candidates(self.study, self.baseline, top)),
                                 self.baseline)
 
-    def _price(self, fallback_s: float, loss_changes: int) -> ConfirmationPrice:
+    def _proof(self, at_baseline: ConfirmationPrice, top: int) -> ConfirmationPrice:
+        """The proof as the plan prices it now: at the baseline's trial, for the candidates
+        measured so far (the best's changes taken back, a loss run for each numerics change
+        among the `top`): none priced before a candidate that needs it exists."""
+        return replace(at_baseline, taken_back=self._taken_back(),
+                       loss_changes=self._numerics_measured(top))
+
+    def _taken_back(self) -> int:
+        """The changes of the best measured so far the proof takes back beside it (none
+        before a configuration besides the baseline is measured)."""
+        best = candidates(self.study, self.baseline, 1)[:-1]
+        return changes_priced(best[0].config, self.baseline, self.space) if best else 0
+
+    def _price(self, fallback_s: float, loss_changes: int, taken_back: int,
+               ) -> ConfirmationPrice:
         """What confirming costs: in warm turns where the confirmation will take them (memory
-        for the processes it starts at once at the baseline's peak each), with the changes of
-        the best taken back beside it (`minimal.priced_changes`), and the loss runs of
-        `loss_changes` numerics changes."""
+        for the processes it starts at once at the baseline's peak each), with `taken_back`
+        changes of the best taken back beside it, and the loss runs of `loss_changes` numerics
+        changes."""
         opts, warm = self.options, self._warm_start()
-        taken_back = priced_changes(self.space)
         at_once = started_at_once(opts.confirm_top + 1, taken_back, self.time_budget_s is not None)
 
         def holds(peak: float | None) -> bool:

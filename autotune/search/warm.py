@@ -312,6 +312,7 @@ class WarmRounds:
         self._starts = list(zip(requests, logs))
         self._ends_by, self._server = ends_by, server
         self.processes: list[_WarmProcess | None] = []
+        self.restarts = 0  # processes started again as their script's own run ended
         try:
             for request, log in self._starts:
                 self.processes.append(_WarmProcess(request, log, time_limit_s, ends_by,
@@ -334,6 +335,7 @@ class WarmRounds:
         except WarmRunEnded:
             process.close()
             self.processes[index] = None
+            self.restarts += 1
         request, log = self._starts[index]
         self.processes[index] = process = _WarmProcess(request, log, self.time_limit_s,
                                                        self._ends_by, self._server)
@@ -536,6 +538,12 @@ class WarmTurns:
     def script_answer(self, index: int) -> ScriptAnswer | None:
         rounds, i = self._slot(index)
         return rounds.script_answer(i)
+
+    def restarts(self) -> int:
+        """How many of these processes have been started again so far, their script's own run
+        ended during a turn (`WarmRounds._turn`)."""
+        return sum({id(rounds): rounds.restarts for rounds, _ in filter(None, self.slots)
+                    }.values())
 
     def _slot(self, index: int) -> tuple[WarmRounds, int]:
         slot = self.slots[index]

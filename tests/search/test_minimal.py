@@ -1,5 +1,6 @@
 """The minimal answer's parts: each change of a configuration taken back within the search
-space, a change judged on its paired ratio, and the changes a time plan prices."""
+space, a change judged on its paired ratio, and the changes a time plan prices (the space's
+before a best is measured, the best's own after)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from autotune.search.minimal import (
     JUDGE_ROUNDS,
     OUTSIDE,
     PRICED_CHANGES,
+    changes_priced,
     decided,
     judge,
     priced_changes,
@@ -55,6 +57,10 @@ def test_each_change_is_taken_back_within_the_space_and_the_batch_keeps_its_size
     assert priced_changes(build_space(BASE, CPU6, 1024, fixes={
         "precision": "fp32", "optimizer_impl": "for_loop", "num_workers": 0,
         "compile_mode": "none", "micro_batch_size": 8})) == 0
+    # once a best is measured, its own changes are priced: three the space takes back (not
+    # the fixed bf16), none of a best of one change (the race takes it back)
+    assert changes_priced(best, BASE, space) == 3
+    assert changes_priced(BASE.replace(optimizer_impl="fused"), BASE, space) == 0
 
 
 def test_a_change_is_kept_only_when_it_is_shown_to_pay() -> None:

@@ -133,6 +133,8 @@ def _study(tmp_path, peak: int) -> optuna.Study:
 class _Turns:
     """Warm processes, scripted: fused AdamW 1.5x the baseline with 1% noise."""
 
+    restarts = 0  # a model file's processes are never started again
+
     def __init__(self, configs: list[TrainConfig]) -> None:
         self.configs, self.closed = configs, False
         self.noise = itertools.cycle([1.0, 1.01, 0.99, 1.02, 0.98, 1.005])
@@ -234,7 +236,9 @@ def test_verify_takes_warm_turns_where_memory_holds_both_and_says_so(tmp_path) -
 
 def test_a_warm_process_that_fails_leaves_the_rounds_to_fresh_processes(tmp_path) -> None:
     """One that does not start: every round fresh, said in one note. One that stops answering
-    after two rounds: the rest fresh, its processes closed, and the study says fresh rounds."""
+    after two rounds: the rest fresh, its processes closed, and the study says fresh rounds.
+    One that stops after as many warm rounds as the plan's fresh cap: the fresh rounds go on
+    from there."""
     def refuse(configs, prefix: str, ends_by: float | None = None) -> _Turns:
         raise WarmUnavailable("the warm process stopped: it exited (log: x.log)")
 
@@ -268,6 +272,31 @@ def test_a_warm_process_that_fails_leaves_the_rounds_to_fresh_processes(tmp_path
                      cpu_request(_measure_fresh(fresh), tmp_path, warm=WarmStart(start, 8 * GIB)))
     assert started[0].closed and fresh
     assert result.measured == FRESH_ROUNDS and result.rounds == 2 + len(fresh) // 2
+
+    class NoisyDying(_Turns):
+        """Turns 4% apart, so 8 warm rounds leave the speedup unknown within 3%; the process
+        stops after them, as many as the fresh rounds the plan asks at most."""
+
+        def __init__(self, configs: list[TrainConfig]) -> None:
+            super().__init__(configs)
+            self.noise = itertools.cycle([1.0, 1.03, 0.97, 1.04, 0.96])
+            self.turns = 0
+
+        def turn(self, index: int) -> Run:
+            if self.turns == 16:
+                raise WarmUnavailable("the warm process stopped: it exited")
+            self.turns += 1
+            return super().turn(index)
+
+    fresh.clear()
+    late = confirm(_study(tmp_path / "late", 1 * GIB),
+                   Plan(top=1, rounds=3, max_rounds=8, target=0.03),
+                   cpu_request(_measure_fresh(fresh), tmp_path,
+                               warm=WarmStart(_starter([], NoisyDying), 8 * GIB)))
+    # the fresh rounds after the warm ones count from there, on to the speedup known: more
+    # than the one round it died in
+    assert late.measured == FRESH_ROUNDS and len(fresh) // 2 > 1, (late.rounds, len(fresh))
+    assert late.rounds == 8 + len(fresh) // 2
 
 
 class _BurstyTurns(_Turns):

@@ -91,6 +91,7 @@ def test_a_scripts_own_run_that_ends_during_a_turn_is_started_again(tmp_path) ->
     assert "the script's own run ended after 400 optimizer steps, during a turn" in \
         log.read_text(), log.read_text()
     assert len(turns) < 41 and all(run is not None and run.samples_per_sec > 0 for run in turns)
+    assert rounds.restarts == 1  # what the race tells the console (`race._say_restarts`)
 
 
 def test_a_turn_in_which_the_script_compiled_a_graph_is_timed_again() -> None:
