@@ -190,7 +190,6 @@ class Tuner:
         if startup := startup_note(study):
             self.view.note(startup)
         top = opts.confirm_top
-        deadline = min(deadline, self._budget_ends())
         study.set_user_attr(StudyKey.SHORT_BUDGET, None)
         planned = trial_s is not None and self.time_budget_s is not None
         if planned:
@@ -209,6 +208,7 @@ class Tuner:
                                    self._compile_start_s())
             self.view.note(announcement(self._budget_ends(), plan.describe(
                 self.time_budget_s, racing), growth.describe(price) if growth else ""))
+        deadline = min(deadline, self._budget_ends())  # the budget as grown
 
         def after_trial() -> None:
             """The plan made anew (the proof priced for the best measured so far), and the time

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from autotune.config import TrainConfig
-from autotune.options import TuneOptions
+from autotune.options import MeasureSettings, TuneOptions
 from autotune.search.runner import MeasureJob
 from autotune.search.tuner import Tuner
 from autotune.study.records import Role, trial_records
@@ -88,6 +88,37 @@ def test_under_the_time_budget_the_last_search_trial_gets_a_trials_time_to_finis
     searched = [job for job in jobs if job.name.startswith("trial-") and job.number]
     assert searched, "the plan left time for search trials"
     assert min(job.time_limit_s for job in searched) >= 5.0 * 0.95
+
+
+@pytest.mark.slow
+def test_a_default_budget_grown_for_a_slow_confirmation_is_the_searchs_too(
+        write_model, tmp_path, monkeypatch) -> None:
+    """Where confirming is so slow that the default budget grows (here from 5 s to 15 s), the
+    search plans to the grown budget's end, not the default's (rgat's searches stopped 10 min
+    into the 30 they announced, until 0e2a073)."""
+    import time
+
+    import autotune.search.tuner
+
+    monkeypatch.setattr(autotune.search.tuner, "DEFAULT_TIME_BUDGET_S", 5.0)
+    model = write_model(TINY_SOURCE)
+    starts: list[float] = []
+
+    def measure(config: TrainConfig, job: MeasureJob) -> TrialResult:
+        if job.name.startswith("trial-") and job.number:
+            starts.append(time.monotonic())
+        time.sleep(0.2)
+        return TrialResult(TrialStatus.OK, "measured", measurement=METRICS, wall_s=1.0)
+
+    # a confirmation run priced at its 0.28 s window: three rounds of two need 5.6 s at a 30%
+    # share, so the budget grows; the best's proof (27 runs) leaves the search 6.4 s of 15
+    tuner = scripted(TuneOptions(model_path=str(model), device="cpu", studies_dir=str(tmp_path),
+                                 no_loss_check=True, plain_tpe=True, seed=0,
+                                 settings=MeasureSettings(window_seconds=0.28)), measure)
+    run(tuner)
+    assert tuner.time_budget_s == 15.0
+    assert starts and max(starts) > tuner.started + 5.5, \
+        [round(s - tuner.started, 1) for s in starts]
 
 
 def test_a_knob_that_lost_alone_is_kept_at_the_baselines_value_by_the_sampler(
