@@ -285,15 +285,17 @@ class Tuner:
     def _proof(self, at_baseline: ConfirmationPrice, top: int) -> ConfirmationPrice:
         """The proof as the plan prices it now: at the baseline's trial, for the candidates
         measured so far (the best's changes taken back, a loss run for each numerics change
-        among the `top`): none priced before a candidate that needs it exists."""
+        among the `top`): no loss run before a candidate that needs it exists."""
         return replace(at_baseline, taken_back=self._taken_back(),
                        loss_changes=self._numerics_measured(top))
 
     def _taken_back(self) -> int:
-        """The changes of the best measured so far the proof takes back beside it (none
-        before a configuration besides the baseline is measured)."""
+        """The changes of the best measured so far the proof takes back beside it (the
+        space's before a configuration besides the baseline is measured: the announced end
+        holds once one is)."""
         best = candidates(self.study, self.baseline, 1)[:-1]
-        return changes_priced(best[0].config, self.baseline, self.space) if best else 0
+        return changes_priced(best[0].config, self.baseline, self.space) if best \
+            else priced_changes(self.space)
 
     def _price(self, fallback_s: float, loss_changes: int, taken_back: int,
                ) -> ConfirmationPrice:
