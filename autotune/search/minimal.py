@@ -56,7 +56,7 @@ def priced_changes(space: SearchSpace) -> int:
     return min(len(offered), PRICED_CHANGES) if len(offered) > 1 else 0
 
 
-def changes_priced(best: TrainConfig, baseline: TrainConfig, space: SearchSpace) -> int:
+def best_changes_priced(best: TrainConfig, baseline: TrainConfig, space: SearchSpace) -> int:
     """How many changes of a measured best the confirmation's price counts taken back: those
     the space can take back, at most `PRICED_CHANGES`; none of a best of one change."""
     backs = take_backs(best, baseline, space)

@@ -55,7 +55,7 @@ from autotune.search.confirm import ConfirmRequest, confirm, should_confirm
 from autotune.search.contenders import Measuring, Plan, candidates
 from autotune.search.events import SilentView, StudyView
 from autotune.search.heartbeat import recover_orphans, tuner_name
-from autotune.search.minimal import changes_priced, priced_changes
+from autotune.search.minimal import best_changes_priced, priced_changes
 from autotune.search.opening import StudyOpener
 from autotune.search.outcome import Scoring
 from autotune.search.race import started_at_once, warm_expected
@@ -294,7 +294,7 @@ class Tuner:
         space's before a configuration besides the baseline is measured: the announced end
         holds once one is)."""
         best = candidates(self.study, self.baseline, 1)[:-1]
-        return changes_priced(best[0].config, self.baseline, self.space) if best \
+        return best_changes_priced(best[0].config, self.baseline, self.space) if best \
             else priced_changes(self.space)
 
     def _price(self, fallback_s: float, loss_changes: int, taken_back: int,

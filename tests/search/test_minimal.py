@@ -10,7 +10,7 @@ from autotune.search.minimal import (
     JUDGE_ROUNDS,
     OUTSIDE,
     PRICED_CHANGES,
-    changes_priced,
+    best_changes_priced,
     decided,
     judge,
     priced_changes,
@@ -59,8 +59,8 @@ def test_each_change_is_taken_back_within_the_space_and_the_batch_keeps_its_size
         "compile_mode": "none", "micro_batch_size": 8})) == 0
     # once a best is measured, its own changes are priced: three the space takes back (not
     # the fixed bf16), none of a best of one change (the race takes it back)
-    assert changes_priced(best, BASE, space) == 3
-    assert changes_priced(BASE.replace(optimizer_impl="fused"), BASE, space) == 0
+    assert best_changes_priced(best, BASE, space) == 3
+    assert best_changes_priced(BASE.replace(optimizer_impl="fused"), BASE, space) == 0
 
 
 def test_a_change_is_kept_only_when_it_is_shown_to_pay() -> None:
